@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The README's test command: installs (idempotent), then runs the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+python -m pytest -q -p no:cacheprovider "$@"

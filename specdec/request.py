@@ -1,0 +1,115 @@
+"""Validated generation requests (pydantic).
+
+One ``GenerationRequest`` describes everything the engine needs for one completion. The gRPC
+layer converts its proto into this model, so validation lives here once; a ``ValidationError``
+from pydantic is turned into :class:`specdec.errors.InvalidRequestError` by
+:func:`parse_request`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from specdec.errors import InvalidRequestError
+
+#: Largest speculation length K accepted anywhere (tokens per speculation step).
+MAX_SPECULATION_LENGTH = 16
+
+Proposer = Literal["draft", "ngram", "none"]
+
+
+class ChatMessage(BaseModel):
+    """One chat turn, rendered with the target's chat template."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class SamplingParams(BaseModel):
+    """How the target's next-token distribution is turned into a token.
+
+    ``temperature == 0`` means greedy decoding (argmax, lowest id on ties). Otherwise
+    temperature, then top-k, then top-p are applied, identically to draft and target
+    distributions (see :mod:`specdec.sampling`).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    temperature: float = Field(0.0, ge=0.0, le=100.0)
+    top_k: int = Field(0, ge=0, description="0 disables top-k")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, lt=2**63, description="per-request seed; None draws one")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class SpeculationParams(BaseModel):
+    """Which proposer drafts and how many tokens (K) per speculation step, at most.
+
+    ``k`` is the largest K the caller allows; the engine may use less near the context limit,
+    and the serving layer's controller may choose less per tenant. ``k == 0`` or
+    ``proposer == "none"`` is plain decoding.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    proposer: Proposer = "draft"
+    k: int = Field(4, ge=0, le=MAX_SPECULATION_LENGTH)
+    ngram_min: int = Field(1, ge=1, le=16, description="shortest n-gram matched by prompt lookup")
+    ngram_max: int = Field(3, ge=1, le=16, description="longest n-gram matched by prompt lookup")
+
+    @model_validator(mode="after")
+    def _ngram_range(self) -> "SpeculationParams":
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) must be <= ngram_max ({self.ngram_max})")
+        return self
+
+
+class GenerationRequest(BaseModel):
+    """One completion request: a prompt (text, chat messages or token ids) and its limits."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    prompt_token_ids: list[int] | None = None
+    max_tokens: int = Field(128, ge=1, le=1_000_000)
+    stop: list[str] = Field(default_factory=list, max_length=16)
+    stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
+    ignore_eos: bool = False
+    logprobs: bool = False
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    speculation: SpeculationParams = Field(default_factory=SpeculationParams)
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> "GenerationRequest":
+        given = [x is not None for x in (self.prompt, self.messages, self.prompt_token_ids)]
+        if sum(given) != 1:
+            raise ValueError("give exactly one of prompt, messages or prompt_token_ids")
+        if self.prompt is not None and self.prompt == "":
+            raise ValueError("prompt is empty")
+        if self.messages is not None and len(self.messages) == 0:
+            raise ValueError("messages is empty")
+        if self.prompt_token_ids is not None and len(self.prompt_token_ids) == 0:
+            raise ValueError("prompt_token_ids is empty")
+        if any(s == "" for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+        return self
+
+
+def parse_request(data: dict) -> GenerationRequest:
+    """Validate a plain dict into a :class:`GenerationRequest`.
+
+    Raises:
+        InvalidRequestError: with pydantic's field-by-field message when validation fails.
+    """
+    try:
+        return GenerationRequest.model_validate(data)
+    except ValidationError as e:
+        parts = []
+        for err in e.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "request"
+            parts.append(f"{loc}: {err['msg']}")
+        raise InvalidRequestError("invalid request: " + "; ".join(parts)) from None
