@@ -1,0 +1,86 @@
+from protos.specdec.v1 import specdec_pb2 as _specdec_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class VerifyStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    VERIFY_STATUS_UNSPECIFIED: _ClassVar[VerifyStatus]
+    VERIFY_STATUS_OK: _ClassVar[VerifyStatus]
+    VERIFY_STATUS_SESSION_MISSING: _ClassVar[VerifyStatus]
+    VERIFY_STATUS_POSITION_MISMATCH: _ClassVar[VerifyStatus]
+VERIFY_STATUS_UNSPECIFIED: VerifyStatus
+VERIFY_STATUS_OK: VerifyStatus
+VERIFY_STATUS_SESSION_MISSING: VerifyStatus
+VERIFY_STATUS_POSITION_MISMATCH: VerifyStatus
+
+class SessionOpen(_message.Message):
+    __slots__ = ("token_ids", "sampling", "seed", "logprobs")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: _specdec_pb2.SamplingParams
+    seed: int
+    logprobs: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_specdec_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., logprobs: _Optional[bool] = ...) -> None: ...
+
+class SparseDistribution(_message.Message):
+    __slots__ = ("width", "ids", "probs")
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    PROBS_FIELD_NUMBER: _ClassVar[int]
+    width: int
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, width: _Optional[int] = ..., ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class CandidateBlock(_message.Message):
+    __slots__ = ("session_id", "position", "token_ids", "q", "open")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    Q_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    position: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    q: SparseDistribution
+    open: SessionOpen
+    def __init__(self, session_id: _Optional[str] = ..., position: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., q: _Optional[_Union[SparseDistribution, _Mapping]] = ..., open: _Optional[_Union[SessionOpen, _Mapping]] = ...) -> None: ...
+
+class VerificationResult(_message.Message):
+    __slots__ = ("status", "accepted", "token_ids", "logprobs", "committed_len", "target_position", "target_time_s")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_LEN_FIELD_NUMBER: _ClassVar[int]
+    TARGET_POSITION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    status: VerifyStatus
+    accepted: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    committed_len: int
+    target_position: int
+    target_time_s: float
+    def __init__(self, status: _Optional[_Union[VerifyStatus, str]] = ..., accepted: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., committed_len: _Optional[int] = ..., target_position: _Optional[int] = ..., target_time_s: _Optional[float] = ...) -> None: ...
+
+class CloseSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionResponse(_message.Message):
+    __slots__ = ("existed",)
+    EXISTED_FIELD_NUMBER: _ClassVar[int]
+    existed: bool
+    def __init__(self, existed: _Optional[bool] = ...) -> None: ...

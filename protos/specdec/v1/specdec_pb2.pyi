@@ -1,0 +1,223 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Proposer(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROPOSER_UNSPECIFIED: _ClassVar[Proposer]
+    PROPOSER_DRAFT: _ClassVar[Proposer]
+    PROPOSER_NGRAM: _ClassVar[Proposer]
+    PROPOSER_NONE: _ClassVar[Proposer]
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_EOS: _ClassVar[FinishReason]
+    FINISH_REASON_STOP_TOKEN: _ClassVar[FinishReason]
+    FINISH_REASON_STOP_STRING: _ClassVar[FinishReason]
+    FINISH_REASON_MAX_TOKENS: _ClassVar[FinishReason]
+    FINISH_REASON_CONTEXT_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
+PROPOSER_UNSPECIFIED: Proposer
+PROPOSER_DRAFT: Proposer
+PROPOSER_NGRAM: Proposer
+PROPOSER_NONE: Proposer
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_EOS: FinishReason
+FINISH_REASON_STOP_TOKEN: FinishReason
+FINISH_REASON_STOP_STRING: FinishReason
+FINISH_REASON_MAX_TOKENS: FinishReason
+FINISH_REASON_CONTEXT_LENGTH: FinishReason
+FINISH_REASON_CANCELLED: FinishReason
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class ChatMessages(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
+
+class TokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class SpeculationHints(_message.Message):
+    __slots__ = ("proposer", "max_k")
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    MAX_K_FIELD_NUMBER: _ClassVar[int]
+    proposer: Proposer
+    max_k: int
+    def __init__(self, proposer: _Optional[_Union[Proposer, str]] = ..., max_k: _Optional[int] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("prompt", "messages", "prompt_token_ids", "max_tokens", "sampling", "stop", "stop_token_ids", "ignore_eos", "logprobs", "speculation")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    prompt: str
+    messages: ChatMessages
+    prompt_token_ids: TokenIds
+    max_tokens: int
+    sampling: SamplingParams
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    ignore_eos: bool
+    logprobs: bool
+    speculation: SpeculationHints
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., speculation: _Optional[_Union[SpeculationHints, _Mapping]] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
+
+class SpeculationStats(_message.Message):
+    __slots__ = ("steps", "proposed", "accepted", "rejected_steps", "acceptance_rate", "mean_accepted_length", "accepted_per_position", "proposed_per_position", "k_counts", "draft_time_s", "verify_time_s")
+    class KCountsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
+    MEAN_ACCEPTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
+    K_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    steps: int
+    proposed: int
+    accepted: int
+    rejected_steps: int
+    acceptance_rate: float
+    mean_accepted_length: float
+    accepted_per_position: _containers.RepeatedScalarFieldContainer[int]
+    proposed_per_position: _containers.RepeatedScalarFieldContainer[int]
+    k_counts: _containers.ScalarMap[int, int]
+    draft_time_s: float
+    verify_time_s: float
+    def __init__(self, steps: _Optional[int] = ..., proposed: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected_steps: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., proposed_per_position: _Optional[_Iterable[int]] = ..., k_counts: _Optional[_Mapping[int, int]] = ..., draft_time_s: _Optional[float] = ..., verify_time_s: _Optional[float] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("text", "token_ids", "logprobs", "finish_reason", "usage", "stats", "elapsed_s")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    finish_reason: FinishReason
+    usage: Usage
+    stats: SpeculationStats
+    elapsed_s: float
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., stats: _Optional[_Union[SpeculationStats, _Mapping]] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
+
+class GenerateStreamChunk(_message.Message):
+    __slots__ = ("text", "token_ids", "logprobs", "finish_reason", "usage", "stats", "elapsed_s")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    finish_reason: FinishReason
+    usage: Usage
+    stats: SpeculationStats
+    elapsed_s: float
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., stats: _Optional[_Union[SpeculationStats, _Mapping]] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
+
+class GetTenantStatsRequest(_message.Message):
+    __slots__ = ("proposer",)
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    proposer: Proposer
+    def __init__(self, proposer: _Optional[_Union[Proposer, str]] = ...) -> None: ...
+
+class CostTerms(_message.Message):
+    __slots__ = ("draft_per_token_s", "verify_s_by_positions", "round_trip_s")
+    DRAFT_PER_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_S_BY_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_TRIP_S_FIELD_NUMBER: _ClassVar[int]
+    draft_per_token_s: float
+    verify_s_by_positions: _containers.RepeatedScalarFieldContainer[float]
+    round_trip_s: float
+    def __init__(self, draft_per_token_s: _Optional[float] = ..., verify_s_by_positions: _Optional[_Iterable[float]] = ..., round_trip_s: _Optional[float] = ...) -> None: ...
+
+class TenantUsage(_message.Message):
+    __slots__ = ("requests", "prompt_tokens", "completion_tokens")
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    def __init__(self, requests: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
+
+class GetTenantStatsResponse(_message.Message):
+    __slots__ = ("tenant_id", "proposer", "acceptance_rate", "current_k", "predicted_speedup", "cost", "usage", "stats")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_K_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    proposer: Proposer
+    acceptance_rate: float
+    current_k: int
+    predicted_speedup: float
+    cost: CostTerms
+    usage: TenantUsage
+    stats: SpeculationStats
+    def __init__(self, tenant_id: _Optional[str] = ..., proposer: _Optional[_Union[Proposer, str]] = ..., acceptance_rate: _Optional[float] = ..., current_k: _Optional[int] = ..., predicted_speedup: _Optional[float] = ..., cost: _Optional[_Union[CostTerms, _Mapping]] = ..., usage: _Optional[_Union[TenantUsage, _Mapping]] = ..., stats: _Optional[_Union[SpeculationStats, _Mapping]] = ...) -> None: ...
