@@ -1,0 +1,349 @@
+"""Per-tenant, per-proposer acceptance-rate estimation from pooled, decayed counts.
+
+Estimator (Leviathan et al. 2023, §3.1 i.i.d. model; truncated-geometric MLE, anchors.md §2.1):
+a speculation step that drafts K tokens and accepts ``a`` of them is a run of ``a`` successes
+followed, when ``a < K``, by one observed failure (the rejection); when ``a == K`` the run is
+censored (no failure observed). Under i.i.d. per-token acceptance α the likelihood is
+``α^Σa · (1 - α)^R`` with R the number of steps that saw a rejection, so
+
+    α̂ = Σa / (Σa + R)
+
+This needs no assumption about K being constant between steps. Steps with K = 0 propose
+nothing and carry no information; they are ignored (they neither add counts nor decay them).
+Equivalently α̂ is the pooled ratio "accepted draft tokens / draft tokens the verifier actually
+looked at" (a rejected token is looked at, tokens after it are not): Σ_j accepted_j / Σ_j reached_j.
+
+Per-position counts are kept too, because measured acceptance is *not* i.i.d.: it decays with
+the draft position (anchors.md §2.1). ``reached[j]`` counts steps whose verifier looked at the
+draft token at position j (K > j and the first j were accepted); ``accepted[j] / reached[j]`` is
+the conditional acceptance at position j.
+
+Drift (windowing): exponential decay with a half-life counted in *speculation steps* (steps with
+K > 0) of that key. Before a record of n steps is added, the key's counts are multiplied by
+``0.5 ** (n / half_life_steps)``. Counting in steps, not seconds, keeps the estimator
+deterministic and makes an idle tenant keep its estimate (no new evidence, nothing to forget);
+the effective window is about ``half_life_steps / ln 2`` steps (~289 for the default 200).
+
+Prior (new keys): a key seen for the first time is seeded with pseudo-counts from the global
+pool of its proposer (all tenants, decayed with ``global_half_life_steps``):
+``prior_weight`` pseudo-trials split as ``w·α_g`` accepted and ``w·(1 - α_g)`` rejections,
+where α_g is the global estimate (``default_alpha`` while the global pool is empty). The
+pseudo-counts decay with the key's own counts, so the prior fades as the tenant's data arrives.
+
+Not thread-safe: one owner (a single event loop, or one Ray actor) calls it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+#: Key of one estimate: (tenant id, proposer name).
+Key = tuple[str, str]
+
+
+@dataclass
+class _Counts:
+    """Decayed counts (floats because of decay). ``prior_*`` are pseudo-counts."""
+
+    accepted: float = 0.0
+    rejected_steps: float = 0.0
+    steps: float = 0.0
+    proposed: float = 0.0
+    prior_accepted: float = 0.0
+    prior_rejected: float = 0.0
+    accepted_per_position: list[float] = field(default_factory=list)
+    reached_per_position: list[float] = field(default_factory=list)
+    proposed_per_position: list[float] = field(default_factory=list)
+    raw_steps: int = 0  # undecayed number of K > 0 steps ever recorded
+
+    def decay(self, factor: float) -> None:
+        if factor == 1.0:
+            return
+        self.accepted *= factor
+        self.rejected_steps *= factor
+        self.steps *= factor
+        self.proposed *= factor
+        self.prior_accepted *= factor
+        self.prior_rejected *= factor
+        for lst in (self.accepted_per_position, self.reached_per_position, self.proposed_per_position):
+            for j in range(len(lst)):
+                lst[j] *= factor
+
+    def grow(self, n: int) -> None:
+        for lst in (self.accepted_per_position, self.reached_per_position, self.proposed_per_position):
+            while len(lst) < n:
+                lst.append(0.0)
+
+    def alpha(self) -> float | None:
+        num = self.accepted + self.prior_accepted
+        den = num + self.rejected_steps + self.prior_rejected
+        return num / den if den > 0 else None
+
+
+@dataclass(frozen=True)
+class AcceptanceSnapshot:
+    """The counts behind one key's estimate (plain data; decayed counts are floats).
+
+    Attributes:
+        key: (tenant, proposer).
+        alpha: α̂ including the prior pseudo-counts.
+        accepted: Σa, decayed accepted draft tokens (observed only).
+        rejected_steps: decayed number of steps with a rejection (a < K).
+        steps: decayed number of K > 0 steps.
+        proposed: decayed number of drafted tokens.
+        prior_accepted, prior_rejected: remaining (decayed) pseudo-counts of the prior.
+        raw_steps: K > 0 steps ever recorded, undecayed.
+        accepted_per_position, reached_per_position, proposed_per_position: decayed counts per
+            draft position j (0-based).
+        position_alphas: accepted_j / reached_j per position (None where nothing reached it).
+    """
+
+    key: tuple
+    alpha: float
+    accepted: float
+    rejected_steps: float
+    steps: float
+    proposed: float
+    prior_accepted: float
+    prior_rejected: float
+    raw_steps: int
+    accepted_per_position: tuple[float, ...]
+    reached_per_position: tuple[float, ...]
+    proposed_per_position: tuple[float, ...]
+    position_alphas: tuple[float | None, ...]
+
+    @property
+    def evidence(self) -> float:
+        """Observed trials behind α̂ (Σa + R, decayed), prior excluded."""
+        return self.accepted + self.rejected_steps
+
+    def as_dict(self) -> dict:
+        return {
+            "tenant": self.key[0],
+            "proposer": self.key[1],
+            "alpha": self.alpha,
+            "accepted": self.accepted,
+            "rejected_steps": self.rejected_steps,
+            "steps": self.steps,
+            "proposed": self.proposed,
+            "prior_accepted": self.prior_accepted,
+            "prior_rejected": self.prior_rejected,
+            "raw_steps": self.raw_steps,
+            "evidence": self.evidence,
+            "accepted_per_position": list(self.accepted_per_position),
+            "reached_per_position": list(self.reached_per_position),
+            "proposed_per_position": list(self.proposed_per_position),
+            "position_alphas": list(self.position_alphas),
+        }
+
+
+class AcceptanceEstimator:
+    """Pooled, exponentially decayed acceptance counts per (tenant, proposer).
+
+    Args:
+        half_life_steps: half-life of a key's counts, in K > 0 speculation steps of that key;
+            None disables decay (exact pooled counts, used by tests).
+        global_half_life_steps: half-life of each proposer's global pool, in steps of all
+            tenants; None disables decay.
+        prior_weight: pseudo-trials (accepted + rejections) a new key gets from the global pool.
+        default_alpha: the global estimate while a proposer's global pool has no data.
+    """
+
+    def __init__(
+        self,
+        *,
+        half_life_steps: float | None = 200.0,
+        global_half_life_steps: float | None = 2000.0,
+        prior_weight: float = 20.0,
+        default_alpha: float = 0.5,
+    ):
+        for name, v in (("half_life_steps", half_life_steps), ("global_half_life_steps", global_half_life_steps)):
+            if v is not None and not v > 0:
+                raise ValueError(f"{name} must be > 0 or None, got {v}")
+        if prior_weight < 0:
+            raise ValueError(f"prior_weight must be >= 0, got {prior_weight}")
+        if not 0.0 <= default_alpha <= 1.0:
+            raise ValueError(f"default_alpha must be in [0, 1], got {default_alpha}")
+        self.half_life_steps = half_life_steps
+        self.global_half_life_steps = global_half_life_steps
+        self.prior_weight = float(prior_weight)
+        self.default_alpha = float(default_alpha)
+        self._keys: dict[Hashable, _Counts] = {}
+        self._global: dict[str, _Counts] = {}
+
+    # ---------------------------------------------------------------- recording
+
+    def record(self, key: Key, k: int, accepted: int) -> None:
+        """Record one speculation step that drafted ``k`` tokens and accepted ``accepted``.
+
+        ``k == 0`` is ignored (plain decoding: no acceptance signal).
+        """
+        if k < 0 or not 0 <= accepted <= k:
+            raise ValueError(f"need 0 <= accepted <= k, got k={k}, accepted={accepted}")
+        if k == 0:
+            return
+        reached = [0] * k
+        acc = [0] * k
+        for j in range(min(accepted + 1, k)):
+            reached[j] = 1
+        for j in range(accepted):
+            acc[j] = 1
+        self._add(key, accepted, 1 if accepted < k else 0, 1, k, acc, reached, [1] * k)
+
+    def record_counts(
+        self,
+        key: Key,
+        *,
+        accepted: int,
+        rejected_steps: int,
+        spec_steps: int,
+        proposed: int | None = None,
+        accepted_per_position: Sequence[int] | None = None,
+        proposed_per_position: Sequence[int] | None = None,
+    ) -> None:
+        """Record a whole request's counters at once (see :class:`specdec.types.SpeculationStats`).
+
+        Args:
+            accepted: Σa over the request's steps.
+            rejected_steps: steps with a rejection (a < K).
+            spec_steps: steps with K > 0 (what the decay counts; ``stats.steps`` minus the K = 0
+                steps).
+            proposed: drafted tokens (defaults to Σ proposed_per_position).
+            accepted_per_position, proposed_per_position: per-position counts. The number of
+                steps that *reached* position j is taken as ``min(proposed[j], accepted[j-1])``
+                (``proposed[0]`` for j = 0): exact when K was constant within the request
+                (the controller picks K per request), an upper bound otherwise.
+
+        The request's steps are added together after one decay of ``spec_steps`` steps; they
+        are not decayed among themselves.
+        """
+        if accepted < 0 or rejected_steps < 0 or spec_steps < 0:
+            raise ValueError("counts must be >= 0")
+        if rejected_steps > spec_steps:
+            raise ValueError(f"rejected_steps={rejected_steps} > spec_steps={spec_steps}")
+        acc_pos = list(accepted_per_position or [])
+        prop_pos = list(proposed_per_position or [])
+        if len(acc_pos) > len(prop_pos):
+            raise ValueError("accepted_per_position is longer than proposed_per_position")
+        acc_pos += [0] * (len(prop_pos) - len(acc_pos))
+        if any(a > p for a, p in zip(acc_pos, prop_pos)):
+            raise ValueError("accepted_per_position exceeds proposed_per_position")
+        if prop_pos and sum(acc_pos) != accepted:
+            raise ValueError(f"sum(accepted_per_position)={sum(acc_pos)} != accepted={accepted}")
+        reached = [prop_pos[0]] if prop_pos else []
+        for j in range(1, len(prop_pos)):
+            reached.append(min(prop_pos[j], acc_pos[j - 1]))
+        if proposed is None:
+            proposed = sum(prop_pos)
+        if spec_steps == 0:
+            if accepted or proposed:
+                raise ValueError("accepted/proposed tokens without any K > 0 step")
+            return
+        self._add(key, accepted, rejected_steps, spec_steps, proposed, acc_pos, reached, prop_pos)
+
+    def record_stats(self, key: Key, stats) -> None:
+        """Record a :class:`specdec.types.SpeculationStats` (or its ``as_dict()``)."""
+        d = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
+        k_counts = {int(k): int(v) for k, v in (d.get("k_counts") or {}).items()}
+        self.record_counts(
+            key,
+            accepted=int(d["accepted"]),
+            rejected_steps=int(d["rejected_steps"]),
+            spec_steps=int(d["steps"]) - k_counts.get(0, 0),
+            proposed=int(d["proposed"]),
+            accepted_per_position=d.get("accepted_per_position"),
+            proposed_per_position=d.get("proposed_per_position"),
+        )
+
+    def _add(self, key, accepted, rejected, steps, proposed, acc_pos, reached, prop_pos) -> None:
+        c = self._keys.get(key)
+        if c is None:
+            c = self._new_key(key)
+        g = self._global.setdefault(self._proposer(key), _Counts())
+        for counts, hl in ((c, self.half_life_steps), (g, self.global_half_life_steps)):
+            counts.decay(1.0 if hl is None else 0.5 ** (steps / hl))
+            counts.accepted += accepted
+            counts.rejected_steps += rejected
+            counts.steps += steps
+            counts.proposed += proposed
+            counts.raw_steps += steps
+            counts.grow(len(prop_pos))
+            for j in range(len(prop_pos)):
+                counts.accepted_per_position[j] += acc_pos[j]
+                counts.reached_per_position[j] += reached[j]
+                counts.proposed_per_position[j] += prop_pos[j]
+
+    def _new_key(self, key) -> _Counts:
+        a_g = self.global_alpha(self._proposer(key))
+        c = _Counts(prior_accepted=self.prior_weight * a_g, prior_rejected=self.prior_weight * (1.0 - a_g))
+        self._keys[key] = c
+        return c
+
+    @staticmethod
+    def _proposer(key) -> str:
+        return key[1] if isinstance(key, tuple) and len(key) >= 2 else ""
+
+    # ---------------------------------------------------------------- reading
+
+    def global_alpha(self, proposer: str) -> float:
+        """The pooled estimate over all tenants of ``proposer`` (``default_alpha`` if none)."""
+        g = self._global.get(proposer)
+        a = g.alpha() if g is not None else None
+        return self.default_alpha if a is None else a
+
+    def alpha(self, key: Key) -> float:
+        """α̂ for ``key``: its decayed counts plus prior; the global estimate for unseen keys."""
+        c = self._keys.get(key)
+        a = c.alpha() if c is not None else None
+        return self.global_alpha(self._proposer(key)) if a is None else a
+
+    def evidence(self, key: Key) -> float:
+        """Observed (decayed) trials Σa + R behind ``alpha(key)``; 0 for unseen keys."""
+        c = self._keys.get(key)
+        return 0.0 if c is None else c.accepted + c.rejected_steps
+
+    def position_alphas(self, key: Key, min_reached: float = 30.0) -> list[float]:
+        """Conditional acceptance per draft position, accepted_j / reached_j.
+
+        Returns the leading positions j = 0, 1, ... whose decayed ``reached_j`` is at least
+        ``min_reached``, stopping at the first position with less (later positions are at most
+        as well sampled). Empty for unseen keys. No prior is applied per position.
+        """
+        c = self._keys.get(key)
+        out: list[float] = []
+        if c is None:
+            return out
+        for a, r in zip(c.accepted_per_position, c.reached_per_position):
+            if r < min_reached or r <= 0:
+                break
+            out.append(a / r)
+        return out
+
+    def snapshot(self, key: Key) -> AcceptanceSnapshot:
+        """Counts and estimates for ``key`` (all zero, α = global, for an unseen key)."""
+        c = self._keys.get(key) or _Counts()
+        pos = tuple(a / r if r > 0 else None for a, r in zip(c.accepted_per_position, c.reached_per_position))
+        return AcceptanceSnapshot(
+            key=tuple(key),
+            alpha=self.alpha(key),
+            accepted=c.accepted,
+            rejected_steps=c.rejected_steps,
+            steps=c.steps,
+            proposed=c.proposed,
+            prior_accepted=c.prior_accepted,
+            prior_rejected=c.prior_rejected,
+            raw_steps=c.raw_steps,
+            accepted_per_position=tuple(c.accepted_per_position),
+            reached_per_position=tuple(c.reached_per_position),
+            proposed_per_position=tuple(c.proposed_per_position),
+            position_alphas=pos,
+        )
+
+    def keys(self) -> list:
+        """Keys with recorded data."""
+        return list(self._keys)
+
+    def forget(self, key: Key) -> None:
+        """Drop one key's counts (it restarts from the global prior)."""
+        self._keys.pop(key, None)

