@@ -1,0 +1,325 @@
+"""Protos <-> specdec core types, in one place.
+
+Every function here is a pure, total translation: no validation beyond what the target type
+does itself (a :class:`~specdec.request.GenerationRequest` is validated by
+:func:`specdec.request.parse_request`, which raises
+:class:`~specdec.errors.InvalidRequestError`; a :class:`~specdec.types.DraftBlock` checks its
+shapes). Unset optional proto fields are left out of the request dict so the core's defaults
+apply.
+
+Wire shapes (see ``protos/specdec/v1/exchange.proto``): token ids travel as ``repeated uint32``
+(varints), the sparse proposal distribution q as ``[K*M]`` ids + ``[K*M]`` float32 probabilities
+row-major, so a K=4, M=64 block is about 1.8 KB.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from protos.specdec.v1 import exchange_pb2 as xpb
+from protos.specdec.v1 import specdec_pb2 as pb
+from specdec.request import GenerationRequest, SamplingParams, parse_request
+from specdec.types import (
+    DraftBlock,
+    FinishReason,
+    GenerationChunk,
+    GenerationResult,
+    SpeculationStats,
+    Usage,
+    VerifyResult,
+)
+
+# --- enums ---------------------------------------------------------------------------------
+
+FINISH_REASON_TO_PROTO: dict[FinishReason, int] = {
+    FinishReason.EOS: pb.FINISH_REASON_EOS,
+    FinishReason.STOP_TOKEN: pb.FINISH_REASON_STOP_TOKEN,
+    FinishReason.STOP_STRING: pb.FINISH_REASON_STOP_STRING,
+    FinishReason.MAX_TOKENS: pb.FINISH_REASON_MAX_TOKENS,
+    FinishReason.CONTEXT_LENGTH: pb.FINISH_REASON_CONTEXT_LENGTH,
+    FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
+}
+FINISH_REASON_FROM_PROTO: dict[int, FinishReason] = {v: k for k, v in FINISH_REASON_TO_PROTO.items()}
+
+#: proto Proposer -> core proposer name; UNSPECIFIED is absent (the server chooses).
+PROPOSER_FROM_PROTO: dict[int, str] = {
+    pb.PROPOSER_DRAFT: "draft",
+    pb.PROPOSER_NGRAM: "ngram",
+    pb.PROPOSER_NONE: "none",
+}
+PROPOSER_TO_PROTO: dict[str, int] = {v: k for k, v in PROPOSER_FROM_PROTO.items()}
+
+
+# --- public request / response --------------------------------------------------------------
+
+
+def sampling_to_dict(msg: pb.SamplingParams) -> dict:
+    """The fields of a SamplingParams proto that were set, as a dict for the core model."""
+    out: dict = {"temperature": msg.temperature, "top_k": msg.top_k}
+    if msg.HasField("top_p"):
+        out["top_p"] = msg.top_p
+    if msg.HasField("seed"):
+        out["seed"] = msg.seed
+    return out
+
+
+def sampling_from_proto(msg: pb.SamplingParams) -> SamplingParams:
+    """SamplingParams proto -> core SamplingParams (pydantic validation applies)."""
+    return SamplingParams.model_validate(sampling_to_dict(msg))
+
+
+def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
+    """Core SamplingParams -> proto (``seed`` left unset when None)."""
+    msg = pb.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+    if params.seed is not None:
+        msg.seed = params.seed
+    return msg
+
+
+def request_to_dict(req: pb.GenerateRequest) -> dict:
+    """GenerateRequest proto -> the plain dict :func:`specdec.request.parse_request` validates."""
+    data: dict = {}
+    which = req.WhichOneof("input")
+    if which == "prompt":
+        data["prompt"] = req.prompt
+    elif which == "messages":
+        data["messages"] = [{"role": m.role, "content": m.content} for m in req.messages.messages]
+    elif which == "prompt_token_ids":
+        data["prompt_token_ids"] = list(req.prompt_token_ids.ids)
+    if req.HasField("max_tokens"):
+        data["max_tokens"] = req.max_tokens
+    if req.HasField("sampling"):
+        data["sampling"] = sampling_to_dict(req.sampling)
+    if req.stop:
+        data["stop"] = list(req.stop)
+    if req.stop_token_ids:
+        data["stop_token_ids"] = list(req.stop_token_ids)
+    if req.ignore_eos:
+        data["ignore_eos"] = True
+    if req.logprobs:
+        data["logprobs"] = True
+    if req.HasField("speculation"):
+        spec: dict = {}
+        if req.speculation.proposer != pb.PROPOSER_UNSPECIFIED:
+            spec["proposer"] = PROPOSER_FROM_PROTO.get(req.speculation.proposer, f"unknown({req.speculation.proposer})")
+        if req.speculation.HasField("max_k"):
+            spec["k"] = req.speculation.max_k
+        if spec:
+            data["speculation"] = spec
+    return data
+
+
+def request_from_proto(req: pb.GenerateRequest) -> GenerationRequest:
+    """GenerateRequest proto -> validated core request.
+
+    Raises:
+        InvalidRequestError: no or several inputs, empty prompt, parameters out of range.
+    """
+    return parse_request(request_to_dict(req))
+
+
+def request_to_proto(req: GenerationRequest) -> pb.GenerateRequest:
+    """Core request -> GenerateRequest proto (for the client library and tests)."""
+    msg = pb.GenerateRequest(
+        max_tokens=req.max_tokens,
+        sampling=sampling_to_proto(req.sampling),
+        stop=req.stop,
+        stop_token_ids=req.stop_token_ids,
+        ignore_eos=req.ignore_eos,
+        logprobs=req.logprobs,
+        speculation=pb.SpeculationHints(proposer=PROPOSER_TO_PROTO[req.speculation.proposer], max_k=req.speculation.k),
+    )
+    if req.prompt is not None:
+        msg.prompt = req.prompt
+    elif req.messages is not None:
+        msg.messages.messages.extend(pb.ChatMessage(role=m.role, content=m.content) for m in req.messages)
+    else:
+        msg.prompt_token_ids.ids.extend(req.prompt_token_ids)
+    return msg
+
+
+def stats_to_proto(stats: SpeculationStats) -> pb.SpeculationStats:
+    """Core stats -> proto; ratios that are None (no data) stay unset."""
+    msg = pb.SpeculationStats(
+        steps=stats.steps,
+        proposed=stats.proposed,
+        accepted=stats.accepted,
+        rejected_steps=stats.rejected_steps,
+        accepted_per_position=stats.accepted_per_position,
+        proposed_per_position=stats.proposed_per_position,
+        k_counts={int(k): int(v) for k, v in stats.k_counts.items()},
+        draft_time_s=stats.draft_time_s,
+        verify_time_s=stats.verify_time_s,
+    )
+    if stats.acceptance_rate is not None:
+        msg.acceptance_rate = stats.acceptance_rate
+    if stats.mean_accepted_length is not None:
+        msg.mean_accepted_length = stats.mean_accepted_length
+    return msg
+
+
+def stats_from_proto(msg: pb.SpeculationStats) -> SpeculationStats:
+    """Proto -> core stats (the ratios are derived again from the counts)."""
+    return SpeculationStats(
+        steps=msg.steps,
+        proposed=msg.proposed,
+        accepted=msg.accepted,
+        rejected_steps=msg.rejected_steps,
+        accepted_per_position=list(msg.accepted_per_position),
+        proposed_per_position=list(msg.proposed_per_position),
+        k_counts={int(k): int(v) for k, v in sorted(msg.k_counts.items())},
+        draft_time_s=msg.draft_time_s,
+        verify_time_s=msg.verify_time_s,
+    )
+
+
+def usage_to_proto(usage: Usage) -> pb.Usage:
+    return pb.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
+
+
+def result_to_proto(result: GenerationResult) -> pb.GenerateResponse:
+    """Finished core generation -> unary GenerateResponse."""
+    return pb.GenerateResponse(
+        text=result.text,
+        token_ids=result.token_ids,
+        logprobs=result.logprobs or [],
+        finish_reason=FINISH_REASON_TO_PROTO[result.finish_reason],
+        usage=usage_to_proto(result.usage),
+        stats=stats_to_proto(result.stats),
+        elapsed_s=result.elapsed_s,
+    )
+
+
+def result_from_proto(msg: pb.GenerateResponse, want_logprobs: bool = False) -> GenerationResult:
+    """Unary GenerateResponse -> core GenerationResult (client side)."""
+    return GenerationResult(
+        text=msg.text,
+        token_ids=list(msg.token_ids),
+        finish_reason=FINISH_REASON_FROM_PROTO[msg.finish_reason],
+        usage=Usage(msg.usage.prompt_tokens, msg.usage.completion_tokens),
+        stats=stats_from_proto(msg.stats),
+        logprobs=list(msg.logprobs) if (want_logprobs or msg.logprobs) else None,
+        elapsed_s=msg.elapsed_s,
+    )
+
+
+def chunk_to_proto(
+    chunk: GenerationChunk,
+    usage: Usage | None = None,
+    stats: SpeculationStats | None = None,
+    elapsed_s: float = 0.0,
+) -> pb.GenerateStreamChunk:
+    """Core chunk -> stream chunk; pass ``usage``/``stats``/``elapsed_s`` on the last chunk only."""
+    msg = pb.GenerateStreamChunk(text=chunk.text, token_ids=chunk.token_ids, logprobs=chunk.logprobs or [])
+    if chunk.finish_reason is not None:
+        msg.finish_reason = FINISH_REASON_TO_PROTO[chunk.finish_reason]
+        msg.elapsed_s = elapsed_s
+    if usage is not None:
+        msg.usage.CopyFrom(usage_to_proto(usage))
+    if stats is not None:
+        msg.stats.CopyFrom(stats_to_proto(stats))
+    return msg
+
+
+def join_chunks(chunks: Sequence[pb.GenerateStreamChunk]) -> pb.GenerateResponse:
+    """Concatenate stream chunks into the GenerateResponse the unary call would return."""
+    out = pb.GenerateResponse()
+    for c in chunks:
+        out.text += c.text
+        out.token_ids.extend(c.token_ids)
+        out.logprobs.extend(c.logprobs)
+        if c.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
+            out.finish_reason = c.finish_reason
+            out.usage.CopyFrom(c.usage)
+            out.stats.CopyFrom(c.stats)
+            out.elapsed_s = c.elapsed_s
+    return out
+
+
+# --- draft <-> target exchange --------------------------------------------------------------
+
+
+def session_open_to_proto(
+    token_ids: Sequence[int], sampling: SamplingParams, seed: int, logprobs: bool
+) -> xpb.SessionOpen:
+    """What the target needs to (re)open a session after ``token_ids``."""
+    return xpb.SessionOpen(
+        token_ids=token_ids, sampling=sampling_to_proto(sampling), seed=seed, logprobs=logprobs
+    )
+
+
+def session_open_from_proto(msg: xpb.SessionOpen) -> tuple[list[int], SamplingParams, int, bool]:
+    """SessionOpen -> ``(token_ids, sampling, seed, logprobs)``, the target's open_session args."""
+    return list(msg.token_ids), sampling_from_proto(msg.sampling), int(msg.seed), bool(msg.logprobs)
+
+
+def draft_block_to_proto(
+    block: DraftBlock, session_id: str, position: int, open: xpb.SessionOpen | None = None
+) -> xpb.CandidateBlock:
+    """DraftBlock -> CandidateBlock following a committed sequence of ``position`` tokens.
+
+    Args:
+        block: K drafts and q (``q_ids``/``q_probs`` ``[K, M]``, or None for a deterministic q).
+        session_id: the session key.
+        position: committed sequence length the block follows, in tokens.
+        open: set on a session's first step and when rebuilding the target session.
+    """
+    msg = xpb.CandidateBlock(session_id=session_id, position=position, token_ids=block.token_ids.tolist())
+    if block.q_ids is not None:
+        m = int(block.q_ids.shape[1])
+        msg.q.width = m
+        msg.q.ids.extend(block.q_ids.reshape(-1).tolist())
+        msg.q.probs.extend(block.q_probs.to(torch.float32).reshape(-1).tolist())
+    if open is not None:
+        msg.open.CopyFrom(open)
+    return msg
+
+
+def draft_block_from_proto(msg: xpb.CandidateBlock) -> DraftBlock:
+    """CandidateBlock -> DraftBlock (``[K]`` int64 ids, ``[K, M]`` int64/float32 q or None).
+
+    Raises:
+        ValueError: q's size is not K * width.
+    """
+    token_ids = torch.tensor(list(msg.token_ids), dtype=torch.long)  # [K]
+    if not msg.HasField("q"):
+        return DraftBlock(token_ids=token_ids)
+    k, m = len(msg.token_ids), msg.q.width
+    if m == 0 or len(msg.q.ids) != k * m or len(msg.q.probs) != k * m:
+        raise ValueError(
+            f"q must hold K*M = {k}*{m} ids and probs, got {len(msg.q.ids)} and {len(msg.q.probs)}"
+        )
+    q_ids = torch.tensor(list(msg.q.ids), dtype=torch.long).reshape(k, m)  # [K, M]
+    q_probs = torch.tensor(list(msg.q.probs), dtype=torch.float32).reshape(k, m)  # [K, M]
+    return DraftBlock(token_ids=token_ids, q_ids=q_ids, q_probs=q_probs)
+
+
+def verify_result_to_proto(result: VerifyResult, target_time_s: float = 0.0) -> xpb.VerificationResult:
+    """VerifyResult -> VerificationResult with status OK."""
+    return xpb.VerificationResult(
+        status=xpb.VERIFY_STATUS_OK,
+        accepted=result.accepted,
+        token_ids=result.token_ids,
+        logprobs=result.logprobs or [],
+        committed_len=result.committed_len,
+        target_time_s=target_time_s,
+    )
+
+
+def verify_result_from_proto(msg: xpb.VerificationResult, want_logprobs: bool) -> VerifyResult:
+    """VerificationResult (status OK) -> VerifyResult.
+
+    Raises:
+        ValueError: the status is not OK (the caller handles SESSION_MISSING/POSITION_MISMATCH
+            before converting).
+    """
+    if msg.status != xpb.VERIFY_STATUS_OK:
+        raise ValueError(f"cannot convert a {xpb.VerifyStatus.Name(msg.status)} reply to a VerifyResult")
+    return VerifyResult(
+        accepted=msg.accepted,
+        token_ids=list(msg.token_ids),
+        logprobs=list(msg.logprobs) if want_logprobs else None,
+        committed_len=msg.committed_len,
+    )

@@ -1,0 +1,220 @@
+"""Protos <-> core types: round trips and request validation through parse_request."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+import torch
+
+from deployments import convert
+from deployments.grpc_status import STATUS_BY_ERROR, abort_with, status_for
+from protos.specdec.v1 import exchange_pb2 as xpb
+from protos.specdec.v1 import specdec_pb2 as pb
+from specdec import errors
+from specdec.request import SamplingParams
+from specdec.types import (
+    DraftBlock,
+    FinishReason,
+    GenerationChunk,
+    GenerationResult,
+    SpeculationStats,
+    Usage,
+    VerifyResult,
+)
+
+
+def test_minimal_prompt_request_gets_core_defaults():
+    req = convert.request_from_proto(pb.GenerateRequest(prompt="def f():"))
+    assert req.prompt == "def f():"
+    assert req.max_tokens == 128 and req.sampling.greedy and req.sampling.top_p == 1.0
+    assert req.speculation.proposer == "draft"
+
+
+def test_full_request_maps_every_field():
+    msg = pb.GenerateRequest(
+        messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hi")]),
+        max_tokens=7,
+        sampling=pb.SamplingParams(temperature=0.7, top_p=0.9, top_k=20, seed=42),
+        stop=["\n\n"],
+        stop_token_ids=[2],
+        ignore_eos=True,
+        logprobs=True,
+        speculation=pb.SpeculationHints(proposer=pb.PROPOSER_NGRAM, max_k=0),
+    )
+    req = convert.request_from_proto(msg)
+    assert req.messages[0].content == "hi" and req.max_tokens == 7
+    # doubles on the wire: exactly the values an in-process caller passes
+    assert req.sampling.temperature == 0.7 and req.sampling.top_p == 0.9
+    assert req.sampling.top_k == 20 and req.sampling.seed == 42
+    assert req.stop == ["\n\n"] and req.stop_token_ids == [2] and req.ignore_eos and req.logprobs
+    assert req.speculation.proposer == "ngram" and req.speculation.k == 0  # explicit 0 kept
+    back = convert.request_from_proto(convert.request_to_proto(req))
+    assert back == req
+
+
+def test_token_id_prompt_round_trips():
+    msg = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5, 6, 7]), max_tokens=3)
+    assert convert.request_from_proto(msg).prompt_token_ids == [5, 6, 7]
+
+
+@pytest.mark.parametrize(
+    "msg, fragment",
+    [
+        (pb.GenerateRequest(), "exactly one of"),  # no input at all
+        (pb.GenerateRequest(prompt=""), "prompt is empty"),  # oneof keeps an explicit ""
+        (pb.GenerateRequest(prompt="x", max_tokens=0), "max_tokens"),  # explicit 0 is not "unset"
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(top_p=0.0)), "top_p"),
+        (pb.GenerateRequest(prompt="x", speculation=pb.SpeculationHints(max_k=99)), "speculation.k"),
+        (pb.GenerateRequest(prompt="x", speculation=pb.SpeculationHints(proposer=77)), "proposer"),
+        (pb.GenerateRequest(prompt="x", stop=[""]), "stop strings"),
+    ],
+)
+def test_bad_requests_raise_invalid_request(msg, fragment):
+    with pytest.raises(errors.InvalidRequestError, match=fragment):
+        convert.request_from_proto(msg)
+
+
+def test_draft_block_with_sparse_q_round_trips_exactly():
+    g = torch.Generator().manual_seed(0)
+    q_probs = torch.rand(4, 64, generator=g).softmax(-1).to(torch.float32)  # [K, M]
+    q_ids = torch.randint(0, 151_936, (4, 64), generator=g)  # [K, M]
+    block = DraftBlock(token_ids=q_ids[:, 0].clone(), q_ids=q_ids, q_probs=q_probs)
+    msg = convert.draft_block_to_proto(block, "s1", 12)
+    wire = xpb.CandidateBlock.FromString(msg.SerializeToString())
+    back = convert.draft_block_from_proto(wire)
+    assert wire.session_id == "s1" and wire.position == 12 and not wire.HasField("open")
+    assert torch.equal(back.token_ids, block.token_ids)
+    assert torch.equal(back.q_ids, q_ids) and back.q_ids.dtype == torch.long
+    assert torch.equal(back.q_probs, q_probs)  # float32 travels bit-exactly
+    print(f"K=4 M=64 block: {len(msg.SerializeToString())} bytes")
+
+
+def test_deterministic_and_empty_blocks():
+    block = DraftBlock(token_ids=torch.tensor([3, 4]))
+    back = convert.draft_block_from_proto(convert.draft_block_to_proto(block, "s", 5))
+    assert back.q_ids is None and back.token_ids.tolist() == [3, 4]
+    empty = convert.draft_block_from_proto(convert.draft_block_to_proto(DraftBlock.empty(), "s", 5))
+    assert empty.k == 0 and empty.token_ids.dtype == torch.long
+
+
+def test_malformed_q_is_rejected():
+    msg = xpb.CandidateBlock(token_ids=[1, 2], q=xpb.SparseDistribution(width=3, ids=[1] * 5, probs=[0.2] * 5))
+    with pytest.raises(ValueError, match="K\\*M"):
+        convert.draft_block_from_proto(msg)
+
+
+def test_session_open_round_trips():
+    sampling = SamplingParams(temperature=0.8, top_k=5, seed=3)
+    msg = convert.session_open_to_proto([1, 2, 3], sampling, seed=9, logprobs=True)
+    block = convert.draft_block_to_proto(DraftBlock.empty(), "s", 3, open=msg)
+    ids, s, seed, lp = convert.session_open_from_proto(xpb.CandidateBlock.FromString(block.SerializeToString()).open)
+    assert (ids, s, seed, lp) == ([1, 2, 3], sampling, 9, True)
+
+
+def test_verify_result_round_trips():
+    r = VerifyResult(accepted=2, token_ids=[7, 8, 9], logprobs=[-0.5, -1.25, -2.0], committed_len=40)
+    msg = convert.verify_result_to_proto(r, target_time_s=0.01)
+    assert convert.verify_result_from_proto(msg, want_logprobs=True) == r
+    assert convert.verify_result_from_proto(msg, want_logprobs=False).logprobs is None
+    with pytest.raises(ValueError, match="SESSION_MISSING"):
+        convert.verify_result_from_proto(xpb.VerificationResult(status=xpb.VERIFY_STATUS_SESSION_MISSING), False)
+
+
+def _stats() -> SpeculationStats:
+    s = SpeculationStats()
+    s.record_step(4, 4, 0.01, 0.02)
+    s.record_step(4, 1, 0.01, 0.02)
+    s.record_step(0, 0, 0.0, 0.02)
+    return s
+
+
+def test_stats_round_trip_and_none_ratios():
+    s = _stats()
+    msg = convert.stats_to_proto(s)
+    assert msg.acceptance_rate == pytest.approx(5 / 8) and dict(msg.k_counts) == {4: 2, 0: 1}
+    assert convert.stats_from_proto(msg).as_dict() == s.as_dict()
+    empty = convert.stats_to_proto(SpeculationStats())
+    assert not empty.HasField("acceptance_rate") and not empty.HasField("mean_accepted_length")
+
+
+def test_chunks_join_to_the_unary_response():
+    stats, usage = _stats(), Usage(prompt_tokens=3, completion_tokens=3)
+    result = GenerationResult(
+        text="abc", token_ids=[1, 2, 3], finish_reason=FinishReason.STOP_STRING, usage=usage, stats=stats, elapsed_s=0.5
+    )
+    chunks = [
+        convert.chunk_to_proto(GenerationChunk(text="ab", token_ids=[1, 2])),
+        convert.chunk_to_proto(
+            GenerationChunk(text="c", token_ids=[3], finish_reason=FinishReason.STOP_STRING), usage, stats, 0.5
+        ),
+    ]
+    assert chunks[0].finish_reason == pb.FINISH_REASON_UNSPECIFIED and not chunks[0].HasField("usage")
+    assert convert.join_chunks(chunks) == convert.result_to_proto(result)
+    assert convert.result_from_proto(convert.result_to_proto(result)).token_ids == [1, 2, 3]
+
+
+def test_every_finish_reason_has_a_proto_value():
+    assert set(convert.FINISH_REASON_TO_PROTO) == set(FinishReason)
+
+
+# --- status table ---------------------------------------------------------------------------
+
+
+class FakeContext:
+    def __init__(self):
+        self.code = self.details = self.trailing = None
+
+    def set_code(self, code):
+        self.code = code
+
+    def set_details(self, details):
+        self.details = details
+
+    def set_trailing_metadata(self, md):
+        self.trailing = md
+
+
+@pytest.mark.parametrize(
+    "exc, code",
+    [
+        (errors.InvalidRequestError("bad"), grpc.StatusCode.INVALID_ARGUMENT),
+        (errors.PromptTooLongError(300, 256), grpc.StatusCode.INVALID_ARGUMENT),  # subclass
+        (errors.AuthenticationError("no key"), grpc.StatusCode.UNAUTHENTICATED),
+        (errors.PermissionDeniedError("not yours"), grpc.StatusCode.PERMISSION_DENIED),
+        (errors.ResourceExhaustedError("slow down", "tokens_per_minute", 1.5), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (errors.DeadlineExceededError("late"), grpc.StatusCode.DEADLINE_EXCEEDED),
+        (errors.GenerationCancelledError("bye"), grpc.StatusCode.CANCELLED),
+        (errors.ModelNotReadyError("loading"), grpc.StatusCode.UNAVAILABLE),
+        (RuntimeError("boom"), grpc.StatusCode.INTERNAL),
+    ],
+)
+def test_status_table(exc, code):
+    assert status_for(exc) is code
+
+
+def test_abort_with_sets_code_details_and_returns_empty_response():
+    ctx = FakeContext()
+    out = abort_with(ctx, errors.ResourceExhaustedError("tokens_per_minute exceeded", "tokens_per_minute", 2.0), pb.GenerateResponse)
+    assert out == pb.GenerateResponse()
+    assert ctx.code is grpc.StatusCode.RESOURCE_EXHAUSTED and "tokens_per_minute" in ctx.details
+    assert ctx.trailing == (("retry-after-s", "2.000"),)
+
+
+def test_internal_errors_do_not_leak_their_message():
+    ctx = FakeContext()
+    assert abort_with(ctx, KeyError("secret-internal-state")) is None
+    assert ctx.code is grpc.StatusCode.INTERNAL and "secret" not in ctx.details
+
+
+def test_abort_without_context_reraises():
+    with pytest.raises(errors.InvalidRequestError):
+        abort_with(None, errors.InvalidRequestError("x"))
+
+
+def test_every_core_error_is_mapped():
+    import inspect
+
+    core = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.SpecDecError)]
+    unmapped = [c.__name__ for c in core if c is not errors.SpecDecError and status_for(c.__new__(c)) is grpc.StatusCode.INTERNAL]
+    assert not unmapped, unmapped
+    assert all(isinstance(v, grpc.StatusCode) for v in STATUS_BY_ERROR.values())
