@@ -1,0 +1,82 @@
+"""The target side of the draft <-> target exchange: a table of target sessions keyed by id.
+
+One :class:`TargetSessionTable` per target model (per TP rank when tensor-parallel: every rank
+holds the same table and runs the same calls, so caches stay in lockstep). It turns one
+``CandidateBlock`` into one ``VerificationResult``:
+
+- ``open`` set: (re)open the session from the full token history, then verify;
+- unknown session: reply SESSION_MISSING (the replica restarted or the session moved);
+- known session at another position: reply POSITION_MISMATCH (e.g. a retried step);
+- otherwise verify with :meth:`specdec.verifier.TargetSession.verify`.
+
+Known limit: a rebuilt session reseeds its generator from ``open.seed``; under sampling the
+output stays exactly target-distributed but is not the same sample as without the rebuild.
+"""
+
+from __future__ import annotations
+
+import time
+
+from deployments import convert
+from protos.specdec.v1 import exchange_pb2 as xpb
+from specdec.errors import InvalidRequestError
+
+
+class TargetSessionTable:
+    """Target sessions of one replica (or one TP rank), keyed by session id.
+
+    Args:
+        verifier: a :class:`specdec.verifier.TargetVerifier` (anything with ``open_session``).
+        clock: seconds clock, injectable for tests.
+    """
+
+    def __init__(self, verifier, clock=time.perf_counter):
+        self.verifier = verifier
+        self.clock = clock
+        self.sessions: dict = {}
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def handle(self, msg: xpb.CandidateBlock) -> xpb.VerificationResult:
+        """Verify one candidate block (see the module docstring for the statuses).
+
+        Raises:
+            InvalidRequestError: ``open`` whose history length differs from ``position``, or a
+                block the verifier rejects (ids out of range, past the context limit).
+        """
+        t0 = self.clock()
+        session = self.sessions.get(msg.session_id)
+        if msg.HasField("open"):
+            ids, sampling, seed, logprobs = convert.session_open_from_proto(msg.open)
+            if len(ids) != msg.position:
+                raise InvalidRequestError(f"open carries {len(ids)} tokens but the block follows position {msg.position}")
+            if session is not None:
+                session.close()
+            try:
+                session = self.verifier.open_session(ids, sampling, seed, logprobs)
+            except ValueError as e:
+                raise InvalidRequestError(str(e)) from None
+            self.sessions[msg.session_id] = session
+        elif session is None:
+            return xpb.VerificationResult(status=xpb.VERIFY_STATUS_SESSION_MISSING)
+        elif session.committed_len != msg.position:
+            return xpb.VerificationResult(
+                status=xpb.VERIFY_STATUS_POSITION_MISMATCH, target_position=session.committed_len
+            )
+        try:
+            result = session.verify(convert.draft_block_from_proto(msg))
+        except ValueError as e:
+            raise InvalidRequestError(str(e)) from None
+        return convert.verify_result_to_proto(result, target_time_s=self.clock() - t0)
+
+    def close(self, session_id: str) -> bool:
+        """Free one session's caches; returns whether it existed. Idempotent."""
+        session = self.sessions.pop(session_id, None)
+        if session is not None:
+            session.close()
+        return session is not None
+
+    def close_all(self) -> None:
+        for sid in list(self.sessions):
+            self.close(sid)

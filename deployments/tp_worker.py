@@ -1,0 +1,220 @@
+"""Tensor-parallel target workers: one Ray actor per rank, transformers' own TP over gloo/nccl.
+
+Each :class:`TPWorker` holds one TP shard of the target, loaded with
+``from_pretrained(..., distributed_config=DistributedConfig(tp_size=n))`` after this module has
+initialised ``torch.distributed`` itself (explicit rank, world size, ``tcp://`` rendezvous on
+rank 0's node, timeout), so transformers reuses the process group instead of reading torchrun's
+environment. With the model's ``_tp_plan`` the LM head is ``colwise_gather_output``: every rank
+ends a forward pass with the *full* logits, bit-identical on all ranks, so every rank can run the
+same (deterministic, identically seeded) verifier and keep its own KV-cache shard in lockstep.
+Rank 0's answer is the one returned. See ``deployments/NOTES-tp.md`` for what was checked.
+
+The owner (the target replica, or a test) calls every method on *all* ranks at once
+(:func:`call_all`): a collective op on one rank alone blocks until the gloo timeout.
+
+Known limits: HF-folder models only (GGUF specs must be converted to a folder first); batch
+size 1 per session; ``tp_size`` must divide the attention and KV heads.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+from typing import Any, Sequence
+
+import torch
+
+#: Seconds a rank waits in ``init_process_group`` and in any collective before failing.
+DIST_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now (for the rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def load_tp_model(path: str, rank: int, tp_size: int, dtype: torch.dtype = torch.float32):
+    """Load an HF-folder causal LM as TP shard ``rank`` of ``tp_size`` (plain load when 1).
+
+    ``torch.distributed`` must already be initialised when ``tp_size > 1``.
+
+    Returns:
+        a :class:`specdec.models.loaded.LoadedModel` whose ``model`` returns full logits.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdec.models.loaded import LoadedModel
+
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if tp_size > 1:
+        from transformers.distributed import DistributedConfig
+
+        kwargs["distributed_config"] = DistributedConfig(tp_size=tp_size)
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    cfg = model.config
+    return LoadedModel(
+        name=f"{path} (TP rank {rank}/{tp_size})",
+        model=model,
+        tokenizer=tokenizer,
+        max_positions=int(cfg.max_position_embeddings),
+        vocab_rows=int(cfg.vocab_size),
+    )
+
+
+class TPWorker:
+    """One TP rank of the target. Plain class; run it as ``ray.remote(num_cpus=0)(TPWorker)``.
+
+    Args:
+        rank: this worker's rank, 0..world_size-1.
+        world_size: the TP degree n.
+    """
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+        self.loaded = None
+        self.table = None
+
+    def address(self) -> tuple[str, int]:
+        """Rendezvous address on this worker's node (asked of rank 0 only)."""
+        try:
+            import ray
+
+            host = ray.util.get_node_ip_address()
+        except Exception:  # outside Ray
+            host = "127.0.0.1"
+        return host, free_port()
+
+    def setup(self, model_path: str, master_addr: str, master_port: int, dtype: str = "float32") -> dict:
+        """Join the process group (when n > 1) and load this rank's shard. Call on all ranks at once.
+
+        Returns:
+            facts for logs and tests: rank, backend, load seconds, local q_proj shape.
+        """
+        import torch.distributed as dist
+
+        from specdec.verifier import TargetVerifier
+
+        from deployments.target_sessions import TargetSessionTable
+
+        t0 = time.perf_counter()
+        backend = None
+        if self.world_size > 1:
+            # transformers binds the accelerator from LOCAL_RANK; Ray shows each actor only its
+            # own GPU (cuda:0), so LOCAL_RANK is 0 in every worker.
+            os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
+            os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if not dist.is_initialized():
+                dist.init_process_group(
+                    backend,
+                    init_method=f"tcp://{master_addr}:{master_port}",
+                    rank=self.rank,
+                    world_size=self.world_size,
+                    timeout=datetime.timedelta(seconds=DIST_TIMEOUT_S),
+                )
+        self.loaded = load_tp_model(model_path, self.rank, self.world_size, getattr(torch, dtype))
+        self.table = TargetSessionTable(TargetVerifier(self.loaded))
+        w = self.loaded.model.model.layers[0].self_attn.q_proj.weight
+        local = w.to_local() if hasattr(w, "to_local") else w
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "backend": backend,
+            "load_s": time.perf_counter() - t0,
+            "q_proj_local_shape": tuple(local.shape),
+            "torch_threads": torch.get_num_threads(),
+        }
+
+    @torch.no_grad()
+    def forward(self, token_ids: Sequence[int], every_rank: bool = False) -> torch.Tensor | None:
+        """Stateless forward over ``token_ids``: ``[T, V]`` float32 logits on rank 0, None elsewhere.
+
+        ``every_rank=True`` returns each rank's logits (to check they are identical).
+        """
+        ids = torch.tensor([list(token_ids)], dtype=torch.long)  # [1, T]
+        logits = self.loaded.model(ids, use_cache=False).logits[0].float()  # [T, V]
+        return logits if (self.rank == 0 or every_rank) else None
+
+    def session_state(self, session_id: str) -> tuple[int, int] | None:
+        """``(committed_len, cached positions)`` of a session on this rank, or None."""
+        s = self.table.sessions.get(session_id)
+        return None if s is None else (s.committed_len, len(s.seq.cached))
+
+    def verify(self, candidate_block: bytes) -> bytes | None:
+        """Verify a serialized ``CandidateBlock``; serialized ``VerificationResult`` on rank 0.
+
+        Errors (``InvalidRequestError``) are raised on every rank alike, so ranks stay in step.
+        """
+        from protos.specdec.v1 import exchange_pb2 as xpb
+
+        reply = self.table.handle(xpb.CandidateBlock.FromString(candidate_block))
+        return reply.SerializeToString() if self.rank == 0 else None
+
+    def close_session(self, session_id: str) -> bool:
+        """Free a session's cache shard; whether it existed."""
+        return self.table.close(session_id)
+
+    def num_sessions(self) -> int:
+        return len(self.table)
+
+    def shutdown(self) -> None:
+        """Free all sessions and leave the process group."""
+        import torch.distributed as dist
+
+        if self.table is not None:
+            self.table.close_all()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def start_tp_workers(
+    model_path: str,
+    tp_size: int,
+    placement_group=None,
+    first_bundle: int = 1,
+    num_gpus: float = 0,
+    dtype: str = "float32",
+) -> tuple[list, list[dict]]:
+    """Start ``tp_size`` TPWorker actors, one per bundle from ``first_bundle``, and set them up.
+
+    Args:
+        model_path: HF folder of the target.
+        placement_group: the PG to place workers in (the Serve replica's own, from
+            ``ray.util.get_current_placement_group()``); None schedules them freely.
+        first_bundle: bundle index of rank 0 (bundle 0 holds the replica itself).
+        num_gpus: GPUs per worker (0 on CPU).
+
+    Returns:
+        ``(actors, setup_infos)``, rank order.
+    """
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    actor_cls = ray.remote(TPWorker)
+    workers = []
+    for rank in range(tp_size):
+        opts: dict[str, Any] = {"num_cpus": 0, "num_gpus": num_gpus}
+        if placement_group is not None:
+            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=placement_group, placement_group_bundle_index=first_bundle + rank
+            )
+        workers.append(actor_cls.options(**opts).remote(rank, tp_size))
+    addr, port = ray.get(workers[0].address.remote())
+    infos = ray.get([w.setup.remote(model_path, addr, port, dtype) for w in workers])
+    return workers, infos
+
+
+def call_all(workers: list, method: str, *args) -> Any:
+    """Call ``method`` on every rank at once (Ray refs); return rank 0's result.
+
+    Raises what rank 0 raised.
+    """
+    import ray
+
+    refs = [getattr(w, method).remote(*args) for w in workers]
+    return ray.get(refs)[0]

@@ -1,0 +1,111 @@
+"""Tensor-parallel target workers in Ray actors (gloo on CPU): TP=2 matches TP=1."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deployments import convert
+from deployments.target_sessions import TargetSessionTable
+from deployments.tp_worker import call_all, load_tp_model, start_tp_workers
+from protos.specdec.v1 import exchange_pb2 as xpb
+from specdec.request import SamplingParams
+from specdec.testing.tiny import build_tiny_model
+from specdec.types import DraftBlock
+from specdec.verifier import TargetVerifier
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.serve
+
+PROMPT = [1, 5, 9, 33, 70, 100, 7, 8, 250, 3]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("tp") / "target", seed=0))
+
+
+@pytest.fixture(scope="module")
+def tp2(tiny):
+    from ray.util.placement_group import placement_group
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        # bundle 0 stands for the Serve replica; ranks go in bundles 1..2, all on one node
+        pg = placement_group([{"CPU": 0.25}, {"CPU": 0.5}, {"CPU": 0.5}], strategy="STRICT_PACK")
+        ray.get(pg.ready(), timeout=60)
+        workers, infos = start_tp_workers(tiny, 2, pg, first_bundle=1)
+        yield workers, infos
+        ray.get([w.shutdown.remote() for w in workers])
+    finally:
+        ray.shutdown()
+
+
+def test_weights_are_sharded(tp2):
+    _, infos = tp2
+    assert [i["rank"] for i in infos] == [0, 1]
+    assert all(i["backend"] == "gloo" and i["q_proj_local_shape"] == (32, 64) for i in infos)  # 64 rows split in 2
+
+
+def test_tp2_logits_match_tp1(tiny, tp2):
+    workers, _ = tp2
+    logits = call_all(workers, "forward", PROMPT)  # [T, V]
+    ref = load_tp_model(tiny, 0, 1).model
+    with torch.no_grad():
+        expected = ref(torch.tensor([PROMPT])).logits[0]
+    diff = (logits - expected).abs().max().item()
+    print(f"TP=2 vs TP=1 max abs logit diff: {diff:.3g}")
+    assert diff < 1e-4
+    assert torch.equal(logits.argmax(-1), expected.argmax(-1))
+    # every rank ends with the same full logits, bit for bit: ranks can verify in lockstep
+    per_rank = ray.get([w.forward.remote(PROMPT, True) for w in workers])
+    assert torch.equal(per_rank[0], per_rank[1])
+
+
+def _blocks(ref_tokens: list[int]) -> list[DraftBlock]:
+    # Drafts agreeing fully, partially and not at all with the target's greedy continuation.
+    return [
+        DraftBlock(token_ids=torch.tensor(ref_tokens[0:3])),
+        DraftBlock(token_ids=torch.tensor([ref_tokens[4], 0, 0])),
+        DraftBlock.empty(),
+        DraftBlock(token_ids=torch.tensor([0, 0])),
+    ]
+
+
+def test_greedy_verification_over_tp_equals_in_process(tiny, tp2):
+    workers, _ = tp2
+    local = TargetSessionTable(TargetVerifier(load_tp_model(tiny, 0, 1)))
+    # the target's own greedy continuation, as a perfect draft to cut blocks from
+    ref = TargetVerifier(load_tp_model(tiny, 0, 1)).open_session(PROMPT, SamplingParams(), seed=0, logprobs=False)
+    greedy = []
+    while len(greedy) < 12:
+        greedy += ref.verify(DraftBlock.empty()).token_ids
+    open_msg = convert.session_open_to_proto(PROMPT, SamplingParams(), seed=1, logprobs=True)
+    position, first = len(PROMPT), True
+    for block in _blocks(greedy):
+        msg = convert.draft_block_to_proto(block, "s1", position, open=open_msg if first else None)
+        remote = xpb.VerificationResult.FromString(call_all(workers, "verify", msg.SerializeToString()))
+        expected = local.handle(msg)
+        assert remote.status == xpb.VERIFY_STATUS_OK
+        assert (remote.accepted, list(remote.token_ids), remote.committed_len) == (
+            expected.accepted, list(expected.token_ids), expected.committed_len)
+        assert list(remote.logprobs) == pytest.approx(list(expected.logprobs), abs=1e-4)
+        position, first = remote.committed_len, False
+        states = ray.get([w.session_state.remote("s1") for w in workers])
+        assert states[0] == states[1]  # cache shards in lockstep
+    assert position > len(PROMPT) + 4
+
+
+def test_missing_session_and_position_mismatch(tp2):
+    workers, _ = tp2
+    msg = convert.draft_block_to_proto(DraftBlock.empty(), "nobody", 10)
+    reply = xpb.VerificationResult.FromString(call_all(workers, "verify", msg.SerializeToString()))
+    assert reply.status == xpb.VERIFY_STATUS_SESSION_MISSING
+    open_msg = convert.session_open_to_proto(PROMPT, SamplingParams(), seed=0, logprobs=False)
+    call_all(workers, "verify", convert.draft_block_to_proto(DraftBlock.empty(), "s2", 10, open_msg).SerializeToString())
+    stale = convert.draft_block_to_proto(DraftBlock.empty(), "s2", 10)  # a retried step
+    reply = xpb.VerificationResult.FromString(call_all(workers, "verify", stale.SerializeToString()))
+    assert reply.status == xpb.VERIFY_STATUS_POSITION_MISMATCH and reply.target_position == 11
+    assert call_all(workers, "close_session", "s2") is True
+    counts = ray.get([w.num_sessions.remote() for w in workers])
+    assert counts[0] == counts[1]
