@@ -340,6 +340,15 @@ class AcceptanceEstimator:
             position_alphas=pos,
         )
 
+    def discount(self, key: Key, factor: float) -> None:
+        """Multiply ``key``'s counts (prior included) by ``factor`` in [0, 1]: old evidence
+        weighs less against what is recorded next; α̂ itself is unchanged."""
+        if not 0.0 <= factor <= 1.0:
+            raise ValueError(f"factor must be in [0, 1], got {factor}")
+        c = self._keys.get(key)
+        if c is not None:
+            c.decay(factor)
+
     def keys(self) -> list:
         """Keys with recorded data."""
         return list(self._keys)

@@ -1,0 +1,428 @@
+"""Choosing the speculation length K per tenant: expected tokens per second under measured costs.
+
+Model (Leviathan et al. 2023, §3.3–3.4): with i.i.d. per-token acceptance α a step with K = k
+drafts emits on average
+
+    E[N(k)] = (1 - α^(k+1)) / (1 - α)          (k + 1 when α = 1)
+
+tokens and takes ``step_time(k)`` seconds (:class:`specdec.cost_model.CostModel`: measured
+draft, verify-by-positions and round-trip terms in place of the paper's constant c). The
+controller picks the k in the tenant's range maximising tokens per second
+``E[N(k)] / step_time(k)``; the predicted speedup is that rate over plain decoding's,
+``E[N(k)] · step_time(0) / step_time(k)`` (1 for K = 0 by definition). With
+``step_time(k) = 1 + c·k`` this is exactly the paper's S(γ).
+
+Position-dependent acceptance: measured acceptance decays with the draft position
+(anchors.md §2.1), so when the estimator has enough data for the leading positions
+(``position_min_reached`` decayed trials each), ``E[N(k)] = 1 + Σ_{j<k} Π_{i≤j} α_i`` with the
+measured conditional α_i, and the i.i.d. α̂ for positions without enough data.
+
+:class:`KController` adds, per (tenant, proposer):
+
+- Hysteresis: K moves from the current value only when the best K's predicted speedup beats
+  the current K's by more than ``switch_margin`` (relative, default 3 %), or when the same
+  different K has been best for ``switch_after`` consecutive decisions (default 10): noise near
+  a boundary does not flap K, a persistent small gain is still taken.
+- Re-probing: at K = 0 there is no acceptance signal, so a tenant held at K = 0 would never
+  come back. Every ``probe_every_requests``-th request (default 16) at K = 0, or the first one
+  after ``probe_interval_s`` (default 60 s) without a probe, runs at ``probe_k`` (default 1,
+  the cheapest informative K) and its counts refresh α̂. The probe does not move the current K;
+  the next decision does, if the refreshed α̂ says so. Before a probe's counts are recorded,
+  the key's older counts are discounted by ``probe_discount`` (default 0.25): they predate the
+  time at K = 0, during which the step-based decay stood still, so without the discount a tenant
+  whose traffic turned predictable would need many probes to outweigh its stale history.
+- Policies: proposer ``"none"`` or a K range [0, 0] is plain decoding; ``adaptive = False``
+  uses ``fixed_k`` (or the range's top); otherwise the adaptive choice in [k_min, k_max]
+  intersected with the request's own ceiling.
+
+Shared state across router replicas: the controller is a plain object whose methods take and
+return plain data (str, int, dict, dataclasses), so one instance can live in one Ray actor that
+all replicas call (``decide`` before a request, ``record`` after). Not thread-safe: its owner
+serializes calls (a Ray actor does by default).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from specdec.acceptance import AcceptanceEstimator
+from specdec.cost_model import CostModel
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """E[N(k)] = (1 - α^(k+1)) / (1 - α), tokens emitted per step (k + 1 at α = 1)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    if alpha > 1.0 - 1e-12:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def expected_tokens_per_step_positional(alpha: float, k: int, position_alphas: Sequence[float] = ()) -> float:
+    """E[N(k)] = 1 + Σ_{j<k} Π_{i≤j} α_i, with α_i = position_alphas[i] where given, else α."""
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    total, prod = 1.0, 1.0
+    for j in range(k):
+        a = position_alphas[j] if j < len(position_alphas) else alpha
+        prod *= a
+        total += prod
+    return total
+
+
+@dataclass(frozen=True)
+class KCandidate:
+    """One K considered: expected tokens per step, step seconds, predicted speedup."""
+
+    k: int
+    expected_tokens: float
+    step_time_s: float
+    speedup: float
+
+
+def evaluate_k(
+    alpha: float,
+    cost_model,
+    k_min: int,
+    k_max: int,
+    position_alphas: Sequence[float] = (),
+) -> list[KCandidate]:
+    """Every K in [k_min, k_max] with E[N], step time and speedup over plain decoding."""
+    if not 0 <= k_min <= k_max:
+        raise ValueError(f"need 0 <= k_min <= k_max, got [{k_min}, {k_max}]")
+    t0 = cost_model.step_time(0)
+    out = []
+    for k in range(k_min, k_max + 1):
+        if position_alphas:
+            e = expected_tokens_per_step_positional(alpha, k, position_alphas)
+        else:
+            e = expected_tokens_per_step(alpha, k)
+        t = cost_model.step_time(k)
+        out.append(KCandidate(k=k, expected_tokens=e, step_time_s=t, speedup=1.0 if k == 0 else e * t0 / t))
+    return out
+
+
+def choose_k(
+    alpha: float,
+    cost_model,
+    k_min: int,
+    k_max: int,
+    position_alphas: Sequence[float] = (),
+) -> tuple[int, float]:
+    """The K in [k_min, k_max] maximising expected tokens per second, and its predicted speedup.
+
+    ``cost_model`` is anything with ``step_time(k) -> seconds``. Ties (within 1e-12 relative)
+    go to the smaller K. Speedup is relative to plain decoding (K = 0), whether or not K = 0
+    is in the range.
+    """
+    cands = evaluate_k(alpha, cost_model, k_min, k_max, position_alphas)
+    best = cands[0]
+    for c in cands[1:]:
+        if c.speedup > best.speedup * (1 + 1e-12):
+            best = c
+    return best.k, best.speedup
+
+
+@dataclass(frozen=True)
+class KDecision:
+    """An explainable K decision for one request (plain data).
+
+    Attributes:
+        tenant, proposer: whom it is for.
+        k: the K to run with.
+        reason: one of ``"speculation off"``, ``"fixed"``, ``"initial"``, ``"hold"``,
+            ``"switch: gain"``, ``"switch: consistent"``, ``"clipped to range"``, ``"probe"``.
+        alpha: the acceptance estimate used (α̂, prior included).
+        alpha_evidence: decayed observed trials behind α̂ (0: prior only).
+        position_alphas: measured per-position acceptance used (may be empty).
+        expected_tokens: E[N(k)] for the chosen k.
+        predicted_speedup: tokens/s at k over plain decoding.
+        draft_s, verify_s, round_trip_s, step_time_s: cost terms of a step at k (seconds).
+        baseline_step_time_s: step_time(0), plain decoding.
+        k_min, k_max: the range chosen in (policy ∩ request).
+        best_k: the unconstrained-by-hysteresis best K in the range (may differ from k).
+        probe: True when this request is a re-probe from K = 0.
+        candidates: every K considered.
+    """
+
+    tenant: str
+    proposer: str
+    k: int
+    reason: str
+    alpha: float
+    alpha_evidence: float
+    position_alphas: tuple[float, ...]
+    expected_tokens: float
+    predicted_speedup: float
+    draft_s: float
+    verify_s: float
+    round_trip_s: float
+    step_time_s: float
+    baseline_step_time_s: float
+    k_min: int
+    k_max: int
+    best_k: int
+    probe: bool = False
+    candidates: tuple[KCandidate, ...] = field(default=())
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _KState:
+    current_k: int | None = None
+    pending_k: int | None = None
+    pending_count: int = 0
+    zero_requests: int = 0
+    zero_since: float = 0.0
+    last_probe_at: float | None = None
+    decisions: int = 0
+    probes: int = 0
+    switches: int = 0
+    last_decision: KDecision | None = None
+
+
+def _policy_fields(policy: Any) -> tuple[int, int, bool, int | None]:
+    if isinstance(policy, Mapping):
+        return (
+            int(policy.get("k_min", 0)),
+            int(policy.get("k_max", 8)),
+            bool(policy.get("adaptive", True)),
+            policy.get("fixed_k"),
+        )
+    return int(policy.k_min), int(policy.k_max), bool(policy.adaptive), policy.fixed_k
+
+
+class KController:
+    """Per-(tenant, proposer) K decisions from acceptance estimates and measured costs.
+
+    Args:
+        estimator: the acceptance estimator (a default :class:`AcceptanceEstimator` if None).
+        cost_model_factory: makes the :class:`CostModel` of a proposer the first time it is seen
+            (one cost model per proposer, shared by all tenants: costs are the hardware's).
+        clock: seconds (monotonic), for probe intervals.
+        switch_margin: relative predicted gain needed to move K at once (0.03 = 3 %).
+        switch_after: consecutive decisions with the same different best K that move K anyway.
+        probe_every_requests: at K = 0, every n-th request is a probe.
+        probe_interval_s: at K = 0, probe the first request after this many seconds without one.
+        probe_k: K of a probe request (clipped to the allowed range).
+        position_min_reached: decayed trials a draft position needs before its measured
+            acceptance replaces α̂ (None: always i.i.d.).
+        probe_discount: weight kept by a key's older counts when a probe's counts arrive.
+    """
+
+    def __init__(
+        self,
+        estimator: AcceptanceEstimator | None = None,
+        cost_model_factory: Callable[[str], CostModel] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        switch_margin: float = 0.03,
+        switch_after: int = 10,
+        probe_every_requests: int = 16,
+        probe_interval_s: float = 60.0,
+        probe_k: int = 1,
+        position_min_reached: float | None = 50.0,
+        probe_discount: float = 0.25,
+    ):
+        if switch_margin < 0 or switch_after < 1 or probe_every_requests < 1 or probe_k < 1:
+            raise ValueError("need switch_margin >= 0, switch_after >= 1, probe_every_requests >= 1, probe_k >= 1")
+        self.estimator = estimator if estimator is not None else AcceptanceEstimator()
+        self.cost_model_factory = cost_model_factory or (lambda proposer: CostModel())
+        self.clock = clock
+        self.switch_margin = switch_margin
+        self.switch_after = switch_after
+        self.probe_every_requests = probe_every_requests
+        self.probe_interval_s = probe_interval_s
+        self.probe_k = probe_k
+        self.position_min_reached = position_min_reached
+        if not 0.0 <= probe_discount <= 1.0:
+            raise ValueError(f"probe_discount must be in [0, 1], got {probe_discount}")
+        self.probe_discount = probe_discount
+        self._costs: dict[str, CostModel] = {}
+        self._state: dict[tuple[str, str], _KState] = {}
+
+    def cost_model(self, proposer: str) -> CostModel:
+        """The cost model of ``proposer`` (created on first use)."""
+        cm = self._costs.get(proposer)
+        if cm is None:
+            cm = self._costs[proposer] = self.cost_model_factory(proposer)
+        return cm
+
+    # ------------------------------------------------------------------ deciding
+
+    def decide(self, tenant: str, proposer: str, policy: Any, requested_k: int | None = None) -> KDecision:
+        """The K for the next request of ``tenant`` with ``proposer``.
+
+        Args:
+            policy: a :class:`specdec.tenants.SpeculationPolicy` or a mapping with ``k_min``,
+                ``k_max``, ``adaptive``, ``fixed_k``.
+            requested_k: the request's own largest K (``SpeculationParams.k``); None = no cap.
+        """
+        p_min, p_max, adaptive, fixed_k = _policy_fields(policy)
+        k_max = p_max if requested_k is None else min(p_max, max(0, int(requested_k)))
+        if proposer == "none":
+            k_max = 0
+        k_min = min(p_min, k_max)
+        key = (tenant, proposer)
+        st = self._state.setdefault(key, _KState())
+        st.decisions += 1
+        cm = self.cost_model(proposer)
+        alpha = self.estimator.alpha(key)
+        pos = ()
+        if self.position_min_reached is not None:
+            pos = tuple(self.estimator.position_alphas(key, self.position_min_reached))
+        cands = evaluate_k(alpha, cm, k_min, k_max, pos)
+        by_k = {c.k: c for c in cands}
+        best = cands[0]
+        for c in cands[1:]:
+            if c.speedup > best.speedup * (1 + 1e-12):
+                best = c
+
+        probe = False
+        now = self.clock()
+        if k_max == 0:
+            k, reason = 0, "speculation off"
+            st.current_k = 0
+        elif not adaptive:
+            k = min(max(fixed_k if fixed_k is not None else k_max, k_min), k_max)
+            reason = "fixed"
+        else:
+            k, reason = self._adaptive(st, best, by_k, now)
+            if k == 0 and k_max >= 1:
+                st.zero_requests += 1
+                since = st.zero_since if st.last_probe_at is None else max(st.zero_since, st.last_probe_at)
+                if st.zero_requests >= self.probe_every_requests or now - since >= self.probe_interval_s:
+                    k = min(max(self.probe_k, 1), k_max)
+                    reason, probe = "probe", True
+                    st.zero_requests = 0
+                    st.last_probe_at = now
+                    st.probes += 1
+        chosen = by_k.get(k) or evaluate_k(alpha, cm, k, k, pos)[0]
+        terms = cm.step_terms(k)
+        d = KDecision(
+            tenant=tenant,
+            proposer=proposer,
+            k=k,
+            reason=reason,
+            alpha=alpha,
+            alpha_evidence=self.estimator.evidence(key),
+            position_alphas=pos,
+            expected_tokens=chosen.expected_tokens,
+            predicted_speedup=chosen.speedup,
+            draft_s=terms["draft_s"],
+            verify_s=terms["verify_s"],
+            round_trip_s=terms["round_trip_s"],
+            step_time_s=terms["total_s"],
+            baseline_step_time_s=cm.step_time(0),
+            k_min=k_min,
+            k_max=k_max,
+            best_k=best.k,
+            probe=probe,
+            candidates=tuple(cands),
+        )
+        st.last_decision = d
+        return d
+
+    def _adaptive(self, st: _KState, best: KCandidate, by_k: dict[int, KCandidate], now: float) -> tuple[int, str]:
+        cur = st.current_k
+        if cur is None:
+            self._set_k(st, best.k, now)
+            return best.k, "initial"
+        if cur not in by_k:  # the range changed under the current K
+            k = min(by_k) if cur < min(by_k) else max(by_k)
+            self._set_k(st, k, now)
+            return k, "clipped to range"
+        if best.k == cur:
+            st.pending_k, st.pending_count = None, 0
+            return cur, "hold"
+        gain = best.speedup / by_k[cur].speedup - 1.0
+        if gain > self.switch_margin:
+            self._set_k(st, best.k, now)
+            return best.k, "switch: gain"
+        if st.pending_k == best.k:
+            st.pending_count += 1
+        else:
+            st.pending_k, st.pending_count = best.k, 1
+        if st.pending_count >= self.switch_after:
+            self._set_k(st, best.k, now)
+            return best.k, "switch: consistent"
+        return cur, "hold"
+
+    def _set_k(self, st: _KState, k: int, now: float) -> None:
+        if st.current_k is not None and st.current_k != k:
+            st.switches += 1
+        if k == 0 and st.current_k != 0:
+            st.zero_requests = 0
+            st.zero_since = now
+        st.current_k = k
+        st.pending_k, st.pending_count = None, 0
+
+    # ------------------------------------------------------------------ feedback
+
+    def record(self, tenant: str, proposer: str, stats: Any) -> None:
+        """Feed one finished request's :class:`specdec.types.SpeculationStats` (or its dict).
+
+        A request that drafted while the key is held at K = 0 is a probe's result: the older
+        counts are first discounted by ``probe_discount``.
+        Acceptance: all counters go to the estimator (K = 0 steps carry no signal). Costs:
+        draft seconds per drafted token; verify seconds per step only when every step of the
+        request used the same K (a mix cannot be split into per-size times).
+        """
+        d = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
+        key = (tenant, proposer)
+        st = self._state.get(key)
+        if st is not None and st.current_k == 0 and int(d.get("proposed", 0)) > 0:
+            # A probe's result (K > 0 steps while held at K = 0): older counts are stale.
+            discount = getattr(self.estimator, "discount", None)
+            if discount is not None:
+                discount(key, self.probe_discount)
+        self.estimator.record_stats(key, d)
+        cm = self.cost_model(proposer)
+        proposed = int(d.get("proposed", 0))
+        if proposed > 0 and d.get("draft_time_s"):
+            cm.observe_draft(proposed, float(d["draft_time_s"]))
+        k_counts = {int(k): int(v) for k, v in (d.get("k_counts") or {}).items() if int(v) > 0}
+        steps = int(d.get("steps", 0))
+        if len(k_counts) == 1 and steps > 0 and d.get("verify_time_s"):
+            (k,) = k_counts
+            cm.observe_verify(k + 1, float(d["verify_time_s"]) / steps)
+
+    def observe_step(
+        self, proposer: str, k: int, draft_s: float, verify_s: float, round_trip_s: float | None = None
+    ) -> None:
+        """Feed one step's measured times (for callers that time steps individually)."""
+        cm = self.cost_model(proposer)
+        if k > 0:
+            cm.observe_draft(k, draft_s)
+        cm.observe_verify(k + 1, verify_s)
+        if round_trip_s is not None and k > 0:
+            cm.observe_round_trip(round_trip_s)
+
+    # ------------------------------------------------------------------ views
+
+    def current_k(self, tenant: str, proposer: str) -> int | None:
+        """The K the tenant is held at (probes aside); None before its first decision."""
+        st = self._state.get((tenant, proposer))
+        return None if st is None else st.current_k
+
+    def tenant_stats(self, tenant: str) -> dict:
+        """Plain-data view of one tenant's controller state, per proposer (for its stats RPC)."""
+        out = {}
+        for (t, proposer), st in self._state.items():
+            if t != tenant:
+                continue
+            out[proposer] = {
+                "current_k": st.current_k,
+                "decisions": st.decisions,
+                "probes": st.probes,
+                "switches": st.switches,
+                "acceptance": self.estimator.snapshot((t, proposer)).as_dict(),
+                "last_decision": None if st.last_decision is None else st.last_decision.as_dict(),
+            }
+        return out

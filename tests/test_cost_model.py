@@ -1,0 +1,87 @@
+"""CostModel: priors, EWMA, interpolation and extrapolation of the verify curve."""
+
+import pytest
+
+from specdec.cost_model import CostModel, Ewma
+
+
+def test_priors_and_step_time_terms():
+    cm = CostModel()
+    assert cm.verify_s(1) == pytest.approx(0.05)
+    assert cm.verify_s(5) == pytest.approx(0.05 * 1.2)
+    assert cm.step_time(0) == pytest.approx(0.05)
+    assert cm.step_terms(4) == pytest.approx(
+        {"draft_s": 0.02, "verify_s": 0.06, "round_trip_s": 0.0, "total_s": 0.08})
+
+
+def test_leviathan_constant_cost():
+    cm = CostModel(prior_verify_s=1.0, prior_verify_slope=0.0, prior_draft_s_per_token=0.2)
+    assert [cm.step_time(k) for k in range(4)] == pytest.approx([1.0, 1.2, 1.4, 1.6])
+
+
+def test_ewma_running_mean_then_fixed_weight():
+    e = Ewma(0.25)
+    for x in (1.0, 2.0, 3.0, 4.0):
+        e.update(x)
+    assert e.value == pytest.approx(2.5)  # running mean for the first 1/0.25 = 4
+    e.update(10.0)
+    assert e.value == pytest.approx(2.5 + 0.25 * 7.5)
+
+
+def test_draft_and_round_trip_measurements():
+    cm = CostModel()
+    cm.observe_draft(4, 0.8)
+    cm.observe_draft(0, 5.0)  # ignored
+    cm.observe_round_trip(0.01)
+    assert cm.draft_s_per_token == pytest.approx(0.2)
+    assert cm.round_trip_s == pytest.approx(0.01)
+    cm.observe_verify(1, 0.1)
+    assert cm.step_time(0) == pytest.approx(0.1)  # no draft, no round trip at K=0
+    cm.observe_verify(3, 0.3)
+    assert cm.step_time(2) == pytest.approx(2 * 0.2 + 0.3 + 0.01)
+
+
+MEASURED = {1: 0.37, 2: 0.70, 3: 1.02, 4: 0.68, 5: 0.71, 9: 0.99}  # K -> verify s (positions K+1)
+
+
+def test_measured_values_used_as_is_not_monotonic():
+    cm = CostModel()
+    for k, t in MEASURED.items():
+        cm.observe_verify(k + 1, t)
+    for k, t in MEASURED.items():
+        assert cm.verify_s(k + 1) == pytest.approx(t)
+    assert cm.verify_s(5) < cm.verify_s(4)  # K=4 really was cheaper than K=3
+    # interpolation between 6 and 10 positions
+    assert cm.verify_s(8) == pytest.approx(0.71 + (0.99 - 0.71) * 2 / 4)
+
+
+def test_extrapolation_is_sane():
+    cm = CostModel()
+    for k, t in MEASURED.items():
+        cm.observe_verify(k + 1, t)
+    # above: least-squares slope over the measured points, never decreasing
+    assert cm.verify_s(12) > cm.verify_s(10)
+    # below (1 position: plain decoding): positive and not above the 2-position cost
+    assert 0 < cm.verify_s(1) <= 0.37
+    cm2 = CostModel()
+    cm2.observe_verify(3, 0.3)
+    cm2.observe_verify(4, 0.2)  # negative slope -> flat outside
+    assert cm2.verify_s(8) == pytest.approx(0.2)
+    assert cm2.verify_s(1) == pytest.approx(0.3)
+
+
+def test_single_point_scales_prior_shape():
+    cm = CostModel(prior_verify_s=1.0, prior_verify_slope=0.5)
+    cm.observe_verify(3, 4.0)  # prior(3) = 2.0 -> scale 2
+    assert cm.verify_s(1) == pytest.approx(2.0)
+    assert cm.verify_s(5) == pytest.approx(6.0)
+
+
+def test_bad_observations_raise():
+    cm = CostModel()
+    with pytest.raises(ValueError):
+        cm.observe_verify(0, 0.1)
+    with pytest.raises(ValueError):
+        cm.observe_verify(2, -1.0)
+    with pytest.raises(ValueError):
+        cm.observe_draft(2, float("nan"))
