@@ -33,19 +33,36 @@ _CHAT_TEMPLATE = (
 )
 
 
-def build_tiny_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer of ``vocab_size`` tokens on a fixed corpus.
+def build_tiny_tokenizer(vocab_size: int = 320, kind: str = "bytelevel") -> PreTrainedTokenizerFast:
+    """Train a BPE tokenizer of ``vocab_size`` tokens on a fixed corpus.
 
     Deterministic: the same arguments give the same token-to-id mapping. Special tokens
     ``<|endoftext|>`` (pad, id 0), ``<|im_start|>`` (id 1) and ``<|im_end|>`` (EOS, id 2).
+
+    Args:
+        vocab_size: tokens in the vocabulary.
+        kind: ``"bytelevel"`` (GPT-2/Qwen style: every byte is a token, so random ids decode to
+            arbitrary bytes) or ``"text"`` (SentencePiece style with ``▁`` for spaces, characters of
+            the corpus only: every token decodes to printable text; adds ``<unk>`` at id 3).
     """
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
+    if kind == "bytelevel":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        specials = [PAD_TOKEN, "<|im_start|>", EOS_TOKEN]
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    elif kind == "text":
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+        specials = [PAD_TOKEN, "<|im_start|>", EOS_TOKEN, "<unk>"]
+        alphabet = []
+    else:
+        raise ValueError(f"unknown tokenizer kind {kind!r}")
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[PAD_TOKEN, "<|im_start|>", EOS_TOKEN],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=specials,
+        initial_alphabet=alphabet,
         show_progress=False,
     )
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)

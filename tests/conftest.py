@@ -1,0 +1,91 @@
+"""Shared pytest fixtures. Append new fixtures; keep the existing ones working."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specdec.testing.tiny import build_tiny_model
+
+
+# --- models (specdec/models) ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_model_folder(tmp_path_factory) -> Path:
+    """A tiny Qwen2 HF folder (320-token tokenizer, 320 vocab rows, 256 positions), built once."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def demo_pair_folders() -> dict[str, Path]:
+    """``{"target": folder, "draft": folder}``: the demo pair's cached HF folders.
+
+    Assembled and converted once per cache (``$SPECDEC_CACHE`` or ``~/.cache/specdec``; about
+    2 minutes cold), afterwards only their markers are read. Use only in ``demo``-marked tests.
+    """
+    from specdec.models.demo import ensure_demo_folder
+
+    return {role: ensure_demo_folder(role) for role in ("target", "draft")}
+
+
+@pytest.fixture(scope="session")
+def demo_pair(demo_pair_folders):
+    """``(target, draft)`` LoadedModels of the demo pair, fp32 on CPU, loaded once per session.
+
+    Holds about 8.5 GB of RAM for the session. Use only in ``demo``-marked tests; do not modify
+    the models.
+    """
+    from specdec.models.loader import load_pair
+    from specdec.models.spec import ModelPairSpec
+
+    return load_pair(ModelPairSpec.demo())
+
+
+# --- tiny target/draft pairs (engine tests) ------------------------------------------------
+
+
+def load_tiny(folder: Path):
+    """Load a tiny model folder through the same code path as a real model."""
+    from specdec.models.loader import load_model
+    from specdec.models.spec import HFModelSpec
+
+    return load_model(HFModelSpec(kind="hf", path=folder))
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tinypair")
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_dir):
+    """Tiny Qwen2 target (2 layers, hidden 64, 320-token vocabulary, 256 positions)."""
+    return load_tiny(build_tiny_model(tiny_dir / "target", seed=0))
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_close(tiny_dir, tiny_target):
+    """A draft equal to the target plus small weight noise: agrees on most tokens, not all."""
+    return load_tiny(build_tiny_model(tiny_dir / "draft_close", seed=1, base=tiny_target.model, noise=0.03))
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_far(tiny_dir):
+    """An unrelated draft (other random weights, same tokenizer): rarely agrees."""
+    return load_tiny(build_tiny_model(tiny_dir / "draft_far", seed=7))
+
+
+def target_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """The target alone, greedy, through transformers' own ``generate`` (stops after EOS)."""
+    import torch
+
+    out = model.model.generate(
+        torch.tensor([prompt_ids]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=model.eos_token_ids,
+        pad_token_id=model.tokenizer.pad_token_id,
+    )
+    return out[0, len(prompt_ids) :].tolist()
