@@ -11,6 +11,13 @@ table of codes.
             return await self._generate(request)
         except Exception as e:
             return abort_with(grpc_context, e, pb.GenerateResponse)
+
+Server-streaming methods are different (checked on Ray 2.60): Serve ships the context to the
+proxy *with each yielded message*, so a generator that sets a code and returns without
+yielding ends with OK. Instead, :func:`abort_stream` sets the code and raises
+:class:`StreamAborted`; Ray 2.60's replica wraps an exception raised after a code was set on the
+context into ``gRPCStatusError`` carrying that code and details, so the client gets the code
+(not INTERNAL) and no further message.
 """
 
 from __future__ import annotations
@@ -90,3 +97,17 @@ def abort_with(grpc_context: Any, exc: BaseException, response_type: type[R] | N
     if retry is not None and hasattr(grpc_context, "set_trailing_metadata"):
         grpc_context.set_trailing_metadata(((RETRY_AFTER_KEY, f"{retry:.3f}"),))
     return response_type() if response_type is not None else None
+
+
+class StreamAborted(Exception):
+    """Raised out of a streaming gRPC method after :func:`abort_stream` set the status."""
+
+
+def abort_stream(grpc_context: Any, exc: BaseException) -> None:
+    """End a server-streaming method with ``exc``'s status: set it on the context and raise.
+
+    Raises:
+        StreamAborted: always (from ``exc``); the original ``exc`` when ``grpc_context`` is None.
+    """
+    abort_with(grpc_context, exc)
+    raise StreamAborted(details_for(exc)) from exc

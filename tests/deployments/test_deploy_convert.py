@@ -218,3 +218,12 @@ def test_every_core_error_is_mapped():
     unmapped = [c.__name__ for c in core if c is not errors.SpecDecError and status_for(c.__new__(c)) is grpc.StatusCode.INTERNAL]
     assert not unmapped, unmapped
     assert all(isinstance(v, grpc.StatusCode) for v in STATUS_BY_ERROR.values())
+
+
+def test_abort_stream_sets_code_then_raises():
+    from deployments.grpc_status import StreamAborted, abort_stream
+
+    ctx = FakeContext()
+    with pytest.raises(StreamAborted):
+        abort_stream(ctx, errors.InvalidRequestError("prompt is empty"))
+    assert ctx.code is grpc.StatusCode.INVALID_ARGUMENT and ctx.details == "prompt is empty"

@@ -1,0 +1,167 @@
+"""The one configuration of the Serve application, and the Serve config built from it.
+
+:class:`AppConfig` is validated once (pydantic) and is the only source of every number in the
+Serve config files: :func:`to_serve_config` turns it into the dict Ray Serve's
+``serve deploy``/``serve run CONFIG`` and KubeRay's ``serveConfigV2`` read, and
+``python -m deployments.write_configs`` writes ``deployments/local-cpu.yaml`` and
+``deployments/gpu.yaml`` from :data:`PRESETS` (a test checks they are up to date).
+
+The same AppConfig is passed as the application's ``args`` to :func:`deployments.app.build_app`,
+which applies the same deployment options in code, so ``serve run deployments.app:build_app``
+without a config file gives the same placement.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from specdec.request import MAX_SPECULATION_LENGTH
+
+#: Import path of the public servicer, registered in Ray Serve's gRPC proxy.
+SPECDEC_SERVICER = "protos.specdec.v1.specdec_pb2_grpc.add_SpecDecServicer_to_server"
+#: Import path of the standard grpc.health.v1 servicer (see deployments/health.py).
+HEALTH_SERVICER = "deployments.health.add_health_servicer"
+#: Deployments deployments.app.build_app creates (Draft joins when the loop moves there).
+BUILT = ("Router", "Target")
+#: Serve's experimental session-affine router (Ray >= ~2.56; checked on 2.60).
+CONSISTENT_HASH_ROUTER = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
+
+
+class Scaling(BaseModel):
+    """Replica count (fixed when min == max) and Serve autoscaling of one deployment."""
+
+    model_config = ConfigDict(extra="forbid")
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1, ge=1)
+    target_ongoing_requests: float = Field(4, gt=0, description="per replica, for the autoscaler")
+    max_ongoing_requests: int = Field(8, ge=1, description="per replica; further requests queue")
+    upscale_delay_s: float = Field(30, ge=0)
+    downscale_delay_s: float = Field(600, ge=0, description="long: downscaling moves sticky sessions")
+
+    @model_validator(mode="after")
+    def _range(self) -> "Scaling":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) > max_replicas ({self.max_replicas})")
+        return self
+
+    def serve_options(self, autoscale: bool) -> dict[str, Any]:
+        """``num_replicas`` or ``autoscaling_config``, plus ``max_ongoing_requests``."""
+        out: dict[str, Any] = {"max_ongoing_requests": self.max_ongoing_requests}
+        if autoscale and self.min_replicas != self.max_replicas:
+            out["autoscaling_config"] = {
+                "min_replicas": self.min_replicas,
+                "max_replicas": self.max_replicas,
+                "target_ongoing_requests": self.target_ongoing_requests,
+                "upscale_delay_s": self.upscale_delay_s,
+                "downscale_delay_s": self.downscale_delay_s,
+            }
+        else:
+            out["num_replicas"] = self.max_replicas
+        return out
+
+
+class AppConfig(BaseModel):
+    """Everything that shapes the specdec Serve application."""
+
+    model_config = ConfigDict(extra="forbid")
+    app_name: str = Field("specdec", description="Serve application name = gRPC `application` metadata")
+    target_model: str = Field("demo:target", description="model spec (specdec.models.spec.parse_model_spec)")
+    draft_model: str | None = Field("demo:draft", description="model spec, or None for no draft model")
+    # draft replica: fits on a small GPU (fractional) or runs on CPU
+    draft_num_gpus: float = Field(0.0, ge=0, le=8)
+    draft_num_cpus: float = Field(0.25, gt=0)
+    # target replica: owns target_tp worker actors in its placement group
+    target_tp: int = Field(1, ge=1, le=64, description="tensor-parallel degree of the target")
+    target_gpus_per_worker: float = Field(0.0, ge=0, le=1, description="0 on CPU (gloo), 1 on GPUs (nccl)")
+    target_cpus_per_worker: float = Field(0.5, gt=0)
+    target_replica_cpus: float = Field(0.25, gt=0, description="the replica actor itself (bundle 0)")
+    router_num_cpus: float = Field(0.25, gt=0)
+    router: Scaling = Field(default_factory=lambda: Scaling(min_replicas=1, max_replicas=2))
+    draft: Scaling = Field(default_factory=Scaling)
+    target: Scaling = Field(default_factory=Scaling)
+    grpc_port: int = Field(9000, ge=1, le=65535)
+    http_port: int = Field(8000, ge=1, le=65535)
+    request_timeout_s: float = Field(300, gt=0)
+    default_max_k: int = Field(4, ge=0, le=MAX_SPECULATION_LENGTH)
+    tenants_file: str | None = Field(None, description="tenants YAML (issue 4); None: no auth")
+
+    def target_bundles(self) -> list[dict[str, float]]:
+        """Placement group of one target replica: bundle 0 = replica, then one per TP rank."""
+        worker: dict[str, float] = {"CPU": self.target_cpus_per_worker}
+        if self.target_gpus_per_worker:
+            worker["GPU"] = self.target_gpus_per_worker
+        return [{"CPU": self.target_replica_cpus}] + [dict(worker) for _ in range(self.target_tp)]
+
+    def deployment_options(self) -> dict[str, dict[str, Any]]:
+        """Serve options per deployment name, shared by the config file and build_app."""
+        sticky = {"request_router_class": CONSISTENT_HASH_ROUTER}
+        draft_actor: dict[str, Any] = {"num_cpus": self.draft_num_cpus}
+        if self.draft_num_gpus:
+            draft_actor["num_gpus"] = self.draft_num_gpus
+        return {
+            "Router": {
+                **self.router.serve_options(autoscale=True),
+                "ray_actor_options": {"num_cpus": self.router_num_cpus},
+            },
+            "Draft": {
+                **self.draft.serve_options(autoscale=True),
+                "ray_actor_options": draft_actor,
+                "request_router_config": dict(sticky),
+            },
+            "Target": {
+                **self.target.serve_options(autoscale=True),
+                "ray_actor_options": {"num_cpus": self.target_replica_cpus},
+                "placement_group_bundles": self.target_bundles(),
+                "placement_group_strategy": "STRICT_PACK",
+                "request_router_config": dict(sticky),
+            },
+        }
+
+
+def to_serve_config(cfg: AppConfig) -> dict[str, Any]:
+    """The Ray Serve config (``ServeDeploySchema`` shape) for ``cfg``."""
+    return {
+        "proxy_location": "EveryNode",
+        "http_options": {"host": "0.0.0.0", "port": cfg.http_port, "request_timeout_s": cfg.request_timeout_s},
+        "grpc_options": {
+            "port": cfg.grpc_port,
+            "grpc_servicer_functions": [SPECDEC_SERVICER, HEALTH_SERVICER],
+            "request_timeout_s": cfg.request_timeout_s,
+        },
+        "applications": [
+            {
+                "name": cfg.app_name,
+                "route_prefix": f"/{cfg.app_name}",
+                "import_path": "deployments.app:build_app",
+                "args": cfg.model_dump(mode="json"),
+                "deployments": [
+                    {"name": name, **opts} for name, opts in cfg.deployment_options().items() if name in BUILT
+                ],
+            }
+        ],
+    }
+
+
+#: The configurations committed as YAML files (file name -> config).
+PRESETS: dict[str, AppConfig] = {
+    # 2 CPUs, no GPU: everything fractional, TP=2 over gloo, one replica each.
+    "local-cpu.yaml": AppConfig(
+        target_tp=2,
+        router=Scaling(min_replicas=1, max_replicas=1),
+    ),
+    # One GPU node: draft on a quarter GPU, target TP=2 on two GPUs (nccl), autoscaled router.
+    "gpu.yaml": AppConfig(
+        draft_num_gpus=0.25,
+        draft_num_cpus=1,
+        target_tp=2,
+        target_gpus_per_worker=1,
+        target_cpus_per_worker=2,
+        target_replica_cpus=1,
+        router_num_cpus=1,
+        router=Scaling(min_replicas=1, max_replicas=4, target_ongoing_requests=8, max_ongoing_requests=32),
+        draft=Scaling(min_replicas=1, max_replicas=2, max_ongoing_requests=16),
+        target=Scaling(min_replicas=1, max_replicas=2, max_ongoing_requests=16),
+    ),
+}

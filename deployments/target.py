@@ -1,0 +1,85 @@
+"""The Target deployment: owns its tensor-parallel worker actors and verifies candidate blocks.
+
+Plain class (decorated in :mod:`deployments.app`). The replica runs in bundle 0 of its own
+placement group (``AppConfig.target_bundles()``, STRICT_PACK); it starts one
+:class:`deployments.tp_worker.TPWorker` per TP rank in bundles 1..n, and fans every call out to
+all ranks, returning rank 0's answer. It holds no model itself.
+
+Interface (serialized protos in and out, never pickled core objects; the method names match
+``specdec.v1.Verifier``): ``Verify(CandidateBlock bytes) -> VerificationResult bytes`` and
+``CloseSession(CloseSessionRequest bytes) -> CloseSessionResponse bytes``. Called through a
+Serve handle with ``.options(session_id=...)`` so ConsistentHashRouter keeps a session on one
+replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from deployments.config import AppConfig
+from protos.specdec.v1 import exchange_pb2 as xpb
+
+log = logging.getLogger(__name__)
+
+
+def resolve_folder(spec_text: str) -> str:
+    """The HF folder a model spec loads from (TP loading needs a folder; GGUF is converted once)."""
+    from pathlib import Path
+
+    from specdec.models import convert as model_convert
+    from specdec.models import demo
+    from specdec.models.spec import DemoModelSpec, GGUFModelSpec, parse_model_spec
+
+    spec = parse_model_spec(spec_text)
+    if isinstance(spec, DemoModelSpec):
+        return str(demo.ensure_demo_folder(spec.role))
+    if isinstance(spec, GGUFModelSpec):
+        return str(model_convert.cached_gguf_folder(Path(spec.path).expanduser()))
+    return str(Path(spec.path).expanduser())
+
+
+class Target:
+    """One target replica: TP workers + session fan-out."""
+
+    def __init__(self, cfg: AppConfig):
+        import ray
+
+        from deployments.tp_worker import start_tp_workers
+
+        self.cfg = cfg
+        pg = ray.util.get_current_placement_group()
+        self.workers, infos = start_tp_workers(
+            resolve_folder(cfg.target_model), cfg.target_tp, pg, first_bundle=1,
+            num_gpus=cfg.target_gpus_per_worker,
+        )
+        log.info("target TP workers ready: %s", infos)
+
+    async def _all(self, method: str, *args):
+        outs = await asyncio.gather(*[getattr(w, method).remote(*args) for w in self.workers])
+        return outs[0]
+
+    async def Verify(self, candidate_block: bytes) -> bytes:
+        """Verify one serialized CandidateBlock; a serialized VerificationResult."""
+        return await self._all("verify", candidate_block)
+
+    async def CloseSession(self, request: bytes) -> bytes:
+        """Free a session on every rank; a serialized CloseSessionResponse."""
+        sid = xpb.CloseSessionRequest.FromString(request).session_id
+        existed = await self._all("close_session", sid)
+        return xpb.CloseSessionResponse(existed=bool(existed)).SerializeToString()
+
+    async def check_health(self) -> None:
+        """Serve health check: fails the replica when a TP worker died."""
+        import ray
+
+        await asyncio.gather(*[w.num_sessions.remote() for w in self.workers])
+
+    def __del__(self):
+        try:
+            import ray
+
+            for w in getattr(self, "workers", []):
+                ray.kill(w)
+        except Exception:
+            pass

@@ -1,0 +1,61 @@
+"""The one AppConfig -> Serve config files; the committed YAML files are up to date."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from deployments import write_configs
+from deployments.config import PRESETS, AppConfig, Scaling, to_serve_config
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_committed_yaml_is_regenerated_identically(name):
+    path = write_configs.HERE / name
+    assert path.read_text() == write_configs.render(name), "run python -m deployments.write_configs"
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_yaml_passes_serve_schema(name):
+    from ray.serve.config import AutoscalingConfig
+    from ray.serve.schema import ServeDeploySchema
+
+    data = yaml.safe_load((write_configs.HERE / name).read_text())
+    ServeDeploySchema.model_validate(data)
+    for dep in data["applications"][0]["deployments"]:
+        if "autoscaling_config" in dep:
+            AutoscalingConfig(**dep["autoscaling_config"])
+    assert AppConfig.model_validate(data["applications"][0]["args"]) == PRESETS[name]
+
+
+def test_target_placement_group_has_one_bundle_per_rank():
+    cfg = AppConfig(target_tp=2, target_gpus_per_worker=1, target_cpus_per_worker=2, target_replica_cpus=1)
+    target = {d["name"]: d for d in to_serve_config(cfg)["applications"][0]["deployments"]}["Target"]
+    assert target["placement_group_bundles"] == [{"CPU": 1}, {"CPU": 2, "GPU": 1}, {"CPU": 2, "GPU": 1}]
+    assert target["placement_group_strategy"] == "STRICT_PACK"
+    assert target["ray_actor_options"] == {"num_cpus": 1}  # must fit bundle 0
+    assert target["request_router_config"]["request_router_class"].endswith("ConsistentHashRouter")
+
+
+def test_local_cpu_fits_two_cpus():
+    cfg = PRESETS["local-cpu.yaml"]
+    total = cfg.router_num_cpus * cfg.router.max_replicas + sum(b["CPU"] for b in cfg.target_bundles()) * cfg.target.max_replicas
+    assert total <= 2
+
+
+def test_router_autoscales_when_range_given():
+    out = to_serve_config(PRESETS["gpu.yaml"])
+    router = out["applications"][0]["deployments"][0]
+    assert router["name"] == "Router" and router["autoscaling_config"]["max_replicas"] == 4
+    assert "num_replicas" not in router
+    assert out["grpc_options"]["port"] == 9000 and out["http_options"]["port"] == 8000
+
+
+def test_bad_config_is_rejected():
+    with pytest.raises(ValidationError):
+        AppConfig(target_tp=0)
+    with pytest.raises(ValidationError):
+        Scaling(min_replicas=3, max_replicas=1)
+    with pytest.raises(ValidationError):
+        AppConfig(unknown_field=1)
