@@ -23,7 +23,8 @@ def demo_pair_folders() -> dict[str, Path]:
     """``{"target": folder, "draft": folder}``: the demo pair's cached HF folders.
 
     Assembled and converted once per cache (``$SPECDEC_CACHE`` or ``~/.cache/specdec``; about
-    2 minutes cold), afterwards only their markers are read. Use only in ``demo``-marked tests.
+    2.5 minutes and 9 GB RAM cold), afterwards only their markers are read. Use only in
+    ``demo``-marked tests.
     """
     from specdec.models.demo import ensure_demo_folder
 
