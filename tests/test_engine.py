@@ -1,0 +1,234 @@
+"""Engine behaviour beyond greedy identity: context limits, logprobs, seeds, sampling, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specdec.engine import SpeculativeEngine
+from specdec.errors import InvalidRequestError, PromptTooLongError
+from specdec.proposers.prompt_lookup import find_continuation
+from specdec.request import GenerationRequest, SamplingParams, parse_request
+from specdec.sampling import warp_probs
+from specdec.testing.tiny import build_tiny_model
+from specdec.types import FinishReason
+from tests.conftest import load_tiny, target_greedy
+
+
+# --- prompt lookup ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "seq, k, nmin, nmax, eos, expected",
+    [
+        ([1, 2, 3, 4, 1, 2], 2, 1, 3, (), [3, 4]),  # bigram [1, 2] matched, its continuation proposed
+        ([1, 2, 3, 4, 1, 2], 5, 1, 3, (), [3, 4, 1, 2]),  # continuation runs up to the end
+        ([5, 6, 7], 3, 1, 3, (), []),  # no earlier occurrence: nothing to propose
+        ([1, 9, 2, 1, 8, 2, 1], 2, 1, 1, (), [8, 2]),  # most recent unigram match wins
+        ([3, 1, 2, 7, 2, 1, 2], 2, 1, 2, (), [7, 2]),  # the longer n-gram [1, 2] beats unigram [2]
+        ([1, 2, 3, 9, 4, 1, 2], 3, 1, 3, (9,), [3, 9]),  # cut at (and including) an EOS
+        ([4, 4], 3, 1, 3, (), [4]),
+        ([1], 3, 1, 3, (), []),
+        ([1, 2, 1], 0, 1, 3, (), []),
+    ],
+)
+def test_find_continuation(seq, k, nmin, nmax, eos, expected):
+    assert find_continuation(seq, k, nmin, nmax, set(eos)) == expected
+
+
+# --- context limit ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def short_pair(tmp_path_factory):
+    """A target with 32 positions and a draft with only 20 (draft limit tighter than target's)."""
+    d = tmp_path_factory.mktemp("short")
+    target = load_tiny(build_tiny_model(d / "t", seed=5, max_positions=32))
+    draft = load_tiny(build_tiny_model(d / "d", seed=5, max_positions=20))  # same weights, shorter limit
+    return target, draft
+
+
+def test_prompt_that_does_not_fit_is_refused(short_pair):
+    target, draft = short_pair
+    engine = SpeculativeEngine(target, draft)
+    with pytest.raises(PromptTooLongError) as e:
+        engine.start(GenerationRequest(prompt_token_ids=[5] * 32, max_tokens=4))
+    assert str(e.value) == (
+        f"prompt is 32 tokens but the target '{target.name}' holds 32 positions; "
+        "at most 31 prompt tokens leave room for one generated token"
+    )
+
+
+@pytest.mark.parametrize("prompt_len", [1, 12, 19, 25, 31])
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_k_shrinks_at_the_context_limit(short_pair, prompt_len, k):
+    target, draft = short_pair
+    engine = SpeculativeEngine(target, draft)
+    prompt = [(7 * i) % 250 + 3 for i in range(prompt_len)]
+    res = engine.generate(GenerationRequest(prompt_token_ids=prompt, max_tokens=100, ignore_eos=True, speculation={"k": k}))
+    # the sequence fills the context exactly, never more
+    assert res.finish_reason is FinishReason.CONTEXT_LENGTH
+    assert prompt_len + len(res.token_ids) == 32
+    ref = target_greedy(target, prompt, 32 - prompt_len)
+    assert res.token_ids == ref[: len(res.token_ids)]
+    # the draft (20 positions) stops proposing near its own limit; steps past it are plain
+    assert max(res.stats.k_counts) <= k
+
+
+def test_ngram_context_limit(short_pair):
+    target, _ = short_pair
+    engine = SpeculativeEngine(target)
+    prompt = [9, 10, 11] * 10  # 30 tokens, lots to match
+    res = engine.generate(GenerationRequest(prompt_token_ids=prompt, max_tokens=100, ignore_eos=True, speculation={"proposer": "ngram", "k": 8}))
+    assert len(prompt) + len(res.token_ids) == 32
+    assert res.finish_reason is FinishReason.CONTEXT_LENGTH
+
+
+# --- logprobs ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("proposer, k", [("draft", 4), ("ngram", 3), ("none", 0)])
+def test_logprobs_equal_target_alone(tiny_target, tiny_draft_close, proposer, k):
+    engine = SpeculativeEngine(tiny_target, tiny_draft_close)
+    prompt = [40, 41, 42, 43, 40, 41]
+    res = engine.generate(
+        GenerationRequest(prompt_token_ids=prompt, max_tokens=16, ignore_eos=True, logprobs=True, speculation={"proposer": proposer, "k": k})
+    )
+    seq = torch.tensor([prompt + res.token_ids])
+    with torch.inference_mode():
+        logits = tiny_target.model(seq).logits[0].float()
+    lp = torch.log_softmax(logits, dim=-1)
+    expected = [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(res.token_ids)]
+    assert len(res.logprobs) == len(res.token_ids) == 16
+    assert res.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+# --- sampling ---------------------------------------------------------------------------------
+
+
+def test_seed_reproducible_and_requests_independent(tiny_target, tiny_draft_close):
+    engine = SpeculativeEngine(tiny_target, tiny_draft_close)
+
+    def run(seed):
+        return engine.generate(
+            GenerationRequest(prompt="def add(a, b):", max_tokens=20, ignore_eos=True, sampling={"temperature": 1.0, "seed": seed}, speculation={"k": 3})
+        ).token_ids
+
+    a = run(1)
+    b = run(2)
+    assert run(1) == a
+    assert a != b
+    # interleaving another request does not change a seeded request's output
+    gen1 = engine.start(GenerationRequest(prompt="def add(a, b):", max_tokens=20, ignore_eos=True, sampling={"temperature": 1.0, "seed": 1}, speculation={"k": 3}))
+    gen2 = engine.start(GenerationRequest(prompt="def add(a, b):", max_tokens=20, ignore_eos=True, sampling={"temperature": 1.0, "seed": 2}, speculation={"k": 3}))
+    while not (gen1.finished and gen2.finished):
+        gen1.step()
+        gen2.step()
+    assert gen1.result().token_ids == a
+    assert gen2.result().token_ids == b
+
+
+@pytest.mark.parametrize("proposer", ["draft", "ngram"])
+def test_speculative_samples_follow_target_distribution(tiny_target, tiny_draft_close, proposer):
+    """The joint distribution of the first two sampled tokens equals the target's own.
+
+    With max_tokens=2 the step uses K=1: the first token is an accepted draft or a correction,
+    the second a bonus token or a plain sample, so every path of the sampler is exercised. A
+    noisy draft (or a lookup match the target does not always follow) gives both accepted and
+    rejected drafts. Chi-square test over the top-k=3 support (9 cells);
+    seeds are fixed, so the test is deterministic.
+    """
+    params = SamplingParams(temperature=1.0, top_k=3)
+    prompt = [60, 61, 62]
+    with torch.inference_mode():
+        if proposer == "ngram":
+            # X + [a] + X: prompt lookup proposes a (one-hot q); pick an a the target allows there
+            for a in range(3, tiny_target.emittable_vocab):
+                cand = prompt + [a] + prompt
+                p_end = warp_probs(tiny_target.model(torch.tensor([cand])).logits[0, -1:].float(), params)[0]
+                if 0.2 < float(p_end[a]) < 0.8:
+                    prompt = cand
+                    break
+            assert len(prompt) == 7
+        logits0 = tiny_target.model(torch.tensor([prompt])).logits[0, -1:].float()
+        p0 = warp_probs(logits0, params)[0]
+        firsts = p0.nonzero().flatten().tolist()
+        cells, probs = [], []
+        for a in firsts:
+            l1 = tiny_target.model(torch.tensor([prompt + [a]])).logits[0, -1:].float()
+            p1 = warp_probs(l1, params)[0]
+            for b in p1.nonzero().flatten().tolist():
+                cells.append((a, b))
+                probs.append(float(p0[a]) * float(p1[b]))
+    engine = SpeculativeEngine(tiny_target, tiny_draft_close)
+    n = 1500
+    counts = {c: 0 for c in cells}
+    proposed = accepted = 0
+    for seed in range(n):
+        res = engine.generate(
+            GenerationRequest(
+                prompt_token_ids=prompt, max_tokens=2, ignore_eos=True,
+                sampling={"temperature": 1.0, "top_k": 3, "seed": seed},
+                speculation={"proposer": proposer, "k": 1},
+            )
+        )
+        proposed += res.stats.proposed
+        accepted += res.stats.accepted
+        key = tuple(res.token_ids)
+        assert key in counts, key  # top-k never emits outside the allowed set
+        counts[key] += 1
+    assert proposed >= n  # every request drafted at least once
+    assert 0 < accepted < proposed  # both the accept and the reject paths ran
+    observed = [counts[c] for c in cells]
+    expected = [p * n for p in probs]
+    scale = n / sum(expected)
+    res = chisquare(observed, [e * scale for e in expected])
+    assert res.pvalue > 1e-3, (observed, expected)
+
+
+# --- request errors ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"max_tokens": 4}, "invalid request: request: Value error, give exactly one of prompt, messages or prompt_token_ids"),
+        ({"prompt": "", "max_tokens": 4}, "invalid request: request: Value error, prompt is empty"),
+        ({"prompt": "x", "max_tokens": 0}, "invalid request: max_tokens: Input should be greater than or equal to 1"),
+        ({"prompt": "x", "sampling": {"temperature": -1}}, "invalid request: sampling.temperature: Input should be greater than or equal to 0"),
+        ({"prompt": "x", "sampling": {"top_p": 0}}, "invalid request: sampling.top_p: Input should be greater than 0"),
+        ({"prompt": "x", "speculation": {"k": 17}}, "invalid request: speculation.k: Input should be less than or equal to 16"),
+        ({"prompt": "x", "speculation": {"proposer": "eagle"}}, "invalid request: speculation.proposer: Input should be 'draft', 'ngram' or 'none'"),
+        ({"prompt": "x", "stop": [""]}, "invalid request: request: Value error, stop strings must not be empty"),
+    ],
+)
+def test_invalid_requests(data, message):
+    with pytest.raises(InvalidRequestError) as e:
+        parse_request(data)
+    assert str(e.value) == message
+
+
+def test_bad_token_ids_and_missing_draft(tiny_target):
+    engine = SpeculativeEngine(tiny_target)
+    with pytest.raises(InvalidRequestError, match=r"prompt_token_ids: id 320 is outside the vocabulary 0\.\.319"):
+        engine.start(GenerationRequest(prompt_token_ids=[1, 320]))
+    with pytest.raises(InvalidRequestError, match="proposer 'draft' needs a draft model; none is loaded"):
+        engine.start(GenerationRequest(prompt="x", speculation={"proposer": "draft"}))
+
+
+def test_chat_messages_use_the_chat_template(tiny_target):
+    engine = SpeculativeEngine(tiny_target)
+    req = GenerationRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=3, speculation={"proposer": "none"})
+    ids = engine.encode(req)
+    assert tiny_target.tokenizer.decode(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_cancel_frees_caches(tiny_target, tiny_draft_close):
+    engine = SpeculativeEngine(tiny_target, tiny_draft_close)
+    gen = engine.start(GenerationRequest(prompt="def add(a, b):", max_tokens=50, ignore_eos=True, speculation={"k": 4}))
+    gen.step()
+    assert gen.target.seq.cache is not None and gen.proposer.seq.cache is not None
+    gen.cancel()
+    assert gen.finished and gen.result().finish_reason is FinishReason.CANCELLED
+    assert gen.target.seq.cache is None and gen.proposer.seq.cache is None
