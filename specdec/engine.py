@@ -19,12 +19,7 @@ from specdec.stopping import OutputAssembler
 from specdec.types import GenerationChunk, GenerationResult
 from specdec.verifier import TargetVerifier
 
-_SEED_MIX = 0x9E3779B97F4A7C15
-
-
-def derive_seeds(seed: int) -> tuple[int, int]:
-    """Split a request seed into independent seeds for the draft and the target generators."""
-    return seed % 2**63, (seed * _SEED_MIX + 1) % 2**63
+from specdec.sampling import derive_seeds
 
 
 def encode_prompt(tokenizer, request: GenerationRequest, emittable: int) -> list[int]:

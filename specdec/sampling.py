@@ -13,6 +13,24 @@ import torch
 from specdec.request import SamplingParams
 
 
+_SEED_MIX = 0x9E3779B97F4A7C15
+
+
+def derive_seeds(seed: int) -> tuple[int, int]:
+    """Split a request seed into independent seeds for the draft and the target sides."""
+    return seed % 2**63, (seed * _SEED_MIX + 1) % 2**63
+
+
+def step_generator(seed: int, position: int) -> torch.Generator:
+    """The random generator of one speculation step, seeded from (seed, position).
+
+    Seeding per step from the committed length (tokens) instead of carrying one generator
+    through the request makes a seeded request reproducible even when a session is rebuilt from
+    its token history on another replica: the same position gives the same random stream.
+    """
+    return torch.Generator().manual_seed((seed * _SEED_MIX + position * 0xBF58476D1CE4E5B9 + 1) % 2**63)
+
+
 def mask_unemittable(logits: torch.Tensor, emittable: int) -> torch.Tensor:
     """Set logits of ids ``>= emittable`` (padding rows of the embedding matrix) to -inf.
 

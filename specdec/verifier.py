@@ -21,7 +21,7 @@ import torch
 from specdec.kv_cache import CachedSequence
 from specdec.models.loaded import LoadedModel
 from specdec.request import SamplingParams
-from specdec.sampling import greedy_token, mask_unemittable, warp_probs
+from specdec.sampling import greedy_token, mask_unemittable, step_generator, warp_probs
 from specdec.types import DraftBlock, VerifyResult
 
 
@@ -112,7 +112,7 @@ class TargetSession:
         self._verifier = verifier
         self.sampling = sampling
         self.want_logprobs = logprobs
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
         self.seq = CachedSequence(verifier.target.model, list(token_ids))
 
     @property
@@ -154,7 +154,8 @@ class TargetSession:
             n, tokens = verify_greedy(block.token_ids, logits)
         else:
             p = warp_probs(logits, self.sampling)  # [K+1, V] float32
-            n, tokens = rejection_sample(block.token_ids, block.q_ids, block.q_probs, p, self.generator)
+            generator = step_generator(self.seed, self.committed_len)
+            n, tokens = rejection_sample(block.token_ids, block.q_ids, block.q_probs, p, generator)
         logprobs = None
         if self.want_logprobs:
             lp = torch.log_softmax(logits[: n + 1].float(), dim=-1)  # [n+1, V]

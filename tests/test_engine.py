@@ -232,3 +232,24 @@ def test_cancel_frees_caches(tiny_target, tiny_draft_close):
     gen.cancel()
     assert gen.finished and gen.result().finish_reason is FinishReason.CANCELLED
     assert gen.target.seq.cache is None and gen.proposer.seq.cache is None
+
+
+def test_seeded_output_survives_session_rebuilds(tiny_target, tiny_draft_close):
+    """Rebuilding both sessions from the token history mid-request (a replica restarted or the
+    session moved) gives the same seeded sample: each step's randomness depends on (seed,
+    position) only."""
+    engine = SpeculativeEngine(tiny_target, tiny_draft_close)
+    req = GenerationRequest(
+        prompt="def add(a, b):", max_tokens=24, ignore_eos=True, sampling={"temperature": 1.0, "seed": 11}, speculation={"k": 3}
+    )
+    expected = engine.generate(req).token_ids
+    gen = engine.start(req)
+    for _ in range(3):
+        gen.step()
+    history = list(gen.target.token_ids)
+    t_seed, d_seed = gen.target.seed, gen.proposer.seed
+    gen.target.close()
+    gen.proposer.close()
+    gen.target = engine.verifier.open_session(history, req.sampling, t_seed)
+    gen.proposer = engine.draft_proposer.open_session(history, req.sampling, d_seed)
+    assert gen.run().token_ids == expected

@@ -20,7 +20,7 @@ import torch
 from specdec.kv_cache import CachedSequence
 from specdec.models.loaded import LoadedModel
 from specdec.request import SamplingParams
-from specdec.sampling import greedy_token, mask_unemittable, restrict_support, warp_probs
+from specdec.sampling import greedy_token, mask_unemittable, restrict_support, step_generator, warp_probs
 from specdec.types import DraftBlock
 
 #: default support size M of the proposal distribution sent per drafted position
@@ -33,7 +33,7 @@ class DraftModelSession:
     def __init__(self, proposer: "DraftModelProposer", token_ids: Sequence[int], sampling: SamplingParams, seed: int):
         self._proposer = proposer
         self.sampling = sampling
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
         self.seq = CachedSequence(proposer.draft.model, [int(t) for t in token_ids])
 
     @property
@@ -54,6 +54,7 @@ class DraftModelSession:
             return DraftBlock.empty()
         keep = self.seq.sync(self.seq.token_ids)
         logits = self.seq.feed(self.seq.token_ids[keep:])[-1:]  # [1, V]
+        generator = step_generator(self.seed, len(self.seq.token_ids))
         tokens: list[int] = []
         q_ids: list[torch.Tensor] = []
         q_probs: list[torch.Tensor] = []
@@ -64,7 +65,7 @@ class DraftModelSession:
                 token = int(greedy_token(logits[0]))
             else:
                 ids, q = restrict_support(warp_probs(logits, self.sampling), self._proposer.top_m)  # [1, M]
-                pick = int(torch.multinomial(q[0], 1, generator=self.generator))
+                pick = int(torch.multinomial(q[0], 1, generator=generator))
                 token = int(ids[0, pick])
                 q_ids.append(ids[0])
                 q_probs.append(q[0])
