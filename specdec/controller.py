@@ -25,12 +25,20 @@ measured conditional α_i, and the i.i.d. α̂ for positions without enough data
   a boundary does not flap K, a persistent small gain is still taken.
 - Re-probing: at K = 0 there is no acceptance signal, so a tenant held at K = 0 would never
   come back. Every ``probe_every_requests``-th request (default 16) at K = 0, or the first one
-  after ``probe_interval_s`` (default 60 s) without a probe, runs at ``probe_k`` (default 1,
-  the cheapest informative K) and its counts refresh α̂. The probe does not move the current K;
-  the next decision does, if the refreshed α̂ says so. Before a probe's counts are recorded,
-  the key's older counts are discounted by ``probe_discount`` (default 0.25): they predate the
-  time at K = 0, during which the step-based decay stood still, so without the discount a tenant
-  whose traffic turned predictable would need many probes to outweigh its stale history.
+  after ``probe_interval_s`` (default 60 s) without a probe once at least
+  ``probe_min_requests`` (default 8) requests ran at K = 0 since the last probe, is a probe.
+  Intervals count the tenant's own traffic, so an idle or slow tenant is not probed on every
+  request. A probe speculates at ``probe_k`` (default None: the K the cost model would pick
+  if the tenant's acceptance were ``probe_alpha`` = 0.9, i.e. the K a tenant whose traffic
+  became predictable would get; on a CPU whose verify cost is not monotonic in positions this
+  is not K = 1) for its first ``probe_steps`` steps (default 4; None = the whole request),
+  then decodes plainly: a probe costs a few steps, not a request
+  (:meth:`KDecision.k_schedule` is the per-step K for the engine). Its counts refresh α̂; the
+  probe does not move the current K, the next decision does if the refreshed α̂ says so.
+  Before a probe's counts are recorded, the key's older counts are discounted by
+  ``probe_discount`` (default 0.25): they predate the time at K = 0, during which the
+  step-based decay stood still, so without the discount a tenant whose traffic turned
+  predictable would need many probes to outweigh its stale history.
 - Policies: proposer ``"none"`` or a K range [0, 0] is plain decoding; ``adaptive = False``
   uses ``fixed_k`` (or the range's top); otherwise the adaptive choice in [k_min, k_max]
   intersected with the request's own ceiling.
@@ -146,6 +154,8 @@ class KDecision:
         k_min, k_max: the range chosen in (policy ∩ request).
         best_k: the unconstrained-by-hysteresis best K in the range (may differ from k).
         probe: True when this request is a re-probe from K = 0.
+        probe_steps: for a probe, the number of steps run at ``k`` before plain decoding
+            (None: the whole request); None otherwise.
         candidates: every K considered.
     """
 
@@ -167,10 +177,32 @@ class KDecision:
     k_max: int
     best_k: int
     probe: bool = False
+    probe_steps: int | None = None
     candidates: tuple[KCandidate, ...] = field(default=())
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def k_schedule(self) -> int | Callable[[], int]:
+        """What to pass as ``k`` to :meth:`specdec.engine.SpeculativeEngine.start`.
+
+        ``k`` itself, except for a probe limited to ``probe_steps`` steps: then a callable that
+        returns ``k`` for the first ``probe_steps`` calls (one per step) and 0 afterwards.
+        """
+        return k_schedule(self.k, self.probe_steps if self.probe else None)
+
+
+def k_schedule(k: int, steps: int | None) -> int | Callable[[], int]:
+    """``k`` for ``steps`` speculation steps, then 0 (plain ``k`` when ``steps`` is None)."""
+    if steps is None:
+        return k
+    calls = [0]
+
+    def schedule() -> int:
+        calls[0] += 1
+        return k if calls[0] <= steps else 0
+
+    return schedule
 
 
 @dataclass
@@ -209,8 +241,13 @@ class KController:
         switch_margin: relative predicted gain needed to move K at once (0.03 = 3 %).
         switch_after: consecutive decisions with the same different best K that move K anyway.
         probe_every_requests: at K = 0, every n-th request is a probe.
-        probe_interval_s: at K = 0, probe the first request after this many seconds without one.
-        probe_k: K of a probe request (clipped to the allowed range).
+        probe_interval_s: at K = 0, probe the first request after this many seconds without one
+            (once ``probe_min_requests`` requests ran at K = 0 since the last probe).
+        probe_min_requests: K = 0 requests needed before an interval-triggered probe.
+        probe_k: K of a probe (clipped to the allowed range); None: the best K under the cost
+            model at acceptance ``probe_alpha``.
+        probe_alpha: see ``probe_k``.
+        probe_steps: steps a probe speculates before plain decoding; None: the whole request.
         position_min_reached: decayed trials a draft position needs before its measured
             acceptance replaces α̂ (None: always i.i.d.).
         probe_discount: weight kept by a key's older counts when a probe's counts arrive.
@@ -226,12 +263,17 @@ class KController:
         switch_after: int = 10,
         probe_every_requests: int = 16,
         probe_interval_s: float = 60.0,
-        probe_k: int = 1,
+        probe_min_requests: int = 8,
+        probe_k: int | None = None,
+        probe_alpha: float = 0.9,
+        probe_steps: int | None = 4,
         position_min_reached: float | None = 50.0,
         probe_discount: float = 0.25,
     ):
-        if switch_margin < 0 or switch_after < 1 or probe_every_requests < 1 or probe_k < 1:
+        if switch_margin < 0 or switch_after < 1 or probe_every_requests < 1 or (probe_k is not None and probe_k < 1):
             raise ValueError("need switch_margin >= 0, switch_after >= 1, probe_every_requests >= 1, probe_k >= 1")
+        if probe_min_requests < 1 or (probe_steps is not None and probe_steps < 1) or not 0 < probe_alpha <= 1:
+            raise ValueError("need probe_min_requests >= 1, probe_steps >= 1 or None, 0 < probe_alpha <= 1")
         self.estimator = estimator if estimator is not None else AcceptanceEstimator()
         self.cost_model_factory = cost_model_factory or (lambda proposer: CostModel())
         self.clock = clock
@@ -240,6 +282,9 @@ class KController:
         self.probe_every_requests = probe_every_requests
         self.probe_interval_s = probe_interval_s
         self.probe_k = probe_k
+        self.probe_alpha = probe_alpha
+        self.probe_steps = probe_steps
+        self.probe_min_requests = probe_min_requests
         self.position_min_reached = position_min_reached
         if not 0.0 <= probe_discount <= 1.0:
             raise ValueError(f"probe_discount must be in [0, 1], got {probe_discount}")
@@ -297,8 +342,12 @@ class KController:
             if k == 0 and k_max >= 1:
                 st.zero_requests += 1
                 since = st.zero_since if st.last_probe_at is None else max(st.zero_since, st.last_probe_at)
-                if st.zero_requests >= self.probe_every_requests or now - since >= self.probe_interval_s:
-                    k = min(max(self.probe_k, 1), k_max)
+                due_by_time = now - since >= self.probe_interval_s and st.zero_requests >= self.probe_min_requests
+                if st.zero_requests >= self.probe_every_requests or due_by_time:
+                    if self.probe_k is not None:
+                        k = min(max(self.probe_k, 1), k_max)
+                    else:
+                        k, _ = choose_k(self.probe_alpha, cm, max(1, k_min), k_max)
                     reason, probe = "probe", True
                     st.zero_requests = 0
                     st.last_probe_at = now
@@ -324,6 +373,7 @@ class KController:
             k_max=k_max,
             best_k=best.k,
             probe=probe,
+            probe_steps=self.probe_steps if probe else None,
             candidates=tuple(cands),
         )
         st.last_decision = d
@@ -365,14 +415,25 @@ class KController:
 
     # ------------------------------------------------------------------ feedback
 
-    def record(self, tenant: str, proposer: str, stats: Any) -> None:
+    def record(self, tenant: str, proposer: str, stats: Any, costs: Mapping | None = None) -> None:
         """Feed one finished request's :class:`specdec.types.SpeculationStats` (or its dict).
+
+        Args:
+            stats: the request's counters and draft/verify seconds.
+            costs: optional per-step timings (:meth:`specdec.adaptive.StepCosts.as_dict`):
+                ``{"verify_s_by_positions": {positions: [seconds, steps]}, "draft_s": s,
+                "drafted": tokens}``, with the first step (which carries the prompt prefill of
+                both models) left out. Preferred: ``stats`` alone cannot separate the prefill
+                from the steps, nor the verify times of different K within a request.
 
         A request that drafted while the key is held at K = 0 is a probe's result: the older
         counts are first discounted by ``probe_discount``.
-        Acceptance: all counters go to the estimator (K = 0 steps carry no signal). Costs:
-        draft seconds per drafted token; verify seconds per step only when every step of the
-        request used the same K (a mix cannot be split into per-size times).
+        Acceptance: all counters go to the estimator (K = 0 steps carry no signal). Costs, with
+        ``costs``: one observation of the mean verify seconds per number of positions seen,
+        and draft seconds per drafted token. Without: draft seconds per drafted token of the
+        whole request, and verify seconds per step of the request's dominant K (at least 3/4
+        of its steps, the other steps' share subtracted with the current model; the first
+        step's prefill is then included).
         """
         d = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
         key = (tenant, proposer)
@@ -384,14 +445,38 @@ class KController:
                 discount(key, self.probe_discount)
         self.estimator.record_stats(key, d)
         cm = self.cost_model(proposer)
+        if costs is not None:
+            self.observe_costs(proposer, costs)
+            return
         proposed = int(d.get("proposed", 0))
         if proposed > 0 and d.get("draft_time_s"):
             cm.observe_draft(proposed, float(d["draft_time_s"]))
         k_counts = {int(k): int(v) for k, v in (d.get("k_counts") or {}).items() if int(v) > 0}
-        steps = int(d.get("steps", 0))
-        if len(k_counts) == 1 and steps > 0 and d.get("verify_time_s"):
-            (k,) = k_counts
-            cm.observe_verify(k + 1, float(d["verify_time_s"]) / steps)
+        steps = sum(k_counts.values())
+        verify_total = float(d.get("verify_time_s") or 0.0)
+        if not k_counts or steps <= 0 or verify_total <= 0:
+            return
+        k_dom = max(k_counts, key=lambda k: (k_counts[k], k))
+        n_dom = k_counts[k_dom]
+        if n_dom * 4 < steps * 3:
+            return  # too mixed to attribute
+        rest = verify_total - sum(n * cm.verify_s(k + 1) for k, n in k_counts.items() if k != k_dom)
+        if rest > 0:
+            cm.observe_verify(k_dom + 1, rest / n_dom)
+
+    def observe_costs(self, proposer: str, costs: Mapping) -> None:
+        """Feed aggregated per-step timings of one request (see :meth:`record`'s ``costs``)."""
+        cm = self.cost_model(proposer)
+        for p, (secs, n) in (costs.get("verify_s_by_positions") or {}).items():
+            p, n = int(p), int(n)
+            if n > 0 and 1 <= p <= cm.max_positions:
+                cm.observe_verify(p, float(secs) / n)
+        drafted = int(costs.get("drafted") or 0)
+        if drafted > 0:
+            cm.observe_draft(drafted, float(costs.get("draft_s") or 0.0))
+        rtt = costs.get("round_trip_s")
+        if rtt is not None:
+            cm.observe_round_trip(float(rtt))
 
     def observe_step(
         self, proposer: str, k: int, draft_s: float, verify_s: float, round_trip_s: float | None = None

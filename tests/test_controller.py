@@ -90,13 +90,15 @@ def true_verify(positions):  # CPU-like: 4 positions cost about 2x one
 
 def run_request(ctl, tenant, policy, p_accept, rng, tokens=64, proposer="draft"):
     d = ctl.decide(tenant, proposer, policy)
+    sched = d.k_schedule()  # a probe speculates for a few steps only
     st = SpeculationStats()
     emitted = 0
     while emitted < tokens:
+        k = sched() if callable(sched) else sched
         a = 0
-        while a < d.k and rng.random() < p_accept:
+        while a < k and rng.random() < p_accept:
             a += 1
-        st.record_step(d.k, a, d.k * DRAFT_S, true_verify(d.k + 1))
+        st.record_step(k, a, k * DRAFT_S, true_verify(k + 1))
         emitted += a + 1
     ctl.record(tenant, proposer, st)
     return d
@@ -120,7 +122,9 @@ def test_agreeing_tenant_climbs_disagreeing_drops_then_returns_via_probes():
     reached = a_ks.index(6)
     assert [d.k for d in b_decisions[-5:]].count(0) >= 4
     probes = [d for d in b_decisions if d.probe]
-    assert probes and all(d.k == 1 for d in probes)
+    # probe K: the best K if B's acceptance were 0.9; only for the first probe_steps steps
+    auto_k = choose_k(0.9, ctl.cost_model("draft"), 1, 6)[0]
+    assert probes and all(d.k == auto_k and d.probe_steps == 4 for d in probes)
 
     # B's traffic becomes predictable: probes refresh alpha and B gets speculation back.
     back_at = None
@@ -217,7 +221,7 @@ def test_small_persistent_gain_switches_after_consistent_decisions():
 def test_probe_after_interval_and_every_n_requests():
     clock = FakeClock()
     ctl = KController(StubEstimator([0.0] * 100), lambda p: leviathan(0.2), clock,
-                      probe_every_requests=5, probe_interval_s=60.0, probe_k=2)
+                      probe_every_requests=5, probe_interval_s=60.0, probe_k=2, probe_min_requests=1)
     ds = [ctl.decide("T", "draft", POLICY) for _ in range(10)]
     assert [d.k for d in ds] == [0, 0, 0, 0, 2, 0, 0, 0, 0, 2]
     assert ds[4].probe and ds[4].reason == "probe"
@@ -295,3 +299,41 @@ def test_tenant_stats_only_own():
     assert list(sa) == ["draft"]
     assert sa["draft"]["acceptance"]["tenant"] == "A"
     assert ctl.tenant_stats("nobody") == {}
+
+
+def test_interval_probe_needs_min_requests_and_probe_schedule():
+    clock = FakeClock()
+    ctl = KController(StubEstimator([0.0] * 100), lambda p: leviathan(0.2), clock,
+                      probe_every_requests=100, probe_interval_s=10.0, probe_k=3, probe_min_requests=3,
+                      probe_steps=2)
+    ks = []
+    for _ in range(8):
+        clock.t += 100.0  # a slow tenant: every request is past the interval
+        ks.append(ctl.decide("T", "draft", POLICY))
+    assert [d.k for d in ks] == [0, 0, 3, 0, 0, 3, 0, 0]  # not every request, every 3rd at K=0
+    sched = ks[2].k_schedule()
+    assert [sched() for _ in range(4)] == [3, 3, 0, 0]
+    assert ks[0].k_schedule() == 0
+
+
+def test_record_with_step_costs_and_mixed_k_fallback():
+    ctl = KController(clock=FakeClock())
+    st = SpeculationStats()
+    st.record_step(4, 4, 0.4, 3.0)  # first step: prefill inflates verify
+    for _ in range(3):
+        st.record_step(4, 4, 0.4, 0.7)
+    costs = {"verify_s_by_positions": {5: [2.1, 3]}, "draft_s": 1.2, "drafted": 12}
+    ctl.record("T", "draft", st, costs)
+    cm = ctl.cost_model("draft")
+    assert cm.verify_s(5) == pytest.approx(0.7)
+    assert cm.draft_s_per_token == pytest.approx(0.1)
+    # without costs: dominant K gets the verify time, the minority's share subtracted
+    ctl2 = KController(clock=FakeClock())
+    cm2 = ctl2.cost_model("draft")
+    cm2.observe_verify(3, 0.5)
+    mixed = SpeculationStats()
+    for _ in range(6):
+        mixed.record_step(4, 4, 0.4, 0.7)
+    mixed.record_step(2, 2, 0.2, 0.5)  # the last step, shrunk near max_tokens
+    ctl2.record("T", "draft", mixed)
+    assert cm2.verify_s(5) == pytest.approx(0.7)

@@ -1,0 +1,173 @@
+"""Glue between the K controller and an in-process engine: per-request K, step timings, calibration.
+
+- :func:`apply_decision`: a request rewritten for the controller's :class:`KDecision` (its K, or
+  plain decoding without opening the draft at K = 0) plus the ``k`` argument for
+  :meth:`specdec.engine.SpeculativeEngine.start` (a schedule for a probe).
+- :func:`run_timed`: run a :class:`specdec.decoder.Generation` step by step, collecting each
+  step's K, draft and verify seconds (:class:`StepCosts`, the ``costs`` argument of
+  :meth:`specdec.controller.KController.record`), time to first token and inter-token latency.
+  The first step is left out of the costs: it carries the prompt prefill of both models.
+- :func:`calibrate`: measure draft seconds per token and verify seconds for every number of
+  positions 1..K_max+1 once (a few seconds of real speculation steps on a short prompt) and feed
+  them to the controller, so that its first decisions use this machine's cost curve instead of
+  priors. Costs keep being learned from real requests afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from specdec.request import GenerationRequest, SamplingParams
+from specdec.types import DraftBlock, GenerationResult
+
+
+def apply_decision(request: GenerationRequest, decision) -> tuple[GenerationRequest, object]:
+    """``(request', k)`` to run ``request`` with ``decision`` (a KDecision or its dict).
+
+    At K = 0 the request's ``speculation.k`` becomes 0, so the engine opens no proposer session
+    (no draft prefill); otherwise it becomes the decided K and ``k`` is
+    :meth:`KDecision.k_schedule` (a callable for a step-limited probe).
+    """
+    from specdec.controller import k_schedule
+
+    if isinstance(decision, dict):
+        k = int(decision["k"])
+        steps = decision.get("probe_steps") if decision.get("probe") else None
+    else:
+        k = int(decision.k)
+        steps = decision.probe_steps if decision.probe else None
+    spec = request.speculation.model_copy(update={"k": k})
+    req = request.model_copy(update={"speculation": spec})
+    return req, (k_schedule(k, steps) if k > 0 else 0)
+
+
+@dataclass
+class StepCosts:
+    """Per-step timings of one request, aggregated by number of positions scored (K + 1)."""
+
+    verify: dict[int, list] = field(default_factory=dict)  # positions -> [seconds, steps]
+    draft_s: float = 0.0
+    drafted: int = 0
+    skipped_steps: int = 0
+
+    def add(self, k: int, draft_s: float, verify_s: float) -> None:
+        v = self.verify.setdefault(k + 1, [0.0, 0])
+        v[0] += verify_s
+        v[1] += 1
+        if k > 0:
+            self.draft_s += draft_s
+            self.drafted += k
+
+    def as_dict(self) -> dict:
+        return {
+            "verify_s_by_positions": {p: [s, n] for p, (s, n) in sorted(self.verify.items())},
+            "draft_s": self.draft_s,
+            "drafted": self.drafted,
+            "skipped_steps": self.skipped_steps,
+        }
+
+
+@dataclass
+class TimedRun:
+    """A finished generation with its timings (seconds)."""
+
+    result: GenerationResult
+    costs: StepCosts
+    wall_s: float
+    ttft_s: float | None
+    inter_token_s: float | None  # mean time between tokens after the first
+
+    @property
+    def tokens(self) -> int:
+        return self.result.usage.completion_tokens
+
+
+def run_timed(gen, clock: Callable[[], float] = time.perf_counter, started: float | None = None) -> TimedRun:
+    """Run ``gen`` to the end step by step (see module docstring).
+
+    Args:
+        started: clock value when the request started (before ``engine.start``, so prompt
+            encoding counts); defaults to now.
+    """
+    t0 = clock() if started is None else started
+    costs = StepCosts()
+    st = gen.stats
+    prev = (st.steps, st.proposed, st.draft_time_s, st.verify_time_s)
+    first_at = last_at = None
+    n_tok = 0
+    try:
+        while True:
+            chunk = gen.step()
+            if st.steps > prev[0]:
+                k = st.proposed - prev[1]
+                d, v = st.draft_time_s - prev[2], st.verify_time_s - prev[3]
+                if prev[0] == 0:
+                    costs.skipped_steps += 1  # prefill step
+                else:
+                    costs.add(k, d, v)
+                prev = (st.steps, st.proposed, st.draft_time_s, st.verify_time_s)
+            if chunk is not None:
+                if chunk.token_ids:
+                    now = clock()
+                    if first_at is None:
+                        first_at = now
+                    last_at = now
+                    n_tok += len(chunk.token_ids)
+                if chunk.finish_reason is not None:
+                    break
+    finally:
+        gen.close()
+    end = clock()
+    result = gen.result()
+    itl = (last_at - first_at) / (n_tok - 1) if first_at is not None and n_tok > 1 else None
+    return TimedRun(result, costs, end - t0, None if first_at is None else first_at - t0, itl)
+
+
+def calibrate(
+    engine,
+    controller,
+    *,
+    proposer: str = "draft",
+    max_k: int = 8,
+    repeats: int = 2,
+    prompt_ids: list[int] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict:
+    """Measure real speculation steps at every K in 0..max_k and feed them to ``controller``.
+
+    Runs ``repeats`` rounds of one step per K (draft ``propose(K)`` then target ``verify``) on
+    one greedy sequence after a warm-up step that absorbs both prefills, and calls
+    ``controller.observe_step(proposer, K, draft_s, verify_s)`` for each. Returns the cost
+    model's snapshot afterwards.
+    """
+    if engine.draft_proposer is None and proposer == "draft":
+        raise ValueError("calibrating the draft proposer needs a draft model")
+    if prompt_ids is None:
+        prompt_ids = engine.target.tokenizer.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")
+    sampling = SamplingParams()
+    target = engine.verifier.open_session(prompt_ids, sampling, seed=0)
+    draft = engine.draft_proposer.open_session(prompt_ids, sampling, seed=0) if proposer == "draft" else None
+    max_k = min(max_k, controller.cost_model(proposer).max_positions - 1)
+    try:
+        def step(k: int) -> tuple[int, float, float]:
+            t0 = clock()
+            block = draft.propose(k) if (draft is not None and k > 0) else DraftBlock.empty()
+            t1 = clock()
+            res = target.verify(block)
+            t2 = clock()
+            if draft is not None:
+                draft.commit(res.token_ids)
+            return block.k, t1 - t0, t2 - t1
+
+        step(1)  # prefill of both, not recorded
+        for _ in range(repeats):
+            for k in range(0, max_k + 1):
+                kk, d, v = step(k)
+                controller.observe_step(proposer, kk, d, v)
+    finally:
+        target.close()
+        if draft is not None:
+            draft.close()
+    return controller.cost_model(proposer).snapshot()
