@@ -1,0 +1,164 @@
+"""The ``specdec`` command line.
+
+Subcommands:
+
+- ``generate``: one completion in this process (prompt or chat messages), text and stats printed.
+- ``bench``: target alone vs transformers' assisted generation and prompt lookup vs ours.
+- ``prefetch``: assemble the demo pair into the cache (what a Kubernetes init step runs).
+- ``serve``: start a local Ray, deploy the Serve application (``deployments/``), optionally send
+  one real gRPC request and print the answer.
+- ``client``: call a running server over gRPC.
+
+``serve`` and ``client`` import the serving layer lazily, so the core stays importable (and
+``generate`` runs) without Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from specdec.errors import SpecDecError
+
+
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="one completion in this process")
+    p.add_argument("prompt", nargs="?", help="prompt text (or use --message)")
+    p.add_argument("--message", action="append", default=[], metavar="ROLE:TEXT",
+                   help="chat message, repeatable, e.g. --message 'user:Write a sort function'")
+    p.add_argument("--target", default="demo:target", help="model spec: demo:target, an HF folder or a .gguf file")
+    p.add_argument("--draft", default="demo:draft", help="draft model spec, or 'none'")
+    p.add_argument("--proposer", choices=["draft", "ngram", "none"], default="draft")
+    p.add_argument("-k", "--k", type=int, default=4, help="speculation length K (draft tokens per step)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string, repeatable")
+    p.add_argument("--logprobs", action="store_true")
+    p.add_argument("--stream", action="store_true", help="print text as it is generated")
+    p.add_argument("--json", action="store_true", help="print the whole result as JSON")
+
+
+def _request_from_args(args) -> dict:
+    data: dict = {
+        "max_tokens": args.max_tokens,
+        "stop": args.stop,
+        "logprobs": args.logprobs,
+        "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed},
+        "speculation": {"proposer": args.proposer, "k": args.k},
+    }
+    if args.message:
+        msgs = []
+        for m in args.message:
+            role, sep, text = m.partition(":")
+            if not sep:
+                raise SpecDecError(f"--message must be ROLE:TEXT, got {m!r}")
+            msgs.append({"role": role, "content": text})
+        data["messages"] = msgs
+    else:
+        data["prompt"] = args.prompt
+    return data
+
+
+def run_generate(args) -> int:
+    from specdec.engine import SpeculativeEngine
+    from specdec.models.loader import load_model, load_pair
+    from specdec.models.spec import ModelPairSpec, parse_model_spec
+    from specdec.request import parse_request
+
+    request = parse_request(_request_from_args(args))
+    target_spec = parse_model_spec(args.target)
+    if args.draft == "none" or args.proposer != "draft":
+        target, draft = load_model(target_spec), None
+    else:
+        target, draft = load_pair(ModelPairSpec(target=target_spec, draft=parse_model_spec(args.draft)))
+    engine = SpeculativeEngine(target, draft)
+    t0 = time.perf_counter()
+    if args.stream:
+        gen = engine.start(request)
+        for chunk in gen:
+            print(chunk.text, end="", flush=True)
+        print()
+        result = gen.result()
+    else:
+        result = engine.generate(request)
+    wall = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps({
+            "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason.value,
+            "usage": vars(result.usage), "stats": result.stats.as_dict(), "logprobs": result.logprobs,
+            "elapsed_s": wall,
+        }, indent=2))
+        return 0
+    if not args.stream:
+        print(result.text)
+    s = result.stats
+    rate = f"{s.acceptance_rate:.2f}" if s.acceptance_rate is not None else "n/a"
+    print(
+        f"\n-- {result.usage.completion_tokens} tokens in {wall:.2f} s "
+        f"({result.usage.completion_tokens / wall:.2f} tokens/s), finish: {result.finish_reason.value}, "
+        f"proposer {args.proposer}, K {args.k}, steps {s.steps}, acceptance rate {rate}, "
+        f"mean accepted length {s.mean_accepted_length or 0:.2f}, accepted per position {s.accepted_per_position}, "
+        f"draft {s.draft_time_s:.2f} s, verify {s.verify_time_s:.2f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _add_prefetch(sub) -> None:
+    p = sub.add_parser("prefetch", help="assemble the demo pair into the model cache")
+    p.add_argument("roles", nargs="*", default=["target", "draft"], choices=["target", "draft"])
+
+
+def run_prefetch(args) -> int:
+    from specdec.models.demo import ensure_demo_folder
+
+    for role in args.roles:
+        print(f"demo {role}: {ensure_demo_folder(role)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``specdec`` command; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="specdec", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    _add_prefetch(sub)
+    from specdec import bench
+
+    bench.add_bench_arguments(sub.add_parser("bench", help="benchmark against transformers on the demo pair"))
+    try:
+        from deployments import cli as serving_cli  # Ray and gRPC live there, imported on demand
+    except ImportError:
+        serving_cli = None
+    if serving_cli is not None:
+        serving_cli.add_serve_arguments(sub.add_parser("serve", help="serve on a local Ray (Ray Serve + gRPC)"))
+        serving_cli.add_client_arguments(sub.add_parser("client", help="call a running server over gRPC"))
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "generate":
+            if not args.prompt and not args.message:
+                parser.error("generate needs a prompt or --message")
+            return run_generate(args)
+        if args.command == "prefetch":
+            return run_prefetch(args)
+        if args.command == "bench":
+            bench.run_bench(args)
+            return 0
+        if args.command == "serve":
+            return serving_cli.run_serve(args)
+        if args.command == "client":
+            return serving_cli.run_client(args)
+    except SpecDecError as e:
+        print(f"specdec: error: {e}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
