@@ -4,8 +4,10 @@
     serve run deployments/local-cpu.yaml                     # or the generated config file
 
 Deployments (names are those of the config files; see ``deployments/config.py``):
-``Router`` (gRPC ingress, autoscaled) and ``Target`` (TP workers in its placement group).
-``Draft`` joins when the decoding loop moves out of the router (issue 3).
+``Router`` (gRPC ingress, autoscaled; admits and relays), ``Draft`` (the decoding loops and the
+draft model; sticky on the session id) and ``Target`` (TP workers in its placement group; sticky
+on the session id). Router -> Draft: one ``DraftJob`` per generation, a stream of chunks back;
+Draft -> Target: one ``CandidateBlock`` / ``VerificationResult`` round trip per speculation step.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.config import BUILT, AppConfig
+from deployments.draft import Draft
 from deployments.router import Router
 from deployments.target import Target
 
@@ -26,4 +29,5 @@ def build_app(args: AppConfig) -> Application:
     cfg = args if isinstance(args, AppConfig) else AppConfig.model_validate(args)
     opts = cfg.deployment_options()
     target = serve.deployment(Target, name="Target", **opts["Target"]).bind(cfg)
-    return serve.deployment(Router, name="Router", **opts["Router"]).bind(cfg, None, target)
+    draft = serve.deployment(Draft, name="Draft", **opts["Draft"]).bind(cfg, target)
+    return serve.deployment(Router, name="Router", **opts["Router"]).bind(cfg, draft, target)

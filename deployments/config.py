@@ -23,8 +23,8 @@ from specdec.request import MAX_SPECULATION_LENGTH
 SPECDEC_SERVICER = "protos.specdec.v1.specdec_pb2_grpc.add_SpecDecServicer_to_server"
 #: Import path of the standard grpc.health.v1 servicer (see deployments/health.py).
 HEALTH_SERVICER = "deployments.health.add_health_servicer"
-#: Deployments deployments.app.build_app creates (Draft joins when the loop moves there).
-BUILT = ("Router", "Target")
+#: Deployments deployments.app.build_app creates.
+BUILT = ("Router", "Draft", "Target")
 #: Serve's experimental session-affine router (Ray >= ~2.56; checked on 2.60).
 CONSISTENT_HASH_ROUTER = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
 
@@ -86,6 +86,13 @@ class AppConfig(BaseModel):
     request_timeout_s: float = Field(300, gt=0)
     default_max_k: int = Field(4, ge=0, le=MAX_SPECULATION_LENGTH)
     tenants_file: str | None = Field(None, description="tenants YAML (issue 4); None: no auth")
+    cpu_threads: int = Field(
+        0, ge=0, le=256,
+        description="torch CPU threads per model process (draft, each TP rank); 0: the node's cores / TP degree",
+    )
+    ready_timeout_s: float = Field(
+        2.0, gt=0, description="how long the router waits for the models before answering UNAVAILABLE",
+    )
 
     def target_bundles(self) -> list[dict[str, float]]:
         """Placement group of one target replica: bundle 0 = replica, then one per TP rank."""

@@ -1,4 +1,4 @@
-"""The gRPC ingress: admits requests, picks K and the proposer, returns or streams the output.
+"""The gRPC ingress: admits a request, decides K and the proposer, relays the draft's stream.
 
 Plain class (decorated in :mod:`deployments.app`), so tests can build it without Serve. Method
 names equal the RPC names of ``specdec.v1.SpecDec``: Serve's gRPC proxy routes
@@ -6,39 +6,101 @@ names equal the RPC names of ``specdec.v1.SpecDec``: Serve's gRPC proxy routes
 and a ``grpc_context``. No exception ever leaves a method: errors are set on the context
 (:func:`deployments.grpc_status.abort_with`), else Serve would answer INTERNAL.
 
-Current state (skeleton): generation runs on an in-process :class:`specdec.engine.SpeculativeEngine`
-built in the router. Still to wire (issue 3): the decoding loop moves to the Draft deployment,
-talking to the Target deployment with CandidateBlock/VerificationResult protos, and the router
-only admits and picks K (issue 4 adds tenants and the controller).
+Per request, in order (one clear step each, so tenants/auth/limits slot into :meth:`Router._admit`):
+
+1. ``_parse``: proto -> validated core request (INVALID_ARGUMENT);
+2. ``_admit(request, metadata) -> Admission``: who the caller is, whether it may run now, and
+   which proposer and K it gets (today: the request's hints capped by ``default_max_k``; issue 4
+   adds API keys, limits -> RESOURCE_EXHAUSTED, and the per-tenant K controller);
+3. ``_encode``: tokenize (chat template of the target) and check the context limit
+   (INVALID_ARGUMENT for an empty or over-long prompt);
+4. ``_ensure_ready``: the models are loaded (else UNAVAILABLE within ``ready_timeout_s``);
+5. ``_relay``: one ``DraftJob`` to the Draft deployment (sticky on the session id), whose
+   stream of chunks is relayed as is. The router is not in the per-token path: the draft replica
+   runs the loop and talks to the target itself. If the draft replica dies mid-stream, the
+   generation is resumed on a (new) draft replica from what the client already received.
+
+Deadlines: the client's gRPC deadline is not visible through Serve's proxy context (Ray 2.60's
+``RayServegRPCContext`` has no ``time_remaining()``), so the client library also sends it as
+metadata ``specdec-timeout-s`` (seconds); the server stops at ``min(that, request_timeout_s)``
+and answers DEADLINE_EXCEEDED. When the client's own deadline fires first, gRPC cancels the call
+and Serve cancels the router's and the draft's tasks: the generation stops and frees its caches.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import secrets
 import time
-from typing import Any, Iterator
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Sequence
 
 from deployments import convert
 from deployments.config import AppConfig
 from deployments.grpc_status import abort_stream, abort_with
+from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
-from specdec.errors import ModelNotReadyError, PermissionDeniedError
+from specdec.errors import (
+    DeadlineExceededError,
+    InvalidRequestError,
+    ModelNotReadyError,
+    PermissionDeniedError,
+    PromptTooLongError,
+)
+from specdec.request import GenerationRequest
 
 log = logging.getLogger(__name__)
 
+#: Metadata key carrying the client's deadline as seconds from now (the client library sets it).
+TIMEOUT_KEY = "specdec-timeout-s"
+#: Metadata key of the session (Serve's own key: also drives sticky routing in the proxy).
+SESSION_KEY = "session_id"
+#: How many times one generation is resumed after its draft replica died.
+MAX_RESUMES = 3
 
-def build_engine(cfg: AppConfig):
-    """The in-process engine for ``cfg``'s model pair (skeleton path)."""
-    from specdec.engine import SpeculativeEngine
-    from specdec.models.loader import load_model
-    from specdec.models.spec import parse_model_spec
-    from specdec.models.vocab import check_pair_compatible
 
-    target = load_model(parse_model_spec(cfg.target_model))
-    draft = load_model(parse_model_spec(cfg.draft_model)) if cfg.draft_model else None
-    if draft is not None:
-        check_pair_compatible(draft, target)
-    return SpeculativeEngine(target, draft)
+@dataclass(frozen=True)
+class Admission:
+    """The router's decision for one request.
+
+    Attributes:
+        proposer: ``"draft"``, ``"ngram"`` or ``"none"``.
+        k: largest K per speculation step (0 = plain decoding).
+        tenant: the caller's tenant id (None while there are no tenants).
+    """
+
+    proposer: str
+    k: int
+    tenant: str | None = None
+
+
+def metadata_dict(grpc_context: Any) -> dict[str, str]:
+    """The invocation metadata of a call as a dict (empty without a context)."""
+    if grpc_context is None:
+        return {}
+    return {k: v for k, v in grpc_context.invocation_metadata()}
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The original error behind Ray's wrappers (``RayTaskError`` chains), else ``exc``."""
+    seen = 0
+    while seen < 8:
+        cause = getattr(exc, "cause", None)
+        if cause is None or cause is exc or not isinstance(cause, BaseException):
+            break
+        exc, seen = cause, seen + 1
+    return exc
+
+
+def is_replica_death(exc: BaseException) -> bool:
+    """Whether ``exc`` says the replica running the call died (the call may be retried)."""
+    try:
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, (RayActorError, ActorDiedError, ActorUnavailableError))
 
 
 class Router:
@@ -46,50 +108,165 @@ class Router:
 
     Args:
         cfg: the application config.
-        engine: an engine to use (tests inject one); built from ``cfg`` when None.
-        target: handle of the Target deployment (not used by the skeleton's generation path yet).
+        draft: handle of the Draft deployment.
+        target: handle of the Target deployment (readiness checks only).
+        info: the target's :class:`deployments.target_info.TargetInfo` (tests inject one).
     """
 
-    def __init__(self, cfg: AppConfig, engine: Any = None, target: Any = None):
+    def __init__(self, cfg: AppConfig, draft: Any = None, target: Any = None, info: Any = None):
+        from deployments.target_info import TargetInfo
+
         self.cfg = cfg
+        self.draft = draft
         self.target = target
-        self.engine = engine if engine is not None else build_engine(cfg)
+        self.info = info if info is not None else TargetInfo.load(cfg.target_model)
+        self._ready = False
+        self.resumes = 0
 
-    def _request(self, request: pb.GenerateRequest):
-        req = convert.request_from_proto(request)
-        if self.engine is None:
-            raise ModelNotReadyError("the models are not loaded yet; retry shortly")
-        return req
+    # --- the steps before generation ---------------------------------------------------------
 
-    def Generate(self, request: pb.GenerateRequest, grpc_context=None) -> pb.GenerateResponse:
-        """Unary generation."""
+    def _parse(self, request: pb.GenerateRequest) -> GenerationRequest:
+        return convert.request_from_proto(request)
+
+    def _admit(self, request: pb.GenerateRequest, metadata: dict[str, str]) -> Admission:
+        """Decide whether and how ``request`` runs: proposer and K (auth and limits: issue 4).
+
+        Raises:
+            InvalidRequestError: the request asks for the draft proposer but none is served.
+        """
+        spec = request.speculation if request.HasField("speculation") else pb.SpeculationHints()
+        proposer = convert.PROPOSER_FROM_PROTO.get(spec.proposer)
+        if proposer is None:
+            proposer = "draft" if self.cfg.draft_model else "ngram"
+        if proposer == "draft" and not self.cfg.draft_model:
+            raise InvalidRequestError("proposer 'draft' needs a draft model; this server has none")
+        k = self.cfg.default_max_k if not spec.HasField("max_k") else min(spec.max_k, self.cfg.default_max_k)
+        if proposer == "none":
+            k = 0
+        return Admission(proposer=proposer, k=int(k))
+
+    def _encode(self, req: GenerationRequest) -> list[int]:
+        from specdec.engine import encode_prompt
+
+        ids = encode_prompt(self.info.tokenizer, req, self.info.emittable_vocab)
+        if len(ids) >= self.info.max_positions:
+            raise PromptTooLongError(len(ids), self.info.max_positions, f"the target '{self.info.name}'")
+        return ids
+
+    def _deadline(self, metadata: dict[str, str]) -> float:
+        """Unix time by which the request must end (client's deadline, capped by the server's)."""
+        budget = self.cfg.request_timeout_s
+        raw = metadata.get(TIMEOUT_KEY)
+        if raw:
+            try:
+                budget = min(budget, float(raw))
+            except ValueError:
+                raise InvalidRequestError(f"metadata {TIMEOUT_KEY} must be seconds, got {raw!r}") from None
+        return time.time() + budget
+
+    async def _ensure_ready(self) -> None:
+        """Raise ModelNotReadyError unless the draft and target replicas answer within the timeout."""
+        if self._ready or self.draft is None:
+            return
         try:
-            result = self.engine.generate(self._request(request))
-            return convert.result_to_proto(result)
-        except Exception as e:  # mapped at the edge, never raised into Serve
-            return abort_with(grpc_context, e, pb.GenerateResponse)
+            await asyncio.wait_for(self._ask_ready(), timeout=self.cfg.ready_timeout_s)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise ModelNotReadyError("the models are still loading; retry in a few seconds") from None
+        except Exception as e:
+            raise ModelNotReadyError(f"the models are not available: {unwrap(e)}") from None
+        self._ready = True
 
-    def GenerateStream(self, request: pb.GenerateRequest, grpc_context=None) -> Iterator[pb.GenerateStreamChunk]:
+    async def _ask_ready(self) -> None:
+        await self.draft.Ready.remote()
+
+    def _job(self, request: pb.GenerateRequest, req: GenerationRequest, adm: Admission, prompt: Sequence[int],
+             session_id: str, deadline: float) -> xpb.DraftJob:
+        msg = pb.GenerateRequest()
+        msg.CopyFrom(request)
+        msg.prompt_token_ids.CopyFrom(pb.TokenIds(ids=list(prompt)))  # the oneof now holds the ids
+        msg.speculation.CopyFrom(pb.SpeculationHints(proposer=convert.PROPOSER_TO_PROTO[adm.proposer], max_k=adm.k))
+        seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
+        msg.sampling.seed = seed
+        return xpb.DraftJob(session_id=session_id, request=msg, deadline_unix_s=deadline)
+
+    async def _prepare(self, request: pb.GenerateRequest, grpc_context: Any) -> tuple[xpb.DraftJob, str]:
+        metadata = metadata_dict(grpc_context)
+        req = self._parse(request)
+        adm = self._admit(request, metadata)
+        prompt = self._encode(req)
+        deadline = self._deadline(metadata)
+        await self._ensure_ready()
+        generation_id = uuid.uuid4().hex
+        routing_key = metadata.get(SESSION_KEY) or generation_id
+        return self._job(request, req, adm, prompt, f"{routing_key}/{generation_id}", deadline), routing_key
+
+    # --- relaying the draft's stream ---------------------------------------------------------
+
+    async def _relay(self, job: xpb.DraftJob, routing_key: str) -> AsyncIterator[pb.GenerateStreamChunk]:
+        """Stream ``job``'s chunks from the draft deployment, resuming after a replica death."""
+        sent_ids: list[int] = []
+        sent_chars = 0
+        resumes = 0
+        while True:
+            del job.resume_token_ids[:]
+            job.resume_token_ids.extend(sent_ids)
+            job.resume_text_chars = sent_chars
+            stream = self.draft.options(session_id=routing_key, stream=True).Generate.remote(job.SerializeToString())
+            finished = False
+            try:
+                async for raw in stream:
+                    chunk = pb.GenerateStreamChunk.FromString(raw)
+                    sent_ids.extend(chunk.token_ids)
+                    sent_chars += len(chunk.text)
+                    finished = chunk.finish_reason != pb.FINISH_REASON_UNSPECIFIED
+                    yield chunk
+                if not finished:
+                    raise ModelNotReadyError("the draft replica ended the stream without a final chunk")
+                return
+            except Exception as e:
+                if not is_replica_death(e) or resumes >= MAX_RESUMES:
+                    raise
+                if job.deadline_unix_s and time.time() > job.deadline_unix_s:
+                    raise DeadlineExceededError("the request's deadline passed") from None
+                resumes += 1
+                self.resumes += 1
+                log.warning("draft replica died during %s after %d tokens (%s); resuming (%d)",
+                            job.session_id, len(sent_ids), type(e).__name__, resumes)
+                await asyncio.sleep(0.2 * resumes)
+            finally:
+                if not finished:
+                    try:
+                        stream.cancel()
+                    except Exception:
+                        pass
+
+    # --- RPCs ----------------------------------------------------------------------------------
+
+    async def Generate(self, request: pb.GenerateRequest, grpc_context=None) -> pb.GenerateResponse:
+        """Unary generation: the joined stream of the draft replica."""
+        try:
+            job, key = await self._prepare(request, grpc_context)
+            chunks = [c async for c in self._relay(job, key)]
+            return convert.join_chunks(chunks)
+        except Exception as e:  # mapped at the edge, never raised into Serve
+            return abort_with(grpc_context, unwrap(e), pb.GenerateResponse)
+
+    async def GenerateStream(self, request: pb.GenerateRequest, grpc_context=None):
         """Server-streaming generation; the last chunk carries finish reason, usage and stats."""
         try:
-            gen = self.engine.start(self._request(request))
+            job, key = await self._prepare(request, grpc_context)
+            async for chunk in self._relay(job, key):
+                yield chunk
         except Exception as e:
-            abort_stream(grpc_context, e)
-        try:
-            t0 = time.perf_counter()
-            for chunk in gen:
-                if chunk.finish_reason is None:
-                    yield convert.chunk_to_proto(chunk)
-                else:
-                    res = gen.result()
-                    yield convert.chunk_to_proto(chunk, res.usage, res.stats, time.perf_counter() - t0)
-        except Exception as e:
-            gen.close()
-            abort_stream(grpc_context, e)
+            abort_stream(grpc_context, unwrap(e))
 
-    def GetTenantStats(self, request: pb.GetTenantStatsRequest, grpc_context=None) -> pb.GetTenantStatsResponse:
+    async def GetTenantStats(self, request: pb.GetTenantStatsRequest, grpc_context=None) -> pb.GetTenantStatsResponse:
         """Tenant statistics (issue 4); until tenants exist: PERMISSION_DENIED with a clear message."""
         return abort_with(
             grpc_context, PermissionDeniedError("tenant statistics need a tenants file; none is configured"),
             pb.GetTenantStatsResponse,
         )
+
+    async def Debug(self) -> dict:
+        """Router counters (for tests): resumes after draft replica deaths."""
+        return {"resumes": self.resumes, "ready": self._ready}

@@ -7,7 +7,8 @@ all ranks, returning rank 0's answer. It holds no model itself.
 
 Interface (serialized protos in and out, never pickled core objects; the method names match
 ``specdec.v1.Verifier``): ``Verify(CandidateBlock bytes) -> VerificationResult bytes`` and
-``CloseSession(CloseSessionRequest bytes) -> CloseSessionResponse bytes``. Called through a
+``CloseSession(CloseSessionRequest bytes) -> CloseSessionResponse bytes``; plus ``Ready()`` and
+``Sessions()`` (session ids held; for tests and debugging). Called through a
 Serve handle with ``.options(session_id=...)`` so ConsistentHashRouter keeps a session on one
 replica.
 """
@@ -45,13 +46,14 @@ class Target:
     def __init__(self, cfg: AppConfig):
         import ray
 
+        from deployments.draft import torch_threads
         from deployments.tp_worker import start_tp_workers
 
         self.cfg = cfg
         pg = ray.util.get_current_placement_group()
         self.workers, infos = start_tp_workers(
             resolve_folder(cfg.target_model), cfg.target_tp, pg, first_bundle=1,
-            num_gpus=cfg.target_gpus_per_worker,
+            num_gpus=cfg.target_gpus_per_worker, threads=torch_threads(cfg.cpu_threads, share=cfg.target_tp),
         )
         log.info("target TP workers ready: %s", infos)
 
@@ -68,6 +70,14 @@ class Target:
         sid = xpb.CloseSessionRequest.FromString(request).session_id
         existed = await self._all("close_session", sid)
         return xpb.CloseSessionResponse(existed=bool(existed)).SerializeToString()
+
+    async def Ready(self) -> bool:
+        """True: the replica exists only once all TP ranks loaded their shards."""
+        return True
+
+    async def Sessions(self) -> list[str]:
+        """Ids of the sessions held by this replica (rank 0's table; all ranks hold the same)."""
+        return await self.workers[0].session_ids.remote()
 
     async def check_health(self) -> None:
         """Serve health check: fails the replica when a TP worker died."""

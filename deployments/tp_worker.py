@@ -89,8 +89,11 @@ class TPWorker:
             host = "127.0.0.1"
         return host, free_port()
 
-    def setup(self, model_path: str, master_addr: str, master_port: int, dtype: str = "float32") -> dict:
+    def setup(self, model_path: str, master_addr: str, master_port: int, dtype: str = "float32",
+              threads: int = 0) -> dict:
         """Join the process group (when n > 1) and load this rank's shard. Call on all ranks at once.
+
+        ``threads`` > 0 sets torch's CPU threads (Ray gives a ``num_cpus=0`` actor one thread).
 
         Returns:
             facts for logs and tests: rank, backend, load seconds, local q_proj shape.
@@ -102,6 +105,8 @@ class TPWorker:
         from deployments.target_sessions import TargetSessionTable
 
         t0 = time.perf_counter()
+        if threads > 0:
+            torch.set_num_threads(threads)
         backend = None
         if self.world_size > 1:
             # transformers binds the accelerator from LOCAL_RANK; Ray shows each actor only its
@@ -162,6 +167,10 @@ class TPWorker:
     def num_sessions(self) -> int:
         return len(self.table)
 
+    def session_ids(self) -> list[str]:
+        """Ids of the sessions whose cache shards this rank holds."""
+        return sorted(self.table.sessions)
+
     def shutdown(self) -> None:
         """Free all sessions and leave the process group."""
         import torch.distributed as dist
@@ -179,6 +188,7 @@ def start_tp_workers(
     first_bundle: int = 1,
     num_gpus: float = 0,
     dtype: str = "float32",
+    threads: int = 0,
 ) -> tuple[list, list[dict]]:
     """Start ``tp_size`` TPWorker actors, one per bundle from ``first_bundle``, and set them up.
 
@@ -188,6 +198,7 @@ def start_tp_workers(
             ``ray.util.get_current_placement_group()``); None schedules them freely.
         first_bundle: bundle index of rank 0 (bundle 0 holds the replica itself).
         num_gpus: GPUs per worker (0 on CPU).
+        threads: torch CPU threads per worker (0 leaves Ray's default).
 
     Returns:
         ``(actors, setup_infos)``, rank order.
@@ -205,7 +216,7 @@ def start_tp_workers(
             )
         workers.append(actor_cls.options(**opts).remote(rank, tp_size))
     addr, port = ray.get(workers[0].address.remote())
-    infos = ray.get([w.setup.remote(model_path, addr, port, dtype) for w in workers])
+    infos = ray.get([w.setup.remote(model_path, addr, port, dtype, threads) for w in workers])
     return workers, infos
 
 

@@ -1,17 +1,21 @@
-"""End to end through Ray Serve's gRPC proxy: a real request reaches the router and comes back.
+"""End to end through Ray Serve's gRPC proxy on tiny models, target TP=2 on CPU (gloo).
 
-One Ray + Serve per module (2 CPUs): Router (in-process engine on tiny models) and Target
-(TP=2 workers over gloo in its STRICT_PACK placement group).
+One Ray + Serve + application per module (2 CPUs): Router (ingress) -> Draft (decoding loop and
+draft model) -> Target (2 TP workers in its STRICT_PACK placement group). Every request goes
+through the real gRPC port; the error codes come from real bad requests.
 """
 
 from __future__ import annotations
 
 import socket
+import threading
+import time
 
 import grpc
 import pytest
 
 from deployments import convert
+from deployments.client import SpecDecClient, SpecDecError as ClientError
 from deployments.config import HEALTH_SERVICER, SPECDEC_SERVICER, AppConfig
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
@@ -19,11 +23,13 @@ from protos.specdec.v1 import specdec_pb2_grpc as pb_grpc
 from specdec.request import SamplingParams
 from specdec.testing.tiny import build_tiny_model
 from specdec.types import DraftBlock
+from tests.conftest import load_tiny, target_greedy
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.serve
 
 APP = "specdec"
+MD = (("application", APP),)
 
 
 def _free_port() -> int:
@@ -35,27 +41,62 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("serve")
-    return str(build_tiny_model(root / "target", seed=0)), str(build_tiny_model(root / "draft", seed=1))
+    target = build_tiny_model(root / "target", seed=0)
+    draft = build_tiny_model(root / "draft", seed=1, base=load_tiny(target).model, noise=0.03)
+    return str(target), str(draft)
+
+
+@pytest.fixture(scope="module")
+def target_alone(models):
+    return load_tiny(models[0])
+
+
+def _wait_running(serve, app: str, timeout_s: float = 120) -> None:
+    from ray.serve.schema import ApplicationStatus
+
+    end = time.time() + timeout_s
+    while time.time() < end:
+        status = serve.status().applications.get(app)
+        if status is not None and status.status == ApplicationStatus.RUNNING:
+            return
+        if status is not None and status.status == ApplicationStatus.DEPLOY_FAILED:
+            raise RuntimeError(f"deploy failed: {status.message}")
+        time.sleep(0.2)
+    raise TimeoutError(f"application {app} not RUNNING after {timeout_s} s")
 
 
 @pytest.fixture(scope="module")
 def served(models):
+    """(cfg, channel, observed_while_loading): the app deployed without blocking, then ready."""
     from ray import serve
+    from ray.serve.api import _run
     from ray.serve.config import HTTPOptions, gRPCOptions
 
     from deployments.app import build_app
 
     target, draft = models
-    cfg = AppConfig(target_model=target, draft_model=draft, target_tp=2, grpc_port=_free_port(), http_port=_free_port())
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    cfg = AppConfig(target_model=target, draft_model=draft, target_tp=2, grpc_port=_free_port(),
+                    http_port=_free_port(), cpu_threads=1, ready_timeout_s=1.0)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(
             http_options=HTTPOptions(port=cfg.http_port),
             grpc_options=gRPCOptions(port=cfg.grpc_port, grpc_servicer_functions=[SPECDEC_SERVICER, HEALTH_SERVICER]),
         )
-        serve.run(build_app(cfg), name=APP, route_prefix=f"/{APP}")
+        _run(build_app(cfg), _blocking=False, name=APP, route_prefix=f"/{APP}")
         channel = grpc.insecure_channel(f"localhost:{cfg.grpc_port}")
-        yield cfg, channel
+        stub = pb_grpc.SpecDecStub(channel)
+        observed: list[tuple[grpc.StatusCode, str]] = []
+        end = time.time() + 120
+        while time.time() < end:  # ask while the models load: our UNAVAILABLE, not INTERNAL
+            try:
+                stub.Generate(pb.GenerateRequest(prompt="x", max_tokens=1), metadata=MD, timeout=10)
+                break
+            except grpc.RpcError as e:
+                observed.append((e.code(), e.details() or ""))
+                time.sleep(0.3)
+        _wait_running(serve, APP)
+        yield cfg, channel, observed
         channel.close()
     finally:
         try:
@@ -64,39 +105,96 @@ def served(models):
             ray.shutdown()
 
 
-MD = (("application", APP),)
+def _client(served) -> SpecDecClient:
+    cfg, _, _ = served
+    return SpecDecClient(f"localhost:{cfg.grpc_port}", application=APP)
 
 
-def _expected(models, req: pb.GenerateRequest):
-    from specdec.engine import SpeculativeEngine
-    from specdec.models.loader import load_model
-    from specdec.models.spec import parse_model_spec
+def _handle(name: str):
+    from ray import serve
 
-    target, draft = models
-    engine = SpeculativeEngine(load_model(parse_model_spec(target)), load_model(parse_model_spec(draft)))
-    return engine.generate(convert.request_from_proto(req))
+    return serve.get_deployment_handle(name, app_name=APP)
 
 
-def test_generate_round_trip_equals_in_process(models, served):
-    _, channel = served
-    req = pb.GenerateRequest(prompt="def add(a, b):", max_tokens=12)
-    resp = pb_grpc.SpecDecStub(channel).Generate(req, metadata=MD, timeout=60)
-    expected = _expected(models, req)
-    assert list(resp.token_ids) == expected.token_ids and resp.text == expected.text
-    assert resp.usage.completion_tokens == len(resp.token_ids) > 0
-    assert resp.finish_reason != pb.FINISH_REASON_UNSPECIFIED and resp.stats.steps > 0
+def _sessions() -> tuple[list[str], list[str]]:
+    return _handle("Draft").Sessions.remote().result(timeout_s=30), _handle("Target").Sessions.remote().result(timeout_s=30)
+
+
+def _wait_no_sessions(timeout_s: float = 20) -> tuple[list[str], list[str]]:
+    end = time.time() + timeout_s
+    while True:
+        d, t = _sessions()
+        if (not d and not t) or time.time() > end:
+            return d, t
+        time.sleep(0.1)
+
+
+# --- readiness -------------------------------------------------------------------------------
+
+
+def test_unavailable_while_the_models_load(served):
+    _, _, observed = served
+    codes = {code for code, _ in observed}
+    assert grpc.StatusCode.INTERNAL not in codes, observed
+    # Our own UNAVAILABLE (the router is up, the TP target still loads): the exact message.
+    ours = [d for code, d in observed if code == grpc.StatusCode.UNAVAILABLE and "still loading" in d]
+    assert ours, f"no UNAVAILABLE 'still loading' seen while deploying: {observed}"
+
+
+# --- exactness ---------------------------------------------------------------------------------
+
+
+PROMPTS = ["def add(a, b):", "class Point:\n    def __init__(self", "for i in range(10):"]
+
+
+@pytest.mark.parametrize("proposer", ["draft", "ngram", "none"])
+def test_greedy_tp2_served_equals_target_alone(served, target_alone, proposer):
+    client = _client(served)
+    for prompt in PROMPTS:
+        res = client.generate(prompt=prompt, max_tokens=24, proposer=proposer, k=4)
+        ids = target_alone.tokenizer.encode(prompt)
+        ref = target_greedy(target_alone, ids, 24)
+        assert res.token_ids == ref[: len(res.token_ids)], prompt
+        assert len(res.token_ids) == 24 or res.finish_reason.value == "eos"
+        assert res.stats.steps > 0
+        if proposer == "draft":
+            assert res.stats.proposed > 0
+    client.close()
+
+
+def test_wire_stats_bytes_and_round_trip(served):
+    cfg, channel, _ = served
+    resp = pb_grpc.SpecDecStub(channel).Generate(
+        pb.GenerateRequest(prompt="def add(a, b):", max_tokens=16, ignore_eos=True,
+                           sampling=pb.SamplingParams(temperature=0.8, seed=3)),
+        metadata=MD, timeout=60,
+    )
+    s = resp.stats
+    # sampled draft blocks carry q (K x M ids + float32 probs): far below a 600 KB dense q
+    assert 0 < s.wire_bytes_per_step < 8000, s
+    assert s.round_trip_s >= s.target_compute_s > 0
 
 
 def test_stream_concatenates_to_unary(served):
-    _, channel = served
+    _, channel, _ = served
     stub = pb_grpc.SpecDecStub(channel)
-    req = pb.GenerateRequest(prompt="for i in range(10):", max_tokens=10)
-    unary = stub.Generate(req, metadata=MD, timeout=60)
-    chunks = list(stub.GenerateStream(req, metadata=MD, timeout=60))
-    assert chunks[-1].finish_reason != pb.FINISH_REASON_UNSPECIFIED
-    assert all(c.finish_reason == pb.FINISH_REASON_UNSPECIFIED for c in chunks[:-1])
-    joined = convert.join_chunks(chunks)
-    assert (joined.text, list(joined.token_ids), joined.finish_reason) == (unary.text, list(unary.token_ids), unary.finish_reason)
+    for req in [
+        pb.GenerateRequest(prompt="for i in range(10):", max_tokens=20),
+        pb.GenerateRequest(prompt="def add(a, b):", max_tokens=30, stop=["b"], ignore_eos=True,
+                           sampling=pb.SamplingParams(temperature=1.0, top_k=20, seed=11), logprobs=True),
+    ]:
+        unary = stub.Generate(req, metadata=MD, timeout=60)
+        chunks = list(stub.GenerateStream(req, metadata=MD, timeout=60))
+        assert chunks[-1].finish_reason != pb.FINISH_REASON_UNSPECIFIED
+        assert all(c.finish_reason == pb.FINISH_REASON_UNSPECIFIED for c in chunks[:-1])
+        joined = convert.join_chunks(chunks)
+        assert (joined.text, list(joined.token_ids), joined.finish_reason) == (
+            unary.text, list(unary.token_ids), unary.finish_reason)
+        assert list(joined.logprobs) == pytest.approx(list(unary.logprobs))
+        assert joined.usage == unary.usage
+
+
+# --- errors --------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -105,11 +203,16 @@ def test_stream_concatenates_to_unary(served):
         (pb.GenerateRequest(prompt=""), "prompt is empty"),
         (pb.GenerateRequest(prompt="x", max_tokens=0), "max_tokens"),
         (pb.GenerateRequest(prompt="x", speculation=pb.SpeculationHints(max_k=99)), "speculation.k"),
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(temperature=1.0, top_p=1.5)), "top_p"),
+        (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5] * 300)), "prompt is 300 tokens"),
+        (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1, 99999])), "outside the vocabulary"),
+        (pb.GenerateRequest(), "exactly one of"),
     ],
+    ids=["empty", "max_tokens", "k", "top_p", "over-long", "bad-id", "no-input"],
 )
 @pytest.mark.parametrize("streaming", [False, True])
-def test_bad_request_is_invalid_argument_not_internal(served, req, fragment, streaming):
-    _, channel = served
+def test_bad_request_is_invalid_argument(served, req, fragment, streaming):
+    _, channel, _ = served
     stub = pb_grpc.SpecDecStub(channel)
     with pytest.raises(grpc.RpcError) as info:
         if streaming:
@@ -120,17 +223,94 @@ def test_bad_request_is_invalid_argument_not_internal(served, req, fragment, str
     assert fragment in info.value.details()
 
 
+LONG = dict(prompt="def add(a, b):", max_tokens=220, ignore_eos=True,
+            speculation=pb.SpeculationHints(proposer=pb.PROPOSER_NONE))
+
+
+@pytest.mark.parametrize("where", ["server", "client"])
+def test_deadline_exceeded_and_caches_freed(served, where):
+    _, channel, _ = served
+    stub = pb_grpc.SpecDecStub(channel)
+    if where == "server":  # the server's own deadline check (metadata set by the client library)
+        kwargs = dict(metadata=MD + (("specdec-timeout-s", "0.3"),), timeout=60)
+    else:  # gRPC's deadline: the call is cancelled under the server
+        kwargs = dict(metadata=MD, timeout=0.5)
+    t0 = time.time()
+    with pytest.raises(grpc.RpcError) as info:
+        list(stub.GenerateStream(pb.GenerateRequest(**LONG), **kwargs))
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, info.value.details()
+    assert time.time() - t0 < 10
+    assert _wait_no_sessions() == ([], [])
+
+
+def test_client_library_maps_deadline(served):
+    client = _client(served)
+    with pytest.raises(ClientError) as info:
+        client.generate(prompt="def add(a, b):", max_tokens=220, ignore_eos=True, proposer="none", timeout=0.3)
+    assert info.value.code == "DEADLINE_EXCEEDED"
+    client.close()
+
+
+def test_cancelled_stream_stops_and_frees_both_caches(served):
+    _, channel, _ = served
+    call = pb_grpc.SpecDecStub(channel).GenerateStream(pb.GenerateRequest(**LONG), metadata=MD, timeout=60)
+    first = next(call)
+    assert first.token_ids
+    draft_sessions, target_sessions = _sessions()
+    assert len(draft_sessions) == 1 and draft_sessions == target_sessions  # held while streaming
+    call.cancel()
+    with pytest.raises(grpc.RpcError) as info:
+        list(call)
+    assert info.value.code() == grpc.StatusCode.CANCELLED
+    assert _wait_no_sessions() == ([], [])
+
+
 def test_tenant_stats_is_permission_denied_without_tenants(served):
-    _, channel = served
+    _, channel, _ = served
     with pytest.raises(grpc.RpcError) as info:
         pb_grpc.SpecDecStub(channel).GetTenantStats(pb.GetTenantStatsRequest(), metadata=MD, timeout=30)
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
+# --- draft replica death -----------------------------------------------------------------------
+
+
+def _draft_replica():
+    actors = [a for a in ray.util.list_named_actors(all_namespaces=True) if "#Draft#" in a["name"]]
+    assert len(actors) == 1, actors
+    return actors[0]["name"], ray.get_actor(actors[0]["name"], namespace=actors[0]["namespace"])
+
+
+@pytest.mark.parametrize("sampling", [None, pb.SamplingParams(temperature=0.9, top_k=50, seed=1234)], ids=["greedy", "seeded"])
+def test_killed_draft_replica_does_not_fail_its_stream(served, sampling):
+    _, channel, _ = served
+    stub = pb_grpc.SpecDecStub(channel)
+    req = pb.GenerateRequest(prompt="def add(a, b):", max_tokens=200, ignore_eos=True,
+                             speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=1))
+    if sampling is not None:
+        req.sampling.CopyFrom(sampling)
+    expected = stub.Generate(req, metadata=MD, timeout=120)  # uninterrupted
+    resumes_before = _handle("Router").Debug.remote().result(timeout_s=30)["resumes"]
+    name, actor = _draft_replica()
+    chunks = []
+    call = stub.GenerateStream(req, metadata=MD + (("session_id", "kill-me"),), timeout=180)
+    chunks.append(next(call))
+    ray.kill(actor, no_restart=True)  # mid-stream: the replica running this generation dies
+    chunks.extend(call)
+    got = convert.join_chunks(chunks)
+    assert (got.text, list(got.token_ids), got.finish_reason) == (expected.text, list(expected.token_ids), expected.finish_reason)
+    assert _handle("Router").Debug.remote().result(timeout_s=30)["resumes"] > resumes_before
+    assert _draft_replica()[0] != name  # Serve replaced the replica
+    assert _wait_no_sessions() == ([], [])
+
+
+# --- plumbing ----------------------------------------------------------------------------------
+
+
 def test_health_check_is_served_by_the_proxy(served):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    _, channel = served
+    _, channel, _ = served
     stub = health_pb2_grpc.HealthStub(channel)
     for service in ("", "specdec.v1.SpecDec"):
         assert stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
@@ -139,21 +319,39 @@ def test_health_check_is_served_by_the_proxy(served):
 def test_reflection_lists_the_service(served):
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-    _, channel = served
+    _, channel, _ = served
     services = ProtoReflectionDescriptorDatabase(channel).get_services()
     assert "specdec.v1.SpecDec" in services
     assert "grpc.health.v1.Health" in services
 
 
 def test_target_deployment_verifies_serialized_blocks(served):
-    from ray import serve
+    import torch
 
-    handle = serve.get_deployment_handle("Target", app_name=APP).options(session_id="s-handle")
+    handle = _handle("Target").options(session_id="s-handle")
     open_msg = convert.session_open_to_proto([1, 5, 9, 33], SamplingParams(), seed=0, logprobs=False)
-    block = convert.draft_block_to_proto(DraftBlock(token_ids=__import__("torch").tensor([7, 7])), "s-handle", 4, open_msg)
+    block = convert.draft_block_to_proto(DraftBlock(token_ids=torch.tensor([7, 7])), "s-handle", 4, open_msg)
     reply = xpb.VerificationResult.FromString(handle.Verify.remote(block.SerializeToString()).result(timeout_s=60))
     assert reply.status == xpb.VERIFY_STATUS_OK and reply.committed_len == 4 + reply.accepted + 1
     closed = xpb.CloseSessionResponse.FromString(
         handle.CloseSession.remote(xpb.CloseSessionRequest(session_id="s-handle").SerializeToString()).result(timeout_s=30)
     )
     assert closed.existed
+
+
+def test_concurrent_streams_are_independent(served, target_alone):
+    client = _client(served)
+    results: dict[str, list[int]] = {}
+
+    def run(prompt):
+        results[prompt] = client.generate(prompt=prompt, max_tokens=16).token_ids
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in PROMPTS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for p in PROMPTS:
+        ref = target_greedy(target_alone, target_alone.tokenizer.encode(p), 16)
+        assert results[p] == ref[: len(results[p])]
+    client.close()

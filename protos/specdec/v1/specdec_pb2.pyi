@@ -108,7 +108,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
-    __slots__ = ("steps", "proposed", "accepted", "rejected_steps", "acceptance_rate", "mean_accepted_length", "accepted_per_position", "proposed_per_position", "k_counts", "draft_time_s", "verify_time_s")
+    __slots__ = ("steps", "proposed", "accepted", "rejected_steps", "acceptance_rate", "mean_accepted_length", "accepted_per_position", "proposed_per_position", "k_counts", "draft_time_s", "verify_time_s", "wire_bytes_per_step", "round_trip_s", "target_compute_s")
     class KCountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +127,9 @@ class SpeculationStats(_message.Message):
     K_COUNTS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TIME_S_FIELD_NUMBER: _ClassVar[int]
     VERIFY_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    WIRE_BYTES_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    ROUND_TRIP_S_FIELD_NUMBER: _ClassVar[int]
+    TARGET_COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
     steps: int
     proposed: int
     accepted: int
@@ -138,7 +141,10 @@ class SpeculationStats(_message.Message):
     k_counts: _containers.ScalarMap[int, int]
     draft_time_s: float
     verify_time_s: float
-    def __init__(self, steps: _Optional[int] = ..., proposed: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected_steps: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., proposed_per_position: _Optional[_Iterable[int]] = ..., k_counts: _Optional[_Mapping[int, int]] = ..., draft_time_s: _Optional[float] = ..., verify_time_s: _Optional[float] = ...) -> None: ...
+    wire_bytes_per_step: float
+    round_trip_s: float
+    target_compute_s: float
+    def __init__(self, steps: _Optional[int] = ..., proposed: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected_steps: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., proposed_per_position: _Optional[_Iterable[int]] = ..., k_counts: _Optional[_Mapping[int, int]] = ..., draft_time_s: _Optional[float] = ..., verify_time_s: _Optional[float] = ..., wire_bytes_per_step: _Optional[float] = ..., round_trip_s: _Optional[float] = ..., target_compute_s: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "logprobs", "finish_reason", "usage", "stats", "elapsed_s")

@@ -1,0 +1,247 @@
+"""A small Python client of the SpecDec gRPC service.
+
+    from deployments.client import SpecDecClient
+    with SpecDecClient("localhost:9000") as c:
+        r = c.generate(messages=[{"role": "user", "content": "Write a prime check in Python."}], max_tokens=64)
+        print(r.text, r.stats.acceptance_rate)
+        for piece in c.stream(prompt="def add(a, b):", max_tokens=32):
+            print(piece.text, end="")
+
+Results are the core's types (:class:`specdec.types.GenerationResult` /
+:class:`~specdec.types.GenerationChunk`), so code written against the in-process engine reads a
+served result the same way; the served-only wire numbers (bytes per step, round trip) are in
+``result.wire``. gRPC errors become :class:`SpecDecError` subclasses named after the status code
+(``InvalidArgument``, ``Unauthenticated``, ``ResourceExhausted``, ``DeadlineExceeded``,
+``Cancelled``, ``Unavailable``, ...) carrying ``code`` and the server's ``details``. A ``timeout``
+is sent both as the gRPC deadline and as ``specdec-timeout-s`` metadata, so the server stops the
+generation at the deadline too (Serve's proxy does not pass the gRPC deadline on).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import grpc
+
+from deployments import convert
+from protos.specdec.v1 import specdec_pb2 as pb
+from protos.specdec.v1 import specdec_pb2_grpc as pb_grpc
+from specdec.types import GenerationChunk, GenerationResult
+
+#: Metadata key of the deadline (mirrors deployments.router.TIMEOUT_KEY; no Ray import here).
+TIMEOUT_KEY = "specdec-timeout-s"
+
+
+class SpecDecError(Exception):
+    """A failed call. Attributes: ``code`` (status code name, e.g. ``"INVALID_ARGUMENT"``), ``details``."""
+
+    def __init__(self, code: str, details: str, retry_after_s: float | None = None):
+        self.code = code
+        self.details = details
+        self.retry_after_s = retry_after_s
+        super().__init__(f"{code}: {details}")
+
+
+class InvalidArgument(SpecDecError): ...
+class Unauthenticated(SpecDecError): ...
+class PermissionDenied(SpecDecError): ...
+class ResourceExhausted(SpecDecError): ...
+class DeadlineExceeded(SpecDecError): ...
+class Cancelled(SpecDecError): ...
+class Unavailable(SpecDecError): ...
+class NotFound(SpecDecError): ...
+
+
+_BY_CODE = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.CANCELLED: Cancelled,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+}
+
+
+def map_error(e: grpc.RpcError) -> SpecDecError:
+    """A grpc.RpcError as the matching :class:`SpecDecError` subclass."""
+    code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+    retry = None
+    for k, v in (e.trailing_metadata() or ()) if hasattr(e, "trailing_metadata") else ():
+        if k == "retry-after-s":
+            try:
+                retry = float(v)
+            except ValueError:
+                pass
+    cls = _BY_CODE.get(code, SpecDecError)
+    details = (e.details() if hasattr(e, "details") else None) or str(e)
+    return cls(code.name if code is not None else "UNKNOWN", details, retry)
+
+
+@dataclass
+class WireStats:
+    """Served-only numbers of one generation (0 when unknown)."""
+
+    bytes_per_step: float = 0.0
+    round_trip_s: float = 0.0
+    target_compute_s: float = 0.0
+
+
+@dataclass
+class ServedResult:
+    """A served generation: the core result plus the wire numbers and the client's wall time."""
+
+    result: GenerationResult
+    wire: WireStats = field(default_factory=WireStats)
+    wall_s: float = 0.0
+
+    def __getattr__(self, name):  # reads like a GenerationResult
+        return getattr(self.result, name)
+
+
+def build_request(
+    prompt: str | None = None,
+    *,
+    messages: Sequence[dict] | None = None,
+    prompt_token_ids: Sequence[int] | None = None,
+    max_tokens: int | None = None,
+    temperature: float = 0.0,
+    top_p: float | None = None,
+    top_k: int = 0,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+    stop_token_ids: Sequence[int] = (),
+    ignore_eos: bool = False,
+    logprobs: bool = False,
+    proposer: str | None = None,
+    k: int | None = None,
+) -> pb.GenerateRequest:
+    """A GenerateRequest proto from keyword arguments (unset ones are left to the server)."""
+    msg = pb.GenerateRequest(stop=list(stop), stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos,
+                             logprobs=logprobs)
+    if prompt is not None:
+        msg.prompt = prompt
+    elif messages is not None:
+        msg.messages.CopyFrom(pb.ChatMessages(messages=[pb.ChatMessage(role=m["role"], content=m["content"]) for m in messages]))
+    elif prompt_token_ids is not None:
+        msg.prompt_token_ids.CopyFrom(pb.TokenIds(ids=list(prompt_token_ids)))
+    if max_tokens is not None:
+        msg.max_tokens = max_tokens
+    sampling = pb.SamplingParams(temperature=temperature, top_k=top_k)
+    if top_p is not None:
+        sampling.top_p = top_p
+    if seed is not None:
+        sampling.seed = seed
+    msg.sampling.CopyFrom(sampling)
+    if proposer is not None or k is not None:
+        hints = pb.SpeculationHints()
+        if proposer is not None:
+            hints.proposer = convert.PROPOSER_TO_PROTO[proposer]
+        if k is not None:
+            hints.max_k = k
+        msg.speculation.CopyFrom(hints)
+    return msg
+
+
+class SpecDecClient:
+    """Client of one SpecDec server.
+
+    Args:
+        address: ``host:port`` of the gRPC endpoint (Serve's gRPC proxy, default port 9000).
+        application: the Serve application name (gRPC ``application`` metadata).
+        api_key: tenant API key, sent as ``authorization: Bearer <key>`` (tenants: issue 4).
+        session_id: default session id (sticky routing) for every call; None: one per call.
+    """
+
+    def __init__(self, address: str, application: str = "specdec", api_key: str | None = None,
+                 session_id: str | None = None, channel: grpc.Channel | None = None):
+        self.address = address
+        self.application = application
+        self.api_key = api_key
+        self.session_id = session_id
+        self._channel = channel or grpc.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)])
+        self._stub = pb_grpc.SpecDecStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "SpecDecClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def metadata(self, timeout: float | None = None, session_id: str | None = None) -> list[tuple[str, str]]:
+        md = [("application", self.application)]
+        if self.api_key:
+            md.append(("authorization", f"Bearer {self.api_key}"))
+        sid = session_id or self.session_id
+        if sid:
+            md.append(("session_id", sid))
+        if timeout is not None:
+            md.append((TIMEOUT_KEY, f"{timeout:.3f}"))
+        return md
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Block until the gRPC channel connects (not whether the models are loaded)."""
+        grpc.channel_ready_future(self._channel).result(timeout=timeout)
+
+    def generate_proto(self, request: pb.GenerateRequest, timeout: float | None = None,
+                       session_id: str | None = None) -> pb.GenerateResponse:
+        try:
+            return self._stub.Generate(request, metadata=self.metadata(timeout, session_id), timeout=timeout)
+        except grpc.RpcError as e:
+            raise map_error(e) from None
+
+    def generate(self, prompt: str | None = None, *, timeout: float | None = None, session_id: str | None = None,
+                 **kwargs) -> ServedResult:
+        """One completion (unary). Keyword arguments as :func:`build_request`.
+
+        Raises:
+            SpecDecError: a subclass per status code.
+        """
+        import time
+
+        t0 = time.perf_counter()
+        resp = self.generate_proto(build_request(prompt, **kwargs), timeout, session_id)
+        return ServedResult(
+            convert.result_from_proto(resp, want_logprobs=kwargs.get("logprobs", False)),
+            WireStats(resp.stats.wire_bytes_per_step, resp.stats.round_trip_s, resp.stats.target_compute_s),
+            time.perf_counter() - t0,
+        )
+
+    def stream_proto(self, request: pb.GenerateRequest, timeout: float | None = None,
+                     session_id: str | None = None) -> Iterator[pb.GenerateStreamChunk]:
+        call = self._stub.GenerateStream(request, metadata=self.metadata(timeout, session_id), timeout=timeout)
+        try:
+            yield from call
+        except grpc.RpcError as e:
+            raise map_error(e) from None
+        finally:
+            call.cancel()  # no-op once finished; stops the generation if the caller stopped reading
+
+    def stream(self, prompt: str | None = None, *, timeout: float | None = None, session_id: str | None = None,
+               **kwargs) -> Iterator[GenerationChunk]:
+        """Stream one completion. Closing the iterator early cancels the generation on the server."""
+        for c in self.stream_proto(build_request(prompt, **kwargs), timeout, session_id):
+            fr = convert.FINISH_REASON_FROM_PROTO.get(c.finish_reason)
+            yield GenerationChunk(c.text, list(c.token_ids), list(c.logprobs) if c.logprobs else None, fr)
+
+    def tenant_stats(self, proposer: str | None = None, timeout: float | None = 30.0) -> pb.GetTenantStatsResponse:
+        """The caller's tenant statistics (needs an API key on a server with tenants)."""
+        req = pb.GetTenantStatsRequest()
+        if proposer is not None:
+            req.proposer = convert.PROPOSER_TO_PROTO[proposer]
+        try:
+            return self._stub.GetTenantStats(req, metadata=self.metadata(None), timeout=timeout)
+        except grpc.RpcError as e:
+            raise map_error(e) from None
+
+
+def new_session_id() -> str:
+    """A random session id for multi-turn sticky routing."""
+    return secrets.token_hex(8)

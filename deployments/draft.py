@@ -1,0 +1,376 @@
+"""The Draft deployment: the decoding loop of each generation, and the draft model's KV caches.
+
+Plain class (decorated in :mod:`deployments.app`). A draft replica holds the draft model (on a
+fractional GPU from config, on CPU otherwise) and runs the core :class:`specdec.decoder.Generation`
+loop of every generation routed to it. The target side of the loop is a
+:class:`RemoteTargetSession`: each speculation step serializes one ``CandidateBlock`` proto and
+sends it to the Target deployment through a Serve handle with ``.options(session_id=...)``
+(ConsistentHashRouter keeps the session on one target replica): **one round trip per step**.
+
+Proposers: ``draft`` (the draft model), ``ngram`` (prompt lookup) and ``none`` all run here, in
+the draft replica: one code path owns every loop, the router stays out of the per-token path
+and only relays the chunks this replica streams, and prompt lookup costs nothing to host here.
+
+Rebuilding instead of failing:
+
+- the target replica lost the session (restarted, or the session moved after scaling): it
+  answers SESSION_MISSING / POSITION_MISMATCH and the block is resent with ``open`` built from
+  the full token history;
+- this replica died mid-stream: the router resumes the generation on a (new) draft replica with
+  a ``DraftJob`` carrying what the client already received; the draft cache is rebuilt from the
+  token history. Every step's randomness is seeded from (seed, position), so the resumed
+  generation produces the same output, token for token, also under seeded sampling.
+
+Cancellation and deadlines: a cancelled stream (the client cancelled, or the router's request
+was cancelled) stops between steps, waits for the step in flight, and frees both caches (draft
+here, target with a ``CloseSession``). The job's deadline is checked before each step.
+
+Interface (serialized protos, never pickled core objects):
+``Generate(DraftJob bytes)`` streams ``GenerateStreamChunk`` bytes;
+``Ready()``, ``Sessions()`` (ids of the generations running here; for tests and debugging).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from deployments import convert
+from deployments.config import AppConfig
+from protos.specdec.v1 import exchange_pb2 as xpb
+from protos.specdec.v1 import specdec_pb2 as pb
+from specdec.errors import (
+    DeadlineExceededError,
+    GenerationCancelledError,
+    InvalidRequestError,
+    ModelNotReadyError,
+    PromptTooLongError,
+)
+from specdec.types import DraftBlock, GenerationChunk, VerifyResult
+
+log = logging.getLogger(__name__)
+
+#: Times one block is resent with ``open`` after SESSION_MISSING / POSITION_MISMATCH.
+MAX_REBUILDS_PER_STEP = 2
+#: Seconds one Verify / CloseSession call may take before the step fails.
+VERIFY_TIMEOUT_S = 300.0
+
+#: ``send(method, payload) -> reply``: one call to the target (``Verify`` or ``CloseSession``).
+Send = Callable[[str, bytes], bytes]
+
+
+@dataclass
+class WireStats:
+    """Draft <-> target traffic of one generation."""
+
+    steps: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    round_trip_s: float = 0.0
+    target_time_s: float = 0.0
+    rebuilds: int = 0
+    max_block_bytes: int = 0
+    per_step_bytes: list[int] = field(default_factory=list)
+
+    @property
+    def bytes_per_step(self) -> float:
+        return (self.bytes_sent + self.bytes_received) / self.steps if self.steps else 0.0
+
+    def as_dict(self) -> dict:
+        n = max(self.steps, 1)
+        return {
+            "steps": self.steps,
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "bytes_per_step": self.bytes_per_step,
+            "max_block_bytes": self.max_block_bytes,
+            "round_trip_s_mean": self.round_trip_s / n,
+            "target_time_s_mean": self.target_time_s / n,
+            "transport_s_mean": (self.round_trip_s - self.target_time_s) / n,
+            "rebuilds": self.rebuilds,
+        }
+
+
+class RemoteTargetSession:
+    """A target session on a remote target replica; a :class:`specdec.decoder.TargetLike`.
+
+    Args:
+        session_id: the key of the session in the target's session table (unique per generation).
+        history: the committed sequence so far (the prompt, or prompt + tokens already emitted).
+        sampling: the request's sampling parameters.
+        seed: the target side's seed (``specdec.sampling.derive_seeds(seed)[1]``).
+        logprobs: whether the target returns log-probabilities.
+        send: the transport, ``send("Verify" | "CloseSession", payload) -> reply``.
+        clock: seconds clock (tests inject one).
+    """
+
+    def __init__(self, session_id: str, history, sampling, seed: int, logprobs: bool, send: Send,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.session_id = session_id
+        self._history = [int(t) for t in history]
+        self.sampling = sampling
+        self.seed = seed
+        self.want_logprobs = logprobs
+        self._send = send
+        self._clock = clock
+        self._needs_open = True
+        self.closed = False
+        self.wire = WireStats()
+
+    @property
+    def committed_len(self) -> int:
+        return len(self._history)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self._history
+
+    def _open_msg(self) -> xpb.SessionOpen:
+        return convert.session_open_to_proto(self._history, self.sampling, self.seed, self.want_logprobs)
+
+    def verify(self, block: DraftBlock) -> VerifyResult:
+        """Send one block, get its verification (rebuilding the remote session when asked).
+
+        Raises:
+            GenerationCancelledError: the session was closed (the generation was cancelled).
+            ModelNotReadyError: the target kept refusing the block after rebuilding it.
+        """
+        if self.closed:
+            raise GenerationCancelledError("the generation was cancelled")
+        msg = convert.draft_block_to_proto(
+            block, self.session_id, len(self._history), open=self._open_msg() if self._needs_open else None
+        )
+        for _attempt in range(MAX_REBUILDS_PER_STEP + 1):
+            payload = msg.SerializeToString()
+            t0 = self._clock()
+            raw = self._send("Verify", payload)
+            self.wire.round_trip_s += self._clock() - t0
+            self.wire.bytes_sent += len(payload)
+            self.wire.bytes_received += len(raw)
+            if not msg.HasField("open"):
+                self.wire.max_block_bytes = max(self.wire.max_block_bytes, len(payload))
+            reply = xpb.VerificationResult.FromString(raw)
+            self.wire.target_time_s += reply.target_time_s
+            if reply.status == xpb.VERIFY_STATUS_OK:
+                break
+            if reply.status in (xpb.VERIFY_STATUS_SESSION_MISSING, xpb.VERIFY_STATUS_POSITION_MISMATCH):
+                log.info("target session %s: %s; rebuilding from %d tokens", self.session_id,
+                         xpb.VerifyStatus.Name(reply.status), len(self._history))
+                msg.open.CopyFrom(self._open_msg())
+                self.wire.rebuilds += 1
+                continue
+            raise ModelNotReadyError(f"target replied {xpb.VerifyStatus.Name(reply.status)}")
+        else:
+            raise ModelNotReadyError(f"the target could not rebuild session {self.session_id}")
+        self.wire.steps += 1
+        self.wire.per_step_bytes.append(len(payload) + len(raw))
+        self._needs_open = False
+        result = convert.verify_result_from_proto(reply, self.want_logprobs)
+        self._history.extend(result.token_ids)
+        if result.committed_len != len(self._history):
+            raise ModelNotReadyError(
+                f"target committed {result.committed_len} tokens, the draft side {len(self._history)}"
+            )
+        return result
+
+    def close(self) -> None:
+        """Free the remote session (CloseSession). Idempotent; transport errors are logged only."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._needs_open:  # never opened remotely
+            return
+        try:
+            self._send("CloseSession", xpb.CloseSessionRequest(session_id=self.session_id).SerializeToString())
+        except Exception:  # the target replica may be gone; its table went with it
+            log.warning("CloseSession(%s) failed", self.session_id, exc_info=True)
+
+
+def handle_send(target_handle: Any, routing_key: str, timeout_s: float = VERIFY_TIMEOUT_S) -> Send:
+    """A :data:`Send` over a Serve handle of the Target deployment, sticky on ``routing_key``.
+
+    Blocking: call it from a worker thread, never from the replica's event loop.
+    """
+    handle = target_handle.options(session_id=routing_key)
+
+    def send(method: str, payload: bytes) -> bytes:
+        return getattr(handle, method).remote(payload).result(timeout_s=timeout_s)
+
+    return send
+
+
+def torch_threads(cfg_threads: int, share: int = 1) -> int:
+    """Threads for torch in a model process: ``cfg_threads``, or the node's cores / ``share``."""
+    import os
+
+    if cfg_threads > 0:
+        return cfg_threads
+    return max(1, (os.cpu_count() or 1) // max(1, share))
+
+
+class Draft:
+    """One draft replica: the draft model, and the generations (loops) running on it.
+
+    Args:
+        cfg: the application config.
+        target: a Serve handle of the Target deployment.
+        send_factory: ``(routing_key) -> Send``; tests inject one, default :func:`handle_send`.
+    """
+
+    def __init__(self, cfg: AppConfig, target: Any = None, send_factory: Callable[[str], Send] | None = None):
+        import torch
+
+        from deployments.target_info import TargetInfo
+
+        torch.set_num_threads(torch_threads(cfg.cpu_threads))
+        self.cfg = cfg
+        self.target = target
+        self._send_factory = send_factory or (lambda key: handle_send(self.target, key))
+        self.info = TargetInfo.load(cfg.target_model)
+        self.draft_proposer = None
+        if cfg.draft_model:
+            from specdec.models.loader import load_model
+            from specdec.models.spec import parse_model_spec
+            from specdec.models.vocab import VocabSide, check_vocab_compatible
+            from specdec.proposers.draft_model import DraftModelProposer
+
+            device = "cuda" if (cfg.draft_num_gpus > 0 and torch.cuda.is_available()) else "cpu"
+            draft = load_model(parse_model_spec(cfg.draft_model), device=device)
+            check_vocab_compatible(VocabSide.of(draft), self.info.vocab_side())
+            self.draft_proposer = DraftModelProposer(draft, eos_ids=self.info.eos_token_ids)
+        #: generation id -> its Generation (the sessions whose draft caches live here)
+        self.sessions: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    # --- building one generation -------------------------------------------------------------
+
+    def _start(self, job: xpb.DraftJob):
+        """Open the proposer and remote target sessions of ``job``; returns (Generation, target, skip)."""
+        from specdec.decoder import Generation
+        from specdec.proposers.prompt_lookup import PromptLookupProposer
+        from specdec.sampling import derive_seeds
+        from specdec.stopping import OutputAssembler
+
+        req = convert.request_from_proto(job.request)
+        prompt = list(req.prompt_token_ids or [])
+        if not prompt:
+            raise InvalidRequestError("the draft replica needs a tokenized prompt")
+        info = self.info
+        if len(prompt) >= info.max_positions:
+            raise PromptTooLongError(len(prompt), info.max_positions, f"the target '{info.name}'")
+        resumed = [int(t) for t in job.resume_token_ids]
+        history = prompt + resumed
+        seed = req.sampling.seed if req.sampling.seed is not None else 0
+        draft_seed, target_seed = derive_seeds(seed)
+        spec = req.speculation
+        proposer = None
+        if spec.k > 0 and spec.proposer == "draft":
+            if self.draft_proposer is None:
+                raise InvalidRequestError("proposer 'draft' needs a draft model; none is loaded")
+            proposer = self.draft_proposer.open_session(history, req.sampling, draft_seed)
+        elif spec.k > 0 and spec.proposer == "ngram":
+            ngram = PromptLookupProposer(spec.ngram_min, spec.ngram_max, eos_ids=info.eos_token_ids)
+            proposer = ngram.open_session(history, req.sampling, draft_seed)
+        target = RemoteTargetSession(
+            job.session_id, history, req.sampling, target_seed, req.logprobs, self._send_factory(job.session_id)
+        )
+        assembler = OutputAssembler(
+            info.tokenizer,
+            max_tokens=req.max_tokens,
+            eos_ids=() if req.ignore_eos else info.eos_token_ids,
+            stop_token_ids=req.stop_token_ids,
+            stop=req.stop,
+            logprobs=req.logprobs,
+        )
+        skip = 0
+        if resumed:
+            # Re-feed what the client already has; its text may run ahead of these ids' text
+            # (held-back stop-string prefix), so drop that many more characters later.
+            assembler.add(resumed, [0.0] * len(resumed) if req.logprobs else None)
+            baseline = assembler.take_chunk()
+            skip = max(0, job.resume_text_chars - len(baseline.text if baseline else ""))
+        gen = Generation(
+            target=target, proposer=proposer, assembler=assembler, prompt_len=len(prompt),
+            max_total_len=info.max_positions, k=spec.k if proposer is not None else 0,
+        )
+        return gen, target, skip
+
+    # --- the streaming method ----------------------------------------------------------------
+
+    async def Generate(self, job_bytes: bytes):
+        """Run one generation; stream serialized ``GenerateStreamChunk`` messages.
+
+        The last chunk carries finish reason, usage and stats (with the wire numbers).
+
+        Raises:
+            InvalidRequestError, PromptTooLongError: a bad job (before anything is streamed).
+            DeadlineExceededError: the job's deadline passed.
+            ModelNotReadyError: the target could not be reached or rebuilt.
+        """
+        job = xpb.DraftJob.FromString(job_bytes)
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        gen, target, skip = await loop.run_in_executor(None, self._start, job)
+        sid = job.session_id
+        with self._lock:
+            self.sessions[sid] = gen
+        fut = None
+        try:
+            while True:
+                if job.deadline_unix_s and time.time() > job.deadline_unix_s:
+                    raise DeadlineExceededError("the request's deadline passed during generation")
+                fut = loop.run_in_executor(None, gen.step)
+                chunk = await asyncio.shield(fut)
+                fut = None
+                if chunk is None:
+                    if not gen.finished:
+                        continue
+                    # finished without a chunk left (a resume whose history already ended)
+                    chunk = GenerationChunk("", [], [] if gen.assembler.want_logprobs else None,
+                                            gen.assembler.finish_reason)
+                text = chunk.text
+                if skip:
+                    cut = min(skip, len(text))
+                    text, skip = text[cut:], skip - cut
+                last = chunk.finish_reason is not None
+                msg = pb.GenerateStreamChunk(text=text, token_ids=chunk.token_ids, logprobs=chunk.logprobs or [])
+                if last:
+                    res = gen.result()
+                    msg = convert.chunk_to_proto(chunk, res.usage, res.stats, time.perf_counter() - t0)
+                    msg.text = text
+                    set_wire_stats(msg.stats, target.wire)
+                if msg.text or msg.token_ids or last:
+                    yield msg.SerializeToString()
+                if last:
+                    return
+        finally:
+            if fut is not None and not fut.done():  # cancelled mid-step: let the step end first
+                await asyncio.wait([fut])
+            await loop.run_in_executor(None, gen.close)
+            with self._lock:
+                self.sessions.pop(sid, None)
+
+    # --- readiness and debugging -------------------------------------------------------------
+
+    async def Ready(self) -> bool:
+        """True once this replica's model is loaded and the target deployment answers."""
+        if self.target is not None:
+            await self.target.Ready.remote()
+        return True
+
+    def Sessions(self) -> list[str]:
+        """Ids of the generations running on this replica (their draft caches are held here)."""
+        with self._lock:
+            return sorted(self.sessions)
+
+
+def set_wire_stats(stats: pb.SpeculationStats, wire: WireStats) -> None:
+    """Copy the draft <-> target wire numbers of one generation into its stats proto."""
+    n = max(wire.steps, 1)
+    stats.wire_bytes_per_step = wire.bytes_per_step
+    stats.round_trip_s = wire.round_trip_s / n
+    stats.target_compute_s = wire.target_time_s / n

@@ -1,0 +1,77 @@
+"""What the router and the draft replica need to know of the target without loading its weights.
+
+The router tokenizes prompts (chat template included) and checks them against the target's
+context limit; the draft replica turns emitted ids into text and applies stop conditions. Both
+need the *target's* tokenizer, context limit, EOS ids and emittable vocabulary, read here from the
+model folder's tokenizer and config files (milliseconds, a few MB), never from its weights.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """The target's tokenizer and limits.
+
+    Attributes:
+        name: the model spec text it was read for.
+        tokenizer: the target's tokenizer (chat template included).
+        max_positions: context limit in tokens.
+        vocab_rows: logits width (``config.vocab_size``).
+        eos_token_ids: every id that ends a generation (tokenizer EOS + generation config EOS).
+    """
+
+    name: str
+    tokenizer: PreTrainedTokenizerBase
+    max_positions: int
+    vocab_rows: int
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def emittable_vocab(self) -> int:
+        """Ids below this bound may be proposed or emitted (as :attr:`LoadedModel.emittable_vocab`)."""
+        return min(len(self.tokenizer), self.vocab_rows)
+
+    @classmethod
+    def load(cls, spec_text: str) -> "TargetInfo":
+        """Read the info of model spec ``spec_text`` (a demo role, an HF folder or a GGUF file).
+
+        Raises:
+            ModelLoadError: the model cannot be found or assembled.
+        """
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        from deployments.target import resolve_folder
+
+        folder = resolve_folder(spec_text)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        config = AutoConfig.from_pretrained(folder)
+        eos: list[int] = []
+        if tokenizer.eos_token_id is not None:
+            eos.append(int(tokenizer.eos_token_id))
+        gen_eos = None
+        if os.path.exists(os.path.join(folder, "generation_config.json")):
+            gen_eos = GenerationConfig.from_pretrained(folder).eos_token_id
+        if isinstance(gen_eos, int):
+            gen_eos = [gen_eos]
+        for i in gen_eos or []:
+            if int(i) not in eos:
+                eos.append(int(i))
+        return cls(
+            name=spec_text,
+            tokenizer=tokenizer,
+            max_positions=int(config.max_position_embeddings),
+            vocab_rows=int(config.vocab_size),
+            eos_token_ids=tuple(eos),
+        )
+
+    def vocab_side(self):
+        """The :class:`specdec.models.vocab.VocabSide` of the target (for the pair check)."""
+        from specdec.models.vocab import VocabSide
+
+        return VocabSide(f"target {self.name}", self.tokenizer, self.vocab_rows, self.eos_token_ids)
