@@ -28,7 +28,8 @@ measured conditional α_i, and the i.i.d. α̂ for positions without enough data
   after ``probe_interval_s`` (default 60 s) without a probe once at least
   ``probe_min_requests`` (default 8) requests ran at K = 0 since the last probe, is a probe.
   Intervals count the tenant's own traffic, so an idle or slow tenant is not probed on every
-  request. A probe speculates at ``probe_k`` (default None: the K the cost model would pick
+  request. A key with no observations of its own (the prior alone said K = 0) is probed on its
+  first request at K = 0, so a new tenant measures its own acceptance at once. A probe speculates at ``probe_k`` (default None: the K the cost model would pick
   if the tenant's acceptance were ``probe_alpha`` = 0.9, i.e. the K a tenant whose traffic
   became predictable would get; on a CPU whose verify cost is not monotonic in positions this
   is not K = 1) for its first ``probe_steps`` steps (default 4; None = the whole request),
@@ -343,7 +344,8 @@ class KController:
                 st.zero_requests += 1
                 since = st.zero_since if st.last_probe_at is None else max(st.zero_since, st.last_probe_at)
                 due_by_time = now - since >= self.probe_interval_s and st.zero_requests >= self.probe_min_requests
-                if st.zero_requests >= self.probe_every_requests or due_by_time:
+                never_seen = st.probes == 0 and self.estimator.evidence(key) <= 0
+                if st.zero_requests >= self.probe_every_requests or due_by_time or never_seen:
                     if self.probe_k is not None:
                         k = min(max(self.probe_k, 1), k_max)
                     else:

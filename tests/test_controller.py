@@ -144,12 +144,22 @@ def test_tenants_do_not_share_k_or_counts():
     ctl = KController(clock=FakeClock())
     for _ in range(30):
         run_request(ctl, "A", POLICY, 0.0, rng)
-    k_before = ctl.decide("B", "draft", POLICY).k  # B is new: global prior only
+    d_first = ctl.decide("B", "draft", POLICY)  # B is new: global prior only
     b_ks = [run_request(ctl, "B", POLICY, 0.95, rng).k for _ in range(100)]
     assert ctl.current_k("A", "draft") == 0
     assert b_ks[-10:] == [b_ks[-1]] * 10 and b_ks[-1] >= 4
     assert ctl.estimator.snapshot(("A", "draft")).accepted == 0
-    assert k_before == 0  # the global pool (only A so far) said speculation does not pay
+    # the global pool (only A so far) said speculation does not pay: B's held K starts at 0, and
+    # having no evidence of its own, its first request is a (step-limited) probe
+    assert d_first.best_k == 0 and d_first.probe and d_first.probe_steps == 4
+
+
+def test_new_tenant_with_pessimistic_prior_probes_its_first_request():
+    rng = random.Random(5)
+    ctl = KController(estimator=AcceptanceEstimator(default_alpha=0.0), clock=FakeClock())
+    ds = [run_request(ctl, "N", POLICY, 1.0, rng) for _ in range(3)]
+    assert ds[0].probe and ds[0].reason == "probe"
+    assert ds[1].k > 0 and not ds[1].probe  # its own evidence moved it off K = 0 at once
 
 
 class StubEstimator:
@@ -162,7 +172,7 @@ class StubEstimator:
         return next(self.alphas)
 
     def evidence(self, key):
-        return 0.0
+        return 1.0  # pretend observed: no first-request probe
 
     def position_alphas(self, key, min_reached):
         return []
