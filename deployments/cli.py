@@ -1,0 +1,244 @@
+"""``specdec serve`` and ``specdec client``: argparse here, Ray and gRPC imported in the run functions.
+
+    specdec serve --demo-request                 # local Ray, deploy the demo pair, one real gRPC request, exit
+    specdec serve --keep-running                 # ... and keep serving on :9000 until Ctrl-C
+    specdec serve --config deployments/local-cpu.yaml --tp 2
+    specdec client --address localhost:9000 --message "user:Write a prime check in Python" --stream
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+DEMO_MESSAGE = "Write a Python function that checks whether a number is prime."
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``specdec serve``."""
+    parser.add_argument("--config", help="AppConfig YAML, or a Serve config file such as deployments/local-cpu.yaml "
+                        "(default: the local-cpu preset)")
+    parser.add_argument("--target", help="target model spec (default: the config's, demo:target)")
+    parser.add_argument("--draft", help="draft model spec, or 'none' (default: the config's, demo:draft)")
+    parser.add_argument("--tp", type=int, help="tensor-parallel degree of the target (default: the config's)")
+    parser.add_argument("--grpc-port", type=int, help="gRPC port (default: the config's, 9000)")
+    parser.add_argument("--http-port", type=int, help="HTTP port (default: the config's, 8000)")
+    parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: this machine's)")
+    parser.add_argument("--demo-request", action="store_true",
+                        help="once ready, send one code-writing request over gRPC and print answer and stats")
+    parser.add_argument("--message", default=DEMO_MESSAGE, help="the demo request's user message")
+    parser.add_argument("--max-tokens", type=int, default=128, help="the demo request's max_tokens")
+    parser.add_argument("--keep-running", action="store_true", help="keep serving until Ctrl-C")
+
+
+def add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``specdec client``."""
+    parser.add_argument("prompt", nargs="?", help="prompt text (or use --message)")
+    parser.add_argument("--address", default="localhost:9000", help="gRPC address (host:port)")
+    parser.add_argument("--application", default="specdec", help="Serve application name")
+    parser.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"), help="tenant API key ($SPECDEC_API_KEY)")
+    parser.add_argument("--message", action="append", default=[], metavar="ROLE:TEXT", help="chat message, repeatable")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=[])
+    parser.add_argument("--proposer", choices=["draft", "ngram", "none"], default=None)
+    parser.add_argument("-k", "--k", type=int, default=None, help="largest K per step")
+    parser.add_argument("--session-id", default=None, help="session id (sticky routing)")
+    parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    parser.add_argument("--stream", action="store_true", help="print text as it arrives")
+    parser.add_argument("--json", action="store_true", help="print the whole response as JSON")
+    parser.add_argument("--tenant-stats", action="store_true", help="print the caller's tenant statistics instead")
+
+
+# --- serve -------------------------------------------------------------------------------------
+
+
+def load_config(args):
+    """The AppConfig of ``specdec serve``: preset or ``--config`` file, then the flag overrides."""
+    import yaml
+
+    from deployments.config import PRESETS, AppConfig
+
+    if args.config:
+        with open(args.config) as f:
+            data = yaml.safe_load(f)
+        if isinstance(data, dict) and "applications" in data:  # a Serve config file
+            data = data["applications"][0].get("args", {})
+        cfg = AppConfig.model_validate(data or {})
+    else:
+        cfg = PRESETS["local-cpu.yaml"]
+    over: dict = {}
+    if args.target:
+        over["target_model"] = args.target
+    if args.draft:
+        over["draft_model"] = None if args.draft == "none" else args.draft
+    if args.tp:
+        over["target_tp"] = args.tp
+    if args.grpc_port:
+        over["grpc_port"] = args.grpc_port
+    if args.http_port:
+        over["http_port"] = args.http_port
+    return AppConfig.model_validate({**cfg.model_dump(), **over}) if over else cfg
+
+
+def _log(msg: str) -> None:
+    print(f"[specdec serve] {msg}", file=sys.stderr, flush=True)
+
+
+def demo_request(address: str, application: str, message: str, max_tokens: int, out=sys.stdout) -> dict:
+    """Send one chat request over gRPC (streamed), print the answer and a stats line; return the numbers."""
+    from deployments.client import SpecDecClient, build_request
+
+    with SpecDecClient(address, application=application) as client:
+        print(f">>> {message}\n", file=out, flush=True)
+        t0 = time.perf_counter()
+        first = None
+        tokens = 0
+        last = None
+        request = build_request(messages=[{"role": "user", "content": message}], max_tokens=max_tokens)
+        for chunk in client.stream_proto(request, timeout=600):
+            if first is None and chunk.token_ids:
+                first = time.perf_counter() - t0
+            tokens += len(chunk.token_ids)
+            print(chunk.text, end="", file=out, flush=True)
+            last = chunk
+        wall = time.perf_counter() - t0
+    s = last.stats
+    rate = s.acceptance_rate if s.HasField("acceptance_rate") else None
+    numbers = {
+        "completion_tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        "time_to_first_token_s": first,
+        "acceptance_rate": rate,
+        "mean_accepted_length": s.mean_accepted_length if s.HasField("mean_accepted_length") else None,
+        "steps": s.steps,
+        "wire_bytes_per_step": s.wire_bytes_per_step,
+        "round_trip_ms": s.round_trip_s * 1000,
+        "target_compute_ms": s.target_compute_s * 1000,
+    }
+    print("\n", file=out)
+    print(
+        f"-- {tokens} tokens in {wall:.1f} s = {numbers['tokens_per_s']:.2f} tokens/s over gRPC | "
+        f"acceptance rate {rate if rate is None else f'{rate:.2f}'} | "
+        f"{numbers['mean_accepted_length'] or 0:.2f} tokens/step over {s.steps} steps | "
+        f"{s.wire_bytes_per_step:.0f} B/step on the draft<->target wire, round trip {numbers['round_trip_ms']:.0f} ms "
+        f"(target compute {numbers['target_compute_ms']:.0f} ms)",
+        file=out, flush=True,
+    )
+    return numbers
+
+
+def run_serve(args) -> int:
+    """Start a local Ray, deploy, wait until ready; optionally send the demo request; shut down."""
+    import ray
+    from ray import serve
+    from ray.serve.config import HTTPOptions, gRPCOptions
+
+    from deployments.app import build_app
+    from deployments.config import HEALTH_SERVICER, SPECDEC_SERVICER
+
+    cfg = load_config(args)
+    num_cpus = args.num_cpus or os.cpu_count() or 2
+    _log(f"target {cfg.target_model} (TP={cfg.target_tp}), draft {cfg.draft_model}; local Ray with {num_cpus} CPUs")
+    if cfg.target_model.startswith("demo") or (cfg.draft_model or "").startswith("demo"):
+        from specdec.models.demo import ensure_demo_folder
+
+        t0 = time.perf_counter()
+        for role in ("target", "draft"):
+            ensure_demo_folder(role)  # assembled once per cache (minutes the first time)
+        _log(f"demo pair ready in the model cache ({time.perf_counter() - t0:.1f} s)")
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    try:
+        serve.start(
+            http_options=HTTPOptions(host="0.0.0.0", port=cfg.http_port),
+            grpc_options=gRPCOptions(port=cfg.grpc_port, grpc_servicer_functions=[SPECDEC_SERVICER, HEALTH_SERVICER],
+                                     request_timeout_s=cfg.request_timeout_s),
+        )
+        t0 = time.perf_counter()
+        _log("deploying Router, Draft, Target (loading the models) ...")
+        serve.run(build_app(cfg), name=cfg.app_name, route_prefix=f"/{cfg.app_name}")
+        address = f"localhost:{cfg.grpc_port}"
+        _log(f"ready in {time.perf_counter() - t0:.1f} s: gRPC {address}, application '{cfg.app_name}'")
+        if args.demo_request:
+            demo_request(address, cfg.app_name, args.message, args.max_tokens)
+        if args.keep_running:
+            _log("serving; Ctrl-C to stop")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+        return 0
+    finally:
+        _log("shutting down")
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+# --- client ------------------------------------------------------------------------------------
+
+
+def run_client(args) -> int:
+    """Call a running server; print the answer (or JSON), errors as ``CODE: details`` (exit 1)."""
+    from google.protobuf import json_format
+
+    from deployments.client import SpecDecClient, SpecDecError, build_request
+
+    with SpecDecClient(args.address, application=args.application, api_key=args.api_key,
+                       session_id=args.session_id) as client:
+        try:
+            if args.tenant_stats:
+                print(json_format.MessageToJson(client.tenant_stats(args.proposer)))
+                return 0
+            kwargs: dict = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, seed=args.seed, stop=args.stop, proposer=args.proposer, k=args.k)
+            if args.message:
+                msgs = []
+                for m in args.message:
+                    role, sep, text = m.partition(":")
+                    if not sep:
+                        print(f"--message must be ROLE:TEXT, got {m!r}", file=sys.stderr)
+                        return 2
+                    msgs.append({"role": role, "content": text})
+                request = build_request(messages=msgs, **kwargs)
+            elif args.prompt:
+                request = build_request(args.prompt, **kwargs)
+            else:
+                print("specdec client: give a prompt or --message", file=sys.stderr)
+                return 2
+            t0 = time.perf_counter()
+            if args.stream and not args.json:
+                last = None
+                n = 0
+                for chunk in client.stream_proto(request, timeout=args.timeout):
+                    print(chunk.text, end="", flush=True)
+                    n += len(chunk.token_ids)
+                    last = chunk
+                print()
+                stats = last.stats
+            else:
+                resp = client.generate_proto(request, timeout=args.timeout)
+                if args.json:
+                    print(json_format.MessageToJson(resp))
+                    return 0
+                print(resp.text)
+                n, stats = len(resp.token_ids), resp.stats
+            wall = time.perf_counter() - t0
+            rate = f"{stats.acceptance_rate:.2f}" if stats.HasField("acceptance_rate") else "n/a"
+            print(f"\n-- {n} tokens in {wall:.2f} s ({n / wall:.2f} tokens/s), acceptance rate {rate}, "
+                  f"{stats.wire_bytes_per_step:.0f} B/step, round trip {stats.round_trip_s * 1000:.0f} ms",
+                  file=sys.stderr)
+            return 0
+        except SpecDecError as e:
+            print(f"specdec client: {e}", file=sys.stderr)
+            return 1
+
