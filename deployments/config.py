@@ -153,7 +153,9 @@ def to_serve_config(cfg: AppConfig) -> dict[str, Any]:
 
 #: The configurations committed as YAML files (file name -> config).
 PRESETS: dict[str, AppConfig] = {
-    # 2 CPUs, no GPU: everything fractional, TP=2 over gloo, one replica each.
+    # 2 CPUs, no GPU: everything fractional, TP=2 over gloo (one torch thread per rank), one
+    # replica each. Demo pair: ~15 GB RSS in all (two target shards of ~5.5 GB each, the draft
+    # ~2 GB, router/proxy/controller), which fits a 24 GB machine; TP=1 (--tp 1) needs ~11 GB.
     "local-cpu.yaml": AppConfig(
         target_tp=2,
         router=Scaling(min_replicas=1, max_replicas=1),

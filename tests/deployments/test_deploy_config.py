@@ -40,8 +40,17 @@ def test_target_placement_group_has_one_bundle_per_rank():
 
 def test_local_cpu_fits_two_cpus():
     cfg = PRESETS["local-cpu.yaml"]
-    total = cfg.router_num_cpus * cfg.router.max_replicas + sum(b["CPU"] for b in cfg.target_bundles()) * cfg.target.max_replicas
+    total = (cfg.router_num_cpus * cfg.router.max_replicas + cfg.draft_num_cpus * cfg.draft.max_replicas
+             + sum(b["CPU"] for b in cfg.target_bundles()) * cfg.target.max_replicas)
     assert total <= 2
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_built_deployment_has_options(name):
+    deps = [d["name"] for d in to_serve_config(PRESETS[name])["applications"][0]["deployments"]]
+    assert deps == ["Router", "Draft", "Target"]
+    opts = {d["name"]: d for d in to_serve_config(PRESETS[name])["applications"][0]["deployments"]}
+    assert opts["Draft"]["request_router_config"]["request_router_class"].endswith("ConsistentHashRouter")
 
 
 def test_router_autoscales_when_range_given():

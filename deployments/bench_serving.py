@@ -1,0 +1,209 @@
+"""Serving benchmark: gRPC + Ray Serve against the in-process engine, and concurrency scaling.
+
+    python -m deployments.bench_serving                          # demo pair, local-cpu preset
+    python -m deployments.bench_serving --tokens 32 --clients 1,4,8 --out docs/bench/serving.json
+
+In one run, on the same prompts and parameters (greedy, proposer ``draft``, the same K):
+
+1. **in-process**: :class:`specdec.engine.SpeculativeEngine` in this process, one request at a
+   time; tokens/s = generated tokens / wall seconds (its model is freed before serving);
+2. **served, one client**: the same requests one at a time through the real gRPC port (Serve's
+   gRPC proxy -> Router -> Draft -> Target with TP workers); the ratio served / in-process is the
+   serving overhead (target: >= 0.9);
+3. **concurrency**: N clients at once (N = 1, 4, 8), each sending one request per prompt;
+   aggregate tokens/s = all tokens / wall seconds of the whole batch.
+
+Outputs JSON (stdout and ``--out``). The served outputs are checked to be identical to the
+in-process ones (greedy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+
+PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Write a JavaScript function that reverses a string.",
+    "Write a Python class for a stack with push, pop and peek.",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _requests(prompts, tokens: int, k: int) -> list[dict]:
+    return [{"messages": [{"role": "user", "content": p}], "max_tokens": tokens,
+             "speculation": {"proposer": "draft", "k": k}} for p in prompts]
+
+
+def run_in_process(cfg, requests: list[dict]) -> dict:
+    """Tokens/s of the in-process engine on ``requests`` (one at a time); outputs included."""
+    from specdec.engine import SpeculativeEngine
+    from specdec.models.loader import load_model
+    from specdec.models.spec import parse_model_spec
+    from specdec.models.vocab import check_pair_compatible
+    from specdec.request import parse_request
+
+    target = load_model(parse_model_spec(cfg.target_model))
+    draft = load_model(parse_model_spec(cfg.draft_model))
+    check_pair_compatible(draft, target)
+    engine = SpeculativeEngine(target, draft)
+    engine.generate(parse_request({**requests[0], "max_tokens": 4}))  # warm-up
+    outs, tokens, wall = [], 0, 0.0
+    for r in requests:
+        t0 = time.perf_counter()
+        res = engine.generate(parse_request(r))
+        wall += time.perf_counter() - t0
+        tokens += len(res.token_ids)
+        outs.append(res.token_ids)
+    del engine, target, draft
+    gc.collect()
+    return {"requests": len(requests), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "outputs": outs}
+
+
+def _served_one(client, r: dict):
+    from deployments.client import build_request
+
+    t0 = time.perf_counter()
+    resp = client.generate_proto(
+        build_request(messages=r["messages"], max_tokens=r["max_tokens"], proposer="draft", k=r["speculation"]["k"]),
+        timeout=1800,
+    )
+    return resp, time.perf_counter() - t0
+
+
+def run_served_sequential(address: str, app: str, requests: list[dict]) -> dict:
+    from deployments.client import SpecDecClient
+
+    with SpecDecClient(address, application=app) as client:
+        _served_one(client, {**requests[0], "max_tokens": 4})  # warm-up
+        outs, tokens, wall, rtt, tgt, wire, steps, acc, prop = [], 0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0
+        for r in requests:
+            resp, dt = _served_one(client, r)
+            wall += dt
+            tokens += len(resp.token_ids)
+            outs.append(list(resp.token_ids))
+            s = resp.stats
+            steps += s.steps
+            acc += s.accepted
+            prop += s.proposed
+            rtt += s.round_trip_s * s.steps
+            tgt += s.target_compute_s * s.steps
+            wire += s.wire_bytes_per_step * s.steps
+    return {
+        "requests": len(requests), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+        "acceptance_rate": acc / prop if prop else None, "steps": steps,
+        "wire_bytes_per_step": wire / steps, "round_trip_ms": 1000 * rtt / steps,
+        "target_compute_ms": 1000 * tgt / steps, "transport_ms": 1000 * (rtt - tgt) / steps, "outputs": outs,
+    }
+
+
+def run_concurrent(address: str, app: str, requests: list[dict], clients: int) -> dict:
+    """``clients`` threads, each with its own channel, each sending one request (prompts round-robin)."""
+    from deployments.client import SpecDecClient
+
+    tokens = [0] * clients
+    errors: list[str] = []
+
+    def worker(i: int) -> None:
+        try:
+            with SpecDecClient(address, application=app) as client:
+                resp, _ = _served_one(client, requests[i % len(requests)])
+                tokens[i] = len(resp.token_ids)
+        except Exception as e:  # reported, not raised
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return {"clients": clients, "requests": clients, "tokens": sum(tokens), "wall_s": wall,
+            "aggregate_tokens_per_s": sum(tokens) / wall, "errors": errors}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default=None, help="target model spec (default: the preset's, demo:target)")
+    parser.add_argument("--draft", default=None, help="draft model spec (default: the preset's, demo:draft)")
+    parser.add_argument("--tp", type=int, default=None, help="target TP degree (default: the preset's)")
+    parser.add_argument("--tokens", type=int, default=32, help="max_tokens per request")
+    parser.add_argument("--k", type=int, default=4, help="K (draft tokens per step)")
+    parser.add_argument("--prompts", type=int, default=3, help="prompts in the served-vs-in-process comparison")
+    parser.add_argument("--clients", default="1,4,8", help="concurrency levels")
+    parser.add_argument("--out", default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+
+    import ray
+    from ray import serve
+    from ray.serve.config import HTTPOptions, gRPCOptions
+
+    from deployments.app import build_app
+    from deployments.config import HEALTH_SERVICER, PRESETS, SPECDEC_SERVICER, AppConfig
+
+    over = {"grpc_port": _free_port(), "http_port": _free_port()}
+    if args.target:
+        over["target_model"] = args.target
+    if args.draft:
+        over["draft_model"] = args.draft
+    if args.tp:
+        over["target_tp"] = args.tp
+    cfg = AppConfig.model_validate({**PRESETS["local-cpu.yaml"].model_dump(), **over})
+    requests = _requests(PROMPTS[: args.prompts], args.tokens, args.k)
+    out: dict = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "load_avg_at_start": os.getloadavg()},
+        "config": {"target": cfg.target_model, "draft": cfg.draft_model, "target_tp": cfg.target_tp,
+                   "tokens_per_request": args.tokens, "k": args.k, "prompts": PROMPTS[: args.prompts]},
+    }
+    print("[bench_serving] in-process engine ...", file=sys.stderr, flush=True)
+    inproc = run_in_process(cfg, requests)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options=HTTPOptions(port=cfg.http_port),
+                    grpc_options=gRPCOptions(port=cfg.grpc_port, grpc_servicer_functions=[SPECDEC_SERVICER, HEALTH_SERVICER],
+                                             request_timeout_s=3600))
+        t0 = time.perf_counter()
+        serve.run(build_app(cfg), name=cfg.app_name, route_prefix=f"/{cfg.app_name}")
+        out["deploy_s"] = time.perf_counter() - t0
+        address = f"localhost:{cfg.grpc_port}"
+        print("[bench_serving] served, one client ...", file=sys.stderr, flush=True)
+        served = run_served_sequential(address, cfg.app_name, requests)
+        out["identical_outputs"] = served["outputs"] == inproc["outputs"]
+        out["in_process"] = {k: v for k, v in inproc.items() if k != "outputs"}
+        out["served_one_client"] = {k: v for k, v in served.items() if k != "outputs"}
+        out["served_over_in_process"] = served["tokens_per_s"] / inproc["tokens_per_s"]
+        out["concurrency"] = []
+        for n in [int(x) for x in args.clients.split(",") if x]:
+            print(f"[bench_serving] {n} concurrent clients ...", file=sys.stderr, flush=True)
+            out["concurrency"].append(run_concurrent(address, cfg.app_name, requests, n))
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+    out["machine"]["load_avg_at_end"] = os.getloadavg()
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
