@@ -53,7 +53,7 @@ class DraftModelSession:
         if k <= 0:
             return DraftBlock.empty()
         keep = self.seq.sync(self.seq.token_ids)
-        logits = self.seq.feed(self.seq.token_ids[keep:])[-1:]  # [1, V]
+        logits = self.seq.feed(self.seq.token_ids[keep:], keep=1)  # [1, V]
         generator = step_generator(self.seed, len(self.seq.token_ids))
         tokens: list[int] = []
         q_ids: list[torch.Tensor] = []
