@@ -1,0 +1,158 @@
+"""The Draft replica's loop without Ray: RemoteTargetSession over serialized protos, rebuilds,
+resume after a replica death, cancellation. The "wire" is a local TargetSessionTable."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from deployments import convert
+from deployments.config import AppConfig
+from deployments.draft import Draft, RemoteTargetSession
+from deployments.target_sessions import TargetSessionTable
+from protos.specdec.v1 import exchange_pb2 as xpb
+from protos.specdec.v1 import specdec_pb2 as pb
+from specdec.engine import SpeculativeEngine
+from specdec.request import SamplingParams, parse_request
+from specdec.sampling import derive_seeds
+from specdec.testing.tiny import build_tiny_model
+from specdec.types import DraftBlock
+from specdec.verifier import TargetVerifier
+from tests.conftest import load_tiny
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("draftrep")
+    t = build_tiny_model(root / "target", seed=0)
+    target = load_tiny(t)
+    d = build_tiny_model(root / "draft", seed=1, base=target.model, noise=0.03)
+    return str(t), str(d), target, load_tiny(d)
+
+
+class Wire:
+    """A target replica in process: serialized protos in and out, like the Serve handle."""
+
+    def __init__(self, target):
+        self.table = TargetSessionTable(TargetVerifier(target))
+        self.calls: list[str] = []
+
+    def send(self, method: str, payload: bytes) -> bytes:
+        self.calls.append(method)
+        if method == "Verify":
+            return self.table.handle(xpb.CandidateBlock.FromString(payload)).SerializeToString()
+        sid = xpb.CloseSessionRequest.FromString(payload).session_id
+        return xpb.CloseSessionResponse(existed=self.table.close(sid)).SerializeToString()
+
+
+@pytest.fixture()
+def draft_replica(pair):
+    t, d, target, _ = pair
+    wire = Wire(target)
+    return Draft(AppConfig(target_model=t, draft_model=d, cpu_threads=1), send_factory=lambda key: wire.send), wire
+
+
+def _job(prompt_ids, sid="s1", **kw) -> xpb.DraftJob:
+    req = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=prompt_ids), **kw)
+    if not req.sampling.HasField("seed"):
+        req.sampling.seed = 5
+    return xpb.DraftJob(session_id=sid, request=req)
+
+
+async def _collect(agen, n: int | None = None):
+    out = []
+    async for raw in agen:
+        out.append(pb.GenerateStreamChunk.FromString(raw))
+        if n is not None and len(out) >= n:
+            break
+    return out
+
+
+PROMPT = [1, 5, 9, 33, 70, 100, 7]
+
+
+@pytest.mark.parametrize("sampling", [None, pb.SamplingParams(temperature=0.9, top_k=40, seed=77)])
+def test_draft_replica_equals_in_process_engine(pair, draft_replica, sampling):
+    _, _, target, draft = pair
+    rep, wire = draft_replica
+    kw = dict(max_tokens=40, ignore_eos=True, speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=4))
+    if sampling is not None:
+        kw["sampling"] = sampling
+    job = _job(PROMPT, **kw)
+    got = convert.join_chunks(asyncio.run(_collect(rep.Generate(job.SerializeToString()))))
+    expected = SpeculativeEngine(target, draft).generate(convert.request_from_proto(job.request))
+    assert list(got.token_ids) == expected.token_ids and got.text == expected.text
+    assert got.stats.steps == expected.stats.steps and got.stats.accepted == expected.stats.accepted
+    assert got.stats.wire_bytes_per_step > 0 and got.stats.round_trip_s > 0
+    assert len(wire.table) == 0 and rep.Sessions() == []  # both caches freed at the end
+    assert wire.calls.count("Verify") == got.stats.steps  # one round trip per step
+
+
+def test_rebuild_on_missing_and_mismatched_session(pair):
+    _, _, target, _ = pair
+    wire = Wire(target)
+    seed = derive_seeds(3)[1]
+    s = RemoteTargetSession("r1", PROMPT, SamplingParams(), seed, False, wire.send)
+    s.verify(DraftBlock.empty())
+    wire.table.close("r1")  # the target replica restarted
+    s.verify(DraftBlock.empty())
+    assert s.wire.rebuilds == 1
+    # the target session ran ahead (a step whose reply was lost): POSITION_MISMATCH, rebuilt
+    wire.table.handle(convert.draft_block_to_proto(DraftBlock.empty(), "r1", s.committed_len))
+    s.verify(DraftBlock.empty())
+    assert s.wire.rebuilds == 2
+    ref = TargetVerifier(target).open_session(PROMPT, SamplingParams(), seed, False)
+    for _ in range(3):
+        ref.verify(DraftBlock.empty())
+    assert s.token_ids == ref.token_ids
+    s.close()
+    assert len(wire.table) == 0
+
+
+@pytest.mark.parametrize("sampling", [None, pb.SamplingParams(temperature=0.9, top_k=40, seed=77)])
+def test_resume_on_a_new_replica_gives_the_same_output(pair, sampling):
+    t, d, target, _ = pair
+    wire = Wire(target)
+    cfg = AppConfig(target_model=t, draft_model=d, cpu_threads=1)
+    kw = dict(max_tokens=40, ignore_eos=True, stop=["zz"])
+    if sampling is not None:
+        kw["sampling"] = sampling
+    job = _job(PROMPT, **kw)
+    full = convert.join_chunks(asyncio.run(_collect(Draft(cfg, send_factory=lambda k: wire.send).Generate(job.SerializeToString()))))
+    # first replica: stream a few chunks, then "die" (the generator is dropped, no cleanup)
+    first = Draft(cfg, send_factory=lambda k: wire.send)
+    agen = first.Generate(job.SerializeToString())
+    head = asyncio.run(_collect(agen, 3))
+    job.resume_token_ids.extend(i for c in head for i in c.token_ids)
+    job.resume_text_chars = sum(len(c.text) for c in head)
+    tail = asyncio.run(_collect(Draft(cfg, send_factory=lambda k: wire.send).Generate(job.SerializeToString())))
+    got = convert.join_chunks(head + tail)
+    assert (got.text, list(got.token_ids)) == (full.text, list(full.token_ids))
+    assert got.usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_cancel_mid_stream_frees_both_caches(draft_replica):
+    rep, wire = draft_replica
+    job = _job(PROMPT, max_tokens=100, ignore_eos=True)
+
+    async def run():
+        agen = rep.Generate(job.SerializeToString())
+        await agen.__anext__()
+        assert rep.Sessions() == ["s1"] and len(wire.table) == 1
+        await agen.aclose()  # what Serve does when the caller cancels
+
+    asyncio.run(run())
+    assert rep.Sessions() == [] and len(wire.table) == 0
+    assert wire.calls[-1] == "CloseSession"
+
+
+def test_deadline_stops_the_generation(draft_replica):
+    from specdec.errors import DeadlineExceededError
+
+    rep, wire = draft_replica
+    job = _job(PROMPT, max_tokens=100, ignore_eos=True)
+    job.deadline_unix_s = 1.0  # long past
+    with pytest.raises(DeadlineExceededError):
+        asyncio.run(_collect(rep.Generate(job.SerializeToString())))
+    assert rep.Sessions() == [] and len(wire.table) == 0
