@@ -556,10 +556,11 @@ def _check_mounts(where, tmpl, docs, tenants_dir, tenants_key, cfg, models=True)
     roles = _demo_roles(cfg)
     if roles:
         inits = pod.get("initContainers") or []
-        text = " ".join(" ".join(map(str, (i.get("command") or []) + (i.get("args") or []))) for i in inits)
+        words = [str(w) for i in inits for w in (i.get("command") or []) + (i.get("args") or [])]
+        text = " ".join(words)
         init_env_ok = any({e.get("name"): e.get("value") for e in i.get("env") or []}.get("SPECDEC_CACHE") == MODEL_CACHE_DIR
                           and mount_of(i, MODEL_CACHE_DIR) for i in inits)
-        if "ensure_demo_folder" not in text or not all(f"'{r}'" in text for r in roles) or not init_env_ok:
+        if "specdec prefetch" not in text or not all(r in words for r in roles) or not init_env_ok:
             errors.append(f"{where}: an init container must assemble the demo models {sorted(roles)} into {MODEL_CACHE_DIR}")
     return errors
 
