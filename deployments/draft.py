@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 MAX_REBUILDS_PER_STEP = 2
 #: Seconds one Verify / CloseSession call may take before the step fails.
 VERIFY_TIMEOUT_S = 300.0
+#: Seconds a step keeps retrying while the target replica is dead/restarting (it then rebuilds).
+TARGET_RESTART_BUDGET_S = 180.0
 
 #: ``send(method, payload) -> reply``: one call to the target (``Verify`` or ``CloseSession``).
 Send = Callable[[str, bytes], bytes]
@@ -147,7 +149,8 @@ class RemoteTargetSession:
         for _attempt in range(MAX_REBUILDS_PER_STEP + 1):
             payload = msg.SerializeToString()
             t0 = self._clock()
-            raw = self._send("Verify", payload)
+            raw = self._send_surviving_restarts(payload, msg)
+            payload = msg.SerializeToString()  # `open` may have been added while retrying
             self.wire.round_trip_s += self._clock() - t0
             self.wire.bytes_sent += len(payload)
             self.wire.bytes_received += len(raw)
@@ -176,6 +179,30 @@ class RemoteTargetSession:
                 f"target committed {result.committed_len} tokens, the draft side {len(self._history)}"
             )
         return result
+
+    def _send_surviving_restarts(self, payload: bytes, msg: xpb.CandidateBlock) -> bytes:
+        """``send("Verify")``, retried while the target replica is dead or restarting.
+
+        A replacement replica has no session: the retried block carries ``open`` (full history).
+        """
+        from deployments.ray_errors import is_replica_death
+
+        start, delay = time.monotonic(), 0.2
+        while True:
+            try:
+                return self._send("Verify", payload)
+            except Exception as e:
+                if not is_replica_death(e) or time.monotonic() - start > TARGET_RESTART_BUDGET_S:
+                    raise
+                if self.closed:
+                    raise GenerationCancelledError("the generation was cancelled") from None
+                log.warning("target replica unavailable for %s (%s); retrying", self.session_id, type(e).__name__)
+                time.sleep(delay)
+                delay = min(2.0, delay * 2)
+                if not msg.HasField("open"):
+                    msg.open.CopyFrom(self._open_msg())
+                    self.wire.rebuilds += 1
+                payload = msg.SerializeToString()
 
     def close(self) -> None:
         """Free the remote session (CloseSession). Idempotent; transport errors are logged only."""

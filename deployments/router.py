@@ -40,6 +40,7 @@ from typing import Any, AsyncIterator, Sequence
 from deployments import convert
 from deployments.config import AppConfig
 from deployments.grpc_status import abort_stream, abort_with
+from deployments.ray_errors import is_replica_death, unwrap
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
 from specdec.errors import (
@@ -81,26 +82,6 @@ def metadata_dict(grpc_context: Any) -> dict[str, str]:
     if grpc_context is None:
         return {}
     return {k: v for k, v in grpc_context.invocation_metadata()}
-
-
-def unwrap(exc: BaseException) -> BaseException:
-    """The original error behind Ray's wrappers (``RayTaskError`` chains), else ``exc``."""
-    seen = 0
-    while seen < 8:
-        cause = getattr(exc, "cause", None)
-        if cause is None or cause is exc or not isinstance(cause, BaseException):
-            break
-        exc, seen = cause, seen + 1
-    return exc
-
-
-def is_replica_death(exc: BaseException) -> bool:
-    """Whether ``exc`` says the replica running the call died (the call may be retried)."""
-    try:
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(exc, (RayActorError, ActorDiedError, ActorUnavailableError))
 
 
 class Router:

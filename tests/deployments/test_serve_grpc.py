@@ -275,8 +275,8 @@ def test_tenant_stats_is_permission_denied_without_tenants(served):
 # --- draft replica death -----------------------------------------------------------------------
 
 
-def _draft_replica():
-    actors = [a for a in ray.util.list_named_actors(all_namespaces=True) if "#Draft#" in a["name"]]
+def _replica(deployment: str):
+    actors = [a for a in ray.util.list_named_actors(all_namespaces=True) if f"#{deployment}#" in a["name"]]
     assert len(actors) == 1, actors
     return actors[0]["name"], ray.get_actor(actors[0]["name"], namespace=actors[0]["namespace"])
 
@@ -291,7 +291,7 @@ def test_killed_draft_replica_does_not_fail_its_stream(served, sampling):
         req.sampling.CopyFrom(sampling)
     expected = stub.Generate(req, metadata=MD, timeout=120)  # uninterrupted
     resumes_before = _handle("Router").Debug.remote().result(timeout_s=30)["resumes"]
-    name, actor = _draft_replica()
+    name, actor = _replica("Draft")
     chunks = []
     call = stub.GenerateStream(req, metadata=MD + (("session_id", "kill-me"),), timeout=180)
     chunks.append(next(call))
@@ -300,7 +300,24 @@ def test_killed_draft_replica_does_not_fail_its_stream(served, sampling):
     got = convert.join_chunks(chunks)
     assert (got.text, list(got.token_ids), got.finish_reason) == (expected.text, list(expected.token_ids), expected.finish_reason)
     assert _handle("Router").Debug.remote().result(timeout_s=30)["resumes"] > resumes_before
-    assert _draft_replica()[0] != name  # Serve replaced the replica
+    assert _replica("Draft")[0] != name  # Serve replaced the replica
+    assert _wait_no_sessions() == ([], [])
+
+
+def test_killed_target_replica_is_rebuilt_from_the_token_history(served):
+    _, channel, _ = served
+    stub = pb_grpc.SpecDecStub(channel)
+    req = pb.GenerateRequest(prompt="for i in range(10):", max_tokens=200, ignore_eos=True,
+                             speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=1))
+    expected = stub.Generate(req, metadata=MD, timeout=120)
+    name, actor = _replica("Target")
+    call = stub.GenerateStream(req, metadata=MD, timeout=180)
+    chunks = [next(call)]
+    ray.kill(actor, no_restart=True)  # the target replica and its TP workers die mid-stream
+    chunks.extend(call)
+    got = convert.join_chunks(chunks)
+    assert (got.text, list(got.token_ids)) == (expected.text, list(expected.token_ids))
+    assert _replica("Target")[0] != name
     assert _wait_no_sessions() == ([], [])
 
 
