@@ -372,3 +372,20 @@ def test_concurrent_streams_are_independent(served, target_alone):
         ref = target_greedy(target_alone, target_alone.tokenizer.encode(p), 16)
         assert results[p] == ref[: len(results[p])]
     client.close()
+
+
+def test_specdec_client_command(served, capsys):
+    import argparse
+
+    from deployments import cli
+
+    cfg, _, _ = served
+    parser = argparse.ArgumentParser()
+    cli.add_client_arguments(parser)
+    base = ["--address", f"localhost:{cfg.grpc_port}", "--max-tokens", "8"]
+    assert cli.run_client(parser.parse_args(["def add(a, b):", "--stream", *base])) == 0
+    out = capsys.readouterr()
+    assert "tokens/s" in out.err and out.out.strip()
+    assert cli.run_client(parser.parse_args(["", *base])) == 2  # no prompt
+    assert cli.run_client(parser.parse_args(["x", "--proposer", "draft", "-k", "99", *base])) == 1
+    assert "INVALID_ARGUMENT" in capsys.readouterr().err

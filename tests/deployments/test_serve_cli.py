@@ -1,0 +1,41 @@
+"""``specdec serve``'s argument handling and config loading (no Ray)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from deployments import cli
+from deployments.config import PRESETS
+from deployments.write_configs import HERE
+
+
+def _args(*argv):
+    p = argparse.ArgumentParser()
+    cli.add_serve_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_default_is_the_local_cpu_preset():
+    assert cli.load_config(_args()) == PRESETS["local-cpu.yaml"]
+
+
+def test_serve_config_file_and_overrides():
+    cfg = cli.load_config(_args("--config", str(HERE / "gpu.yaml"), "--tp", "1", "--draft", "none", "--grpc-port", "9100"))
+    assert cfg.target_tp == 1 and cfg.draft_model is None and cfg.grpc_port == 9100
+    assert cfg.target_gpus_per_worker == PRESETS["gpu.yaml"].target_gpus_per_worker
+
+
+def test_plain_appconfig_yaml(tmp_path):
+    path = tmp_path / "app.yaml"
+    path.write_text("target_model: demo:target\ndraft_model: demo:draft\ntarget_tp: 2\ndefault_max_k: 6\n")
+    assert cli.load_config(_args("--config", str(path))).default_max_k == 6
+
+
+def test_module_top_level_imports_no_ray_or_grpc():
+    import subprocess
+    import sys
+
+    code = "import sys, deployments.cli; print(any(m in sys.modules for m in ('ray', 'grpc')))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
