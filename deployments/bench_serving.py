@@ -6,10 +6,12 @@
 In one run, on the same prompts and parameters (greedy, proposer ``draft``, the same K):
 
 1. **in-process**: :class:`specdec.engine.SpeculativeEngine` in this process, one request at a
-   time; tokens/s = generated tokens / wall seconds (its model is freed before serving);
+   time; tokens/s = generated tokens / wall seconds;
 2. **served, one client**: the same requests one at a time through the real gRPC port (Serve's
    gRPC proxy -> Router -> Draft -> Target with TP workers); the ratio served / in-process is the
-   serving overhead (target: >= 0.9);
+   serving overhead (target: >= 0.9). In-process and served requests are *interleaved*
+   (prompt 1 in process, prompt 1 served, prompt 2 ...) so that both see the same machine load
+   on a shared box; the in-process models are freed before the concurrency runs;
 3. **concurrency**: N clients at once (N = 1, 4, 8), each sending one request per prompt;
    aggregate tokens/s = all tokens / wall seconds of the whole batch.
 
@@ -48,29 +50,24 @@ def _requests(prompts, tokens: int, k: int) -> list[dict]:
              "speculation": {"proposer": "draft", "k": k}} for p in prompts]
 
 
-def run_in_process(cfg, requests: list[dict]) -> dict:
-    """Tokens/s of the in-process engine on ``requests`` (one at a time); outputs included."""
+def build_engine(cfg):
     from specdec.engine import SpeculativeEngine
     from specdec.models.loader import load_model
     from specdec.models.spec import parse_model_spec
     from specdec.models.vocab import check_pair_compatible
-    from specdec.request import parse_request
 
     target = load_model(parse_model_spec(cfg.target_model))
     draft = load_model(parse_model_spec(cfg.draft_model))
     check_pair_compatible(draft, target)
-    engine = SpeculativeEngine(target, draft)
-    engine.generate(parse_request({**requests[0], "max_tokens": 4}))  # warm-up
-    outs, tokens, wall = [], 0, 0.0
-    for r in requests:
-        t0 = time.perf_counter()
-        res = engine.generate(parse_request(r))
-        wall += time.perf_counter() - t0
-        tokens += len(res.token_ids)
-        outs.append(res.token_ids)
-    del engine, target, draft
-    gc.collect()
-    return {"requests": len(requests), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "outputs": outs}
+    return SpeculativeEngine(target, draft)
+
+
+def in_process_one(engine, r: dict):
+    from specdec.request import parse_request
+
+    t0 = time.perf_counter()
+    res = engine.generate(parse_request(r))
+    return res.token_ids, time.perf_counter() - t0
 
 
 def _served_one(client, r: dict):
@@ -84,13 +81,20 @@ def _served_one(client, r: dict):
     return resp, time.perf_counter() - t0
 
 
-def run_served_sequential(address: str, app: str, requests: list[dict]) -> dict:
+def run_interleaved(engine, address: str, app: str, requests: list[dict]) -> tuple[dict, dict]:
+    """Each request in process, then served (one client); returns (in_process, served) summaries."""
     from deployments.client import SpecDecClient
 
+    in_outs, in_tokens, in_wall = [], 0, 0.0
     with SpecDecClient(address, application=app) as client:
-        _served_one(client, {**requests[0], "max_tokens": 4})  # warm-up
+        in_process_one(engine, {**requests[0], "max_tokens": 4})  # warm-ups
+        _served_one(client, {**requests[0], "max_tokens": 4})
         outs, tokens, wall, rtt, tgt, wire, steps, acc, prop = [], 0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0
         for r in requests:
+            ids, dt = in_process_one(engine, r)
+            in_wall += dt
+            in_tokens += len(ids)
+            in_outs.append(list(ids))
             resp, dt = _served_one(client, r)
             wall += dt
             tokens += len(resp.token_ids)
@@ -102,7 +106,9 @@ def run_served_sequential(address: str, app: str, requests: list[dict]) -> dict:
             rtt += s.round_trip_s * s.steps
             tgt += s.target_compute_s * s.steps
             wire += s.wire_bytes_per_step * s.steps
-    return {
+    inproc = {"requests": len(requests), "tokens": in_tokens, "wall_s": in_wall,
+              "tokens_per_s": in_tokens / in_wall, "outputs": in_outs}
+    return inproc, {
         "requests": len(requests), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
         "acceptance_rate": acc / prop if prop else None, "steps": steps,
         "wire_bytes_per_step": wire / steps, "round_trip_ms": 1000 * rtt / steps,
@@ -170,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"target": cfg.target_model, "draft": cfg.draft_model, "target_tp": cfg.target_tp,
                    "tokens_per_request": args.tokens, "k": args.k, "prompts": PROMPTS[: args.prompts]},
     }
-    print("[bench_serving] in-process engine ...", file=sys.stderr, flush=True)
-    inproc = run_in_process(cfg, requests)
+    print("[bench_serving] loading the in-process engine ...", file=sys.stderr, flush=True)
+    engine = build_engine(cfg)
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options=HTTPOptions(port=cfg.http_port),
@@ -181,8 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         serve.run(build_app(cfg), name=cfg.app_name, route_prefix=f"/{cfg.app_name}")
         out["deploy_s"] = time.perf_counter() - t0
         address = f"localhost:{cfg.grpc_port}"
-        print("[bench_serving] served, one client ...", file=sys.stderr, flush=True)
-        served = run_served_sequential(address, cfg.app_name, requests)
+        print("[bench_serving] in-process vs served (one client), interleaved ...", file=sys.stderr, flush=True)
+        inproc, served = run_interleaved(engine, address, cfg.app_name, requests)
+        del engine
+        gc.collect()
         out["identical_outputs"] = served["outputs"] == inproc["outputs"]
         out["in_process"] = {k: v for k, v in inproc.items() if k != "outputs"}
         out["served_one_client"] = {k: v for k, v in served.items() if k != "outputs"}

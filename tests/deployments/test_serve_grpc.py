@@ -249,10 +249,12 @@ def test_client_library_maps_deadline(served):
         client.generate(prompt="def add(a, b):", max_tokens=220, ignore_eos=True, proposer="none", timeout=0.3)
     assert info.value.code == "DEADLINE_EXCEEDED"
     client.close()
+    assert _wait_no_sessions() == ([], [])
 
 
 def test_cancelled_stream_stops_and_frees_both_caches(served):
     _, channel, _ = served
+    assert _wait_no_sessions() == ([], [])  # nothing left over from earlier tests
     call = pb_grpc.SpecDecStub(channel).GenerateStream(pb.GenerateRequest(**LONG), metadata=MD, timeout=60)
     first = next(call)
     assert first.token_ids
