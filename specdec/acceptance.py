@@ -28,7 +28,11 @@ Prior (new keys): a key seen for the first time is seeded with pseudo-counts fro
 pool of its proposer (all tenants, decayed with ``global_half_life_steps``):
 ``prior_weight`` pseudo-trials split as ``w·α_g`` accepted and ``w·(1 - α_g)`` rejections,
 where α_g is the global estimate (``default_alpha`` while the global pool is empty). The
-pseudo-counts decay with the key's own counts, so the prior fades as the tenant's data arrives.
+pseudo-counts decay with the key's own counts and, in addition, halve every
+``prior_half_life_steps`` (default 20) of the key's own K > 0 steps, so the prior fades as the
+tenant's data arrives. The extra fade matters for a draft that never agrees: each of its steps
+adds only one trial (the rejection), so a prior of 20 pseudo-trials borrowed from well-agreeing
+tenants would otherwise hold α̂ near 0.25 for about sixty steps.
 
 Not thread-safe: one owner (a single event loop, or one Ray actor) calls it.
 """
@@ -148,6 +152,8 @@ class AcceptanceEstimator:
             tenants; None disables decay.
         prior_weight: pseudo-trials (accepted + rejections) a new key gets from the global pool.
         default_alpha: the global estimate while a proposer's global pool has no data.
+        prior_half_life_steps: extra half-life of a key's prior pseudo-counts, in the key's own
+            K > 0 steps; None: the prior decays only with the key's counts.
     """
 
     def __init__(
@@ -157,6 +163,7 @@ class AcceptanceEstimator:
         global_half_life_steps: float | None = 2000.0,
         prior_weight: float = 20.0,
         default_alpha: float = 0.5,
+        prior_half_life_steps: float | None = 20.0,
     ):
         for name, v in (("half_life_steps", half_life_steps), ("global_half_life_steps", global_half_life_steps)):
             if v is not None and not v > 0:
@@ -169,6 +176,9 @@ class AcceptanceEstimator:
         self.global_half_life_steps = global_half_life_steps
         self.prior_weight = float(prior_weight)
         self.default_alpha = float(default_alpha)
+        if prior_half_life_steps is not None and not prior_half_life_steps > 0:
+            raise ValueError(f"prior_half_life_steps must be > 0 or None, got {prior_half_life_steps}")
+        self.prior_half_life_steps = prior_half_life_steps
         self._keys: dict[Hashable, _Counts] = {}
         self._global: dict[str, _Counts] = {}
 
@@ -261,6 +271,10 @@ class AcceptanceEstimator:
         if c is None:
             c = self._new_key(key)
         g = self._global.setdefault(self._proposer(key), _Counts())
+        if self.prior_half_life_steps is not None:
+            fade = 0.5 ** (steps / self.prior_half_life_steps)
+            c.prior_accepted *= fade
+            c.prior_rejected *= fade
         for counts, hl in ((c, self.half_life_steps), (g, self.global_half_life_steps)):
             counts.decay(1.0 if hl is None else 0.5 ** (steps / hl))
             counts.accepted += accepted

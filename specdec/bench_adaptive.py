@@ -5,7 +5,7 @@
 Workload: tenant ``code`` sends code prompts (Python functions, JSON) and tenant ``creative``
 sends open creative writing (poems, stories), all as chat messages rendered with the target's
 chat template, greedy, ``--max-tokens`` new tokens each, interleaved code/creative. Every arm
-runs the same requests in the same order on the same in-process engine (draft proposer):
+runs the same timed requests in the same order on the same in-process engine (draft proposer):
 
 - ``K=k`` for k = 0..8: every request at that fixed K (K = 0: plain decoding, no draft);
 - ``adaptive``: :class:`specdec.controller.KController` decides K per request and tenant
@@ -18,8 +18,10 @@ request i + 1, arm order rotated each time), so slow drifts of the machine hit a
 Before timing: one process warm-up; a cost calibration (:func:`specdec.adaptive.calibrate`:
 two real speculation steps at every K = 0..8, about half a minute, like a server would do at
 start; only the controller uses it); and a warm-up phase of ``--warmup`` requests per tenant
-(other prompts, ``--warmup-tokens`` tokens) that *every* arm runs, untimed. The controller
-learns its tenants' acceptance there and keeps learning during the timed run (probes included).
+(other prompts, ``--warmup-tokens`` tokens), untimed, run by the adaptive arm (by every arm with
+``--warmup-all``; the fixed arms have nothing to learn, and all arms share the process warm-up).
+The controller learns its tenants' acceptance there and keeps learning during the timed run
+(probes included).
 
 Timed: wall seconds of ``engine.start`` + the whole generation (prompt prefill included) per
 request. Tokens/s = completion tokens / those seconds, per tenant and in total. Every arm's
@@ -183,8 +185,9 @@ def _markdown(doc: dict) -> str:
         f"{doc['machine']['cpu_count']} CPUs, torch {doc['machine']['torch']}, {doc['date']}. "
         f"Workload: {doc['config']['requests_per_tenant']} code + {doc['config']['requests_per_tenant']} creative "
         f"requests interleaved, greedy, {doc['config']['max_tokens']} new tokens each, chat template; every arm "
-        f"runs the same requests, arms interleaved per request. Untimed before: cost calibration (controller "
-        f"only) and {doc['config']['warmup_per_tenant']} warm-up request(s) per tenant for every arm. "
+        f"runs the same requests, arms interleaved per request. Untimed before: cost calibration and "
+        f"{doc['config']['warmup_per_tenant']} warm-up request(s) per tenant of {doc['config']['warmup_tokens']} tokens "
+        f"({'every arm' if doc['config']['warmup_all'] else 'adaptive arm only; fixed arms have nothing to learn'}). "
         f"The controller keeps learning during the timed run. Command: `{doc['command']}`.",
         "",
         "| arm | total tok/s | vs K=0 | code tok/s | creative tok/s | creative vs K=0 | code acceptance | creative acceptance |",
@@ -245,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="docs/bench")
     p.add_argument("--max-tokens", type=int, default=40)
     p.add_argument("--requests", type=int, default=4, help="timed requests per tenant")
-    p.add_argument("--warmup", type=int, default=2, help="untimed warm-up requests per tenant, every arm")
+    p.add_argument("--warmup", type=int, default=2, help="untimed warm-up requests per tenant")
+    p.add_argument("--warmup-all", action="store_true",
+                   help="run the warm-up under every arm (default: the adaptive arm only; fixed arms learn nothing)")
     p.add_argument("--warmup-tokens", type=int, default=16)
     p.add_argument("--arms", default="0,1,2,3,4,5,6,7,8,adaptive", help="comma list of fixed K and/or 'adaptive'")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -293,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m specdec.bench_adaptive " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": {"cpu_count": torch.get_num_threads(), "torch": torch.__version__, "platform": platform.platform()},
         "config": {"max_tokens": args.max_tokens, "requests_per_tenant": args.requests,
-                   "warmup_per_tenant": args.warmup, "warmup_tokens": args.warmup_tokens,
+                   "warmup_per_tenant": args.warmup, "warmup_tokens": args.warmup_tokens, "warmup_all": args.warmup_all,
+                   "threads": torch.get_num_threads(),
                    "proposer": "draft", "greedy": True, "k_range": [0, 8]},
         "arms": [a.name for a in arms],
         "calibration": {"seconds": cal_s, "cost_model": cal},
@@ -302,8 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     warm = _workload(args.warmup, 0)
     timed = _workload(args.requests, args.warmup)
     warm_rows = []
+    warm_arms = arms if (args.warmup_all or controller is None) else [a for a in arms if a.controller is not None]
     for i, (tenant, content) in enumerate(warm):
-        for arm in arms[i % len(arms):] + arms[: i % len(arms)]:
+        for arm in warm_arms:
             r = arm.run(engine, tenant, content, args.warmup_tokens)
             r["round"] = i
             warm_rows.append({k: v for k, v in r.items() if k != "token_ids"})

@@ -96,7 +96,8 @@ def test_decay_follows_drift():
 
 
 def test_new_key_starts_from_global_pool_of_its_proposer():
-    est = AcceptanceEstimator(half_life_steps=None, global_half_life_steps=None, prior_weight=20, default_alpha=0.5)
+    est = AcceptanceEstimator(half_life_steps=None, global_half_life_steps=None, prior_weight=20, default_alpha=0.5,
+                              prior_half_life_steps=None)
     assert est.alpha(("new", "draft")) == 0.5  # nothing anywhere: default
     est.record_counts(("old", "draft"), accepted=80, rejected_steps=20, spec_steps=30)
     assert est.global_alpha("draft") == pytest.approx(0.8)
@@ -127,3 +128,16 @@ def test_discount_keeps_alpha_and_lowers_weight():
     assert est.alpha(KEY) == pytest.approx(0.5)
     est.record_counts(KEY, accepted=10, rejected_steps=0, spec_steps=10)
     assert est.alpha(KEY) == pytest.approx(12.5 / 15)
+
+
+def test_prior_fades_with_the_keys_own_steps():
+    est = AcceptanceEstimator(half_life_steps=None, global_half_life_steps=None, prior_weight=20,
+                              prior_half_life_steps=20)
+    est.record_counts(("good", "draft"), accepted=95, rejected_steps=5, spec_steps=25)
+    assert est.global_alpha("draft") == pytest.approx(0.95)
+    for _ in range(60):  # a draft that never agrees: one rejection per step
+        est.record(("bad", "draft"), 4, 0)
+    s = est.snapshot(("bad", "draft"))
+    assert s.prior_accepted == pytest.approx(19 * 0.5 ** 3)
+    assert s.alpha == pytest.approx(s.prior_accepted / (s.prior_accepted + s.prior_rejected + 60))
+    assert s.alpha < 0.05  # without the fade: 19 / 80 = 0.24

@@ -1,0 +1,297 @@
+"""Per-tenant state shared by every router replica: one K controller, rate limits, usage.
+
+With autoscaled router replicas, each replica must use the same per-tenant acceptance estimate
+and cost model (else each replica learns alone, from 1/N of the traffic), and a tenant's
+``tokens_per_minute`` and ``max_concurrent_requests`` must hold across replicas (else N replicas
+allow N times the limit). So that state lives in one place:
+
+- :class:`SharedTenantState`: plain Python: a :class:`specdec.controller.KController`, a
+  :class:`specdec.limits.RateLimiter` with leases by id, and cumulative usage per tenant.
+  Methods take and return plain data (str, int, float, dict), so they cross a Ray actor call.
+- :data:`KControllerActor`: that class as a Ray actor: named (:data:`ACTOR_NAME` in namespace
+  :data:`ACTOR_NAMESPACE`), ``lifetime="detached"`` (no router replica owns it: replicas come
+  and go with autoscaling, the estimates stay), ``num_cpus=0``, ``get_if_exists=True`` (the first
+  replica creates it, the others attach), ``max_concurrency=1`` (calls are serialized: the
+  controller is not thread-safe). Each call is a few hundred microseconds of Python.
+- :class:`ControllerClient`: what a router replica holds: ``await client.decide(...)`` etc.,
+  backed by the actor (:meth:`ControllerClient.shared`) or by a local ``SharedTenantState``
+  (:meth:`ControllerClient.local`: tests and single-process use, no Ray). If an actor call
+  fails (actor restarting), the client falls back to a local state for that call and logs once:
+  serving continues with per-replica estimates rather than failing requests.
+
+Per request a router makes two calls: :meth:`SharedTenantState.admit` (rate limits + K decision,
+one round trip) and :meth:`SharedTenantState.complete` (release + feedback + usage).
+
+Leases of a replica that died are never released; they expire after ``lease_ttl_s`` (default
+the request timeout, 300 s), so a crashed replica does not hold a tenant's concurrency forever.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from types import SimpleNamespace
+from typing import Any, Callable, Mapping
+
+from specdec.controller import KController
+from specdec.errors import ResourceExhaustedError
+from specdec.limits import RateLimiter
+
+log = logging.getLogger(__name__)
+
+#: Name and namespace of the shared actor (one per Ray cluster and application).
+ACTOR_NAME = "specdec-k-controller"
+ACTOR_NAMESPACE = "specdec"
+
+
+def _limits_ns(tenant_id: str, limits: Mapping) -> SimpleNamespace:
+    return SimpleNamespace(
+        id=tenant_id,
+        limits=SimpleNamespace(
+            tokens_per_minute=limits.get("tokens_per_minute"),
+            max_concurrent_requests=int(limits.get("max_concurrent_requests", 1 << 30)),
+        ),
+    )
+
+
+class SharedTenantState:
+    """The shared per-tenant state (see module docstring). Not thread-safe: one owner.
+
+    Args:
+        controller_kwargs: keyword arguments of :class:`KController` (plain data).
+        lease_ttl_s: a lease older than this is released as if its request had ended.
+        clock: monotonic seconds (tests inject one; also used by the controller when given).
+    """
+
+    def __init__(
+        self,
+        controller_kwargs: Mapping | None = None,
+        lease_ttl_s: float = 300.0,
+        clock: Callable[[], float] | None = None,
+    ):
+        kw = dict(controller_kwargs or {})
+        self.clock = clock or time.monotonic
+        if clock is not None:
+            kw.setdefault("clock", clock)
+        self.controller = KController(**kw)
+        self.limiter = RateLimiter(clock=self.clock)
+        self.lease_ttl_s = lease_ttl_s
+        self._leases: dict[int, tuple[Any, float]] = {}
+        self._ids = itertools.count(1)
+        self.usage: dict[str, dict[str, int]] = {}
+
+    # ------------------------------------------------------------------ per request
+
+    def admit(
+        self,
+        tenant_id: str,
+        limits: Mapping,
+        tokens: int,
+        proposer: str,
+        policy: Mapping,
+        requested_k: int | None,
+    ) -> dict:
+        """Reserve rate limits for one request and decide its K, in one call.
+
+        Returns:
+            ``{"lease": id, "decision": KDecision dict}``, or ``{"error": {"message", "limit",
+            "retry_after_s"}}`` when a limit fires (errors travel as data: Ray would wrap the
+            exception and drop its attributes).
+        """
+        self._expire()
+        try:
+            lease = self.limiter.acquire(_limits_ns(tenant_id, limits), int(tokens))
+        except ResourceExhaustedError as e:
+            return {"error": {"message": str(e), "limit": e.limit, "retry_after_s": e.retry_after_s}}
+        lease_id = next(self._ids)
+        self._leases[lease_id] = (lease, self.clock())
+        u = self.usage.setdefault(tenant_id, {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0})
+        u["requests"] += 1
+        return {"lease": lease_id, "decision": self.decide(tenant_id, proposer, policy, requested_k)}
+
+    def complete(
+        self,
+        lease_id: int | None,
+        tenant_id: str,
+        proposer: str,
+        stats: Mapping | None = None,
+        costs: Mapping | None = None,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        used_tokens: int | None = None,
+    ) -> None:
+        """End one admitted request: release its lease (refunding unused tokens), feed its
+        stats (if any steps ran) to the controller and add its usage. Idempotent per lease."""
+        entry = self._leases.pop(lease_id, None) if lease_id is not None else None
+        if entry is not None:
+            entry[0].release(used_tokens)
+        u = self.usage.setdefault(tenant_id, {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0})
+        u["prompt_tokens"] += int(prompt_tokens)
+        u["completion_tokens"] += int(completion_tokens)
+        if stats and int(stats.get("steps", 0)) > 0:
+            self.record(tenant_id, proposer, stats, costs)
+
+    def _expire(self) -> None:
+        now = self.clock()
+        for lid, (lease, t) in list(self._leases.items()):
+            if now - t > self.lease_ttl_s:
+                log.warning("lease %s of tenant %r expired after %.0f s", lid, lease.tenant_id, now - t)
+                lease.release(None)
+                del self._leases[lid]
+
+    # ------------------------------------------------------------------ controller API
+
+    def decide(self, tenant: str, proposer: str, policy: Mapping, requested_k: int | None = None) -> dict:
+        """:meth:`KController.decide` as a dict (``candidates`` included)."""
+        return self.controller.decide(tenant, proposer, dict(policy), requested_k).as_dict()
+
+    def record(self, tenant: str, proposer: str, stats: Mapping, costs: Mapping | None = None) -> None:
+        self.controller.record(tenant, proposer, dict(stats), costs)
+
+    def observe_step(
+        self, proposer: str, k: int, draft_s: float, verify_s: float, round_trip_s: float | None = None
+    ) -> None:
+        self.controller.observe_step(proposer, k, draft_s, verify_s, round_trip_s)
+
+    def observe_steps(self, proposer: str, steps: list) -> None:
+        """Many ``(k, draft_s, verify_s[, round_trip_s])`` at once (one call, e.g. a calibration)."""
+        for s in steps:
+            self.controller.observe_step(proposer, *s)
+
+    def current_k(self, tenant: str, proposer: str) -> int | None:
+        return self.controller.current_k(tenant, proposer)
+
+    def tenant_stats(self, tenant: str) -> dict:
+        """One tenant's view: per proposer its controller state (α̂, counts, K, last decision
+        with cost terms and predicted speedup) and the proposer's cost model; its usage."""
+        per = self.controller.tenant_stats(tenant)
+        for proposer, d in per.items():
+            d["cost_model"] = self.controller.cost_model(proposer).snapshot()
+        return {
+            "tenant_id": tenant,
+            "proposers": per,
+            "usage": dict(self.usage.get(tenant, {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0})),
+        }
+
+    def active_leases(self) -> int:
+        return len(self._leases)
+
+    def ping(self) -> str:
+        return "ok"
+
+
+def _actor_class():
+    import ray
+
+    return ray.remote(SharedTenantState)
+
+
+def get_or_create_actor(
+    controller_kwargs: Mapping | None = None,
+    *,
+    name: str = ACTOR_NAME,
+    namespace: str = ACTOR_NAMESPACE,
+    lease_ttl_s: float = 300.0,
+):
+    """The shared actor's handle, creating it on first use (Ray must be initialized).
+
+    The first caller's ``controller_kwargs`` win; later callers attach to the existing actor.
+    """
+    cls = _actor_class()
+    return cls.options(
+        name=name,
+        namespace=namespace,
+        get_if_exists=True,
+        lifetime="detached",
+        num_cpus=0,
+        max_concurrency=1,
+        max_restarts=-1,
+    ).remote(controller_kwargs, lease_ttl_s)
+
+
+class ControllerClient:
+    """Async access to the shared state, from an actor handle or a local object.
+
+    Use :meth:`shared` in a router replica, :meth:`local` without Ray, or :meth:`auto` (the
+    actor when Ray is initialized, else local).
+    """
+
+    def __init__(self, actor: Any = None, local: SharedTenantState | None = None):
+        if (actor is None) == (local is None):
+            raise ValueError("give exactly one of actor or local")
+        self.actor = actor
+        self._local = local
+        self._fallback: SharedTenantState | None = None
+        self._warned = False
+
+    @classmethod
+    def local(cls, controller_kwargs: Mapping | None = None, **kw) -> "ControllerClient":
+        return cls(local=SharedTenantState(controller_kwargs, **kw))
+
+    @classmethod
+    def shared(cls, controller_kwargs: Mapping | None = None, **kw) -> "ControllerClient":
+        return cls(actor=get_or_create_actor(controller_kwargs, **kw))
+
+    @classmethod
+    def auto(cls, controller_kwargs: Mapping | None = None, **kw) -> "ControllerClient":
+        try:
+            import ray
+
+            if ray.is_initialized():
+                return cls.shared(controller_kwargs, **kw)
+        except ImportError:
+            pass
+        return cls.local(controller_kwargs)
+
+    @property
+    def is_shared(self) -> bool:
+        return self.actor is not None
+
+    @property
+    def state(self) -> SharedTenantState | None:
+        """The local state (None when backed by the actor)."""
+        return self._local
+
+    async def _call(self, method: str, *args):
+        if self._local is not None:
+            return getattr(self._local, method)(*args)
+        from ray.exceptions import RayActorError, RayTaskError
+
+        try:
+            return await getattr(self.actor, method).remote(*args)
+        except RayTaskError as e:  # the method itself raised: that error, not a fallback
+            raise e.as_instanceof_cause() from None
+        except (RayActorError, ConnectionError) as e:  # actor unavailable: per-replica state
+            if not self._warned:
+                log.warning("shared controller actor unavailable (%s); using a local fallback", e)
+                self._warned = True
+            if self._fallback is None:
+                self._fallback = SharedTenantState()
+            return getattr(self._fallback, method)(*args)
+
+    async def admit(self, tenant_id, limits, tokens, proposer, policy, requested_k) -> dict:
+        return await self._call("admit", tenant_id, dict(limits), tokens, proposer, dict(policy), requested_k)
+
+    async def complete(self, lease_id, tenant_id, proposer, stats=None, costs=None,
+                       prompt_tokens=0, completion_tokens=0, used_tokens=None) -> None:
+        return await self._call("complete", lease_id, tenant_id, proposer, stats, costs,
+                                prompt_tokens, completion_tokens, used_tokens)
+
+    async def decide(self, tenant: str, proposer: str, policy: Mapping, requested_k: int | None = None) -> dict:
+        return await self._call("decide", tenant, proposer, dict(policy), requested_k)
+
+    async def record(self, tenant: str, proposer: str, stats: Mapping, costs: Mapping | None = None) -> None:
+        return await self._call("record", tenant, proposer, dict(stats), costs)
+
+    async def observe_step(self, proposer, k, draft_s, verify_s, round_trip_s=None) -> None:
+        return await self._call("observe_step", proposer, k, draft_s, verify_s, round_trip_s)
+
+    async def observe_steps(self, proposer: str, steps: list) -> None:
+        return await self._call("observe_steps", proposer, list(steps))
+
+    async def current_k(self, tenant: str, proposer: str) -> int | None:
+        return await self._call("current_k", tenant, proposer)
+
+    async def tenant_stats(self, tenant: str) -> dict:
+        return await self._call("tenant_stats", tenant)

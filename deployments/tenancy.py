@@ -1,0 +1,395 @@
+"""The router's tenancy façade: authenticate, apply policy and limits, admit fairly, pick K.
+
+A router replica holds one :class:`TenancyGate` and calls, per request::
+
+    adm = await gate.admit(metadata, request)          # may raise (mapped by grpc_status)
+    try:
+        gen = engine.start(adm.request, k=adm.k)       # adm.k: int, or a probe's schedule
+        timed = run_timed(gen)                          # specdec.adaptive: stats + step costs
+    except BaseException as e:
+        await gate.complete(adm, e)
+        raise
+    await gate.complete(adm, timed)
+
+and ``await gate.tenant_stats(metadata, proposer)`` for ``GetTenantStats``.
+
+What :meth:`TenancyGate.admit` does, in order, and the error of each step (gRPC code via
+:mod:`deployments.grpc_status`):
+
+1. authenticate ``authorization: Bearer <key>`` from the gRPC metadata against the tenants
+   file (:meth:`specdec.tenants.TenantRegistry.authenticate`): missing, malformed or unknown key
+   -> :class:`AuthenticationError` (UNAUTHENTICATED);
+2. the tenant's policy (:meth:`TenantRegistry.check_request`): prompt too long, ``max_tokens``
+   over the limit, proposer not allowed -> :class:`InvalidRequestError` (INVALID_ARGUMENT);
+   K above the tenant's ``k_max`` is clipped (K never changes the output);
+3. the shared rate limits (tokens per minute, concurrent requests; one state for all router
+   replicas, :mod:`deployments.controller_actor`) -> :class:`ResourceExhaustedError`
+   (RESOURCE_EXHAUSTED) naming the limit, with ``retry_after_s``;
+4. a slot of this replica's :class:`specdec.limits.FairAdmission` (``capacity`` requests run at
+   once; when full, waiting tenants are served by fewest running slots, round robin, not first
+   come first served; a tenant with ``max_queue_per_tenant`` already queued ->
+   RESOURCE_EXHAUSTED ``max_queued_requests``);
+5. the K decision of the shared controller for (tenant, proposer) within the tenant's policy
+   and the request's own ``speculation.k`` (a ceiling): the returned :class:`Admission` carries
+   the request rewritten with that K (K = 0: the draft is not even opened) and the engine's
+   ``k`` argument (a probe speculates only its first few steps).
+
+:meth:`TenancyGate.complete` releases the slot and the lease (refunding tokens not generated),
+feeds the request's counters and step timings to the controller, adds usage and records the
+metrics. It is idempotent and never raises.
+
+**Open mode.** With no tenants file (``AppConfig.tenants_file`` None) the gate runs open: every
+request, with or without an ``authorization`` header, is the anonymous tenant ``"default"``
+(no rate limits, ``max_tokens``/prompt limits only those of the request model, any proposer,
+adaptive K in [0, 16] capped by the request's own ``k``). Fair admission and adaptive K still
+apply, and ``GetTenantStats`` answers for ``"default"``. Use it for local runs and tests; a
+deployment reachable by others needs a tenants file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+from specdec.errors import AuthenticationError, InvalidRequestError, ResourceExhaustedError, SpecDecError
+from specdec.limits import FairAdmission
+from specdec.request import MAX_SPECULATION_LENGTH, GenerationRequest
+from specdec.tenants import SpeculationPolicy, Tenant, TenantLimits, TenantRegistry, TenantsConfig
+
+from deployments.controller_actor import ControllerClient
+from deployments.metrics import SpecDecMetrics
+
+log = logging.getLogger(__name__)
+
+#: Tenant id of open mode (no tenants file).
+OPEN_TENANT_ID = "default"
+#: Tenant label of requests refused before authentication.
+UNKNOWN_TENANT = "unknown"
+
+_OPEN_TENANT = Tenant(
+    id=OPEN_TENANT_ID,
+    api_key_hashes=["0" * 64],  # matches no key: open mode never authenticates
+    limits=TenantLimits(
+        max_concurrent_requests=1_000_000, tokens_per_minute=None, max_tokens=1_000_000, max_prompt_tokens=1_000_000
+    ),
+    speculation=SpeculationPolicy(k_min=0, k_max=MAX_SPECULATION_LENGTH, adaptive=True),
+)
+
+
+def authorization_from_metadata(metadata: Any) -> str | None:
+    """The ``authorization`` value from gRPC metadata.
+
+    Accepts what routers have at hand: ``grpc_context.invocation_metadata()`` (pairs or objects
+    with ``key``/``value``), a mapping, or None. Keys compare case-insensitively; the first
+    ``authorization`` entry wins.
+    """
+    if metadata is None:
+        return None
+    if hasattr(metadata, "invocation_metadata"):
+        metadata = metadata.invocation_metadata()
+    items: Iterable = metadata.items() if isinstance(metadata, Mapping) else metadata
+    for item in items:
+        if hasattr(item, "key"):
+            k, v = item.key, item.value
+        else:
+            k, v = item
+        if str(k).lower() == "authorization":
+            return v.decode() if isinstance(v, bytes) else str(v)
+    return None
+
+
+def status_name(exc: BaseException | None) -> str:
+    """gRPC status code name of ``exc`` (``"OK"`` for None)."""
+    if exc is None:
+        return "OK"
+    from deployments.grpc_status import status_for
+
+    return status_for(exc).name
+
+
+@dataclass
+class Admission:
+    """One admitted request: what to run and what to give back.
+
+    Attributes:
+        tenant_id: the authenticated tenant.
+        request: the request to run: the caller's, with ``speculation.k`` set to the decided K.
+        k: the engine's ``k`` argument (an int, or a probe's per-step schedule).
+        proposer: the proposer (``"none"`` when K = 0 was forced by the request or policy).
+        decision: the controller's KDecision as a dict (α, cost terms, predicted speedup).
+        prompt_tokens: prompt length the limits were checked with.
+        clipped: notes on what the policy clipped (e.g. K above k_max).
+        queued_s: time spent waiting for a fair-admission slot.
+    """
+
+    tenant_id: str
+    request: GenerationRequest
+    k: Any
+    proposer: str
+    decision: dict
+    prompt_tokens: int
+    clipped: tuple[str, ...] = ()
+    queued_s: float = 0.0
+    lease_id: int | None = None
+    started: float = field(default_factory=time.perf_counter)
+    _slot: bool = False
+    _done: bool = False
+
+    @property
+    def chosen_k(self) -> int:
+        return int(self.decision["k"])
+
+
+class TenancyGate:
+    """Authentication, policy, limits, fair admission and K per request (module docstring).
+
+    Args:
+        tenants: a :class:`TenantRegistry`, a path to the tenants YAML, or None (open mode).
+        controller: the shared-state client (:meth:`ControllerClient.shared` in a replica,
+            :meth:`ControllerClient.local` in tests); default: :meth:`ControllerClient.auto`.
+        metrics: :class:`SpecDecMetrics` (default: a new one on Ray's metrics API).
+        capacity: requests this replica runs at once (fair-admission slots); e.g. the Router
+            deployment's ``max_ongoing_requests``.
+        max_queue_per_tenant: queued requests per tenant before RESOURCE_EXHAUSTED.
+        count_prompt_tokens: ``request -> prompt tokens`` (e.g. ``len(engine.encode(r))``);
+            without it only ``prompt_token_ids`` requests are measured exactly, text prompts
+            are estimated at one token per 4 characters (an upper-bound-ish guess for limits).
+    """
+
+    def __init__(
+        self,
+        tenants: TenantRegistry | str | os.PathLike | None,
+        controller: ControllerClient | None = None,
+        metrics: SpecDecMetrics | None = None,
+        *,
+        capacity: int = 8,
+        max_queue_per_tenant: int = 64,
+        count_prompt_tokens: Callable[[GenerationRequest], int] | None = None,
+    ):
+        if isinstance(tenants, (str, os.PathLike)):
+            tenants = TenantRegistry.from_yaml(tenants)
+        self._open = tenants is None
+        self.registry: TenantRegistry = tenants or TenantRegistry(TenantsConfig(tenants=[_OPEN_TENANT]))
+        self.controller = controller if controller is not None else ControllerClient.auto()
+        self.metrics = metrics if metrics is not None else SpecDecMetrics()
+        self.admission = FairAdmission(capacity, max_queue_per_tenant)
+        self.count_prompt_tokens = count_prompt_tokens
+
+    @classmethod
+    def from_config(cls, cfg, controller: ControllerClient | None = None, **kw) -> "TenancyGate":
+        """A gate for an :class:`deployments.config.AppConfig`: its ``tenants_file`` (None: open
+        mode) and the Router's ``max_ongoing_requests`` as capacity."""
+        kw.setdefault("capacity", cfg.router.max_ongoing_requests)
+        return cls(cfg.tenants_file, controller, **kw)
+
+    @property
+    def open_mode(self) -> bool:
+        return self._open
+
+    # ------------------------------------------------------------------ helpers
+
+    def authenticate(self, metadata: Any) -> Tenant:
+        """The caller's tenant (open mode: ``"default"``). Raises AuthenticationError."""
+        if self._open:
+            return _OPEN_TENANT
+        return self.registry.authenticate(authorization_from_metadata(metadata))
+
+    def _prompt_tokens(self, request: GenerationRequest) -> int:
+        if request.prompt_token_ids is not None:
+            return len(request.prompt_token_ids)
+        if self.count_prompt_tokens is not None:
+            return int(self.count_prompt_tokens(request))
+        text = request.prompt if request.prompt is not None else "".join(m.content for m in request.messages or [])
+        return max(1, (len(text) + 3) // 4)
+
+    def _refused(self, tenant_id: str, proposer: str, exc: BaseException) -> None:
+        try:
+            self.metrics.record_request(tenant_id, proposer, status_name(exc))
+        except Exception:  # metrics never break serving
+            log.exception("metrics")
+
+    # ------------------------------------------------------------------ per request
+
+    async def admit(self, metadata: Any, request: GenerationRequest, prompt_tokens: int | None = None) -> Admission:
+        """Authenticate, check, rate-limit, wait for a fair slot and decide K (module docstring).
+
+        Args:
+            metadata: the gRPC invocation metadata (or the grpc context, or a mapping).
+            request: the validated request.
+            prompt_tokens: the prompt length if the caller already tokenized it.
+
+        Raises:
+            AuthenticationError, InvalidRequestError, ResourceExhaustedError.
+        """
+        proposer = request.speculation.proposer
+        try:
+            tenant = self.authenticate(metadata)
+        except AuthenticationError as e:
+            self._refused(UNKNOWN_TENANT, proposer, e)
+            raise
+        tid = tenant.id
+        try:
+            n_prompt = prompt_tokens if prompt_tokens is not None else self._prompt_tokens(request)
+            checked = self.registry.check_request(
+                tenant, n_prompt, request.max_tokens, request.speculation.k, proposer
+            )
+        except SpecDecError as e:
+            self._refused(tid, proposer, e)
+            raise
+        pol = tenant.speculation
+        policy = {"k_min": pol.k_min, "k_max": pol.k_max, "adaptive": pol.adaptive, "fixed_k": pol.fixed_k}
+        limits = tenant.limits.model_dump()
+        got = await self.controller.admit(
+            tid, limits, n_prompt + request.max_tokens, checked.proposer, policy, checked.k_max
+        )
+        if "error" in got:
+            err = got["error"]
+            e = ResourceExhaustedError(err["message"], limit=err["limit"], retry_after_s=err["retry_after_s"])
+            self._refused(tid, proposer, e)
+            raise e
+        adm = Admission(
+            tenant_id=tid,
+            request=request,
+            k=0,
+            proposer=checked.proposer,
+            decision=got["decision"],
+            prompt_tokens=n_prompt,
+            clipped=checked.clipped,
+            lease_id=got["lease"],
+        )
+        t_q = time.perf_counter()
+        try:
+            await self.admission.acquire(tid)
+        except BaseException as e:
+            await self.controller.complete(adm.lease_id, tid, adm.proposer, used_tokens=n_prompt)
+            adm._done = True
+            if isinstance(e, SpecDecError):
+                self._refused(tid, proposer, e)
+            raise
+        adm._slot = True
+        adm.queued_s = time.perf_counter() - t_q
+        from specdec.adaptive import apply_decision
+
+        adm.request, adm.k = apply_decision(request, adm.decision)
+        return adm
+
+    async def complete(
+        self,
+        admission: Admission,
+        outcome: Any = None,
+        *,
+        ttft_s: float | None = None,
+        inter_token_s: float | None = None,
+        costs: Mapping | None = None,
+    ) -> None:
+        """End ``admission``: ``outcome`` is a :class:`specdec.adaptive.TimedRun`, a
+        :class:`specdec.types.GenerationResult`, or the exception that ended the request.
+
+        Releases the fair slot and the rate lease (charging prompt + generated tokens), feeds
+        the controller (counters, and step costs when known), adds usage, records metrics.
+        Idempotent; never raises (errors are logged).
+        """
+        if admission._done:
+            return
+        admission._done = True
+        if admission._slot:
+            admission._slot = False
+            self.admission.release(admission.tenant_id)
+        result, exc = None, None
+        if isinstance(outcome, BaseException):
+            exc = outcome
+        elif outcome is not None and hasattr(outcome, "result") and hasattr(outcome, "costs"):
+            result = outcome.result
+            costs = costs if costs is not None else outcome.costs.as_dict()
+            ttft_s = ttft_s if ttft_s is not None else outcome.ttft_s
+            inter_token_s = inter_token_s if inter_token_s is not None else outcome.inter_token_s
+        else:
+            result = outcome
+        completion = int(result.usage.completion_tokens) if result is not None else 0
+        stats = result.stats.as_dict() if result is not None and result.stats is not None else None
+        try:
+            await self.controller.complete(
+                admission.lease_id, admission.tenant_id, admission.proposer, stats, costs,
+                admission.prompt_tokens, completion, admission.prompt_tokens + completion,
+            )
+        except Exception:
+            log.exception("controller.complete failed for tenant %r", admission.tenant_id)
+        try:
+            self.metrics.record_request(
+                admission.tenant_id,
+                admission.proposer,
+                status_name(exc) if not isinstance(exc, asyncio.CancelledError) else "CANCELLED",
+                result,
+                ttft_s,
+                admission.decision,
+                inter_token_s=inter_token_s,
+                prompt_tokens=admission.prompt_tokens,
+                queue_s=admission.queued_s,
+            )
+        except Exception:
+            log.exception("metrics")
+
+    # ------------------------------------------------------------------ stats
+
+    async def tenant_stats(self, metadata: Any) -> dict:
+        """The caller's own tenant's stats (never another's: the tenant comes from the key).
+
+        Raises:
+            AuthenticationError: no or unknown key.
+        """
+        tenant = self.authenticate(metadata)
+        stats = await self.controller.tenant_stats(tenant.id)
+        stats["default_proposer"] = next((p for p in tenant.speculation.allowed_proposers if p != "none"), "none")
+        return stats
+
+
+# ---------------------------------------------------------------------- proto
+
+_PROPOSER_ENUM = {"draft": 1, "ngram": 2, "none": 3}
+
+
+def tenant_stats_to_proto(stats: Mapping, proposer: str | None = None):
+    """``GetTenantStatsResponse`` for one proposer of :meth:`TenancyGate.tenant_stats`'s dict.
+
+    ``proposer`` None: the tenant's default proposer. A proposer the tenant never used gets
+    only its id, usage and ``current_k`` 0 (acceptance and speedup unset).
+    """
+    from protos.specdec.v1 import specdec_pb2 as pb
+
+    proposer = proposer or stats.get("default_proposer") or "draft"
+    msg = pb.GetTenantStatsResponse(tenant_id=stats["tenant_id"], proposer=_PROPOSER_ENUM.get(proposer, 0))
+    u = stats.get("usage") or {}
+    msg.usage.requests = int(u.get("requests", 0))
+    msg.usage.prompt_tokens = int(u.get("prompt_tokens", 0))
+    msg.usage.completion_tokens = int(u.get("completion_tokens", 0))
+    p = (stats.get("proposers") or {}).get(proposer)
+    if not p:
+        return msg
+    acc = p.get("acceptance") or {}
+    if acc.get("evidence", 0) > 0 or acc.get("alpha") is not None:
+        msg.acceptance_rate = float(acc["alpha"])
+    msg.current_k = int(p.get("current_k") or 0)
+    last = p.get("last_decision")
+    if last is not None:
+        msg.predicted_speedup = float(last["predicted_speedup"])
+    cm = p.get("cost_model") or {}
+    if cm:
+        msg.cost.draft_per_token_s = float(cm.get("draft_s_per_token", 0.0))
+        msg.cost.round_trip_s = float(cm.get("round_trip_s", 0.0))
+        verify = {int(k): v for k, v in (cm.get("verify_s") or {}).items() if v is not None}
+        if verify:
+            msg.cost.verify_s_by_positions.extend(float(verify.get(i + 1, 0.0)) for i in range(max(verify)))
+    s = msg.stats
+    s.steps = int(round(acc.get("steps", 0)))
+    s.proposed = int(round(acc.get("proposed", 0)))
+    s.accepted = int(round(acc.get("accepted", 0)))
+    s.rejected_steps = int(round(acc.get("rejected_steps", 0)))
+    if s.proposed:
+        s.acceptance_rate = s.accepted / s.proposed
+    s.accepted_per_position.extend(int(round(x)) for x in acc.get("accepted_per_position", []))
+    s.proposed_per_position.extend(int(round(x)) for x in acc.get("proposed_per_position", []))
+    return msg
