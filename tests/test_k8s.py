@@ -329,13 +329,18 @@ SPECDEC_METRICS = {
     "ray_specdec_proposed_tokens_total", "ray_specdec_accepted_tokens_total",
     "ray_specdec_speculation_k", "ray_specdec_draft_seconds", "ray_specdec_verify_seconds",
     "ray_specdec_ttft_seconds", "ray_specdec_exchange_bytes",
+    "ray_specdec_prompt_tokens_total", "ray_specdec_accepted_tokens_by_position_total",
+    "ray_specdec_proposed_tokens_by_position_total", "ray_specdec_acceptance_rate", "ray_specdec_chosen_k",
+    "ray_specdec_predicted_speedup", "ray_specdec_measured_speedup", "ray_specdec_inter_token_seconds",
+    "ray_specdec_queue_seconds",
 }
 
 
 def test_grafana_dashboard():
     dash = json.loads((K8S / "grafana" / "specdec-dashboard.json").read_text())
     titles = " | ".join(p["title"] for p in dash["panels"]).lower()
-    for topic in ("acceptance", "k chosen", "tokens/s", "draft vs verify", "first token", "status"):
+    for topic in ("acceptance", "k chosen", "tokens/s", "draft vs verify", "first token", "status",
+                  "predicted vs measured speedup", "draft position", "inter-token"):
         assert topic in titles, topic
     used = set()
     for p in dash["panels"]:

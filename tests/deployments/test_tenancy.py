@@ -476,3 +476,22 @@ def test_two_router_replicas_share_k_and_limits(ray_local, tenants_file, engines
     asyncio.run(main())
     actor = ray_local.get_actor(ACTOR_NAME, namespace=ACTOR_NAMESPACE)
     assert ray_local.get(actor.active_leases.remote()) == 0
+
+
+def test_dashboard_reads_only_metrics_we_define():
+    """Every ray_specdec_* series in the Grafana dashboard is one deployments.metrics defines."""
+    import json
+    import re
+    from pathlib import Path
+
+    from deployments.metrics import METRICS
+
+    exported = set()
+    for name, (kind, *_rest) in METRICS.items():
+        exported.add("ray_" + name + ("_total" if kind == "counter" else ""))
+    dash = json.loads((Path(__file__).parents[2] / "k8s" / "grafana" / "specdec-dashboard.json").read_text())
+    used = {re.sub(r"_(bucket|sum|count)$", "", m) for p in dash["panels"] for t in p["targets"]
+            for m in re.findall(r"\bray_specdec_[a-z_]+", t["expr"])}
+    assert used <= exported, used - exported
+    assert {"ray_specdec_predicted_speedup", "ray_specdec_measured_speedup",
+            "ray_specdec_accepted_tokens_by_position_total"} <= used
