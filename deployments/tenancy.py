@@ -352,6 +352,11 @@ class TenancyGate:
 _PROPOSER_ENUM = {"draft": 1, "ngram": 2, "none": 3}
 
 
+def proposer_name(enum_value: int) -> str | None:
+    """``specdec.v1.Proposer`` enum value -> proposer name (None for PROPOSER_UNSPECIFIED)."""
+    return {v: k for k, v in _PROPOSER_ENUM.items()}.get(int(enum_value))
+
+
 def tenant_stats_to_proto(stats: Mapping, proposer: str | None = None):
     """``GetTenantStatsResponse`` for one proposer of :meth:`TenancyGate.tenant_stats`'s dict.
 

@@ -355,6 +355,10 @@ def test_tenant_stats_are_the_callers_own(tenants_file, engines):
         assert msg.HasField("acceptance_rate") and msg.HasField("predicted_speedup")
         assert msg.current_k == sa["proposers"]["draft"]["current_k"]
         assert msg.cost.draft_per_token_s > 0 and msg.stats.proposed > 0  # frozen costs: no verify points
+        from deployments.tenancy import proposer_name
+
+        assert proposer_name(msg.proposer) == "draft" and proposer_name(0) is None
+        assert tenant_stats_to_proto(sa, proposer_name(2)).current_k == 0  # never used ngram
         fresh = await gate.tenant_stats(md("other"))
         assert fresh["proposers"] == {} and tenant_stats_to_proto(fresh).current_k == 0
 
