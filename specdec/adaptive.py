@@ -131,7 +131,7 @@ def calibrate(
     *,
     proposer: str = "draft",
     max_k: int = 8,
-    repeats: int = 2,
+    repeats: int = 3,
     prompt_ids: list[int] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict:
@@ -139,8 +139,8 @@ def calibrate(
 
     Runs ``repeats`` rounds of one step per K (draft ``propose(K)`` then target ``verify``) on
     one greedy sequence after a warm-up step that absorbs both prefills, and calls
-    ``controller.observe_step(proposer, K, draft_s, verify_s)`` for each. Returns the cost
-    model's snapshot afterwards.
+    ``controller.observe_step(proposer, K, draft_s, verify_s)`` once per K with the median
+    times (robust to a step slowed by other load). Returns the cost model's snapshot.
     """
     if engine.draft_proposer is None and proposer == "draft":
         raise ValueError("calibrating the draft proposer needs a draft model")
@@ -162,10 +162,15 @@ def calibrate(
             return block.k, t1 - t0, t2 - t1
 
         step(1)  # prefill of both, not recorded
+        samples: dict[int, list[tuple[float, float]]] = {}
         for _ in range(repeats):
             for k in range(0, max_k + 1):
                 kk, d, v = step(k)
-                controller.observe_step(proposer, kk, d, v)
+                samples.setdefault(kk, []).append((d, v))
+        for kk, xs in sorted(samples.items()):  # the median per K: one slow step does not stick
+            ds = sorted(x[0] for x in xs)
+            vs = sorted(x[1] for x in xs)
+            controller.observe_step(proposer, kk, ds[len(ds) // 2], vs[len(vs) // 2])
     finally:
         target.close()
         if draft is not None:
