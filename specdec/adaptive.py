@@ -137,8 +137,9 @@ def calibrate(
 ) -> dict:
     """Measure real speculation steps at every K in 0..max_k and feed them to ``controller``.
 
-    Runs ``repeats`` rounds of one step per K (draft ``propose(K)`` then target ``verify``) on
-    one greedy sequence after a warm-up step that absorbs both prefills, and calls
+    For each K runs one unrecorded step then ``repeats`` recorded steps (draft ``propose(K)``
+    then target ``verify``) on one greedy sequence, after a warm-up step that absorbs both
+    prefills, and calls
     ``controller.observe_step(proposer, K, draft_s, verify_s)`` once per K with the median
     times (robust to a step slowed by other load). Returns the cost model's snapshot.
     """
@@ -163,8 +164,9 @@ def calibrate(
 
         step(1)  # prefill of both, not recorded
         samples: dict[int, list[tuple[float, float]]] = {}
-        for _ in range(repeats):
-            for k in range(0, max_k + 1):
+        for k in range(0, max_k + 1):
+            step(k)  # the first step after a change of K is not steady state (cache crop, draft catch-up)
+            for _ in range(repeats):
                 kk, d, v = step(k)
                 samples.setdefault(kk, []).append((d, v))
         for kk, xs in sorted(samples.items()):  # the median per K: one slow step does not stick
