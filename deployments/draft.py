@@ -320,9 +320,12 @@ class Draft:
             assembler.add(resumed, [0.0] * len(resumed) if req.logprobs else None)
             baseline = assembler.take_chunk()
             skip = max(0, job.resume_text_chars - len(baseline.text if baseline else ""))
+        from specdec.controller import k_schedule
+
+        k = k_schedule(spec.k, job.probe_steps or None) if proposer is not None else 0
         gen = Generation(
             target=target, proposer=proposer, assembler=assembler, prompt_len=len(prompt),
-            max_total_len=info.max_positions, k=spec.k if proposer is not None else 0,
+            max_total_len=info.max_positions, k=k,
         )
         return gen, target, skip
 

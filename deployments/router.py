@@ -6,16 +6,17 @@ names equal the RPC names of ``specdec.v1.SpecDec``: Serve's gRPC proxy routes
 and a ``grpc_context``. No exception ever leaves a method: errors are set on the context
 (:func:`deployments.grpc_status.abort_with`), else Serve would answer INTERNAL.
 
-Per request, in order (one clear step each, so tenants/auth/limits slot into :meth:`Router._admit`):
+Per request, in order (one clear step each):
 
 1. ``_parse``: proto -> validated core request (INVALID_ARGUMENT);
-2. ``_admit(request, metadata) -> Admission``: who the caller is, whether it may run now, and
-   which proposer and K it gets (today: the request's hints capped by ``default_max_k``; issue 4
-   adds API keys, limits -> RESOURCE_EXHAUSTED, and the per-tenant K controller);
+2. ``_hints``: the request's proposer and largest K, capped by ``default_max_k``;
 3. ``_encode``: tokenize (chat template of the target) and check the context limit
    (INVALID_ARGUMENT for an empty or over-long prompt);
-4. ``_ensure_ready``: the models are loaded (else UNAVAILABLE within ``ready_timeout_s``);
-5. ``_relay``: one ``DraftJob`` to the Draft deployment (sticky on the session id), whose
+4. ``TenancyGate.admit`` (:mod:`deployments.tenancy`): the API key (UNAUTHENTICATED), the
+   tenant's policy (INVALID_ARGUMENT, or K clipped), its limits (RESOURCE_EXHAUSTED), a fair
+   admission slot, and the K of the shared per-tenant controller (K = 0: plain decoding);
+5. ``_ensure_ready``: the models are loaded (else UNAVAILABLE within ``ready_timeout_s``);
+6. ``_relay``: one ``DraftJob`` to the Draft deployment (sticky on the session id), whose
    stream of chunks is relayed as is. The router is not in the per-token path: the draft replica
    runs the loop and talks to the target itself. If the draft replica dies mid-stream, the
    generation is resumed on a (new) draft replica from what the client already received.
@@ -25,6 +26,10 @@ Deadlines: the client's gRPC deadline is not visible through Serve's proxy conte
 metadata ``specdec-timeout-s`` (seconds); the server stops at ``min(that, request_timeout_s)``
 and answers DEADLINE_EXCEEDED. When the client's own deadline fires first, gRPC cancels the call
 and Serve cancels the router's and the draft's tasks: the generation stops and frees its caches.
+
+Every admitted request ends with ``TenancyGate.complete`` (success, error or cancellation): the
+fair slot and rate lease are released, the controller learns from the request's speculation
+counters, and the metrics are recorded.
 """
 
 from __future__ import annotations
@@ -47,7 +52,6 @@ from specdec.errors import (
     DeadlineExceededError,
     InvalidRequestError,
     ModelNotReadyError,
-    PermissionDeniedError,
     PromptTooLongError,
 )
 from specdec.request import GenerationRequest
@@ -60,21 +64,6 @@ TIMEOUT_KEY = "specdec-timeout-s"
 SESSION_KEY = "session_id"
 #: How many times one generation is resumed after its draft replica died.
 MAX_RESUMES = 3
-
-
-@dataclass(frozen=True)
-class Admission:
-    """The router's decision for one request.
-
-    Attributes:
-        proposer: ``"draft"``, ``"ngram"`` or ``"none"``.
-        k: largest K per speculation step (0 = plain decoding).
-        tenant: the caller's tenant id (None while there are no tenants).
-    """
-
-    proposer: str
-    k: int
-    tenant: str | None = None
 
 
 def metadata_dict(grpc_context: Any) -> dict[str, str]:
@@ -94,13 +83,15 @@ class Router:
         info: the target's :class:`deployments.target_info.TargetInfo` (tests inject one).
     """
 
-    def __init__(self, cfg: AppConfig, draft: Any = None, target: Any = None, info: Any = None):
+    def __init__(self, cfg: AppConfig, draft: Any = None, target: Any = None, info: Any = None, gate: Any = None):
         from deployments.target_info import TargetInfo
+        from deployments.tenancy import TenancyGate
 
         self.cfg = cfg
         self.draft = draft
         self.target = target
         self.info = info if info is not None else TargetInfo.load(cfg.target_model)
+        self.gate = gate if gate is not None else TenancyGate.from_config(cfg)
         self._ready = False
         self.resumes = 0
 
@@ -109,8 +100,8 @@ class Router:
     def _parse(self, request: pb.GenerateRequest) -> GenerationRequest:
         return convert.request_from_proto(request)
 
-    def _admit(self, request: pb.GenerateRequest, metadata: dict[str, str]) -> Admission:
-        """Decide whether and how ``request`` runs: proposer and K (auth and limits: issue 4).
+    def _hints(self, request: pb.GenerateRequest) -> tuple[str, int]:
+        """The request's proposer and largest K, capped by the server's ``default_max_k``.
 
         Raises:
             InvalidRequestError: the request asks for the draft proposer but none is served.
@@ -124,7 +115,7 @@ class Router:
         k = self.cfg.default_max_k if not spec.HasField("max_k") else min(spec.max_k, self.cfg.default_max_k)
         if proposer == "none":
             k = 0
-        return Admission(proposer=proposer, k=int(k))
+        return proposer, int(k)
 
     def _encode(self, req: GenerationRequest) -> list[int]:
         from specdec.engine import encode_prompt
@@ -160,26 +151,59 @@ class Router:
     async def _ask_ready(self) -> None:
         await self.draft.Ready.remote()
 
-    def _job(self, request: pb.GenerateRequest, req: GenerationRequest, adm: Admission, prompt: Sequence[int],
+    def _job(self, request: pb.GenerateRequest, req: GenerationRequest, adm: Any, prompt: Sequence[int],
              session_id: str, deadline: float) -> xpb.DraftJob:
         msg = pb.GenerateRequest()
         msg.CopyFrom(request)
         msg.prompt_token_ids.CopyFrom(pb.TokenIds(ids=list(prompt)))  # the oneof now holds the ids
-        msg.speculation.CopyFrom(pb.SpeculationHints(proposer=convert.PROPOSER_TO_PROTO[adm.proposer], max_k=adm.k))
+        k = adm.chosen_k if adm.proposer != "none" else 0
+        msg.speculation.CopyFrom(pb.SpeculationHints(proposer=convert.PROPOSER_TO_PROTO[adm.proposer], max_k=k))
         seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
         msg.sampling.seed = seed
-        return xpb.DraftJob(session_id=session_id, request=msg, deadline_unix_s=deadline)
+        probe = int(adm.decision.get("probe_steps") or 0) if adm.decision.get("probe") else 0
+        return xpb.DraftJob(session_id=session_id, request=msg, deadline_unix_s=deadline, probe_steps=probe)
 
-    async def _prepare(self, request: pb.GenerateRequest, grpc_context: Any) -> tuple[xpb.DraftJob, str]:
+    async def _prepare(self, request: pb.GenerateRequest, grpc_context: Any) -> tuple[xpb.DraftJob, str, Any]:
+        """Parse, tokenize, admit (tenancy) and build the draft job; returns the admission too.
+
+        The caller must end the admission with ``self.gate.complete`` (done by :meth:`_run`).
+        """
         metadata = metadata_dict(grpc_context)
         req = self._parse(request)
-        adm = self._admit(request, metadata)
+        proposer, k = self._hints(request)
+        req = req.model_copy(update={"speculation": req.speculation.model_copy(update={"proposer": proposer, "k": k})})
         prompt = self._encode(req)
         deadline = self._deadline(metadata)
-        await self._ensure_ready()
-        generation_id = uuid.uuid4().hex
-        routing_key = metadata.get(SESSION_KEY) or generation_id
-        return self._job(request, req, adm, prompt, f"{routing_key}/{generation_id}", deadline), routing_key
+        adm = await self.gate.admit(metadata, req, prompt_tokens=len(prompt))
+        try:
+            await self._ensure_ready()
+            generation_id = uuid.uuid4().hex
+            routing_key = metadata.get(SESSION_KEY) or generation_id
+            job = self._job(request, adm.request, adm, prompt, f"{routing_key}/{generation_id}", deadline)
+        except BaseException as e:
+            await self.gate.complete(adm, e)
+            raise
+        return job, routing_key, adm
+
+    async def _run(self, request: pb.GenerateRequest, grpc_context: Any) -> AsyncIterator[pb.GenerateStreamChunk]:
+        """The admitted generation's chunks; the admission is completed however it ends."""
+        job, key, adm = await self._prepare(request, grpc_context)
+        t0 = time.perf_counter()
+        ttft = None
+        outcome: Any = None
+        chunks: list[pb.GenerateStreamChunk] = []
+        try:
+            async for chunk in self._relay(job, key):
+                if ttft is None and chunk.token_ids:
+                    ttft = time.perf_counter() - t0
+                chunks.append(chunk)
+                yield chunk
+            outcome = convert.result_from_proto(convert.join_chunks(chunks))
+        except BaseException as e:
+            outcome = unwrap(e) if isinstance(e, Exception) else e
+            raise
+        finally:
+            await self.gate.complete(adm, outcome, ttft_s=ttft)
 
     # --- relaying the draft's stream ---------------------------------------------------------
 
@@ -226,8 +250,7 @@ class Router:
     async def Generate(self, request: pb.GenerateRequest, grpc_context=None) -> pb.GenerateResponse:
         """Unary generation: the joined stream of the draft replica."""
         try:
-            job, key = await self._prepare(request, grpc_context)
-            chunks = [c async for c in self._relay(job, key)]
+            chunks = [c async for c in self._run(request, grpc_context)]
             return convert.join_chunks(chunks)
         except Exception as e:  # mapped at the edge, never raised into Serve
             return abort_with(grpc_context, unwrap(e), pb.GenerateResponse)
@@ -235,18 +258,23 @@ class Router:
     async def GenerateStream(self, request: pb.GenerateRequest, grpc_context=None):
         """Server-streaming generation; the last chunk carries finish reason, usage and stats."""
         try:
-            job, key = await self._prepare(request, grpc_context)
-            async for chunk in self._relay(job, key):
+            async for chunk in self._run(request, grpc_context):
                 yield chunk
         except Exception as e:
             abort_stream(grpc_context, unwrap(e))
 
     async def GetTenantStats(self, request: pb.GetTenantStatsRequest, grpc_context=None) -> pb.GetTenantStatsResponse:
-        """Tenant statistics (issue 4); until tenants exist: PERMISSION_DENIED with a clear message."""
-        return abort_with(
-            grpc_context, PermissionDeniedError("tenant statistics need a tenants file; none is configured"),
-            pb.GetTenantStatsResponse,
-        )
+        """The calling tenant's own statistics: acceptance rate, current K, cost terms, usage.
+
+        The tenant comes from the API key, so a tenant can never read another's.
+        """
+        from deployments.tenancy import proposer_name, tenant_stats_to_proto
+
+        try:
+            stats = await self.gate.tenant_stats(metadata_dict(grpc_context))
+            return tenant_stats_to_proto(stats, proposer_name(request.proposer))
+        except Exception as e:
+            return abort_with(grpc_context, unwrap(e), pb.GetTenantStatsResponse)
 
     async def Debug(self) -> dict:
         """Router counters (for tests): resumes after draft replica deaths."""

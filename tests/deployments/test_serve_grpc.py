@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -29,7 +30,36 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.serve
 
 APP = "specdec"
-MD = (("application", APP),)
+#: API keys of the test tenants (the tenants file holds only their sha256 hashes).
+KEYS = {"alpha": "sk-test-alpha-0001", "beta": "sk-test-beta-0002", "small": "sk-test-small-0003"}
+#: Requests run as tenant alpha (fixed K = the request's own K, so tests control speculation).
+MD = (("application", APP), ("authorization", f"Bearer {KEYS['alpha']}"))
+
+
+def _md(tenant: str | None) -> tuple:
+    auth = () if tenant is None else (("authorization", f"Bearer {KEYS[tenant]}"),)
+    return (("application", APP),) + auth
+
+
+def _write_tenants(path) -> str:
+    import yaml
+
+    from specdec.tenants import hash_api_key
+
+    any_proposer = {"allowed_proposers": ["draft", "ngram", "none"], "k_min": 0, "k_max": 8}
+    tenants = [
+        {"id": "alpha", "api_key_hashes": [hash_api_key(KEYS["alpha"])],
+         "limits": {"max_concurrent_requests": 16, "max_tokens": 1024, "max_prompt_tokens": 4096},
+         "speculation": {**any_proposer, "adaptive": False, "fixed_k": 8}},
+        {"id": "beta", "api_key_hashes": [hash_api_key(KEYS["beta"])],
+         "limits": {"max_concurrent_requests": 4, "max_tokens": 256, "max_prompt_tokens": 256},
+         "speculation": {**any_proposer, "adaptive": True}},
+        {"id": "small", "api_key_hashes": [hash_api_key(KEYS["small"])],
+         "limits": {"max_concurrent_requests": 1, "tokens_per_minute": 40, "max_tokens": 8, "max_prompt_tokens": 64},
+         "speculation": {"allowed_proposers": ["ngram"], "k_min": 0, "k_max": 2, "adaptive": False}},
+    ]
+    path.write_text(yaml.safe_dump({"tenants": tenants}))
+    return str(path)
 
 
 def _free_port() -> int:
@@ -75,8 +105,9 @@ def served(models):
     from deployments.app import build_app
 
     target, draft = models
+    tenants = _write_tenants(Path(target).parent / "tenants.yaml")
     cfg = AppConfig(target_model=target, draft_model=draft, target_tp=2, grpc_port=_free_port(),
-                    http_port=_free_port(), cpu_threads=1, ready_timeout_s=1.0)
+                    http_port=_free_port(), cpu_threads=1, ready_timeout_s=1.0, tenants_file=tenants)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(
@@ -107,7 +138,7 @@ def served(models):
 
 def _client(served) -> SpecDecClient:
     cfg, _, _ = served
-    return SpecDecClient(f"localhost:{cfg.grpc_port}", application=APP)
+    return SpecDecClient(f"localhost:{cfg.grpc_port}", application=APP, api_key=KEYS["alpha"])
 
 
 def _handle(name: str):
@@ -267,11 +298,105 @@ def test_cancelled_stream_stops_and_frees_both_caches(served):
     assert _wait_no_sessions() == ([], [])
 
 
-def test_tenant_stats_is_permission_denied_without_tenants(served):
+def _call(channel, req, tenant, streaming=False):
+    stub = pb_grpc.SpecDecStub(channel)
+    if streaming:
+        return convert.join_chunks(list(stub.GenerateStream(req, metadata=_md(tenant), timeout=60)))
+    return stub.Generate(req, metadata=_md(tenant), timeout=60)
+
+
+def _still_serves(channel) -> None:
+    """Other tenants are unharmed: alpha and beta still get answers."""
+    for tenant in ("alpha", "beta"):
+        res = _call(channel, pb.GenerateRequest(prompt="def add(a, b):", max_tokens=4, ignore_eos=True), tenant)
+        assert len(res.token_ids) == 4
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize(
+    "metadata, message",
+    [
+        ((("application", APP),), "missing API key: send gRPC metadata 'authorization: Bearer <key>'"),
+        ((("application", APP), ("authorization", "Token abc")), "malformed authorization metadata: expected 'Bearer <key>'"),
+        ((("application", APP), ("authorization", "Bearer sk-not-a-key")), "unknown API key"),
+    ],
+    ids=["missing", "malformed", "unknown"],
+)
+def test_unauthenticated(served, metadata, message, streaming):
+    _, channel, _ = served
+    stub = pb_grpc.SpecDecStub(channel)
+    req = pb.GenerateRequest(prompt="x", max_tokens=2)
+    with pytest.raises(grpc.RpcError) as info:
+        if streaming:
+            list(stub.GenerateStream(req, metadata=metadata, timeout=30))
+        else:
+            stub.Generate(req, metadata=metadata, timeout=30)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert info.value.details() == message
+    with pytest.raises(grpc.RpcError) as info:
+        stub.GetTenantStats(pb.GetTenantStatsRequest(), metadata=metadata, timeout=30)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    _still_serves(channel)
+
+
+@pytest.mark.parametrize(
+    "req, message",
+    [
+        (pb.GenerateRequest(prompt="x", max_tokens=9), "max_tokens=9 exceeds tenant 'small''s limit of 8 (limits.max_tokens)"),
+        (pb.GenerateRequest(prompt="x", max_tokens=4, speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT)),
+         "proposer 'draft' is not allowed for tenant 'small'; allowed: ['ngram', 'none']"),
+    ],
+    ids=["max_tokens", "proposer"],
+)
+def test_tenant_policy_is_invalid_argument(served, req, message):
     _, channel, _ = served
     with pytest.raises(grpc.RpcError) as info:
-        pb_grpc.SpecDecStub(channel).GetTenantStats(pb.GetTenantStatsRequest(), metadata=MD, timeout=30)
-    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        _call(channel, req, "small")
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == message
+    _still_serves(channel)
+
+
+def test_tokens_per_minute_is_resource_exhausted(served, target_alone):
+    _, channel, _ = served
+    # tenant small: 40 tokens per minute, each request reserves prompt + max_tokens = 1 + 8
+    assert len(target_alone.tokenizer.encode("x")) == 1
+    req = pb.GenerateRequest(prompt="x", max_tokens=8, ignore_eos=True, speculation=pb.SpeculationHints(proposer=pb.PROPOSER_NGRAM))
+    done = 0
+    with pytest.raises(grpc.RpcError) as info:
+        for _ in range(10):
+            res = _call(channel, req, "small")
+            assert len(res.token_ids) == 8  # every token reserved was generated: nothing refunded
+            done += 1
+    assert done == 4  # 4 x 9 = 36 <= 40 < 45
+    err = info.value
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "tenant 'small' is over its limit of 40 tokens per minute (limit tokens_per_minute): request needs 9" in err.details()
+    # when to retry: the message says it (Ray Serve's proxy drops trailing metadata set on the context)
+    import re
+
+    retry = float(re.search(r"retry after ([0-9.]+) s$", err.details()).group(1))
+    assert 0 < retry <= 60 * 9 / 40
+    _still_serves(channel)  # the other tenants are not limited by small's bucket
+
+
+def test_tenant_stats_are_the_callers_own(served):
+    _, channel, _ = served
+    stub = pb_grpc.SpecDecStub(channel)
+    before = stub.GetTenantStats(pb.GetTenantStatsRequest(proposer=pb.PROPOSER_DRAFT), metadata=_md("beta"), timeout=30)
+    alpha_before = stub.GetTenantStats(pb.GetTenantStatsRequest(), metadata=_md("alpha"), timeout=30)
+    assert (before.tenant_id, alpha_before.tenant_id) == ("beta", "alpha")  # the key decides whose stats
+    req = pb.GenerateRequest(prompt="def add(a, b):", max_tokens=6, ignore_eos=True,
+                             speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=4))
+    for _ in range(3):
+        _call(channel, req, "beta")
+    after = stub.GetTenantStats(pb.GetTenantStatsRequest(proposer=pb.PROPOSER_DRAFT), metadata=_md("beta"), timeout=30)
+    assert after.tenant_id == "beta"
+    assert after.usage.requests == before.usage.requests + 3
+    assert after.usage.completion_tokens == before.usage.completion_tokens + 18
+    assert after.current_k <= 4
+    alpha_after = stub.GetTenantStats(pb.GetTenantStatsRequest(), metadata=_md("alpha"), timeout=30)
+    assert alpha_after.usage == alpha_before.usage  # beta's requests never show in alpha's stats
 
 
 # --- draft replica death -----------------------------------------------------------------------
@@ -384,7 +509,7 @@ def test_specdec_client_command(served, capsys):
     cfg, _, _ = served
     parser = argparse.ArgumentParser()
     cli.add_client_arguments(parser)
-    base = ["--address", f"localhost:{cfg.grpc_port}", "--max-tokens", "8"]
+    base = ["--address", f"localhost:{cfg.grpc_port}", "--max-tokens", "8", "--api-key", KEYS["alpha"]]
     assert cli.run_client(parser.parse_args(["def add(a, b):", "--stream", *base])) == 0
     out = capsys.readouterr()
     assert "tokens/s" in out.err and out.out.strip()

@@ -86,15 +86,17 @@ class CloseSessionResponse(_message.Message):
     def __init__(self, existed: _Optional[bool] = ...) -> None: ...
 
 class DraftJob(_message.Message):
-    __slots__ = ("session_id", "request", "deadline_unix_s", "resume_token_ids", "resume_text_chars")
+    __slots__ = ("session_id", "request", "deadline_unix_s", "resume_token_ids", "resume_text_chars", "probe_steps")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RESUME_TEXT_CHARS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_STEPS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     request: _specdec_pb2.GenerateRequest
     deadline_unix_s: float
     resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
     resume_text_chars: int
-    def __init__(self, session_id: _Optional[str] = ..., request: _Optional[_Union[_specdec_pb2.GenerateRequest, _Mapping]] = ..., deadline_unix_s: _Optional[float] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., resume_text_chars: _Optional[int] = ...) -> None: ...
+    probe_steps: int
+    def __init__(self, session_id: _Optional[str] = ..., request: _Optional[_Union[_specdec_pb2.GenerateRequest, _Mapping]] = ..., deadline_unix_s: _Optional[float] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., resume_text_chars: _Optional[int] = ..., probe_steps: _Optional[int] = ...) -> None: ...
