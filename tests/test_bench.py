@@ -1,0 +1,88 @@
+"""``specdec bench`` (specdec/bench.py) end to end on a tiny target/draft pair, ``--quick``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from specdec.bench import PROMPT_TYPES, add_bench_arguments, run_bench
+from specdec.testing.tiny import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_pair_folders(tmp_path_factory):
+    """(target folder, draft folder): a tiny Qwen2 target and a draft = target + small weight noise."""
+    from transformers import Qwen2ForCausalLM
+
+    root = tmp_path_factory.mktemp("benchpair")
+    target = build_tiny_model(root / "target", seed=0)
+    base = Qwen2ForCausalLM.from_pretrained(target)
+    draft = build_tiny_model(root / "draft", seed=1, base=base, noise=0.03)
+    return target, draft
+
+
+def _parse(argv):
+    parser = add_bench_arguments(argparse.ArgumentParser())
+    return parser.parse_args(argv)
+
+
+@pytest.fixture(scope="module")
+def quick_report(tiny_pair_folders, tmp_path_factory):
+    target, draft = tiny_pair_folders
+    out = tmp_path_factory.mktemp("benchout")
+    # one torch thread: the tiny model's matmuls gain nothing from two, and a busy machine slows
+    # two spinning threads down a lot
+    args = _parse(["--quick", "--threads", "1", "--target", str(target), "--draft", str(draft), "--out", str(out)])
+    report = run_bench(args)
+    return report, out
+
+
+def test_quick_bench_writes_json_table_and_png(quick_report):
+    report, out = quick_report
+    on_disk = json.loads((out / "bench.json").read_text())
+    assert on_disk["rows"] == json.loads(json.dumps(report["rows"]))
+    assert (out / "speedup.png").stat().st_size > 1000
+    assert (out / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (out / "table.md").read_text()
+    assert "| method |" in table and "ours-draft-K1" in table
+
+    meta = report["meta"]
+    assert meta["tokens"] == 12 and meta["quick"] is True and meta["greedy"] is True
+    hf = meta["hf_settings"]
+    assert hf["hf-assisted"]["num_assistant_tokens"] >= 1
+    assert "num_assistant_tokens_schedule" in hf["hf-assisted"]
+    assert hf["hf-prompt-lookup"]["prompt_lookup_num_tokens"] == 10
+
+    assert {p["type"] for p in report["prompts"]} == set(PROMPT_TYPES)
+    assert set(report["summary"]) == set(PROMPT_TYPES)
+
+
+def test_quick_bench_rows_cover_every_method_and_match_target(quick_report):
+    report, _ = quick_report
+    rows = report["rows"]
+    expected = {"target", "hf-assisted", "hf-prompt-lookup", "ours-none",
+                "ours-draft-K1", "ours-draft-K2", "ours-draft-K3", "ours-ngram-K1", "ours-ngram-K3"}
+    for p in report["prompts"]:
+        prow = {r["method"]: r for r in rows if r["prompt"] == p["name"]}
+        assert set(prow) == expected, p["name"]
+        ref = prow["target"]
+        assert ref["speedup"] == pytest.approx(1.0)
+        for r in prow.values():
+            # greedy: every method's output is the target alone's, token for token
+            assert r["identical"] is True, (p["name"], r["method"])
+            assert r["new_tokens"] == ref["new_tokens"]
+            assert r["tokens_per_s"] > 0 and r["seconds"] > 0
+            assert r["speedup"] == pytest.approx(r["tokens_per_s"] / ref["tokens_per_s"])
+        for label in ("ours-draft-K3", "hf-assisted"):
+            r = prow[label]
+            assert r["steps"] >= 1 and r["proposed"] >= 1
+            assert 0.0 <= r["acceptance_rate"] <= 1.0
+            assert r["mean_accepted_length"] >= 1.0
+        assert prow["ours-none"]["proposed"] == 0 and prow["ours-none"]["acceptance_rate"] is None
+        assert prow["ours-draft-K2"]["k"] == 2 and prow["ours-draft-K2"]["proposer"] == "draft"
+
+    for t, per in report["summary"].items():
+        assert per["target"]["speedup"] == pytest.approx(1.0)
+        assert all(v["identical"] for v in per.values()), t
