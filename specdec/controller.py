@@ -28,8 +28,9 @@ measured conditional α_i, and the i.i.d. α̂ for positions without enough data
   after ``probe_interval_s`` (default 60 s) without a probe once at least
   ``probe_min_requests`` (default 8) requests ran at K = 0 since the last probe, is a probe.
   Intervals count the tenant's own traffic, so an idle or slow tenant is not probed on every
-  request. A key with no observations of its own (the prior alone said K = 0) is probed on its
-  first request at K = 0, so a new tenant measures its own acceptance at once. A probe speculates at ``probe_k`` (default None: the K the cost model would pick
+  request. A key with fewer than ``probe_min_steps`` (default 8) speculation steps of its own
+  (the prior said K = 0, or one short probe was all it saw) is probed on its next request at
+  K = 0, so a new tenant measures its own acceptance at once (two probes of four steps). A probe speculates at ``probe_k`` (default None: the K the cost model would pick
   if the tenant's acceptance were ``probe_alpha`` = 0.9, i.e. the K a tenant whose traffic
   became predictable would get; on a CPU whose verify cost is not monotonic in positions this
   is not K = 1) for its first ``probe_steps`` steps (default 4; None = the whole request),
@@ -249,6 +250,7 @@ class KController:
             model at acceptance ``probe_alpha``.
         probe_alpha: see ``probe_k``.
         probe_steps: steps a probe speculates before plain decoding; None: the whole request.
+        probe_min_steps: a key with fewer K > 0 steps of its own is probed on every K = 0 request.
         position_min_reached: decayed trials a draft position needs before its measured
             acceptance replaces α̂ (None: always i.i.d.).
         probe_discount: weight kept by a key's older counts when a probe's counts arrive.
@@ -268,6 +270,7 @@ class KController:
         probe_k: int | None = None,
         probe_alpha: float = 0.9,
         probe_steps: int | None = 4,
+        probe_min_steps: int = 8,
         position_min_reached: float | None = 50.0,
         probe_discount: float = 0.25,
     ):
@@ -286,6 +289,7 @@ class KController:
         self.probe_alpha = probe_alpha
         self.probe_steps = probe_steps
         self.probe_min_requests = probe_min_requests
+        self.probe_min_steps = probe_min_steps
         self.position_min_reached = position_min_reached
         if not 0.0 <= probe_discount <= 1.0:
             raise ValueError(f"probe_discount must be in [0, 1], got {probe_discount}")
@@ -344,8 +348,10 @@ class KController:
                 st.zero_requests += 1
                 since = st.zero_since if st.last_probe_at is None else max(st.zero_since, st.last_probe_at)
                 due_by_time = now - since >= self.probe_interval_s and st.zero_requests >= self.probe_min_requests
-                never_seen = st.probes == 0 and self.estimator.evidence(key) <= 0
-                if st.zero_requests >= self.probe_every_requests or due_by_time or never_seen:
+                snap = getattr(self.estimator, "snapshot", None)
+                own_steps = snap(key).raw_steps if snap is not None else self.probe_min_steps
+                thin = own_steps < self.probe_min_steps
+                if st.zero_requests >= self.probe_every_requests or due_by_time or thin:
                     if self.probe_k is not None:
                         k = min(max(self.probe_k, 1), k_max)
                     else:
