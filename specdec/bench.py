@@ -720,7 +720,7 @@ def plot_speedup(report: dict, path: Path) -> Path:
     summary = report["summary"]
     types = [t for t in PROMPT_TYPES if t in summary]
     ncol = max(1, len(types))
-    fig, axes = plt.subplots(2, ncol, figsize=(5 * ncol, 7.5), sharey="row", squeeze=False)
+    fig, axes = plt.subplots(2, ncol, figsize=(max(7, 5 * ncol), 8), sharey="row", squeeze=False)
     colors = {"draft": "tab:blue", "ngram": "tab:orange"}
     for row, (key, what) in enumerate((("speedup", "wall clock"), ("cpu_speedup", "process CPU seconds"))):
         for ax, t in zip(axes[row], types):
@@ -744,7 +744,7 @@ def plot_speedup(report: dict, path: Path) -> Path:
             ax.legend(fontsize=7, loc="best")
         axes[row][0].set_ylabel(f"speedup over target alone\n({what})")
     m = report["meta"]
-    fig.suptitle(f"{m['target']} / {m['draft'] or 'no draft'}: {m['tokens']} new tokens, greedy, "
+    fig.suptitle(f"{m['target']} / {m['draft'] or 'no draft'}\n{m['tokens']} new tokens, greedy, "
                  f"{m['torch_threads']} torch thread(s)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
