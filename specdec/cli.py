@@ -111,13 +111,13 @@ def run_generate(args) -> int:
 
 def _add_prefetch(sub) -> None:
     p = sub.add_parser("prefetch", help="assemble the demo pair into the model cache")
-    p.add_argument("roles", nargs="*", default=["target", "draft"], choices=["target", "draft"])
+    p.add_argument("roles", nargs="*", choices=["target", "draft"], help="default: both")
 
 
 def run_prefetch(args) -> int:
     from specdec.models.demo import ensure_demo_folder
 
-    for role in args.roles:
+    for role in args.roles or ["target", "draft"]:
         print(f"demo {role}: {ensure_demo_folder(role)}")
     return 0
 

@@ -253,3 +253,17 @@ def test_seeded_output_survives_session_rebuilds(tiny_target, tiny_draft_close):
     gen.target = engine.verifier.open_session(history, req.sampling, t_seed)
     gen.proposer = engine.draft_proposer.open_session(history, req.sampling, d_seed)
     assert gen.run().token_ids == expected
+
+
+def test_cli_prefetch_arguments():
+    import argparse
+
+    from specdec import cli
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    cli._add_prefetch(sub)
+    assert parser.parse_args(["prefetch"]).roles == []  # run_prefetch then does both
+    assert parser.parse_args(["prefetch", "target", "draft"]).roles == ["target", "draft"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["prefetch", "everything"])
