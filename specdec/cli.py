@@ -111,12 +111,15 @@ def run_generate(args) -> int:
 
 def _add_prefetch(sub) -> None:
     p = sub.add_parser("prefetch", help="assemble the demo pair into the model cache")
-    p.add_argument("roles", nargs="*", choices=["target", "draft"], help="default: both")
+    p.add_argument("roles", nargs="*", metavar="{target,draft}", help="default: both")
 
 
 def run_prefetch(args) -> int:
     from specdec.models.demo import ensure_demo_folder
 
+    bad = [r for r in args.roles if r not in ("target", "draft")]
+    if bad:
+        raise SpecDecError(f"prefetch: unknown role {bad[0]!r}; choose from 'target', 'draft'")
     for role in args.roles or ["target", "draft"]:
         print(f"demo {role}: {ensure_demo_folder(role)}")
     return 0

@@ -265,5 +265,5 @@ def test_cli_prefetch_arguments():
     cli._add_prefetch(sub)
     assert parser.parse_args(["prefetch"]).roles == []  # run_prefetch then does both
     assert parser.parse_args(["prefetch", "target", "draft"]).roles == ["target", "draft"]
-    with pytest.raises(SystemExit):
-        parser.parse_args(["prefetch", "everything"])
+    with pytest.raises(cli.SpecDecError, match="prefetch: unknown role 'everything'"):
+        cli.run_prefetch(parser.parse_args(["prefetch", "everything"]))
