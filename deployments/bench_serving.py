@@ -39,6 +39,10 @@ PROMPTS = [
 ]
 
 
+#: API key of the bench tenant (set by main).
+API_KEY: str | None = None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -86,7 +90,7 @@ def run_interleaved(engine, address: str, app: str, requests: list[dict]) -> tup
     from deployments.client import SpecDecClient
 
     in_outs, in_tokens, in_wall = [], 0, 0.0
-    with SpecDecClient(address, application=app) as client:
+    with SpecDecClient(address, application=app, api_key=API_KEY) as client:
         in_process_one(engine, {**requests[0], "max_tokens": 4})  # warm-ups
         _served_one(client, {**requests[0], "max_tokens": 4})
         outs, tokens, wall, rtt, tgt, wire, steps, acc, prop = [], 0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0
@@ -125,7 +129,7 @@ def run_concurrent(address: str, app: str, requests: list[dict], clients: int) -
 
     def worker(i: int) -> None:
         try:
-            with SpecDecClient(address, application=app) as client:
+            with SpecDecClient(address, application=app, api_key=API_KEY) as client:
                 resp, _ = _served_one(client, requests[i % len(requests)])
                 tokens[i] = len(resp.token_ids)
         except Exception as e:  # reported, not raised
@@ -161,7 +165,27 @@ def main(argv: list[str] | None = None) -> int:
     from deployments.app import build_app
     from deployments.config import HEALTH_SERVICER, PRESETS, SPECDEC_SERVICER, AppConfig
 
-    over = {"grpc_port": _free_port(), "http_port": _free_port()}
+    # One bench tenant with a fixed K equal to --k: served and in-process run the same K (the
+    # adaptive controller would otherwise choose its own K for the served side).
+    import tempfile
+
+    import yaml
+
+    from specdec.tenants import generate_api_key, hash_api_key
+
+    global API_KEY
+    API_KEY = generate_api_key()
+    tenants = {"tenants": [{
+        "id": "bench", "api_key_hashes": [hash_api_key(API_KEY)],
+        "limits": {"max_concurrent_requests": 64, "max_tokens": 4096, "max_prompt_tokens": 8192},
+        "speculation": {"allowed_proposers": ["draft", "ngram", "none"], "k_min": 0, "k_max": 16,
+                        "adaptive": False, "fixed_k": args.k},
+    }]}
+    tenants_file = os.path.join(tempfile.mkdtemp(prefix="specdec-bench-"), "tenants.yaml")
+    with open(tenants_file, "w") as f:
+        yaml.safe_dump(tenants, f)
+    over = {"grpc_port": _free_port(), "http_port": _free_port(), "tenants_file": tenants_file,
+            "default_max_k": max(args.k, 1)}
     if args.target:
         over["target_model"] = args.target
     if args.draft:
