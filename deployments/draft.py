@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from deployments import convert
+from deployments.aio import finish_despite_cancellation
 from deployments.config import AppConfig
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
@@ -344,7 +345,12 @@ class Draft:
         job = xpb.DraftJob.FromString(job_bytes)
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
-        gen, target, skip = await loop.run_in_executor(None, self._start, job)
+        start = loop.run_in_executor(None, self._start, job)
+        try:
+            gen, target, skip = await asyncio.shield(start)
+        except asyncio.CancelledError:  # cancelled while opening: free what _start builds
+            start.add_done_callback(_close_started)
+            raise
         sid = job.session_id
         with self._lock:
             self.sessions[sid] = gen
@@ -378,9 +384,15 @@ class Draft:
                 if last:
                     return
         finally:
-            if fut is not None and not fut.done():  # cancelled mid-step: let the step end first
+            await finish_despite_cancellation(self._end(loop, sid, gen, fut))
+
+    async def _end(self, loop: asyncio.AbstractEventLoop, sid: str, gen: Any, fut: Any) -> None:
+        """Let the step in flight end, free both caches (draft here, target by CloseSession)."""
+        try:
+            if fut is not None and not fut.done():  # cancelled mid-step
                 await asyncio.wait([fut])
             await loop.run_in_executor(None, gen.close)
+        finally:
             with self._lock:
                 self.sessions.pop(sid, None)
 
@@ -396,6 +408,14 @@ class Draft:
         """Ids of the generations running on this replica (their draft caches are held here)."""
         with self._lock:
             return sorted(self.sessions)
+
+
+def _close_started(start: "asyncio.Future") -> None:
+    """Done-callback of a ``_start`` whose caller was cancelled: close the unused Generation."""
+    if start.cancelled() or start.exception() is not None:
+        return
+    gen = start.result()[0]
+    threading.Thread(target=gen.close, name="specdec-close-unused", daemon=True).start()
 
 
 def set_wire_stats(stats: pb.SpeculationStats, wire: WireStats) -> None:

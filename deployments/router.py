@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
 from deployments import convert
+from deployments.aio import finish_despite_cancellation
 from deployments.config import AppConfig
 from deployments.grpc_status import abort_stream, abort_with
 from deployments.ray_errors import is_replica_death, unwrap
@@ -181,7 +182,7 @@ class Router:
             routing_key = metadata.get(SESSION_KEY) or generation_id
             job = self._job(request, adm.request, adm, prompt, f"{routing_key}/{generation_id}", deadline)
         except BaseException as e:
-            await self.gate.complete(adm, e)
+            await finish_despite_cancellation(self.gate.complete(adm, e))
             raise
         return job, routing_key, adm
 
@@ -203,7 +204,7 @@ class Router:
             outcome = unwrap(e) if isinstance(e, Exception) else e
             raise
         finally:
-            await self.gate.complete(adm, outcome, ttft_s=ttft)
+            await finish_despite_cancellation(self.gate.complete(adm, outcome, ttft_s=ttft))
 
     # --- relaying the draft's stream ---------------------------------------------------------
 

@@ -4,6 +4,7 @@ resume after a replica death, cancellation. The "wire" is a local TargetSessionT
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -38,8 +39,12 @@ class Wire:
         self.table = TargetSessionTable(TargetVerifier(target))
         self.calls: list[str] = []
 
+    close_delay_s = 0.0  # a slow CloseSession (a busy target replica)
+
     def send(self, method: str, payload: bytes) -> bytes:
         self.calls.append(method)
+        if method == "CloseSession" and self.close_delay_s:
+            time.sleep(self.close_delay_s)
         if method == "Verify":
             return self.table.handle(xpb.CandidateBlock.FromString(payload)).SerializeToString()
         sid = xpb.CloseSessionRequest.FromString(payload).session_id
@@ -145,6 +150,35 @@ def test_cancel_mid_stream_frees_both_caches(draft_replica):
     asyncio.run(run())
     assert rep.Sessions() == [] and len(wire.table) == 0
     assert wire.calls[-1] == "CloseSession"
+
+
+def test_cancelled_twice_still_frees_both_caches(draft_replica):
+    """Serve may cancel a replica's task again while its cleanup awaits (the proxy's cancel and
+    the router's ``stream.cancel()`` race): the cleanup must still run to its end."""
+    rep, wire = draft_replica
+    wire.close_delay_s = 0.5
+    job = _job(PROMPT, max_tokens=100, ignore_eos=True)
+
+    async def run():
+        agen = rep.Generate(job.SerializeToString())
+        await agen.__anext__()
+
+        async def consume():
+            async for _ in agen:
+                pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.05)
+        task.cancel()  # first cancellation: mid-generation
+        while "CloseSession" not in wire.calls:  # the cleanup is now waiting on CloseSession
+            await asyncio.sleep(0.01)
+        task.cancel()  # second cancellation: during the cleanup
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return rep.Sessions(), len(wire.table)
+
+    assert asyncio.run(run()) == ([], 0)
+    assert wire.calls.count("CloseSession") == 1
 
 
 def test_deadline_stops_the_generation(draft_replica):
