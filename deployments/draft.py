@@ -299,7 +299,9 @@ class Draft:
         if spec.k > 0 and spec.proposer == "draft":
             if self.draft_proposer is None:
                 raise InvalidRequestError("proposer 'draft' needs a draft model; none is loaded")
-            proposer = self.draft_proposer.open_session(history, req.sampling, draft_seed)
+            proposer = self.draft_proposer.open_session(
+                history, req.sampling, draft_seed, min_confidence=spec.draft_min_confidence
+            )
         elif spec.k > 0 and spec.proposer == "ngram":
             ngram = PromptLookupProposer(spec.ngram_min, spec.ngram_max, eos_ids=info.eos_token_ids)
             proposer = ngram.open_session(history, req.sampling, draft_seed)

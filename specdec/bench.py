@@ -108,6 +108,16 @@ def _int_list(text: str) -> list[int]:
     return sorted(set(out))
 
 
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or any(not 0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected numbers in [0, 1] like '0,0.4', got {text!r}")
+    return values
+
+
 def _name_list(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
@@ -138,6 +148,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         "(default: no budget)")
     g.add_argument("--no-bracket", dest="bracket", action="store_false",
                    help="time the target alone once per prompt block instead of at its start and end")
+    g.add_argument("--draft-min-confidence", type=_float_list, default=[0.0], metavar="C[,C...]",
+                   help="draft proposer: early-stop thresholds to run, each with every K "
+                        "(0 = none, the default; 0.4 is transformers' assisted default); "
+                        "methods are labelled ours-draft-K<k>-c<C>")
     g.add_argument("--ngram-min", type=int, default=1, help="our prompt lookup: shortest n-gram (default 1)")
     g.add_argument("--ngram-max", type=int, default=3, help="our prompt lookup: longest n-gram (default 3)")
     g.add_argument("--hf-lookup-tokens", type=int, default=10,
@@ -166,6 +180,7 @@ class Method:
     family: str  # target | hf-assisted | hf-prompt-lookup | ours
     proposer: str | None = None  # draft | ngram | none (ours only)
     k: int | None = None
+    min_confidence: float = 0.0  # draft proposer: early stop below this draft probability
 
 
 @dataclass
@@ -319,7 +334,8 @@ class _Runner:
         from specdec.request import GenerationRequest
 
         spec = {"proposer": method.proposer, "k": method.k or 0,
-                "ngram_min": self.args.ngram_min, "ngram_max": self.args.ngram_max}
+                "ngram_min": self.args.ngram_min, "ngram_max": self.args.ngram_max,
+                "draft_min_confidence": method.min_confidence}
         req = GenerationRequest(prompt_token_ids=list(prompt_ids), max_tokens=tokens, speculation=spec)
         tm: dict = {}
         with _timer(tm):
@@ -351,7 +367,9 @@ def _methods(args, have_draft: bool) -> list[Method]:
     if "none" in args.proposers:
         out.append(Method("ours-none", "ours", "none", 0))
     if "draft" in args.proposers and have_draft:
-        out += [Method(f"ours-draft-K{k}", "ours", "draft", k) for k in args.ks]
+        for c in args.draft_min_confidence:
+            tag = f"-c{c:g}" if c > 0 else ""
+            out += [Method(f"ours-draft-K{k}{tag}", "ours", "draft", k, c) for k in args.ks]
     if "ngram" in args.proposers:
         out += [Method(f"ours-ngram-K{k}", "ours", "ngram", k) for k in args.ngram_ks]
     return out

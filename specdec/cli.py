@@ -32,6 +32,9 @@ def _add_generate(sub) -> None:
     p.add_argument("--draft", default="demo:draft", help="draft model spec, or 'none'")
     p.add_argument("--proposer", choices=["draft", "ngram", "none"], default="draft")
     p.add_argument("-k", "--k", type=int, default=4, help="speculation length K (draft tokens per step)")
+    p.add_argument("--draft-min-confidence", type=float, default=0.0, metavar="C",
+                   help="draft proposer: end a block after a drafted token whose draft probability "
+                        "is below C (0 = always draft K; 0.4 is transformers' assisted default)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
@@ -49,7 +52,7 @@ def _request_from_args(args) -> dict:
         "stop": args.stop,
         "logprobs": args.logprobs,
         "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed},
-        "speculation": {"proposer": args.proposer, "k": args.k},
+        "speculation": {"proposer": args.proposer, "k": args.k, "draft_min_confidence": args.draft_min_confidence},
     }
     if args.message:
         msgs = []

@@ -94,7 +94,9 @@ class SpeculativeEngine:
         if spec.proposer == "draft" and spec.k > 0:
             if self.draft_proposer is None:
                 raise InvalidRequestError("proposer 'draft' needs a draft model; none is loaded")
-            proposer_session = self.draft_proposer.open_session(prompt, request.sampling, draft_seed)
+            proposer_session = self.draft_proposer.open_session(
+                prompt, request.sampling, draft_seed, min_confidence=spec.draft_min_confidence
+            )
         elif spec.proposer == "ngram" and spec.k > 0:
             ngram = PromptLookupProposer(spec.ngram_min, spec.ngram_max, eos_ids=self.target.eos_token_ids)
             proposer_session = ngram.open_session(prompt, request.sampling, draft_seed)

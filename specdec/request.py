@@ -60,6 +60,11 @@ class SpeculationParams(BaseModel):
     k: int = Field(4, ge=0, le=MAX_SPECULATION_LENGTH)
     ngram_min: int = Field(1, ge=1, le=16, description="shortest n-gram matched by prompt lookup")
     ngram_max: int = Field(3, ge=1, le=16, description="longest n-gram matched by prompt lookup")
+    draft_min_confidence: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="draft proposer: end a block after a drafted token whose draft probability is "
+                    "below this (0 = always draft K; transformers' assisted generation uses 0.4)",
+    )
 
     @model_validator(mode="after")
     def _ngram_range(self) -> "SpeculationParams":

@@ -6,6 +6,13 @@ restricted to its ``top_m`` most likely ids (:func:`specdec.sampling.restrict_su
 what the block carries to the verifier (Leviathan et al. 2023, §2.3: any proposal distribution is
 exact as long as the verifier uses it).
 
+Early stop by draft confidence: with ``min_confidence > 0`` a block ends after the first drafted
+token whose probability under the draft's (warped) distribution is below it, so K is an upper
+bound and hard stretches of text cost fewer wasted draft and verify positions. The stop depends
+only on the draft's own state, so output stays exact (greedy: the target's argmax path; sampling:
+each drafted position is verified against the q it was drawn from). This is the rule of
+transformers' assisted generation (``assistant_confidence_threshold``, default 0.4).
+
 The draft KV cache is kept across steps; after a rejection it is cut back lazily on the next
 ``propose`` to the prefix shared with the committed sequence (:class:`CachedSequence`), and a
 session rebuilt from a token history simply starts with an empty cache.
@@ -30,10 +37,14 @@ DEFAULT_TOP_M = 64
 class DraftModelSession:
     """One sequence drafted by a draft model. See :class:`specdec.proposers.base.ProposerSession`."""
 
-    def __init__(self, proposer: "DraftModelProposer", token_ids: Sequence[int], sampling: SamplingParams, seed: int):
+    def __init__(self, proposer: "DraftModelProposer", token_ids: Sequence[int], sampling: SamplingParams, seed: int,
+                 min_confidence: float = 0.0):
+        if not 0.0 <= min_confidence <= 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence}")
         self._proposer = proposer
         self.sampling = sampling
         self.seed = seed
+        self.min_confidence = float(min_confidence)
         self.seq = CachedSequence(proposer.draft.model, [int(t) for t in token_ids])
 
     @property
@@ -41,7 +52,8 @@ class DraftModelSession:
         return self.seq.token_ids
 
     def propose(self, k: int) -> DraftBlock:
-        """Draft up to ``k`` tokens; fewer at an EOS or the draft's context limit.
+        """Draft up to ``k`` tokens; fewer at an EOS, the draft's context limit, or after a
+        token whose draft probability is below ``min_confidence``.
 
         Returns:
             A block with ``token_ids [k']`` int64 and, when sampling, ``q_ids``/``q_probs``
@@ -63,15 +75,20 @@ class DraftModelSession:
             logits = mask_unemittable(logits, draft.emittable_vocab)
             if self.sampling.greedy:
                 token = int(greedy_token(logits[0]))
+                confident = (
+                    self.min_confidence <= 0.0
+                    or float(torch.softmax(logits[0].float(), dim=-1)[token]) >= self.min_confidence
+                )
             else:
                 ids, q = restrict_support(warp_probs(logits, self.sampling), self._proposer.top_m)  # [1, M]
                 pick = int(torch.multinomial(q[0], 1, generator=generator))
                 token = int(ids[0, pick])
                 q_ids.append(ids[0])
                 q_probs.append(q[0])
+                confident = float(q[0, pick]) >= self.min_confidence
             tokens.append(token)
-            if token in eos or j == k - 1:
-                break  # never propose past an EOS; the last draft need not be fed
+            if token in eos or j == k - 1 or not confident:
+                break  # never propose past an EOS or an unsure token; the last draft need not be fed
             logits = self.seq.feed([token])  # [1, V]
         ids_t = torch.tensor(tokens, dtype=torch.long)
         if self.sampling.greedy:
@@ -104,5 +121,15 @@ class DraftModelProposer:
         self.top_m = top_m
         self.eos_ids = set(eos_ids if eos_ids is not None else draft.eos_token_ids)
 
-    def open_session(self, token_ids: Sequence[int], sampling: SamplingParams, seed: int) -> DraftModelSession:
-        return DraftModelSession(self, token_ids, sampling, seed)
+    def open_session(self, token_ids: Sequence[int], sampling: SamplingParams, seed: int, *,
+                     min_confidence: float = 0.0) -> DraftModelSession:
+        """See :meth:`specdec.proposers.base.Proposer.open_session`.
+
+        Args:
+            min_confidence: end a block after a drafted token whose draft probability is below
+                this (0 disables; transformers' assisted generation uses 0.4).
+
+        Raises:
+            ValueError: ``min_confidence`` outside [0, 1].
+        """
+        return DraftModelSession(self, token_ids, sampling, seed, min_confidence)
