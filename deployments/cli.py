@@ -48,6 +48,8 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", action="append", default=[])
     parser.add_argument("--proposer", choices=["draft", "ngram", "none"], default=None)
     parser.add_argument("-k", "--k", type=int, default=None, help="largest K per step")
+    parser.add_argument("--draft-min-confidence", type=float, default=None, metavar="C",
+                        help="end a draft block after a token whose draft probability is below C")
     parser.add_argument("--session-id", default=None, help="session id (sticky routing)")
     parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
     parser.add_argument("--stream", action="store_true", help="print text as it arrives")
@@ -200,7 +202,8 @@ def run_client(args) -> int:
                 print(json_format.MessageToJson(client.tenant_stats(args.proposer)))
                 return 0
             kwargs: dict = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, seed=args.seed, stop=args.stop, proposer=args.proposer, k=args.k)
+                                top_k=args.top_k, seed=args.seed, stop=args.stop, proposer=args.proposer, k=args.k,
+                                draft_min_confidence=args.draft_min_confidence)
             if args.message:
                 msgs = []
                 for m in args.message:

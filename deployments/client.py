@@ -118,6 +118,7 @@ def build_request(
     logprobs: bool = False,
     proposer: str | None = None,
     k: int | None = None,
+    draft_min_confidence: float | None = None,
 ) -> pb.GenerateRequest:
     """A GenerateRequest proto from keyword arguments (unset ones are left to the server)."""
     msg = pb.GenerateRequest(stop=list(stop), stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos,
@@ -136,12 +137,14 @@ def build_request(
     if seed is not None:
         sampling.seed = seed
     msg.sampling.CopyFrom(sampling)
-    if proposer is not None or k is not None:
+    if proposer is not None or k is not None or draft_min_confidence is not None:
         hints = pb.SpeculationHints()
         if proposer is not None:
             hints.proposer = convert.PROPOSER_TO_PROTO[proposer]
         if k is not None:
             hints.max_k = k
+        if draft_min_confidence is not None:
+            hints.draft_min_confidence = draft_min_confidence
         msg.speculation.CopyFrom(hints)
     return msg
 

@@ -85,6 +85,11 @@ class AppConfig(BaseModel):
     http_port: int = Field(8000, ge=1, le=65535)
     request_timeout_s: float = Field(300, gt=0)
     default_max_k: int = Field(4, ge=0, le=MAX_SPECULATION_LENGTH)
+    draft_min_confidence: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="default early stop of drafting (requests may set their own): end a block after "
+                    "a drafted token whose draft probability is below this; 0 = off",
+    )
     tenants_file: str | None = Field(None, description="tenants YAML (issue 4); None: no auth")
     cpu_threads: int = Field(
         0, ge=0, le=256,

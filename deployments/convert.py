@@ -106,6 +106,8 @@ def request_to_dict(req: pb.GenerateRequest) -> dict:
             spec["proposer"] = PROPOSER_FROM_PROTO.get(req.speculation.proposer, f"unknown({req.speculation.proposer})")
         if req.speculation.HasField("max_k"):
             spec["k"] = req.speculation.max_k
+        if req.speculation.HasField("draft_min_confidence"):
+            spec["draft_min_confidence"] = req.speculation.draft_min_confidence
         if spec:
             data["speculation"] = spec
     return data
@@ -129,7 +131,8 @@ def request_to_proto(req: GenerationRequest) -> pb.GenerateRequest:
         stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos,
         logprobs=req.logprobs,
-        speculation=pb.SpeculationHints(proposer=PROPOSER_TO_PROTO[req.speculation.proposer], max_k=req.speculation.k),
+        speculation=pb.SpeculationHints(proposer=PROPOSER_TO_PROTO[req.speculation.proposer], max_k=req.speculation.k,
+                                        draft_min_confidence=req.speculation.draft_min_confidence),
     )
     if req.prompt is not None:
         msg.prompt = req.prompt

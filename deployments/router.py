@@ -158,7 +158,10 @@ class Router:
         msg.CopyFrom(request)
         msg.prompt_token_ids.CopyFrom(pb.TokenIds(ids=list(prompt)))  # the oneof now holds the ids
         k = adm.chosen_k if adm.proposer != "none" else 0
-        msg.speculation.CopyFrom(pb.SpeculationHints(proposer=convert.PROPOSER_TO_PROTO[adm.proposer], max_k=k))
+        msg.speculation.CopyFrom(pb.SpeculationHints(
+            proposer=convert.PROPOSER_TO_PROTO[adm.proposer], max_k=k,
+            draft_min_confidence=req.speculation.draft_min_confidence,
+        ))
         seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
         msg.sampling.seed = seed
         probe = int(adm.decision.get("probe_steps") or 0) if adm.decision.get("probe") else 0
@@ -172,7 +175,10 @@ class Router:
         metadata = metadata_dict(grpc_context)
         req = self._parse(request)
         proposer, k = self._hints(request)
-        req = req.model_copy(update={"speculation": req.speculation.model_copy(update={"proposer": proposer, "k": k})})
+        spec_update: dict = {"proposer": proposer, "k": k}
+        if not (request.HasField("speculation") and request.speculation.HasField("draft_min_confidence")):
+            spec_update["draft_min_confidence"] = self.cfg.draft_min_confidence
+        req = req.model_copy(update={"speculation": req.speculation.model_copy(update=spec_update)})
         prompt = self._encode(req)
         deadline = self._deadline(metadata)
         adm = await self.gate.admit(metadata, req, prompt_tokens=len(prompt))

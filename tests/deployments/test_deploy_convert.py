@@ -39,7 +39,7 @@ def test_full_request_maps_every_field():
         stop_token_ids=[2],
         ignore_eos=True,
         logprobs=True,
-        speculation=pb.SpeculationHints(proposer=pb.PROPOSER_NGRAM, max_k=0),
+        speculation=pb.SpeculationHints(proposer=pb.PROPOSER_NGRAM, max_k=0, draft_min_confidence=0.4),
     )
     req = convert.request_from_proto(msg)
     assert req.messages[0].content == "hi" and req.max_tokens == 7
@@ -48,6 +48,7 @@ def test_full_request_maps_every_field():
     assert req.sampling.top_k == 20 and req.sampling.seed == 42
     assert req.stop == ["\n\n"] and req.stop_token_ids == [2] and req.ignore_eos and req.logprobs
     assert req.speculation.proposer == "ngram" and req.speculation.k == 0  # explicit 0 kept
+    assert req.speculation.draft_min_confidence == 0.4
     back = convert.request_from_proto(convert.request_to_proto(req))
     assert back == req
 
@@ -67,6 +68,8 @@ def test_token_id_prompt_round_trips():
         (pb.GenerateRequest(prompt="x", speculation=pb.SpeculationHints(max_k=99)), "speculation.k"),
         (pb.GenerateRequest(prompt="x", speculation=pb.SpeculationHints(proposer=77)), "proposer"),
         (pb.GenerateRequest(prompt="x", stop=[""]), "stop strings"),
+        (pb.GenerateRequest(prompt="x", speculation=pb.SpeculationHints(draft_min_confidence=1.5)),
+         "draft_min_confidence"),
     ],
 )
 def test_bad_requests_raise_invalid_request(msg, fragment):

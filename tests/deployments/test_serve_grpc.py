@@ -193,6 +193,19 @@ def test_greedy_tp2_served_equals_target_alone(served, target_alone, proposer):
     client.close()
 
 
+def test_draft_min_confidence_hint_reaches_the_draft_replica(served, target_alone):
+    """At threshold 1.0 no drafted token is sure enough, so every block is one token; the
+    served output is still the target's own."""
+    client = _client(served)
+    prompt = PROMPTS[0]
+    res = client.generate(prompt=prompt, max_tokens=24, proposer="draft", k=4, draft_min_confidence=1.0)
+    client.close()
+    ref = target_greedy(target_alone, target_alone.tokenizer.encode(prompt), 24)
+    assert res.token_ids == ref[: len(res.token_ids)]
+    assert len(res.token_ids) == 24 or res.finish_reason.value == "eos"
+    assert 0 < res.stats.proposed <= res.stats.steps
+
+
 def test_wire_stats_bytes_and_round_trip(served):
     cfg, channel, _ = served
     resp = pb_grpc.SpecDecStub(channel).Generate(

@@ -68,12 +68,14 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class SpeculationHints(_message.Message):
-    __slots__ = ("proposer", "max_k")
+    __slots__ = ("proposer", "max_k", "draft_min_confidence")
     PROPOSER_FIELD_NUMBER: _ClassVar[int]
     MAX_K_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MIN_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     proposer: Proposer
     max_k: int
-    def __init__(self, proposer: _Optional[_Union[Proposer, str]] = ..., max_k: _Optional[int] = ...) -> None: ...
+    draft_min_confidence: float
+    def __init__(self, proposer: _Optional[_Union[Proposer, str]] = ..., max_k: _Optional[int] = ..., draft_min_confidence: _Optional[float] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt", "messages", "prompt_token_ids", "max_tokens", "sampling", "stop", "stop_token_ids", "ignore_eos", "logprobs", "speculation")
