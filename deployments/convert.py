@@ -14,7 +14,7 @@ row-major, so a K=4, M=64 block is about 1.8 KB.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -176,6 +176,26 @@ def stats_from_proto(msg: pb.SpeculationStats) -> SpeculationStats:
         draft_time_s=msg.draft_time_s,
         verify_time_s=msg.verify_time_s,
     )
+
+
+def set_step_costs(msg: pb.SpeculationStats, costs: Mapping) -> None:
+    """Write a :meth:`specdec.adaptive.StepCosts.as_dict` into ``msg`` (served stats only)."""
+    del msg.verify_costs[:]
+    for positions, (seconds, steps) in sorted((costs.get("verify_s_by_positions") or {}).items()):
+        msg.verify_costs.add(positions=int(positions), steps=int(steps), seconds=float(seconds))
+    msg.cost_draft_s = float(costs.get("draft_s") or 0.0)
+    msg.cost_drafted = int(costs.get("drafted") or 0)
+
+
+def step_costs_from_proto(msg: pb.SpeculationStats) -> dict | None:
+    """The controller's ``costs`` mapping from served stats; None when they carry no step costs."""
+    if not msg.verify_costs and not msg.cost_drafted:
+        return None
+    return {
+        "verify_s_by_positions": {int(c.positions): [float(c.seconds), int(c.steps)] for c in msg.verify_costs},
+        "draft_s": float(msg.cost_draft_s),
+        "drafted": int(msg.cost_drafted),
+    }
 
 
 def usage_to_proto(usage: Usage) -> pb.Usage:

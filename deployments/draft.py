@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 from deployments import convert
 from deployments.aio import finish_despite_cancellation
+from specdec.adaptive import StepCostRecorder
 from deployments.config import AppConfig
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
@@ -279,6 +280,7 @@ class Draft:
     def _start(self, job: xpb.DraftJob):
         """Open the proposer and remote target sessions of ``job``; returns (Generation, target, skip)."""
         from specdec.decoder import Generation
+        from specdec.proposers.draft_model import draft_options
         from specdec.proposers.prompt_lookup import PromptLookupProposer
         from specdec.sampling import derive_seeds
         from specdec.stopping import OutputAssembler
@@ -299,9 +301,7 @@ class Draft:
         if spec.k > 0 and spec.proposer == "draft":
             if self.draft_proposer is None:
                 raise InvalidRequestError("proposer 'draft' needs a draft model; none is loaded")
-            proposer = self.draft_proposer.open_session(
-                history, req.sampling, draft_seed, min_confidence=spec.draft_min_confidence
-            )
+            proposer = self.draft_proposer.open_session(history, req.sampling, draft_seed, **draft_options(spec))
         elif spec.k > 0 and spec.proposer == "ngram":
             ngram = PromptLookupProposer(spec.ngram_min, spec.ngram_max, eos_ids=info.eos_token_ids)
             proposer = ngram.open_session(history, req.sampling, draft_seed)
@@ -356,6 +356,8 @@ class Draft:
         sid = job.session_id
         with self._lock:
             self.sessions[sid] = gen
+        costs = StepCostRecorder(gen.stats)
+        rebuilds = target.wire.rebuilds
         fut = None
         try:
             while True:
@@ -364,6 +366,8 @@ class Draft:
                 fut = loop.run_in_executor(None, gen.step)
                 chunk = await asyncio.shield(fut)
                 fut = None
+                costs.after_step(skip=target.wire.rebuilds != rebuilds)  # a rebuild re-ran the prefill
+                rebuilds = target.wire.rebuilds
                 if chunk is None:
                     if not gen.finished:
                         continue
@@ -381,6 +385,7 @@ class Draft:
                     msg = convert.chunk_to_proto(chunk, res.usage, res.stats, time.perf_counter() - t0)
                     msg.text = text
                     set_wire_stats(msg.stats, target.wire)
+                    convert.set_step_costs(msg.stats, costs.costs.as_dict())
                 if msg.text or msg.token_ids or last:
                     yield msg.SerializeToString()
                 if last:

@@ -196,21 +196,31 @@ class Router:
         """The admitted generation's chunks; the admission is completed however it ends."""
         job, key, adm = await self._prepare(request, grpc_context)
         t0 = time.perf_counter()
-        ttft = None
+        ttft = last_at = None
+        n_tokens = 0
         outcome: Any = None
+        costs = None
         chunks: list[pb.GenerateStreamChunk] = []
         try:
             async for chunk in self._relay(job, key):
-                if ttft is None and chunk.token_ids:
-                    ttft = time.perf_counter() - t0
+                if chunk.token_ids:
+                    last_at = time.perf_counter()
+                    if ttft is None:
+                        ttft = last_at - t0
+                    n_tokens += len(chunk.token_ids)
                 chunks.append(chunk)
                 yield chunk
-            outcome = convert.result_from_proto(convert.join_chunks(chunks))
+            joined = convert.join_chunks(chunks)
+            outcome = convert.result_from_proto(joined)
+            costs = convert.step_costs_from_proto(joined.stats)  # per-step costs from the draft replica
         except BaseException as e:
             outcome = unwrap(e) if isinstance(e, Exception) else e
             raise
         finally:
-            await finish_despite_cancellation(self.gate.complete(adm, outcome, ttft_s=ttft))
+            itl = (last_at - t0 - ttft) / (n_tokens - 1) if ttft is not None and n_tokens > 1 else None
+            await finish_despite_cancellation(
+                self.gate.complete(adm, outcome, ttft_s=ttft, inter_token_s=itl, costs=costs)
+            )
 
     # --- relaying the draft's stream ---------------------------------------------------------
 

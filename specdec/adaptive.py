@@ -69,6 +69,38 @@ class StepCosts:
         }
 
 
+class StepCostRecorder:
+    """Turns a generation's cumulative stats into per-step :class:`StepCosts`.
+
+    Call :meth:`after_step` after every ``Generation.step()``; a call that finds no new step does
+    nothing. The first step (prompt prefill of both models) and any step the caller marks
+    ``skip`` (e.g. a remote target session rebuilt from the token history) are counted in
+    ``costs.skipped_steps`` only.
+
+    Args:
+        stats: the generation's live :class:`specdec.types.SpeculationStats`.
+    """
+
+    def __init__(self, stats) -> None:
+        self.stats = stats
+        self.costs = StepCosts()
+        self._prev = self._snapshot()
+
+    def _snapshot(self) -> tuple[int, int, float, float]:
+        st = self.stats
+        return st.steps, st.proposed, st.draft_time_s, st.verify_time_s
+
+    def after_step(self, skip: bool = False) -> None:
+        cur = self._snapshot()
+        prev, self._prev = self._prev, cur
+        if cur[0] == prev[0]:
+            return
+        if prev[0] == 0 or skip or cur[0] - prev[0] != 1:
+            self.costs.skipped_steps += cur[0] - prev[0]
+            return
+        self.costs.add(cur[1] - prev[1], cur[2] - prev[2], cur[3] - prev[3])
+
+
 @dataclass
 class TimedRun:
     """A finished generation with its timings (seconds)."""
@@ -92,22 +124,14 @@ def run_timed(gen, clock: Callable[[], float] = time.perf_counter, started: floa
             encoding counts); defaults to now.
     """
     t0 = clock() if started is None else started
-    costs = StepCosts()
-    st = gen.stats
-    prev = (st.steps, st.proposed, st.draft_time_s, st.verify_time_s)
+    recorder = StepCostRecorder(gen.stats)
+    costs = recorder.costs
     first_at = last_at = None
     n_tok = 0
     try:
         while True:
             chunk = gen.step()
-            if st.steps > prev[0]:
-                k = st.proposed - prev[1]
-                d, v = st.draft_time_s - prev[2], st.verify_time_s - prev[3]
-                if prev[0] == 0:
-                    costs.skipped_steps += 1  # prefill step
-                else:
-                    costs.add(k, d, v)
-                prev = (st.steps, st.proposed, st.draft_time_s, st.verify_time_s)
+            recorder.after_step()
             if chunk is not None:
                 if chunk.token_ids:
                     now = clock()

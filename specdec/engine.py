@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 from specdec.decoder import Generation
 from specdec.errors import InvalidRequestError, PromptTooLongError
 from specdec.models.loaded import LoadedModel
-from specdec.proposers.draft_model import DEFAULT_TOP_M, DraftModelProposer
+from specdec.proposers.draft_model import DEFAULT_TOP_M, DraftModelProposer, draft_options
 from specdec.proposers.prompt_lookup import PromptLookupProposer
 from specdec.request import GenerationRequest
 from specdec.stopping import OutputAssembler
@@ -94,9 +94,7 @@ class SpeculativeEngine:
         if spec.proposer == "draft" and spec.k > 0:
             if self.draft_proposer is None:
                 raise InvalidRequestError("proposer 'draft' needs a draft model; none is loaded")
-            proposer_session = self.draft_proposer.open_session(
-                prompt, request.sampling, draft_seed, min_confidence=spec.draft_min_confidence
-            )
+            proposer_session = self.draft_proposer.open_session(prompt, request.sampling, draft_seed, **draft_options(spec))
         elif spec.proposer == "ngram" and spec.k > 0:
             ngram = PromptLookupProposer(spec.ngram_min, spec.ngram_max, eos_ids=self.target.eos_token_ids)
             proposer_session = ngram.open_session(prompt, request.sampling, draft_seed)

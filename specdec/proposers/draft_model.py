@@ -102,6 +102,18 @@ class DraftModelSession:
         self.seq.close()
 
 
+def draft_options(spec) -> dict:
+    """Keyword options of :meth:`DraftModelProposer.open_session` that a request sets.
+
+    Only options away from their default are passed, so a draft proposer that does not know an
+    option still serves the requests that do not use it (and fails loudly on those that do).
+
+    Args:
+        spec: the request's :class:`specdec.request.SpeculationParams`.
+    """
+    return {"min_confidence": spec.draft_min_confidence} if spec.draft_min_confidence > 0 else {}
+
+
 class DraftModelProposer:
     """Drafts with a small causal LM that shares the target's vocabulary.
 

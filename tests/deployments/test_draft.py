@@ -94,6 +94,26 @@ def test_draft_replica_equals_in_process_engine(pair, draft_replica, sampling):
     assert wire.calls.count("Verify") == got.stats.steps  # one round trip per step
 
 
+def test_final_stats_carry_the_per_step_costs(draft_replica):
+    """The controller's step costs: every step but the first (prefill), by positions scored."""
+    rep, _ = draft_replica
+    job = _job(PROMPT, max_tokens=40, ignore_eos=True,
+               speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=3))
+    got = convert.join_chunks(asyncio.run(_collect(rep.Generate(job.SerializeToString()))))
+    s = got.stats
+    by_positions = {c.positions: c.steps for c in s.verify_costs}
+    assert sum(by_positions.values()) == s.steps - 1
+    expected = dict(s.k_counts)
+    first_k = max(expected)  # the first step drafts the full K (nothing caps it yet)
+    expected[first_k] -= 1
+    assert by_positions == {k + 1: n for k, n in expected.items() if n}
+    assert s.cost_drafted == s.proposed - first_k
+    assert all(c.seconds > 0 for c in s.verify_costs) and s.cost_draft_s > 0
+    costs = convert.step_costs_from_proto(s)
+    assert costs["drafted"] == s.cost_drafted
+    assert {p: n for p, (_, n) in costs["verify_s_by_positions"].items()} == by_positions
+
+
 def test_rebuild_on_missing_and_mismatched_session(pair):
     _, _, target, _ = pair
     wire = Wire(target)

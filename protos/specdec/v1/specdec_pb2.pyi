@@ -110,7 +110,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
-    __slots__ = ("steps", "proposed", "accepted", "rejected_steps", "acceptance_rate", "mean_accepted_length", "accepted_per_position", "proposed_per_position", "k_counts", "draft_time_s", "verify_time_s", "wire_bytes_per_step", "round_trip_s", "target_compute_s")
+    __slots__ = ("steps", "proposed", "accepted", "rejected_steps", "acceptance_rate", "mean_accepted_length", "accepted_per_position", "proposed_per_position", "k_counts", "draft_time_s", "verify_time_s", "wire_bytes_per_step", "round_trip_s", "target_compute_s", "verify_costs", "cost_draft_s", "cost_drafted")
     class KCountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +132,9 @@ class SpeculationStats(_message.Message):
     WIRE_BYTES_PER_STEP_FIELD_NUMBER: _ClassVar[int]
     ROUND_TRIP_S_FIELD_NUMBER: _ClassVar[int]
     TARGET_COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_COSTS_FIELD_NUMBER: _ClassVar[int]
+    COST_DRAFT_S_FIELD_NUMBER: _ClassVar[int]
+    COST_DRAFTED_FIELD_NUMBER: _ClassVar[int]
     steps: int
     proposed: int
     accepted: int
@@ -146,7 +149,20 @@ class SpeculationStats(_message.Message):
     wire_bytes_per_step: float
     round_trip_s: float
     target_compute_s: float
-    def __init__(self, steps: _Optional[int] = ..., proposed: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected_steps: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., proposed_per_position: _Optional[_Iterable[int]] = ..., k_counts: _Optional[_Mapping[int, int]] = ..., draft_time_s: _Optional[float] = ..., verify_time_s: _Optional[float] = ..., wire_bytes_per_step: _Optional[float] = ..., round_trip_s: _Optional[float] = ..., target_compute_s: _Optional[float] = ...) -> None: ...
+    verify_costs: _containers.RepeatedCompositeFieldContainer[VerifyCost]
+    cost_draft_s: float
+    cost_drafted: int
+    def __init__(self, steps: _Optional[int] = ..., proposed: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected_steps: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., proposed_per_position: _Optional[_Iterable[int]] = ..., k_counts: _Optional[_Mapping[int, int]] = ..., draft_time_s: _Optional[float] = ..., verify_time_s: _Optional[float] = ..., wire_bytes_per_step: _Optional[float] = ..., round_trip_s: _Optional[float] = ..., target_compute_s: _Optional[float] = ..., verify_costs: _Optional[_Iterable[_Union[VerifyCost, _Mapping]]] = ..., cost_draft_s: _Optional[float] = ..., cost_drafted: _Optional[int] = ...) -> None: ...
+
+class VerifyCost(_message.Message):
+    __slots__ = ("positions", "steps", "seconds")
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    positions: int
+    steps: int
+    seconds: float
+    def __init__(self, positions: _Optional[int] = ..., steps: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "logprobs", "finish_reason", "usage", "stats", "elapsed_s")
