@@ -217,6 +217,8 @@ def test_wire_stats_bytes_and_round_trip(served):
     # sampled draft blocks carry q (K x M ids + float32 probs): far below a 600 KB dense q
     assert 0 < s.wire_bytes_per_step < 8000, s
     assert s.round_trip_s >= s.target_compute_s > 0
+    # the per-step costs the router feeds its K controller: every step but the prefill one
+    assert sum(c.steps for c in s.verify_costs) == s.steps - 1 and s.cost_drafted > 0
 
 
 def test_stream_concatenates_to_unary(served):
