@@ -101,6 +101,10 @@ class Router:
     def _parse(self, request: pb.GenerateRequest) -> GenerationRequest:
         return convert.request_from_proto(request)
 
+    def _default_proposers(self) -> list[str]:
+        """The proposers this server runs, in order of preference (for requests naming none)."""
+        return ["draft", "ngram"] if self.cfg.draft_model else ["ngram"]
+
     def _hints(self, request: pb.GenerateRequest) -> tuple[str, int]:
         """The request's proposer and largest K, capped by the server's ``default_max_k``.
 
@@ -181,7 +185,9 @@ class Router:
         req = req.model_copy(update={"speculation": req.speculation.model_copy(update=spec_update)})
         prompt = self._encode(req)
         deadline = self._deadline(metadata)
-        adm = await self.gate.admit(metadata, req, prompt_tokens=len(prompt))
+        named = request.HasField("speculation") and request.speculation.proposer != pb.PROPOSER_UNSPECIFIED
+        adm = await self.gate.admit(metadata, req, prompt_tokens=len(prompt),
+                                    default_proposers=None if named else self._default_proposers())
         try:
             await self._ensure_ready()
             generation_id = uuid.uuid4().hex

@@ -21,7 +21,8 @@ What :meth:`TenancyGate.admit` does, in order, and the error of each step (gRPC 
    -> :class:`AuthenticationError` (UNAUTHENTICATED);
 2. the tenant's policy (:meth:`TenantRegistry.check_request`): prompt too long, ``max_tokens``
    over the limit, proposer not allowed -> :class:`InvalidRequestError` (INVALID_ARGUMENT);
-   K above the tenant's ``k_max`` is clipped (K never changes the output);
+   a request that named no proposer gets the first server proposer the tenant allows;
+   K above the tenant's ``k_max`` is clipped (K never changes a greedy output);
 3. the shared rate limits (tokens per minute, concurrent requests; one state for all router
    replicas, :mod:`deployments.controller_actor`) -> :class:`ResourceExhaustedError`
    (RESOURCE_EXHAUSTED) naming the limit, with ``retry_after_s``;
@@ -32,7 +33,10 @@ What :meth:`TenancyGate.admit` does, in order, and the error of each step (gRPC 
 5. the K decision of the shared controller for (tenant, proposer) within the tenant's policy
    and the request's own ``speculation.k`` (a ceiling): the returned :class:`Admission` carries
    the request rewritten with that K (K = 0: the draft is not even opened) and the engine's
-   ``k`` argument (a probe speculates only its first few steps).
+   ``k`` argument (a probe speculates only its first few steps). A sampled request with a
+   ``seed`` is not adapted: it runs at the tenant's ``fixed_k``, else its own ``k`` clipped to
+   the tenant's range, so that the same seeded request gives the same output every time (a
+   sampled output depends on K, its distribution does not).
 
 :meth:`TenancyGate.complete` releases the slot and the lease (refunding tokens not generated),
 feeds the request's counters and step timings to the controller, adds usage and records the
@@ -214,13 +218,16 @@ class TenancyGate:
 
     # ------------------------------------------------------------------ per request
 
-    async def admit(self, metadata: Any, request: GenerationRequest, prompt_tokens: int | None = None) -> Admission:
+    async def admit(self, metadata: Any, request: GenerationRequest, prompt_tokens: int | None = None,
+                    default_proposers: Iterable[str] | None = None) -> Admission:
         """Authenticate, check, rate-limit, wait for a fair slot and decide K (module docstring).
 
         Args:
             metadata: the gRPC invocation metadata (or the grpc context, or a mapping).
             request: the validated request.
             prompt_tokens: the prompt length if the caller already tokenized it.
+            default_proposers: the request named no proposer: the server's proposers in order of
+                preference (see :meth:`specdec.tenants.TenantRegistry.check_request`).
 
         Raises:
             AuthenticationError, InvalidRequestError, ResourceExhaustedError.
@@ -235,13 +242,16 @@ class TenancyGate:
         try:
             n_prompt = prompt_tokens if prompt_tokens is not None else self._prompt_tokens(request)
             checked = self.registry.check_request(
-                tenant, n_prompt, request.max_tokens, request.speculation.k, proposer
+                tenant, n_prompt, request.max_tokens, request.speculation.k, proposer,
+                None if default_proposers is None else list(default_proposers),
             )
         except SpecDecError as e:
             self._refused(tid, proposer, e)
             raise
         pol = tenant.speculation
         policy = {"k_min": pol.k_min, "k_max": pol.k_max, "adaptive": pol.adaptive, "fixed_k": pol.fixed_k}
+        if not request.sampling.greedy and request.sampling.seed is not None:
+            policy["adaptive"] = False  # reproducible: a sampled output depends on K
         limits = tenant.limits.model_dump()
         got = await self.controller.admit(
             tid, limits, n_prompt + request.max_tokens, checked.proposer, policy, checked.k_max

@@ -43,7 +43,7 @@ import re
 import secrets
 import sys
 from dataclasses import dataclass
-from typing import get_args
+from typing import Sequence, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -285,9 +285,16 @@ class TenantRegistry:
         return found
 
     def check_request(
-        self, tenant: Tenant, prompt_tokens: int, max_tokens: int, k: int, proposer: str
+        self, tenant: Tenant, prompt_tokens: int, max_tokens: int, k: int, proposer: str,
+        default_proposers: Sequence[str] | None = None,
     ) -> CheckedRequest:
         """Apply ``tenant``'s limits and speculation policy to one request (see module table).
+
+        Args:
+            default_proposers: when the request named no proposer (``proposer`` is the server's
+                default), the proposers the server can run, in order of preference: the first one
+                the tenant allows replaces a default it does not allow (``"none"`` if none is
+                allowed). None: the request named ``proposer`` itself, which must be allowed.
 
         Raises:
             InvalidRequestError: prompt too long, max_tokens over the limit, or a proposer the
@@ -307,6 +314,8 @@ class TenantRegistry:
             )
         if proposer not in get_args(Proposer):
             raise InvalidRequestError(f"unknown proposer {proposer!r}; known: {list(get_args(Proposer))}")
+        if default_proposers is not None and proposer != "none" and proposer not in pol.allowed_proposers:
+            proposer = next((p for p in default_proposers if p in pol.allowed_proposers), "none")
         if proposer != "none" and proposer not in pol.allowed_proposers:
             allowed = sorted(set(pol.allowed_proposers) | {"none"})
             raise InvalidRequestError(

@@ -147,6 +147,19 @@ def test_check_request_clips_k_and_rejects_the_rest(reg):
         reg.check_request(acme, 10, 10, 4, "ngram")
 
 
+def test_unnamed_proposer_falls_back_to_one_the_tenant_allows(reg):
+    acme = reg.get("acme")  # allows draft only
+    servers = ["draft", "ngram"]
+    assert reg.check_request(acme, 10, 10, 4, "ngram", default_proposers=servers).proposer == "draft"
+    assert reg.check_request(acme, 10, 10, 4, "ngram", default_proposers=["ngram"]).proposer == "none"
+    assert reg.check_request(acme, 10, 10, 4, "ngram", default_proposers=["ngram"]).k_max == 0
+    assert reg.check_request(acme, 10, 10, 4, "draft", default_proposers=servers).proposer == "draft"
+    globex = reg.get("globex")  # default policy: any proposer
+    assert reg.check_request(globex, 10, 10, 4, "draft", default_proposers=servers).proposer == "draft"
+    with pytest.raises(InvalidRequestError, match="proposer 'ngram' is not allowed"):  # named: refused
+        reg.check_request(acme, 10, 10, 4, "ngram")
+
+
 # ---------------------------------------------------------------- rate limits
 
 

@@ -31,7 +31,8 @@ pytestmark = pytest.mark.serve
 
 APP = "specdec"
 #: API keys of the test tenants (the tenants file holds only their sha256 hashes).
-KEYS = {"alpha": "sk-test-alpha-0001", "beta": "sk-test-beta-0002", "small": "sk-test-small-0003"}
+KEYS = {"alpha": "sk-test-alpha-0001", "beta": "sk-test-beta-0002", "small": "sk-test-small-0003",
+        "lookup": "sk-test-lookup-0004"}
 #: Requests run as tenant alpha (fixed K = the request's own K, so tests control speculation).
 MD = (("application", APP), ("authorization", f"Bearer {KEYS['alpha']}"))
 
@@ -57,6 +58,8 @@ def _write_tenants(path) -> str:
         {"id": "small", "api_key_hashes": [hash_api_key(KEYS["small"])],
          "limits": {"max_concurrent_requests": 1, "tokens_per_minute": 40, "max_tokens": 8, "max_prompt_tokens": 64},
          "speculation": {"allowed_proposers": ["ngram"], "k_min": 0, "k_max": 2, "adaptive": False}},
+        {"id": "lookup", "api_key_hashes": [hash_api_key(KEYS["lookup"])],
+         "speculation": {"allowed_proposers": ["ngram"], "k_min": 0, "k_max": 4}},
     ]
     path.write_text(yaml.safe_dump({"tenants": tenants}))
     return str(path)
@@ -370,6 +373,19 @@ def test_tenant_policy_is_invalid_argument(served, req, message):
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details() == message
     _still_serves(channel)
+
+
+def test_request_naming_no_proposer_gets_one_its_tenant_allows(served, target_alone):
+    """The server's default proposer is the draft; tenant lookup may only use ngram: a request
+    that names no proposer runs with ngram instead of being refused."""
+    _, channel, _ = served
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
+    res = _call(channel, pb.GenerateRequest(prompt=prompt, max_tokens=12), "lookup")
+    ref = target_greedy(target_alone, target_alone.tokenizer.encode(prompt), 12)
+    assert list(res.token_ids) == ref[: len(res.token_ids)]
+    stats = pb_grpc.SpecDecStub(channel).GetTenantStats(
+        pb.GetTenantStatsRequest(proposer=pb.PROPOSER_NGRAM), metadata=_md("lookup"), timeout=30)
+    assert stats.tenant_id == "lookup" and stats.usage.requests == 1
 
 
 def test_tokens_per_minute_is_resource_exhausted(served, target_alone):

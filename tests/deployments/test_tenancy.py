@@ -265,6 +265,25 @@ def test_invalid_argument_messages_and_clipping(tenants_file):
     asyncio.run(main())
 
 
+def test_seeded_sampled_requests_are_not_adapted(tenants_file):
+    """A seeded sampled request runs at a K the controller does not move (its output depends
+    on K); unseeded sampled and greedy requests are adapted."""
+    gate = make_gate(tenants_file)
+
+    async def main():
+        out = {}
+        for name, sampling in [("seeded", {"temperature": 0.8, "seed": 7}), ("unseeded", {"temperature": 0.8}),
+                               ("greedy", {"temperature": 0.0, "seed": 7})]:
+            adm = await gate.admit(md("agree"), req(sampling=sampling, speculation={"proposer": "draft", "k": 5}))
+            out[name] = (adm.decision["reason"], adm.chosen_k)
+            await gate.complete(adm, None)
+        return out
+
+    out = asyncio.run(main())
+    assert out["seeded"] == ("fixed", 5)
+    assert out["unseeded"][0] != "fixed" and out["greedy"][0] != "fixed"
+
+
 def test_resource_exhausted_messages_retry_after_and_recovery(tenants_file, engines):
     clock = FakeClock()
     gate = make_gate(tenants_file, clock=clock)
