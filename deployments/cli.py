@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -53,7 +54,9 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-id", default=None, help="session id (sticky routing)")
     parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
     parser.add_argument("--stream", action="store_true", help="print text as it arrives")
-    parser.add_argument("--json", action="store_true", help="print the whole response as JSON")
+    parser.add_argument("--logprobs", action="store_true", help="return the target's log-probabilities")
+    parser.add_argument("--json", action="store_true",
+                        help="print the whole response as JSON (the shape of `specdec generate --json`, plus 'wire')")
     parser.add_argument("--tenant-stats", action="store_true", help="print the caller's tenant statistics instead")
 
 
@@ -136,6 +139,18 @@ def demo_request(address: str, application: str, message: str, max_tokens: int, 
     return numbers
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, a container stop) shuts down like Ctrl-C: Serve, then the local Ray
+    with all its processes. Installed after ``ray.init``, whose own handler would otherwise exit
+    the driver and leave Ray's agent processes running."""
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run_serve(args) -> int:
     """Start a local Ray, deploy, wait until ready; optionally send the demo request; shut down."""
     import ray
@@ -157,6 +172,7 @@ def run_serve(args) -> int:
         _log(f"demo pair ready in the model cache ({time.perf_counter() - t0:.1f} s)")
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    _stop_on_sigterm()
     try:
         serve.start(
             http_options=HTTPOptions(host="0.0.0.0", port=cfg.http_port),
@@ -203,7 +219,7 @@ def run_client(args) -> int:
                 return 0
             kwargs: dict = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed, stop=args.stop, proposer=args.proposer, k=args.k,
-                                draft_min_confidence=args.draft_min_confidence)
+                                draft_min_confidence=args.draft_min_confidence, logprobs=args.logprobs)
             if args.message:
                 msgs = []
                 for m in args.message:
@@ -231,7 +247,7 @@ def run_client(args) -> int:
             else:
                 resp = client.generate_proto(request, timeout=args.timeout)
                 if args.json:
-                    print(json_format.MessageToJson(resp))
+                    print(json.dumps(_served_json(resp, time.perf_counter() - t0), indent=2))
                     return 0
                 print(resp.text)
                 n, stats = len(resp.token_ids), resp.stats
@@ -244,4 +260,19 @@ def run_client(args) -> int:
         except SpecDecError as e:
             print(f"specdec client: {e}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:  # leaving the `with` closes the channel: the server cancels
+            print("\nspecdec client: cancelled", file=sys.stderr)
+            return 130
+
+
+def _served_json(resp, wall_s: float) -> dict:
+    """A GenerateResponse as the plain data ``specdec generate --json`` prints, plus the wire numbers."""
+    from deployments import convert
+
+    out = convert.result_from_proto(resp, want_logprobs=bool(resp.logprobs)).as_dict()
+    s = resp.stats
+    out["elapsed_s"] = wall_s
+    out["wire"] = {"bytes_per_step": s.wire_bytes_per_step, "round_trip_s": s.round_trip_s,
+                   "target_compute_s": s.target_compute_s}
+    return out
 

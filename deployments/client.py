@@ -19,6 +19,7 @@ generation at the deadline too (Serve's proxy does not pass the gRPC deadline on
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -66,8 +67,16 @@ _BY_CODE = {
 }
 
 
+#: how the server states when to retry in a RESOURCE_EXHAUSTED message (Ray Serve's gRPC proxy
+#: drops trailing metadata, so the ``retry-after-s`` trailer reaches only direct callers)
+_RETRY_IN_TEXT = re.compile(r"retry after ([0-9]+(?:\.[0-9]+)?) s")
+
+
 def map_error(e: grpc.RpcError) -> SpecDecError:
-    """A grpc.RpcError as the matching :class:`SpecDecError` subclass."""
+    """A grpc.RpcError as the matching :class:`SpecDecError` subclass.
+
+    ``retry_after_s`` comes from the ``retry-after-s`` trailer, else from the message text.
+    """
     code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
     retry = None
     for k, v in (e.trailing_metadata() or ()) if hasattr(e, "trailing_metadata") else ():
@@ -78,6 +87,9 @@ def map_error(e: grpc.RpcError) -> SpecDecError:
                 pass
     cls = _BY_CODE.get(code, SpecDecError)
     details = (e.details() if hasattr(e, "details") else None) or str(e)
+    if retry is None and code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        m = _RETRY_IN_TEXT.search(details)
+        retry = float(m.group(1)) if m else None
     return cls(code.name if code is not None else "UNKNOWN", details, retry)
 
 
@@ -120,7 +132,17 @@ def build_request(
     k: int | None = None,
     draft_min_confidence: float | None = None,
 ) -> pb.GenerateRequest:
-    """A GenerateRequest proto from keyword arguments (unset ones are left to the server)."""
+    """A GenerateRequest proto from keyword arguments (unset ones are left to the server).
+
+    Raises:
+        InvalidArgument: a value the wire format cannot carry (a negative count or id, a
+            non-number), checked here rather than sent; ranges are the server's to check.
+    """
+    for name, value in (("max_tokens", max_tokens), ("top_k", top_k), ("k", k), ("seed", seed)):
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise InvalidArgument("INVALID_ARGUMENT", f"{name} must be a whole number >= 0, got {value!r}")
+    if any(not isinstance(t, int) or t < 0 for t in list(stop_token_ids) + list(prompt_token_ids or ())):
+        raise InvalidArgument("INVALID_ARGUMENT", "token ids must be whole numbers >= 0")
     msg = pb.GenerateRequest(stop=list(stop), stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos,
                              logprobs=logprobs)
     if prompt is not None:

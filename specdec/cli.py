@@ -91,11 +91,7 @@ def run_generate(args) -> int:
         result = engine.generate(request)
     wall = time.perf_counter() - t0
     if args.json:
-        print(json.dumps({
-            "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason.value,
-            "usage": vars(result.usage), "stats": result.stats.as_dict(), "logprobs": result.logprobs,
-            "elapsed_s": wall,
-        }, indent=2))
+        print(json.dumps({**result.as_dict(), "elapsed_s": wall}, indent=2))
         return 0
     if not args.stream:
         print(result.text)

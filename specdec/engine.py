@@ -26,9 +26,12 @@ def encode_prompt(tokenizer, request: GenerationRequest, emittable: int) -> list
     """Tokenize the request's prompt: text, chat messages (target's chat template) or ids.
 
     Raises:
-        InvalidRequestError: ids outside the vocabulary, a tokenizer without a chat template, or
-            a prompt that tokenizes to nothing.
+        InvalidRequestError: prompt or stop token ids outside the vocabulary, a tokenizer without
+            a chat template, or a prompt that tokenizes to nothing.
     """
+    bad_stop = [t for t in request.stop_token_ids if not 0 <= t < emittable]
+    if bad_stop:  # could never fire: a silent no-op is a wrong answer
+        raise InvalidRequestError(f"stop_token_ids: id {bad_stop[0]} is outside the vocabulary 0..{emittable - 1}")
     if request.prompt_token_ids is not None:
         ids = [int(t) for t in request.prompt_token_ids]
         bad = [t for t in ids if not 0 <= t < emittable]

@@ -36,7 +36,7 @@ class SamplingParams(BaseModel):
     distributions (see :mod:`specdec.sampling`).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     temperature: float = Field(0.0, ge=0.0, le=100.0)
     top_k: int = Field(0, ge=0, description="0 disables top-k")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -55,7 +55,7 @@ class SpeculationParams(BaseModel):
     ``proposer == "none"`` is plain decoding.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     proposer: Proposer = "draft"
     k: int = Field(4, ge=0, le=MAX_SPECULATION_LENGTH)
     ngram_min: int = Field(1, ge=1, le=16, description="shortest n-gram matched by prompt lookup")

@@ -212,3 +212,15 @@ class GenerationResult:
     stats: SpeculationStats
     logprobs: list[float] | None = None
     elapsed_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        """Plain data (the JSON that ``specdec generate --json`` and ``specdec client --json`` print)."""
+        return {
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "finish_reason": self.finish_reason.value,
+            "usage": {"prompt_tokens": self.usage.prompt_tokens, "completion_tokens": self.usage.completion_tokens},
+            "stats": self.stats.as_dict(),
+            "logprobs": self.logprobs,
+            "elapsed_s": self.elapsed_s,
+        }

@@ -201,6 +201,10 @@ def test_speculative_samples_follow_target_distribution(tiny_target, tiny_draft_
         ({"prompt": "x", "speculation": {"k": 17}}, "invalid request: speculation.k: Input should be less than or equal to 16"),
         ({"prompt": "x", "speculation": {"proposer": "eagle"}}, "invalid request: speculation.proposer: Input should be 'draft', 'ngram' or 'none'"),
         ({"prompt": "x", "stop": [""]}, "invalid request: request: Value error, stop strings must not be empty"),
+        ({"prompt": "x", "sampling": {"temperature": float("nan")}}, "invalid request: sampling.temperature: Input should be a finite number"),
+        ({"prompt": "x", "sampling": {"top_p": float("nan")}}, "invalid request: sampling.top_p: Input should be a finite number"),
+        ({"prompt": "x", "speculation": {"draft_min_confidence": float("inf")}},
+         "invalid request: speculation.draft_min_confidence: Input should be a finite number"),
     ],
 )
 def test_invalid_requests(data, message):
@@ -213,6 +217,8 @@ def test_bad_token_ids_and_missing_draft(tiny_target):
     engine = SpeculativeEngine(tiny_target)
     with pytest.raises(InvalidRequestError, match=r"prompt_token_ids: id 320 is outside the vocabulary 0\.\.319"):
         engine.start(GenerationRequest(prompt_token_ids=[1, 320]))
+    with pytest.raises(InvalidRequestError, match=r"stop_token_ids: id 400 is outside the vocabulary 0\.\.319"):
+        engine.start(GenerationRequest(prompt="x", stop_token_ids=[2, 400]))
     with pytest.raises(InvalidRequestError, match="proposer 'draft' needs a draft model; none is loaded"):
         engine.start(GenerationRequest(prompt="x", speculation={"proposer": "draft"}))
 

@@ -230,3 +230,36 @@ def test_abort_stream_sets_code_then_raises():
     with pytest.raises(StreamAborted):
         abort_stream(ctx, errors.InvalidRequestError("prompt is empty"))
     assert ctx.code is grpc.StatusCode.INVALID_ARGUMENT and ctx.details == "prompt is empty"
+
+
+def test_client_error_mapping_reads_retry_after_from_the_message():
+    """Ray Serve's proxy drops trailing metadata: the client finds the retry time in the text."""
+    import grpc
+
+    from deployments.client import InvalidArgument, ResourceExhausted, build_request, map_error
+
+    class Err(grpc.RpcError):
+        def __init__(self, code, details, trailer=()):
+            self._c, self._d, self._t = code, details, trailer
+
+        def code(self):
+            return self._c
+
+        def details(self):
+            return self._d
+
+        def trailing_metadata(self):
+            return self._t
+
+    msg = ("tenant 'small' is over its limit of 40 tokens per minute (limit tokens_per_minute): "
+           "request needs 9, 4 available; retry after 7.5 s")
+    e = map_error(Err(grpc.StatusCode.RESOURCE_EXHAUSTED, msg))
+    assert isinstance(e, ResourceExhausted) and e.retry_after_s == 7.5 and e.details == msg
+    assert map_error(Err(grpc.StatusCode.RESOURCE_EXHAUSTED, msg, (("retry-after-s", "3.25"),))).retry_after_s == 3.25
+    assert map_error(Err(grpc.StatusCode.INVALID_ARGUMENT, "retry after 2 s")).retry_after_s is None
+    for kwargs, text in [({"max_tokens": -1}, "max_tokens must be a whole number >= 0, got -1"),
+                         ({"top_k": -3}, "top_k must be a whole number >= 0, got -3"),
+                         ({"k": -1}, "k must be a whole number >= 0, got -1"),
+                         ({"stop_token_ids": [-2]}, "token ids must be whole numbers >= 0")]:
+        with pytest.raises(InvalidArgument, match=text):
+            build_request("x", **kwargs)

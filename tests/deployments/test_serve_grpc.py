@@ -256,8 +256,11 @@ def test_stream_concatenates_to_unary(served):
         (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5] * 300)), "prompt is 300 tokens"),
         (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1, 99999])), "outside the vocabulary"),
         (pb.GenerateRequest(), "exactly one of"),
+        (pb.GenerateRequest(prompt="x", stop_token_ids=[99999]), "stop_token_ids: id 99999 is outside the vocabulary"),
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(temperature=float("nan"))),
+         "sampling.temperature: Input should be a finite number"),
     ],
-    ids=["empty", "max_tokens", "k", "top_p", "over-long", "bad-id", "no-input"],
+    ids=["empty", "max_tokens", "k", "top_p", "over-long", "bad-id", "no-input", "bad-stop-id", "nan"],
 )
 @pytest.mark.parametrize("streaming", [False, True])
 def test_bad_request_is_invalid_argument(served, req, fragment, streaming):
@@ -547,3 +550,14 @@ def test_specdec_client_command(served, capsys):
     assert cli.run_client(parser.parse_args(["", *base])) == 2  # no prompt
     assert cli.run_client(parser.parse_args(["x", "--proposer", "draft", "-k", "99", *base])) == 1
     assert "INVALID_ARGUMENT" in capsys.readouterr().err
+    # values the wire cannot carry: a clean INVALID_ARGUMENT, not a traceback
+    assert cli.run_client(parser.parse_args(["x", "--max-tokens", "-1", *base[:2], *base[4:]])) == 1
+    assert "specdec client: INVALID_ARGUMENT: max_tokens must be a whole number >= 0, got -1" in capsys.readouterr().err
+    # --json: the shape of `specdec generate --json`, plus the wire numbers
+    import json
+
+    assert cli.run_client(parser.parse_args(["def add(a, b):", "--json", "--logprobs", *base])) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["finish_reason"] in ("max_tokens", "eos") and len(data["token_ids"]) == len(data["logprobs"])
+    assert data["usage"]["completion_tokens"] == len(data["token_ids"]) and data["stats"]["steps"] > 0
+    assert data["wire"]["bytes_per_step"] > 0

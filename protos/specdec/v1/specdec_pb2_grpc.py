@@ -26,8 +26,9 @@ if _version_not_supported:
 
 
 class SpecDecStub:
-    """Text generation with speculative decoding. The output is exactly what the target model alone
-    would produce with the same parameters and seed; speculation only makes it faster.
+    """Text generation with speculative decoding. Greedy output is exactly what the target model
+    alone produces, token for token; sampled output follows exactly the target's own distribution
+    (a seeded request is reproducible: the server pins its K). Speculation only makes it faster.
     """
 
     def __init__(self, channel):
@@ -54,8 +55,9 @@ class SpecDecStub:
 
 
 class SpecDecServicer:
-    """Text generation with speculative decoding. The output is exactly what the target model alone
-    would produce with the same parameters and seed; speculation only makes it faster.
+    """Text generation with speculative decoding. Greedy output is exactly what the target model
+    alone produces, token for token; sampled output follows exactly the target's own distribution
+    (a seeded request is reproducible: the server pins its K). Speculation only makes it faster.
     """
 
     def Generate(self, request, context):
@@ -108,8 +110,9 @@ def add_SpecDecServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class SpecDec:
-    """Text generation with speculative decoding. The output is exactly what the target model alone
-    would produce with the same parameters and seed; speculation only makes it faster.
+    """Text generation with speculative decoding. Greedy output is exactly what the target model
+    alone produces, token for token; sampled output follows exactly the target's own distribution
+    (a seeded request is reproducible: the server pins its K). Speculation only makes it faster.
     """
 
     @staticmethod
