@@ -22,6 +22,13 @@ allow N times the limit). So that state lives in one place:
 Per request a router makes two calls: :meth:`SharedTenantState.admit` (rate limits + K decision,
 one round trip) and :meth:`SharedTenantState.complete` (release + feedback + usage).
 
+Persistence: what the controller learned (acceptance estimates, cost models, K state) and the
+usage counters are saved at most every ``snapshot_every_s`` (default 30 s) to a store, and
+loaded when the state is created. The actor uses :class:`RayKVStore` (Ray's GCS key-value
+store: it outlives the actor, so a restarted controller actor resumes where it was; on KubeRay
+with GCS fault tolerance it also outlives the head pod). Rate-limit buckets and leases are not
+saved: they belong to requests in flight.
+
 Leases of a replica that died are never released; they expire after ``lease_ttl_s`` (default
 the request timeout, 300 s), so a crashed replica does not hold a tenant's concurrency forever.
 """
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import pickle
 import time
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping
@@ -55,6 +63,27 @@ def _limits_ns(tenant_id: str, limits: Mapping) -> SimpleNamespace:
     )
 
 
+class RayKVStore:
+    """Snapshot storage in Ray's GCS key-value store (``ray.experimental.internal_kv``).
+
+    Args:
+        key: the key (bytes of a snapshot are stored under it in :data:`ACTOR_NAMESPACE`).
+    """
+
+    def __init__(self, key: str = f"{ACTOR_NAME}/snapshot"):
+        self.key = key
+
+    def load(self) -> bytes | None:
+        from ray.experimental import internal_kv
+
+        return internal_kv._internal_kv_get(self.key, namespace=ACTOR_NAMESPACE)
+
+    def save(self, blob: bytes) -> None:
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_put(self.key, blob, overwrite=True, namespace=ACTOR_NAMESPACE)
+
+
 class SharedTenantState:
     """The shared per-tenant state (see module docstring). Not thread-safe: one owner.
 
@@ -62,6 +91,8 @@ class SharedTenantState:
         controller_kwargs: keyword arguments of :class:`KController` (plain data).
         lease_ttl_s: a lease older than this is released as if its request had ended.
         clock: monotonic seconds (tests inject one; also used by the controller when given).
+        store: where snapshots go (``load() -> bytes | None``, ``save(bytes)``); None: none.
+        snapshot_every_s: least time between two snapshots (saved after a request completes).
     """
 
     def __init__(
@@ -69,6 +100,8 @@ class SharedTenantState:
         controller_kwargs: Mapping | None = None,
         lease_ttl_s: float = 300.0,
         clock: Callable[[], float] | None = None,
+        store: Any = None,
+        snapshot_every_s: float = 30.0,
     ):
         kw = dict(controller_kwargs or {})
         self.clock = clock or time.monotonic
@@ -80,6 +113,50 @@ class SharedTenantState:
         self._leases: dict[int, tuple[Any, float]] = {}
         self._ids = itertools.count(1)
         self.usage: dict[str, dict[str, int]] = {}
+        self.store = store
+        self.snapshot_every_s = snapshot_every_s
+        self._saved_at: float | None = None
+        self.restored = self._restore()
+
+    # ------------------------------------------------------------------ persistence
+
+    def _restore(self) -> bool:
+        """Load the last snapshot from the store, if any; True when one was applied."""
+        if self.store is None:
+            return False
+        try:
+            blob = self.store.load()
+        except Exception:
+            log.warning("could not read the controller snapshot; starting fresh", exc_info=True)
+            return False
+        if not blob:
+            return False
+        try:
+            data = pickle.loads(blob)
+            ok = self.controller.import_learned(data["controller"])
+        except Exception:
+            log.warning("controller snapshot unreadable; starting fresh", exc_info=True)
+            return False
+        if ok:
+            self.usage = data.get("usage", {})
+            log.info("controller state restored: %d tenant/proposer keys", len(self.controller._state))
+        return ok
+
+    def snapshot(self, force: bool = False) -> bool:
+        """Save the learned state and usage now (``force``) or if ``snapshot_every_s`` passed
+        since the last save; True when saved. Storage errors are logged, never raised."""
+        if self.store is None:
+            return False
+        now = self.clock()
+        if not force and self._saved_at is not None and now - self._saved_at < self.snapshot_every_s:
+            return False
+        try:
+            self.store.save(pickle.dumps({"controller": self.controller.export_learned(), "usage": self.usage}))
+        except Exception:
+            log.warning("could not save the controller snapshot", exc_info=True)
+            return False
+        self._saved_at = now
+        return True
 
     # ------------------------------------------------------------------ per request
 
@@ -131,6 +208,7 @@ class SharedTenantState:
         u["completion_tokens"] += int(completion_tokens)
         if stats and int(stats.get("steps", 0)) > 0:
             self.record(tenant_id, proposer, stats, costs)
+        self.snapshot()
 
     def _expire(self) -> None:
         now = self.clock()
@@ -177,6 +255,10 @@ class SharedTenantState:
     def active_leases(self) -> int:
         return len(self._leases)
 
+    def was_restored(self) -> bool:
+        """True when this state started from a saved snapshot (e.g. after an actor restart)."""
+        return self.restored
+
     def ping(self) -> str:
         return "ok"
 
@@ -207,7 +289,7 @@ def get_or_create_actor(
         num_cpus=0,
         max_concurrency=1,
         max_restarts=-1,
-    ).remote(controller_kwargs, lease_ttl_s)
+    ).remote(controller_kwargs, lease_ttl_s, None, RayKVStore())
 
 
 class ControllerClient:

@@ -53,12 +53,16 @@ serializes calls (a Ray actor does by default).
 
 from __future__ import annotations
 
+import logging
+import pickle
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from specdec.acceptance import AcceptanceEstimator
 from specdec.cost_model import CostModel
+
+log = logging.getLogger(__name__)
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -296,6 +300,40 @@ class KController:
         self.probe_discount = probe_discount
         self._costs: dict[str, CostModel] = {}
         self._state: dict[tuple[str, str], _KState] = {}
+
+    # ------------------------------------------------------------------ persistence
+
+    #: version of :meth:`export_learned` blobs; a blob of another version is ignored
+    SNAPSHOT_VERSION = 1
+
+    def export_learned(self) -> bytes:
+        """What the controller has learned, as bytes (pickle): the acceptance estimator, the cost
+        models and the per-(tenant, proposer) K state. Settings are not included: they come
+        from the constructor. Trusted storage only (it is a pickle)."""
+        return pickle.dumps({"version": self.SNAPSHOT_VERSION, "estimator": self.estimator,
+                             "costs": self._costs, "state": self._state})
+
+    def import_learned(self, blob: bytes) -> bool:
+        """Replace the learned state with :meth:`export_learned`'s ``blob``.
+
+        Timestamps of the K state (time at K = 0, last probe) are reset to now: the clock of
+        the process that wrote them may not be this one's. Returns False (and changes nothing)
+        for a blob of another version or one that does not unpickle.
+        """
+        try:
+            data = pickle.loads(blob)
+        except Exception:
+            log.warning("controller snapshot does not unpickle; starting fresh", exc_info=True)
+            return False
+        if not isinstance(data, dict) or data.get("version") != self.SNAPSHOT_VERSION:
+            log.warning("controller snapshot of another version; starting fresh")
+            return False
+        now = self.clock()
+        for st in data["state"].values():
+            st.zero_since = now
+            st.last_probe_at = None if st.last_probe_at is None else now
+        self.estimator, self._costs, self._state = data["estimator"], data["costs"], data["state"]
+        return True
 
     def cost_model(self, proposer: str) -> CostModel:
         """The cost model of ``proposer`` (created on first use)."""
