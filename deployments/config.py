@@ -98,13 +98,26 @@ class AppConfig(BaseModel):
     ready_timeout_s: float = Field(
         2.0, gt=0, description="how long the router waits for the models before answering UNAVAILABLE",
     )
+    router_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="custom Ray resources each router replica needs (pins it to the nodes that "
+                    "advertise them, e.g. a Kubernetes worker group's rayStartParams.resources)",
+    )
+    draft_resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources each draft replica needs (see router_resources)",
+    )
+    target_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="custom Ray resources of each target replica's placement group (in its first bundle; "
+                    "STRICT_PACK keeps the TP ranks on the same node)",
+    )
 
     def target_bundles(self) -> list[dict[str, float]]:
         """Placement group of one target replica: bundle 0 = replica, then one per TP rank."""
         worker: dict[str, float] = {"CPU": self.target_cpus_per_worker}
         if self.target_gpus_per_worker:
             worker["GPU"] = self.target_gpus_per_worker
-        return [{"CPU": self.target_replica_cpus}] + [dict(worker) for _ in range(self.target_tp)]
+        return [{"CPU": self.target_replica_cpus, **self.target_resources}] + [dict(worker) for _ in range(self.target_tp)]
 
     def deployment_options(self) -> dict[str, dict[str, Any]]:
         """Serve options per deployment name, shared by the config file and build_app."""
@@ -112,10 +125,15 @@ class AppConfig(BaseModel):
         draft_actor: dict[str, Any] = {"num_cpus": self.draft_num_cpus}
         if self.draft_num_gpus:
             draft_actor["num_gpus"] = self.draft_num_gpus
+        if self.draft_resources:
+            draft_actor["resources"] = dict(self.draft_resources)
+        router_actor: dict[str, Any] = {"num_cpus": self.router_num_cpus}
+        if self.router_resources:
+            router_actor["resources"] = dict(self.router_resources)
         return {
             "Router": {
                 **self.router.serve_options(autoscale=True),
-                "ray_actor_options": {"num_cpus": self.router_num_cpus},
+                "ray_actor_options": router_actor,
             },
             "Draft": {
                 **self.draft.serve_options(autoscale=True),

@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import copy
 import functools
+import json
 import math
 import os
 import re
@@ -365,6 +366,8 @@ def _labels_of(template: dict, node_type: str, group: str) -> dict:
     """Labels the pod will carry: the template's plus those KubeRay adds."""
     labels = dict(((template.get("metadata") or {}).get("labels")) or {})
     labels.update({"ray.io/node-type": node_type, "ray.io/group": group})
+    if node_type == "worker":  # KubeRay marks pods whose Serve proxy is healthy
+        labels["ray.io/serve"] = "true"
     return labels
 
 
@@ -380,10 +383,16 @@ def _compare_to_local(serve: dict, local: dict) -> list[str]:
     """Differences between the rendered Serve config and the committed local file, ignoring
     only the args in K8S_OVERRIDES."""
     a, b = copy.deepcopy(serve), copy.deepcopy(local)
+    pins = {k for d in rsc.OVERLAY_OVERRIDES.values() for field in d.values() for k in field}
     for cfg in (a, b):
         for app in cfg.get("applications", []):
-            for key in K8S_OVERRIDES:
+            for key in (*K8S_OVERRIDES, *rsc.PINNING_FIELDS):
                 (app.get("args") or {}).pop(key, None)
+            for dep in app.get("deployments", []):  # the pool pinning resources only
+                (dep.get("ray_actor_options") or {}).pop("resources", None)
+                for bundle in dep.get("placement_group_bundles") or []:
+                    for key in pins:
+                        bundle.pop(key, None)
     if a == b:
         return []
     diffs = []
@@ -610,6 +619,52 @@ def _check_capacity(cfg, groups: dict[str, dict]) -> list[str]:
     if have_cpu < need_cpu or have_gpu < need_gpu:
         errors.append(f"worker groups at maxReplicas give {have_cpu:g} CPU / {have_gpu:g} GPU < the "
                       f"{need_cpu:g} CPU / {need_gpu:g} GPU of every deployment at max_replicas")
+    errors += _check_pinning(cfg, groups)
+    return errors
+
+
+def group_custom_resources(group: dict) -> dict[str, float]:
+    """The custom Ray resources a worker group advertises (``rayStartParams.resources``, the
+    shell-quoted JSON KubeRay passes to ``ray start --resources``)."""
+    raw = (group.get("rayStartParams") or {}).get("resources")
+    if not raw:
+        return {}
+    text = raw.strip()
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        text = text[1:-1].replace('\\"', '"')
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {"<unparseable>": 0.0}
+    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {"<unparseable>": 0.0}
+
+
+def _check_pinning(cfg, groups: dict[str, dict]) -> list[str]:
+    """Each deployment's custom resources are advertised by the worker group meant for it: the
+    Target's by the group that holds its GPUs, the Draft's and Router's by another one."""
+    errors = []
+    adv = {name: group_custom_resources(g) for name, g in groups.items()}
+    for name, res in adv.items():
+        if "<unparseable>" in res:
+            errors.append(f"workerGroup {name}: rayStartParams.resources is not the quoted JSON KubeRay expects")
+    wants = {"Router": cfg.router_resources, "Draft": cfg.draft_resources, "Target": cfg.target_resources}
+    homes: dict[str, set[str]] = {}
+    for dep, res in wants.items():
+        for key, amount in res.items():
+            have = [n for n, r in adv.items() if r.get(key, 0.0) >= amount]
+            if not have:
+                errors.append(f"{dep} needs custom resource {key!r} that no worker group advertises: it would never be placed")
+            homes[dep] = homes.get(dep, set()) | set(have)
+    tp_gpus = cfg.target_tp * cfg.target_gpus_per_worker
+    if tp_gpus and "target" in groups:
+        if cfg.draft_num_gpus and not cfg.draft_resources:
+            errors.append("the Draft uses a GPU slice but is not pinned to its pool (draft_resources): "
+                          "it may land on a target pod and break the Target's STRICT_PACK GPU placement")
+        for dep in ("Router", "Draft"):
+            if "target" in homes.get(dep, set()):
+                errors.append(f"{dep} is pinned to a resource the target group advertises")
+        if "Target" in homes and homes["Target"] != {"target"}:
+            errors.append(f"Target is pinned to groups {sorted(homes['Target'])}, not only 'target'")
     return errors
 
 
@@ -664,10 +719,25 @@ def _check_selectors(spec: dict, docs: list[dict], pods: list[tuple[str, dict]])
         errors.append("spec.serveService (the Service exposing gRPC) is missing")
     else:
         ports = {p.get("name"): p for p in (svc.get("spec") or {}).get("ports") or []}
-        for name, port in (("serve-grpc", 9000), ("serve", 8000)):
-            if (ports.get(name) or {}).get("port") != port or (ports.get(name) or {}).get("targetPort", port) not in (port, name):
-                errors.append(f"spec.serveService must expose port {name!r} {port}")
+        if (ports.get("serve") or {}).get("port") != 8000:
+            errors.append("spec.serveService must expose port 'serve' 8000")
+        if set(ports) - {"serve"}:
+            errors.append(f"spec.serveService ports {sorted(set(ports) - {'serve'})} are dropped by KubeRay "
+                          "before kuberay#4558 (only 'serve' is kept): expose them with a Service of your own")
     services = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "Service"}
+    workers = [(n, labels) for n, labels in pods if labels.get("ray.io/node-type") == "worker"]
+    grpc_svcs = [s for s in services.values()
+                 if any(p.get("name") == "serve-grpc" for p in s["spec"].get("ports") or [])]
+    if not grpc_svcs:
+        errors.append("no Service exposes the gRPC port 'serve-grpc' 9000")
+    for g in grpc_svcs:
+        port = next(p for p in g["spec"]["ports"] if p.get("name") == "serve-grpc")
+        if port.get("port") != 9000 or port.get("targetPort") not in (9000, "serve-grpc"):
+            errors.append(f"Service {g['metadata']['name']}: 'serve-grpc' must be port 9000 to the serve-grpc container port")
+        sel = g["spec"].get("selector") or {}
+        missed = [n for n, labels in workers if not _matches(sel, labels)]
+        if not sel or missed or any(_matches(sel, labels) for n, labels in pods if (n, labels) not in workers):
+            errors.append(f"Service {g['metadata']['name']} must select every worker pod (and no head): missed {missed}")
     metrics = [d for d in services.values() if any(p.get("name") == "metrics" for p in d["spec"].get("ports") or [])]
     if not metrics:
         errors.append("no Service exposes the metrics port")

@@ -111,13 +111,22 @@ def test_serve_config_equals_local_serve_config(rendered, overlay):
     assert serve == to_serve_config(rsc.profile(overlay))
     local = yaml.safe_load((HERE / rsc.OVERLAY_PRESETS[overlay]).read_text())
     (app,), (local_app,) = serve["applications"], local["applications"]
-    # same deployments, same options
-    assert app["deployments"] == local_app["deployments"]
+    # same deployments, same options, apart from the resources that pin them to their node pools
+    pins = rsc.OVERLAY_OVERRIDES[overlay]
+    expected = copy.deepcopy(local_app["deployments"])
+    for dep in expected:
+        res = pins.get({"Router": "router_resources", "Draft": "draft_resources"}.get(dep["name"], ""), {})
+        if res:
+            dep["ray_actor_options"]["resources"] = res
+        if dep["name"] == "Target" and pins.get("target_resources"):
+            dep["placement_group_bundles"][0].update(pins["target_resources"])
+    assert app["deployments"] == expected
     assert {k: v for k, v in serve.items() if k != "applications"} == {k: v for k, v in local.items() if k != "applications"}
-    assert {k: v for k, v in app.items() if k != "args"} == {k: v for k, v in local_app.items() if k != "args"}
-    # args: only the Kubernetes overrides differ
+    assert ({k: v for k, v in app.items() if k not in ("args", "deployments")}
+            == {k: v for k, v in local_app.items() if k not in ("args", "deployments")})
+    # args: only the Kubernetes overrides and the pinning differ
     differing = {k for k in app["args"] if app["args"][k] != local_app["args"].get(k)}
-    assert differing == set(rsc.K8S_OVERRIDES)
+    assert differing == set(rsc.K8S_OVERRIDES) | set(pins)
     assert app["args"]["tenants_file"] == rsc.TENANTS_FILE
 
 
@@ -166,7 +175,13 @@ def test_head_runs_no_replicas_and_ports_are_named(rendered, overlay):
         assert {p["name"]: p["containerPort"] for p in c["ports"]} == val.WORKER_PORTS
         assert c["readinessProbe"]["httpGet"] == {"path": "/-/healthz", "port": 8000}
     svc = _rayservice(rendered[overlay])["spec"]["serveService"]
-    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"serve": 8000, "serve-grpc": 9000}
+    # only "serve": KubeRay before kuberay#4558 drops every other port of a custom serveService
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"serve": 8000}
+    grpc_svc = next(d for d in rendered[overlay] if d.get("kind") == "Service" and d["metadata"]["name"] == "specdec-grpc")
+    assert grpc_svc["spec"]["ports"] == [{"name": "serve-grpc", "port": 9000, "targetPort": "serve-grpc",
+                                          "protocol": "TCP", "appProtocol": "grpc"}]
+    assert grpc_svc["spec"]["selector"] == {"app.kubernetes.io/part-of": "specdec", "ray.io/node-type": "worker",
+                                            "ray.io/serve": "true"}
 
 
 # --- secrets -------------------------------------------------------------------------------------
@@ -256,8 +271,23 @@ BROKEN = [
     ("grpc-port-renamed", "gpu",
      lambda d: next(p for p in _container(_wg(d, "draft"))["ports"] if p["containerPort"] == 9000).__setitem__("name", "grpc"),
      "'serve-grpc' must be 9000"),
-    ("serve-service-without-grpc", "cpu-dev",
-     lambda d: _rs(d)["spec"]["serveService"]["spec"]["ports"].pop(1), "must expose port 'serve-grpc'"),
+    ("no-grpc-service", "cpu-dev",
+     lambda d: d.remove(_kind(d, "Service", "specdec-grpc")), "no Service exposes the gRPC port"),
+    ("grpc-service-selects-head", "gpu",
+     lambda d: _kind(d, "Service", "specdec-grpc")["spec"].__setitem__("selector", {"app.kubernetes.io/part-of": "specdec"}),
+     "no head"),
+    ("grpc-port-on-serve-service", "gpu",
+     lambda d: _rs(d)["spec"]["serveService"]["spec"]["ports"].append({"name": "serve-grpc", "port": 9000}),
+     "are dropped by KubeRay"),
+    ("draft-not-pinned", "gpu",
+     lambda d: _wg(d, "draft")["rayStartParams"].pop("resources"), "no worker group advertises"),
+    ("pin-resource-garbled", "gpu",
+     lambda d: _wg(d, "target")["rayStartParams"].__setitem__("resources", "{specdec_target_node: 1000"),
+     "not the quoted JSON"),
+    ("draft-pinned-to-target-pool", "gpu",
+     lambda d: _wg(d, "target")["rayStartParams"].__setitem__(
+         "resources", '"{\\"specdec_target_node\\": 1000, \\"specdec_draft_node\\": 1000}"'),
+     "pinned to a resource the target group advertises"),
     ("no-readiness", "cpu-dev",
      lambda d: _container(_wg(d, "cpu")).pop("readinessProbe"), "/-/healthz"),
     ("serve-config-edited", "gpu",
