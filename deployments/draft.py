@@ -122,6 +122,7 @@ class RemoteTargetSession:
         self._send = send
         self._clock = clock
         self._needs_open = True
+        self._sent = False  # a Verify went out: the target may hold this session
         self.closed = False
         self.wire = WireStats()
 
@@ -151,6 +152,7 @@ class RemoteTargetSession:
         for _attempt in range(MAX_REBUILDS_PER_STEP + 1):
             payload = msg.SerializeToString()
             t0 = self._clock()
+            self._sent = True
             raw = self._send_surviving_restarts(payload, msg)
             payload = msg.SerializeToString()  # `open` may have been added while retrying
             self.wire.round_trip_s += self._clock() - t0
@@ -211,7 +213,7 @@ class RemoteTargetSession:
         if self.closed:
             return
         self.closed = True
-        if self._needs_open:  # never opened remotely
+        if not self._sent:  # never sent: the target holds nothing of it
             return
         try:
             self._send("CloseSession", xpb.CloseSessionRequest(session_id=self.session_id).SerializeToString())

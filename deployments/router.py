@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
 import uuid
@@ -95,6 +96,10 @@ class Router:
         self.gate = gate if gate is not None else TenancyGate.from_config(cfg)
         self._ready = False
         self.resumes = 0
+        #: longest vocabulary entry, in characters: a text of n characters is at least
+        #: n / this many tokens (byte-level and SentencePiece vocabularies spell every decoded
+        #: character with at least one character of the entry)
+        self._max_token_chars = max((len(t) for t in self.info.tokenizer.get_vocab()), default=1) or 1
 
     # --- the steps before generation ---------------------------------------------------------
 
@@ -122,6 +127,26 @@ class Router:
             k = 0
         return proposer, int(k)
 
+    def _refuse_surely_too_long(self, req: GenerationRequest) -> None:
+        """Refuse a text that cannot fit however it tokenizes, without tokenizing it (a 10 MB
+        prompt takes seconds to tokenize).
+
+        Raises:
+            InvalidRequestError: more characters than ``max_positions`` tokens can spell.
+        """
+        if req.prompt is not None:
+            chars = len(req.prompt)
+        elif req.messages is not None:
+            chars = sum(len(m.content) for m in req.messages)
+        else:
+            return
+        most = self.info.max_positions * self._max_token_chars
+        if chars > most:
+            raise InvalidRequestError(
+                f"prompt is {chars} characters: more than the {self.info.max_positions} positions of "
+                f"the target '{self.info.name}' can hold (at most {most} characters)"
+            )
+
     def _encode(self, req: GenerationRequest) -> list[int]:
         from specdec.engine import encode_prompt
 
@@ -136,9 +161,12 @@ class Router:
         raw = metadata.get(TIMEOUT_KEY)
         if raw:
             try:
-                budget = min(budget, float(raw))
+                seconds = float(raw)
             except ValueError:
-                raise InvalidRequestError(f"metadata {TIMEOUT_KEY} must be seconds, got {raw!r}") from None
+                seconds = math.nan
+            if not math.isfinite(seconds):
+                raise InvalidRequestError(f"metadata {TIMEOUT_KEY} must be a finite number of seconds, got {raw!r}")
+            budget = min(budget, seconds)
         return time.time() + budget
 
     async def _ensure_ready(self) -> None:
@@ -183,7 +211,9 @@ class Router:
         if not (request.HasField("speculation") and request.speculation.HasField("draft_min_confidence")):
             spec_update["draft_min_confidence"] = self.cfg.draft_min_confidence
         req = req.model_copy(update={"speculation": req.speculation.model_copy(update=spec_update)})
-        prompt = self._encode(req)
+        self._refuse_surely_too_long(req)
+        # tokenizing a long prompt takes a while: off the event loop, so other requests go on
+        prompt = await asyncio.get_running_loop().run_in_executor(None, self._encode, req)
         deadline = self._deadline(metadata)
         named = request.HasField("speculation") and request.speculation.proposer != pb.PROPOSER_UNSPECIFIED
         adm = await self.gate.admit(metadata, req, prompt_tokens=len(prompt),

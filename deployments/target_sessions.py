@@ -66,8 +66,13 @@ class TargetSessionTable:
             )
         try:
             result = session.verify(convert.draft_block_from_proto(msg))
-        except ValueError as e:
-            raise InvalidRequestError(str(e)) from None
+        except BaseException as e:
+            # A failed verify may leave the session half-advanced: drop it (a retry rebuilds
+            # it from the token history) rather than keep caches nobody will close.
+            self.close(msg.session_id)
+            if isinstance(e, ValueError):
+                raise InvalidRequestError(str(e)) from None
+            raise
         return convert.verify_result_to_proto(result, target_time_s=self.clock() - t0)
 
     def close(self, session_id: str) -> bool:

@@ -84,7 +84,14 @@ def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """
     if params.temperature <= 0:
         raise ValueError("warp_probs needs temperature > 0; greedy decoding uses greedy_token")
-    scores = logits.float() / params.temperature
+    # Shift by the row maximum before dividing: softmax, top-k and top-p do not change, and a tiny
+    # temperature (1e-40) then drives the other scores to -inf instead of overflowing the
+    # maximum to inf (inf - inf = nan): the distribution tends to the argmax, as it should.
+    # Temperatures below float32's smallest normal number act as that number (the result is the
+    # argmax either way; 0 / a float32-rounded 1e-300 would be 0 / 0).
+    logits = logits.float()
+    temperature = max(float(params.temperature), torch.finfo(torch.float32).tiny)
+    scores = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
     if params.top_k > 0 and params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))

@@ -213,6 +213,22 @@ def test_invalid_requests(data, message):
     assert str(e.value) == message
 
 
+@pytest.mark.parametrize("temperature", [1e-6, 1e-40, 5e-324])
+@pytest.mark.parametrize("proposer, k", [("draft", 3), ("ngram", 3), ("none", 0)])
+def test_vanishing_temperature_samples_the_argmax(tiny_target, tiny_draft_close, temperature, proposer, k):
+    """T -> 0 is greedy: no overflow to inf/nan (1e-40 and 5e-324 are below float32's range)."""
+    engine = SpeculativeEngine(tiny_target, tiny_draft_close)
+    prompt = [60, 61, 62, 63]
+    res = engine.generate(GenerationRequest(
+        prompt_token_ids=prompt, max_tokens=16, ignore_eos=True,
+        sampling={"temperature": temperature, "seed": 1}, speculation={"proposer": proposer, "k": k},
+    ))
+    greedy = engine.generate(GenerationRequest(
+        prompt_token_ids=prompt, max_tokens=16, ignore_eos=True, speculation={"proposer": "none", "k": 0},
+    ))
+    assert res.token_ids == greedy.token_ids
+
+
 def test_bad_token_ids_and_missing_draft(tiny_target):
     engine = SpeculativeEngine(tiny_target)
     with pytest.raises(InvalidRequestError, match=r"prompt_token_ids: id 320 is outside the vocabulary 0\.\.319"):

@@ -135,6 +135,31 @@ def test_rebuild_on_missing_and_mismatched_session(pair):
     assert len(wire.table) == 0
 
 
+def test_a_failing_first_verify_leaves_no_session_behind(pair):
+    """The target raises on a session's first block: neither the target's table nor the draft
+    side keeps it (the table drops a session whose verify raised; close() still sends
+    CloseSession once a Verify went out)."""
+    import torch
+
+    from specdec.errors import InvalidRequestError
+
+    _, _, target, _ = pair
+    wire = Wire(target)
+    s = RemoteTargetSession("f1", PROMPT, SamplingParams(), derive_seeds(3)[1], False, wire.send)
+    bad = DraftBlock(token_ids=torch.tensor([target.emittable_vocab + 5]))  # outside the vocabulary
+    with pytest.raises(InvalidRequestError):
+        s.verify(bad)
+    assert len(wire.table) == 0
+    s.close()
+    assert wire.calls == ["Verify", "CloseSession"]
+    # a session that verified before and then fails is dropped too (a retry would rebuild it)
+    s2 = RemoteTargetSession("f2", PROMPT, SamplingParams(), derive_seeds(3)[1], False, wire.send)
+    s2.verify(DraftBlock.empty())
+    with pytest.raises(InvalidRequestError):
+        s2.verify(bad)
+    assert len(wire.table) == 0
+
+
 @pytest.mark.parametrize("sampling", [None, pb.SamplingParams(temperature=0.9, top_k=40, seed=77)])
 def test_resume_on_a_new_replica_gives_the_same_output(pair, sampling):
     t, d, target, _ = pair

@@ -257,10 +257,11 @@ def test_stream_concatenates_to_unary(served):
         (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1, 99999])), "outside the vocabulary"),
         (pb.GenerateRequest(), "exactly one of"),
         (pb.GenerateRequest(prompt="x", stop_token_ids=[99999]), "stop_token_ids: id 99999 is outside the vocabulary"),
+        (pb.GenerateRequest(prompt="ab " * 1_000_000), "prompt is 3000000 characters: more than the 256 positions"),
         (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(temperature=float("nan"))),
          "sampling.temperature: Input should be a finite number"),
     ],
-    ids=["empty", "max_tokens", "k", "top_p", "over-long", "bad-id", "no-input", "bad-stop-id", "nan"],
+    ids=["empty", "max_tokens", "k", "top_p", "over-long", "bad-id", "no-input", "bad-stop-id", "huge-text", "nan"],
 )
 @pytest.mark.parametrize("streaming", [False, True])
 def test_bad_request_is_invalid_argument(served, req, fragment, streaming):
@@ -293,6 +294,16 @@ def test_deadline_exceeded_and_caches_freed(served, where):
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, info.value.details()
     assert time.time() - t0 < 10
     assert _wait_no_sessions() == ([], [])
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "1e400", "soon"])
+def test_deadline_metadata_must_be_finite_seconds(served, raw):
+    _, channel, _ = served
+    with pytest.raises(grpc.RpcError) as info:
+        pb_grpc.SpecDecStub(channel).Generate(pb.GenerateRequest(prompt="x", max_tokens=2),
+                                              metadata=MD + (("specdec-timeout-s", raw),), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == f"metadata specdec-timeout-s must be a finite number of seconds, got {raw!r}"
 
 
 def test_client_library_maps_deadline(served):
