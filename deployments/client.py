@@ -143,6 +143,9 @@ def build_request(
             raise InvalidArgument("INVALID_ARGUMENT", f"{name} must be a whole number >= 0, got {value!r}")
     if any(not isinstance(t, int) or t < 0 for t in list(stop_token_ids) + list(prompt_token_ids or ())):
         raise InvalidArgument("INVALID_ARGUMENT", "token ids must be whole numbers >= 0")
+    for name, value in (("temperature", temperature), ("top_p", top_p), ("draft_min_confidence", draft_min_confidence)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise InvalidArgument("INVALID_ARGUMENT", f"{name} must be a number, got {value!r}")
     msg = pb.GenerateRequest(stop=list(stop), stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos,
                              logprobs=logprobs)
     if prompt is not None:

@@ -260,6 +260,7 @@ def test_client_error_mapping_reads_retry_after_from_the_message():
     for kwargs, text in [({"max_tokens": -1}, "max_tokens must be a whole number >= 0, got -1"),
                          ({"top_k": -3}, "top_k must be a whole number >= 0, got -3"),
                          ({"k": -1}, "k must be a whole number >= 0, got -1"),
-                         ({"stop_token_ids": [-2]}, "token ids must be whole numbers >= 0")]:
+                         ({"stop_token_ids": [-2]}, "token ids must be whole numbers >= 0"),
+                         ({"draft_min_confidence": "high"}, "draft_min_confidence must be a number, got 'high'")]:
         with pytest.raises(InvalidArgument, match=text):
             build_request("x", **kwargs)
