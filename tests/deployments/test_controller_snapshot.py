@@ -33,10 +33,12 @@ class Clock:
         return self.t
 
 
-def _traffic(state: SharedTenantState, clock: Clock, tenant: str, alpha: float, n: int, rng) -> None:
-    """n requests of 8 steps at the decided K, each draft token accepted with probability alpha."""
+def _traffic(call, tenant: str, alpha: float, n: int, rng, tick=None) -> None:
+    """n requests of 8 steps at the decided K, each draft token accepted with probability alpha.
+
+    ``call(method, *args)`` reaches the shared state (in process, or the Ray actor)."""
     for _ in range(n):
-        adm = state.admit(tenant, {}, 10, "draft", POLICY, 6)
+        adm = call("admit", tenant, {}, 10, "draft", POLICY, 6)
         k = adm["decision"]["k"]
         st = SpeculationStats()
         for _ in range(8):
@@ -44,16 +46,24 @@ def _traffic(state: SharedTenantState, clock: Clock, tenant: str, alpha: float, 
             while a < k and rng.random() < alpha:
                 a += 1
             st.record_step(k, a, 0.01 * k, 0.1 + 0.01 * k)
-        state.complete(adm["lease"], tenant, "draft", st.as_dict(), None, 10, 8 + st.accepted)
-        clock.t += 1.0
+        call("complete", adm["lease"], tenant, "draft", st.as_dict(), None, 10, 8 + st.accepted)
+        if tick is not None:
+            tick()
+
+
+def _local(state: SharedTenantState):
+    return lambda method, *args: getattr(state, method)(*args)
 
 
 def test_learned_state_and_usage_survive_a_restart():
     store, clock, rng = DictStore(), Clock(), random.Random(3)
     first = SharedTenantState(store=store, clock=clock, snapshot_every_s=5.0)
     assert not first.was_restored()
-    _traffic(first, clock, "code", 0.95, 20, rng)
-    _traffic(first, clock, "chat", 0.05, 20, rng)
+    def tick():
+        clock.t += 1.0
+
+    _traffic(_local(first), "code", 0.95, 20, rng, tick)
+    _traffic(_local(first), "chat", 0.05, 20, rng, tick)
     assert 1 < store.saves < 40  # throttled to one save per 5 s of 1 s requests (+ the first)
     first.snapshot(force=True)
     k_code, k_chat = first.current_k("code", "draft"), first.current_k("chat", "draft")
@@ -101,17 +111,12 @@ def test_restarted_controller_actor_resumes_from_its_snapshot():
     try:
         actor = get_or_create_actor({"probe_every_requests": 1000})
         rng = random.Random(5)
+
+        def call(method, *args):
+            return ray.get(getattr(actor, method).remote(*args))
+
         for tenant, alpha in (("code", 0.95), ("chat", 0.05)):
-            for _ in range(20):
-                adm = ray.get(actor.admit.remote(tenant, {}, 10, "draft", POLICY, 6))
-                k = adm["decision"]["k"]
-                st = SpeculationStats()
-                for _ in range(8):
-                    a = 0
-                    while a < k and rng.random() < alpha:
-                        a += 1
-                    st.record_step(k, a, 0.01 * k, 0.1 + 0.01 * k)
-                ray.get(actor.complete.remote(adm["lease"], tenant, "draft", st.as_dict(), None, 10, 8))
+            _traffic(call, tenant, alpha, 20, rng)
         assert ray.get(actor.snapshot.remote(True))
         before = [ray.get(actor.current_k.remote(t, "draft")) for t in ("code", "chat")]
         assert before[0] >= 4 and before[1] == 0
