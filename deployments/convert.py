@@ -306,7 +306,7 @@ def draft_block_from_proto(msg: xpb.CandidateBlock) -> DraftBlock:
     Raises:
         ValueError: q's size is not K * width.
     """
-    token_ids = torch.tensor(list(msg.token_ids), dtype=torch.long)  # [K]
+    token_ids = torch.tensor(list(msg.token_ids), dtype=torch.long, device="cpu")  # [K], on the CPU
     if not msg.HasField("q"):
         return DraftBlock(token_ids=token_ids)
     k, m = len(msg.token_ids), msg.q.width
@@ -314,8 +314,8 @@ def draft_block_from_proto(msg: xpb.CandidateBlock) -> DraftBlock:
         raise ValueError(
             f"q must hold K*M = {k}*{m} ids and probs, got {len(msg.q.ids)} and {len(msg.q.probs)}"
         )
-    q_ids = torch.tensor(list(msg.q.ids), dtype=torch.long).reshape(k, m)  # [K, M]
-    q_probs = torch.tensor(list(msg.q.probs), dtype=torch.float32).reshape(k, m)  # [K, M]
+    q_ids = torch.tensor(list(msg.q.ids), dtype=torch.long, device="cpu").reshape(k, m)  # [K, M]
+    q_probs = torch.tensor(list(msg.q.probs), dtype=torch.float32, device="cpu").reshape(k, m)  # [K, M]
     return DraftBlock(token_ids=token_ids, q_ids=q_ids, q_probs=q_probs)
 
 

@@ -26,14 +26,21 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class CachedSequence:
     """Committed token ids plus a KV cache of a prefix of them (batch size 1).
 
+    Args:
+        model: the causal LM.
+        token_ids: the committed sequence so far.
+        device: where the model's inputs are put (the device of its embedding; default: the
+            device of its first parameter). Logits come back on the model's device.
+
     Attributes:
         token_ids: the committed sequence, in tokens.
         cached: the tokens whose keys and values are in the cache (a list, ``len == cache
             length``); may run past ``token_ids`` into uncommitted proposals.
     """
 
-    def __init__(self, model: PreTrainedModel, token_ids: list[int]):
+    def __init__(self, model: PreTrainedModel, token_ids: list[int], device: torch.device | str | None = None):
         self.model = model
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.token_ids = token_ids
         self.cached: list[int] = []
         self.cache: DynamicCache | None = DynamicCache(config=model.config)
@@ -72,12 +79,12 @@ class CachedSequence:
                 output projection over a long prefill saves about a sixth of its cost.
 
         Returns:
-            ``[n, V]`` float32 logits for the last ``n = keep or len(tokens)`` positions, row i
-            predicting the token after the corresponding input token.
+            ``[n, V]`` float32 logits on the model's device for the last ``n = keep or
+            len(tokens)`` positions, row i predicting the token after the corresponding input token.
         """
         if not tokens:
             raise ValueError("feed needs at least one token")
-        input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.model.device)
+        input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=keep or 0)
         self.cache = out.cache
         self.cached.extend(int(t) for t in tokens)

@@ -8,27 +8,89 @@ distributions p, q; we apply temperature → top-k → top-p to both). Greedy de
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from specdec.request import SamplingParams
 
 
-_SEED_MIX = 0x9E3779B97F4A7C15
+#: The two sides of a speculation step that draw random numbers.
+DRAFT, TARGET = "draft", "target"
+_SIDE_BIT = {DRAFT: 0, TARGET: 1}
+
+#: Where every random draw of sampling and verification is made: the CPU generator, whatever
+#: device the models run on, so a seeded request gives the same draws on any device and layout
+#: (values are moved to the model's device after drawing where needed).
+RANDOM_DEVICE = torch.device("cpu")
+
+
+def _hash64(*parts: object) -> int:
+    """A 64-bit integer from blake2b over the parts' text (stable across processes and hosts)."""
+    text = "\x1f".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8, person=b"specdec-seed").digest(), "little")
 
 
 def derive_seeds(seed: int) -> tuple[int, int]:
-    """Split a request seed into independent seeds for the draft and the target sides."""
-    return seed % 2**63, (seed * _SEED_MIX + 1) % 2**63
+    """Split a request seed into the draft side's and the target side's seeds (63-bit each).
+
+    A hash, not an affine mix: seeds that differ only in high bits give unrelated values.
+    The streams of the two sides are kept apart by :func:`step_generator` whatever these are.
+    """
+    return _hash64(DRAFT, seed) >> 1, _hash64(TARGET, seed) >> 1
 
 
-def step_generator(seed: int, position: int) -> torch.Generator:
-    """The random generator of one speculation step, seeded from (seed, position).
+def stream_seed(side: str, seed: int, position: int) -> int:
+    """The seed of one (side, seed, position) random stream: a 32-bit value.
+
+    torch's CPU generator (mt19937) keeps only the low 32 bits of ``manual_seed``, so the value is
+    32 bits on purpose: 31 bits of blake2b over (seed, position) and, as the lowest bit, the
+    side (0 draft, 1 target). A draft stream and a target stream therefore never coincide, for
+    any seeds and positions; two (seed, position) pairs of one side collide only by hash
+    chance (2^-31), never structurally (seeds differing only above bit 32 no longer alias).
+
+    Args:
+        side: :data:`DRAFT` or :data:`TARGET`.
+        seed: the side's seed (any non-negative int).
+        position: the committed length (tokens) the step starts from.
+
+    Raises:
+        ValueError: an unknown side.
+    """
+    if side not in _SIDE_BIT:
+        raise ValueError(f"side must be {DRAFT!r} or {TARGET!r}, got {side!r}")
+    return ((_hash64(seed, position) & 0x7FFFFFFF) << 1) | _SIDE_BIT[side]
+
+
+def step_generator(seed: int, position: int, side: str) -> torch.Generator:
+    """The CPU random generator of one speculation step, seeded from (side, seed, position).
 
     Seeding per step from the committed length (tokens) instead of carrying one generator
     through the request makes a seeded request reproducible even when a session is rebuilt from
-    its token history on another replica: the same position gives the same random stream.
+    its token history on another replica: the same position gives the same random stream. The
+    generator is always on :data:`RANDOM_DEVICE` (CPU), so draws do not depend on the model's
+    device; see :func:`sample_from` for drawing a token from a distribution on any device.
     """
-    return torch.Generator().manual_seed((seed * _SEED_MIX + position * 0xBF58476D1CE4E5B9 + 1) % 2**63)
+    return torch.Generator(device=RANDOM_DEVICE).manual_seed(stream_seed(side, seed, position))
+
+
+def uniform(generator: torch.Generator) -> float:
+    """One U[0, 1) draw from ``generator`` (a CPU generator), as a Python float."""
+    return float(torch.rand((), generator=generator, device=generator.device))
+
+
+def sample_from(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """Draw one index from the distribution ``probs`` with the CPU ``generator``.
+
+    Args:
+        probs: ``[V]`` float, non-negative, on any device (copied to the CPU for the draw, so the
+            draw is the same whatever device the distribution was computed on).
+        generator: a CPU generator (:func:`step_generator`).
+
+    Returns:
+        The drawn index (int).
+    """
+    return int(torch.multinomial(probs.to(generator.device, torch.float32), 1, generator=generator))
 
 
 def mask_unemittable(logits: torch.Tensor, emittable: int) -> torch.Tensor:
@@ -105,21 +167,27 @@ def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return scores.softmax(dim=-1)
 
 
-def restrict_support(probs: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Restrict each row of a distribution to its ``m`` most likely ids and renormalise.
+def restrict_support(probs: torch.Tensor, m: int, emittable: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Restrict each row of a distribution to its ``m`` most likely emittable ids and renormalise.
 
     The result is the proposal distribution q' a draft samples from and sends to the verifier:
     sparse (``m`` ids per position instead of the whole vocabulary) and still exact, because
     rejection sampling is exact for any proposal distribution the verifier knows.
 
     Args:
-        probs: ``[N, V]`` float32 rows summing to 1.
-        m: support size per row (clipped to V).
+        probs: ``[N, V]`` float32 rows summing to 1 (zero at ids ``>= emittable``).
+        m: support size per row (clipped to the ids considered).
+        emittable: only ids below this are considered (None: all V). When fewer than ``m`` ids
+            have non-zero probability (small top-k or top-p, low temperature) the rest of the
+            row is filled with zero-probability ids; with ``emittable`` set these too lie in
+            ``0..emittable-1``, never on padding rows a verifier would refuse.
 
     Returns:
         ``(ids, q)``: ``[N, m]`` int64 ids sorted by probability, ``[N, m]`` float32 summing to 1
-        per row (ids outside the original support carry probability 0).
+        per row (ids outside the original support carry probability 0); on ``probs``' device.
     """
+    if emittable is not None and emittable < probs.shape[-1]:
+        probs = probs[..., :emittable]
     m = min(m, probs.shape[-1])
     q, ids = torch.topk(probs, m, dim=-1)
     q = q / q.sum(dim=-1, keepdim=True)

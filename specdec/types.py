@@ -36,6 +36,9 @@ class DraftBlock:
             prompt lookup.
         q_probs: ``[K, M]`` float32 or None; q over ``q_ids`` (rows sum to 1; padding entries
             carry probability 0).
+
+    Proposers build blocks on the CPU (a block is what goes on the wire); the verifier moves
+    them to the target's device.
     """
 
     token_ids: torch.Tensor
@@ -63,7 +66,7 @@ class DraftBlock:
     @classmethod
     def empty(cls) -> "DraftBlock":
         """The block that proposes nothing (K = 0): the step is plain decoding."""
-        return cls(token_ids=torch.empty(0, dtype=torch.long))
+        return cls(token_ids=torch.empty(0, dtype=torch.long, device="cpu"))
 
     def __repr__(self) -> str:
         m = None if self.q_ids is None else int(self.q_ids.shape[1])

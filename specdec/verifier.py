@@ -10,6 +10,18 @@ distribution. Draft token x at position i is accepted with probability min(1, p_
 at the first rejection a token is drawn from norm(max(0, p_i - q_i)); if all K are accepted a
 bonus token is drawn from p_{K}. The emitted tokens are distributed exactly as sampling the
 target alone.
+
+Devices: the target's logits and everything computed from them stay on the target's device
+(``LoadedModel.device``); a block arrives on the CPU (it comes off the wire) and is moved there
+once; random draws are made on a CPU generator (:func:`specdec.sampling.step_generator`), a
+distribution is copied to the CPU only for the one token drawn from it. Token ids leave as
+Python ints. So the same code runs on CPU and CUDA, and a seeded request's draws do not depend
+on the device.
+
+Validation: every block is checked on arrival (:func:`validate_block`) before any tensor work,
+so a malformed block from the wire is an :class:`~specdec.errors.InvalidRequestError` with a
+message naming what is wrong (INVALID_ARGUMENT over gRPC), never an internal error or a
+silently wrong sample.
 """
 
 from __future__ import annotations
@@ -18,20 +30,90 @@ from typing import Sequence
 
 import torch
 
+from specdec.errors import InvalidRequestError
 from specdec.kv_cache import CachedSequence
 from specdec.models.loaded import LoadedModel
 from specdec.request import SamplingParams
-from specdec.sampling import greedy_token, mask_unemittable, step_generator, warp_probs
+from specdec.sampling import TARGET, greedy_token, mask_unemittable, sample_from, step_generator, uniform, warp_probs
 from specdec.types import DraftBlock, VerifyResult
+
+#: Largest |sum(q_probs row) - 1| accepted in a block (float32 sums of up to a few hundred terms).
+Q_SUM_TOLERANCE = 1e-3
+
+
+class InvalidBlockError(InvalidRequestError):
+    """A candidate block is malformed: ids out of range or a proposal distribution that is not one
+    (gRPC: INVALID_ARGUMENT)."""
+
+
+def validate_block(block: DraftBlock, emittable: int) -> None:
+    """Check a candidate block before it is scored.
+
+    Checks: drafted ids and q's ids in ``0..emittable-1``; q's probabilities finite and
+    non-negative, each row summing to 1 within :data:`Q_SUM_TOLERANCE`; each drafted token has
+    positive probability under its own row of q (it was drawn from q). Shapes are checked by
+    :class:`~specdec.types.DraftBlock` itself.
+
+    Args:
+        block: the block (tensors on any device).
+        emittable: the target's emittable vocabulary size (ids below it may be emitted).
+
+    Raises:
+        InvalidBlockError: naming the first problem found (field, position, value).
+    """
+    k = block.k
+    if k == 0:
+        return
+    ids = block.token_ids
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise InvalidBlockError(f"block token_ids must be integer ids, got {ids.dtype}")
+    bad = ((ids < 0) | (ids >= emittable)).nonzero()
+    if bad.numel():
+        j = int(bad[0, 0])
+        raise InvalidBlockError(f"block token_ids[{j}] = {int(ids[j])} is outside the vocabulary 0..{emittable - 1}")
+    if block.q_ids is None:
+        return
+    q_ids, q_probs = block.q_ids, block.q_probs
+    if not q_probs.is_floating_point():
+        raise InvalidBlockError(f"block q_probs must be floating point, got {q_probs.dtype}")
+    bad = ((q_ids < 0) | (q_ids >= emittable)).nonzero()
+    if bad.numel():
+        j, m = int(bad[0, 0]), int(bad[0, 1])
+        raise InvalidBlockError(
+            f"block q_ids[{j}][{m}] = {int(q_ids[j, m])} is outside the vocabulary 0..{emittable - 1}"
+        )
+    probs = q_probs.double()
+    bad = (~torch.isfinite(probs)).nonzero()
+    if bad.numel():
+        j, m = int(bad[0, 0]), int(bad[0, 1])
+        raise InvalidBlockError(f"block q_probs[{j}][{m}] = {float(probs[j, m]):.6g} is not finite")
+    bad = (probs < 0).nonzero()
+    if bad.numel():
+        j, m = int(bad[0, 0]), int(bad[0, 1])
+        raise InvalidBlockError(f"block q_probs[{j}][{m}] = {float(probs[j, m]):.6g} is negative")
+    sums = probs.sum(dim=-1)  # [K]
+    bad = ((sums - 1.0).abs() > Q_SUM_TOLERANCE).nonzero()
+    if bad.numel():
+        j = int(bad[0, 0])
+        raise InvalidBlockError(
+            f"block q_probs row {j} sums to {float(sums[j]):.6g}, not 1 (tolerance {Q_SUM_TOLERANCE:g})"
+        )
+    drawn = ((q_ids == ids.to(q_ids.device).unsqueeze(-1)) & (probs > 0)).any(dim=-1)  # [K]
+    bad = (~drawn).nonzero()
+    if bad.numel():
+        j = int(bad[0, 0])
+        raise InvalidBlockError(
+            f"block token_ids[{j}] = {int(ids[j])} has probability 0 under its proposal distribution q_probs[{j}]"
+        )
 
 
 def verify_greedy(draft_ids: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, list[int]]:
     """Greedy verification of one block.
 
     Args:
-        draft_ids: ``[K]`` int64 proposed tokens.
+        draft_ids: ``[K]`` int64 proposed tokens, on any device.
         target_logits: ``[K + 1, V]`` float, the target's logits at the positions that predict
-            each draft token and the one after the last.
+            each draft token and the one after the last (on the target's device).
 
     Returns:
         ``(n, tokens)``: n accepted drafts (0..K) and the n + 1 emitted token ids.
@@ -39,20 +121,28 @@ def verify_greedy(draft_ids: torch.Tensor, target_logits: torch.Tensor) -> tuple
     k = int(draft_ids.shape[0])
     if target_logits.shape[0] != k + 1:
         raise ValueError(f"target_logits must be [K+1={k + 1}, V], got {tuple(target_logits.shape)}")
-    choice = greedy_token(target_logits)  # [K+1] int64
-    match = (choice[:k] == draft_ids).long()
+    choice = greedy_token(target_logits)  # [K+1] int64, on the logits' device
+    match = (choice[:k] == draft_ids.to(choice.device)).long()
     n = int(match.cumprod(dim=0).sum()) if k else 0
     return n, draft_ids[:n].tolist() + [int(choice[n])]
 
 
-def _dense_q(q_ids: torch.Tensor | None, q_probs: torch.Tensor | None, draft_ids: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Scatter a sparse proposal distribution into ``[K, V]`` float32 (one-hot when q is None)."""
+def _dense_q(
+    q_ids: torch.Tensor | None,
+    q_probs: torch.Tensor | None,
+    draft_ids: torch.Tensor,
+    vocab: int,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Scatter a sparse proposal distribution into ``[K, V]`` float32 on ``device`` (one-hot at
+    ``draft_ids`` when q is None). The inputs may be on any device; they are moved to ``device``."""
     k = int(draft_ids.shape[0])
-    dense = torch.zeros(k, vocab, dtype=torch.float32)
+    dense = torch.zeros(k, vocab, dtype=torch.float32, device=device)
     if q_ids is None:
-        dense[torch.arange(k), draft_ids] = 1.0
+        rows = torch.arange(k, device=device)
+        dense[rows, draft_ids.to(device)] = 1.0
     else:
-        dense.scatter_add_(1, q_ids, q_probs.float())
+        dense.scatter_add_(1, q_ids.to(device), q_probs.to(device, torch.float32))
     return dense
 
 
@@ -66,31 +156,33 @@ def rejection_sample(
     """Modified rejection sampling of one block (Leviathan et al. 2023, Algorithm 1).
 
     Args:
-        draft_ids: ``[K]`` int64 drafts, sampled from q.
+        draft_ids: ``[K]`` int64 drafts, sampled from q (any device).
         q_ids: ``[K, M]`` int64 support of q, or None for a deterministic (one-hot) proposal.
         q_probs: ``[K, M]`` float32 q over ``q_ids``.
-        p: ``[K + 1, V]`` float32 target distributions (already warped like q).
-        generator: the request's own random generator.
+        p: ``[K + 1, V]`` float32 target distributions (already warped like q), on the target's
+            device; q is built on the same device.
+        generator: the step's CPU generator (:func:`specdec.sampling.step_generator`); every
+            draw is made on it (:func:`specdec.sampling.uniform`, :func:`specdec.sampling.sample_from`).
 
     Returns:
         ``(n, tokens)``: n accepted drafts and the n + 1 emitted token ids.
     """
     k = int(draft_ids.shape[0])
     vocab = p.shape[-1]
-    q = _dense_q(q_ids, q_probs, draft_ids, vocab)  # [K, V] float32
+    q = _dense_q(q_ids, q_probs, draft_ids, vocab, device=p.device)  # [K, V] float32
     for i in range(k):
         x = int(draft_ids[i])
         p_x, q_x = float(p[i, x]), float(q[i, x])
-        u = float(torch.rand((), generator=generator))
+        u = uniform(generator)
         if q_x > 0 and u * q_x < p_x:  # u < p_x / q_x, without dividing
             continue
         residual = (p[i] - q[i]).clamp_min(0.0)
         total = float(residual.sum())
         # p == q exactly (rejection had probability 0): fall back to p itself.
         dist = residual / total if total > 0 else p[i]
-        token = int(torch.multinomial(dist, 1, generator=generator))
+        token = sample_from(dist, generator)
         return i, draft_ids[:i].tolist() + [token]
-    bonus = int(torch.multinomial(p[k], 1, generator=generator))
+    bonus = sample_from(p[k], generator)
     return k, draft_ids.tolist() + [bonus]
 
 
@@ -113,7 +205,7 @@ class TargetSession:
         self.sampling = sampling
         self.want_logprobs = logprobs
         self.seed = seed
-        self.seq = CachedSequence(verifier.target.model, list(token_ids))
+        self.seq = CachedSequence(verifier.target.model, list(token_ids), device=verifier.target.device)
 
     @property
     def token_ids(self) -> list[int]:
@@ -136,13 +228,12 @@ class TargetSession:
             ``result.accepted + 1`` tokens and its cache is cut back to the accepted prefix.
 
         Raises:
-            ValueError: a proposed id outside the target's emittable vocabulary, or a block that
-                would use a position at or beyond the target's context limit.
+            InvalidBlockError: a malformed block (:func:`validate_block`).
+            ValueError: a block that would use a position at or beyond the target's context limit.
         """
         target = self._verifier.target
         k = block.k
-        if k and (int(block.token_ids.min()) < 0 or int(block.token_ids.max()) >= target.emittable_vocab):
-            raise ValueError(f"proposed token id outside 0..{target.emittable_vocab - 1}")
+        validate_block(block, target.emittable_vocab)
         if self.committed_len + k > target.max_positions:
             raise ValueError(
                 f"block of K={k} after {self.committed_len} tokens exceeds the target's "
@@ -154,7 +245,7 @@ class TargetSession:
             n, tokens = verify_greedy(block.token_ids, logits)
         else:
             p = warp_probs(logits, self.sampling)  # [K+1, V] float32
-            generator = step_generator(self.seed, self.committed_len)
+            generator = step_generator(self.seed, self.committed_len, TARGET)
             n, tokens = rejection_sample(block.token_ids, block.q_ids, block.q_probs, p, generator)
         logprobs = None
         if self.want_logprobs:

@@ -13,6 +13,11 @@ only on the draft's own state, so output stays exact (greedy: the target's argma
 each drafted position is verified against the q it was drawn from). This is the rule of
 transformers' assisted generation (``assistant_confidence_threshold``, default 0.4).
 
+Devices: the draft's logits stay on the draft's device; random draws are made on a CPU
+generator (:func:`specdec.sampling.step_generator`, side ``draft``), the drafted ids leave as
+Python ints, and the block's tensors (``token_ids``, ``q_ids``, ``q_probs``) are always on the
+CPU: a block is what goes on the wire, and the verifier moves it to the target's device.
+
 The draft KV cache is kept across steps; after a rejection it is cut back lazily on the next
 ``propose`` to the prefix shared with the committed sequence (:class:`CachedSequence`), and a
 session rebuilt from a token history simply starts with an empty cache.
@@ -27,7 +32,15 @@ import torch
 from specdec.kv_cache import CachedSequence
 from specdec.models.loaded import LoadedModel
 from specdec.request import SamplingParams
-from specdec.sampling import greedy_token, mask_unemittable, restrict_support, step_generator, warp_probs
+from specdec.sampling import (
+    DRAFT,
+    greedy_token,
+    mask_unemittable,
+    restrict_support,
+    sample_from,
+    step_generator,
+    warp_probs,
+)
 from specdec.types import DraftBlock
 
 #: default support size M of the proposal distribution sent per drafted position
@@ -45,7 +58,7 @@ class DraftModelSession:
         self.sampling = sampling
         self.seed = seed
         self.min_confidence = float(min_confidence)
-        self.seq = CachedSequence(proposer.draft.model, [int(t) for t in token_ids])
+        self.seq = CachedSequence(proposer.draft.model, [int(t) for t in token_ids], device=proposer.draft.device)
 
     @property
     def token_ids(self) -> list[int]:
@@ -57,7 +70,8 @@ class DraftModelSession:
 
         Returns:
             A block with ``token_ids [k']`` int64 and, when sampling, ``q_ids``/``q_probs``
-            ``[k', M]``; :meth:`DraftBlock.empty` when ``k' == 0``.
+            ``[k', M]`` (ids below the draft's emittable vocabulary; all on the CPU);
+            :meth:`DraftBlock.empty` when ``k' == 0``.
         """
         draft = self._proposer.draft
         # Drafting token j (1-based) feeds position len + j - 2: stay below the draft's limit.
@@ -66,7 +80,7 @@ class DraftModelSession:
             return DraftBlock.empty()
         keep = self.seq.sync(self.seq.token_ids)
         logits = self.seq.feed(self.seq.token_ids[keep:], keep=1)  # [1, V]
-        generator = step_generator(self.seed, len(self.seq.token_ids))
+        generator = step_generator(self.seed, len(self.seq.token_ids), DRAFT)
         tokens: list[int] = []
         q_ids: list[torch.Tensor] = []
         q_probs: list[torch.Tensor] = []
@@ -80,17 +94,20 @@ class DraftModelSession:
                     or float(torch.softmax(logits[0].float(), dim=-1)[token]) >= self.min_confidence
                 )
             else:
-                ids, q = restrict_support(warp_probs(logits, self.sampling), self._proposer.top_m)  # [1, M]
-                pick = int(torch.multinomial(q[0], 1, generator=generator))
-                token = int(ids[0, pick])
-                q_ids.append(ids[0])
-                q_probs.append(q[0])
-                confident = float(q[0, pick]) >= self.min_confidence
+                ids, q = restrict_support(
+                    warp_probs(logits, self.sampling), self._proposer.top_m, draft.emittable_vocab
+                )  # [1, M] each, on the draft's device
+                ids, q = ids[0].cpu(), q[0].cpu()  # the block goes on the wire from the CPU
+                pick = sample_from(q, generator)
+                token = int(ids[pick])
+                q_ids.append(ids)
+                q_probs.append(q)
+                confident = float(q[pick]) >= self.min_confidence
             tokens.append(token)
             if token in eos or j == k - 1 or not confident:
                 break  # never propose past an EOS or an unsure token; the last draft need not be fed
             logits = self.seq.feed([token])  # [1, V]
-        ids_t = torch.tensor(tokens, dtype=torch.long)
+        ids_t = torch.tensor(tokens, dtype=torch.long, device="cpu")
         if self.sampling.greedy:
             return DraftBlock(token_ids=ids_t)
         return DraftBlock(token_ids=ids_t, q_ids=torch.stack(q_ids), q_probs=torch.stack(q_probs).float())

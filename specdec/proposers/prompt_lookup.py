@@ -68,7 +68,7 @@ class PromptLookupSession:
         tokens = find_continuation(self._ids, k, p.ngram_min, p.ngram_max, p.eos_ids)
         if not tokens:
             return DraftBlock.empty()
-        return DraftBlock(token_ids=torch.tensor(tokens, dtype=torch.long))
+        return DraftBlock(token_ids=torch.tensor(tokens, dtype=torch.long, device="cpu"))
 
     def commit(self, token_ids: Sequence[int]) -> None:
         self._ids.extend(int(t) for t in token_ids)
