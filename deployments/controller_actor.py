@@ -5,8 +5,8 @@ and cost model (else each replica learns alone, from 1/N of the traffic), and a 
 ``tokens_per_minute`` and ``max_concurrent_requests`` must hold across replicas (else N replicas
 allow N times the limit). So that state lives in one place:
 
-- :class:`SharedTenantState`: plain Python: a :class:`specdec.controller.KController`, a
-  :class:`specdec.limits.RateLimiter` with leases by id, and cumulative usage per tenant.
+- :class:`SharedTenantState`: plain Python: a :class:`specdec.control.controller.KController`, a
+  :class:`specdec.control.limits.RateLimiter` with leases by id, and cumulative usage per tenant.
   Methods take and return plain data (str, int, float, dict), so they cross a Ray actor call.
 - :data:`KControllerActor`: that class as a Ray actor: named (:data:`ACTOR_NAME` in namespace
   :data:`ACTOR_NAMESPACE`), ``lifetime="detached"`` (no router replica owns it: replicas come
@@ -42,9 +42,9 @@ import time
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping
 
-from specdec.controller import KController
+from specdec.control.controller import KController
 from specdec.errors import ResourceExhaustedError
-from specdec.limits import RateLimiter
+from specdec.control.limits import RateLimiter
 
 log = logging.getLogger(__name__)
 

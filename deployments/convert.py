@@ -179,7 +179,7 @@ def stats_from_proto(msg: pb.SpeculationStats) -> SpeculationStats:
 
 
 def set_step_costs(msg: pb.SpeculationStats, costs: Mapping) -> None:
-    """Write a :meth:`specdec.adaptive.StepCosts.as_dict` into ``msg`` (served stats only)."""
+    """Write a :meth:`specdec.control.adaptive.StepCosts.as_dict` into ``msg`` (served stats only)."""
     del msg.verify_costs[:]
     for positions, (seconds, steps) in sorted((costs.get("verify_s_by_positions") or {}).items()):
         msg.verify_costs.add(positions=int(positions), steps=int(steps), seconds=float(seconds))

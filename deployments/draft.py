@@ -1,7 +1,7 @@
 """The Draft deployment: the decoding loop of each generation, and the draft model's KV caches.
 
 Plain class (decorated in :mod:`deployments.app`). A draft replica holds the draft model (on a
-fractional GPU from config, on CPU otherwise) and runs the core :class:`specdec.decoder.Generation`
+fractional GPU from config, on CPU otherwise) and runs the core :class:`specdec.engine.decoder.Generation`
 loop of every generation routed to it. The target side of the loop is a
 :class:`RemoteTargetSession`: each speculation step serializes one ``CandidateBlock`` proto and
 sends it to the Target deployment through a Serve handle with ``.options(session_id=...)``
@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from deployments import convert
 from deployments.aio import finish_despite_cancellation
-from specdec.adaptive import StepCostRecorder
+from specdec.control.adaptive import StepCostRecorder
 from deployments.config import AppConfig
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
@@ -100,13 +100,13 @@ class WireStats:
 
 
 class RemoteTargetSession:
-    """A target session on a remote target replica; a :class:`specdec.decoder.TargetLike`.
+    """A target session on a remote target replica; a :class:`specdec.engine.decoder.TargetLike`.
 
     Args:
         session_id: the key of the session in the target's session table (unique per generation).
         history: the committed sequence so far (the prompt, or prompt + tokens already emitted).
         sampling: the request's sampling parameters.
-        seed: the target side's seed (``specdec.sampling.derive_seeds(seed)[1]``).
+        seed: the target side's seed (``specdec.engine.sampling.derive_seeds(seed)[1]``).
         logprobs: whether the target returns log-probabilities.
         send: the transport, ``send("Verify" | "CloseSession", payload) -> reply``.
         clock: seconds clock (tests inject one).
@@ -267,7 +267,7 @@ class Draft:
             from specdec.models.loader import load_model
             from specdec.models.spec import parse_model_spec
             from specdec.models.vocab import VocabSide, check_vocab_compatible
-            from specdec.proposers.draft_model import DraftModelProposer
+            from specdec.engine.proposers.draft_model import DraftModelProposer
 
             device = "cuda" if (cfg.draft_num_gpus > 0 and torch.cuda.is_available()) else "cpu"
             draft = load_model(parse_model_spec(cfg.draft_model), device=device)
@@ -281,11 +281,11 @@ class Draft:
 
     def _start(self, job: xpb.DraftJob):
         """Open the proposer and remote target sessions of ``job``; returns (Generation, target, skip)."""
-        from specdec.decoder import Generation
-        from specdec.proposers.draft_model import draft_options
-        from specdec.proposers.prompt_lookup import PromptLookupProposer
-        from specdec.sampling import derive_seeds
-        from specdec.stopping import OutputAssembler
+        from specdec.engine.decoder import Generation
+        from specdec.engine.proposers.draft_model import draft_options
+        from specdec.engine.proposers.prompt_lookup import PromptLookupProposer
+        from specdec.engine.sampling import derive_seeds
+        from specdec.engine.stopping import OutputAssembler
 
         req = convert.request_from_proto(job.request)
         prompt = list(req.prompt_token_ids or [])
@@ -325,7 +325,7 @@ class Draft:
             assembler.add(resumed, [0.0] * len(resumed) if req.logprobs else None)
             baseline = assembler.take_chunk()
             skip = max(0, job.resume_text_chars - len(baseline.text if baseline else ""))
-        from specdec.controller import k_schedule
+        from specdec.control.controller import k_schedule
 
         k = k_schedule(spec.k, job.probe_steps or None) if proposer is not None else 0
         gen = Generation(

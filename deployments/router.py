@@ -148,7 +148,7 @@ class Router:
             )
 
     def _encode(self, req: GenerationRequest) -> list[int]:
-        from specdec.engine import encode_prompt
+        from specdec.engine.engine import encode_prompt
 
         ids = encode_prompt(self.info.tokenizer, req, self.info.emittable_vocab)
         if len(ids) >= self.info.max_positions:

@@ -7,7 +7,7 @@ holds the same table and runs the same calls, so caches stay in lockstep). It tu
 - ``open`` set: (re)open the session from the full token history, then verify;
 - unknown session: reply SESSION_MISSING (the replica restarted or the session moved);
 - known session at another position: reply POSITION_MISMATCH (e.g. a retried step);
-- otherwise verify with :meth:`specdec.verifier.TargetSession.verify`.
+- otherwise verify with :meth:`specdec.engine.verifier.TargetSession.verify`.
 
 Known limit: a rebuilt session reseeds its generator from ``open.seed``; under sampling the
 output stays exactly target-distributed but is not the same sample as without the rebuild.
@@ -26,7 +26,7 @@ class TargetSessionTable:
     """Target sessions of one replica (or one TP rank), keyed by session id.
 
     Args:
-        verifier: a :class:`specdec.verifier.TargetVerifier` (anything with ``open_session``).
+        verifier: a :class:`specdec.engine.verifier.TargetVerifier` (anything with ``open_session``).
         clock: seconds clock, injectable for tests.
     """
 

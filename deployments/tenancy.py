@@ -5,7 +5,7 @@ A router replica holds one :class:`TenancyGate` and calls, per request::
     adm = await gate.admit(metadata, request)          # may raise (mapped by grpc_status)
     try:
         gen = engine.start(adm.request, k=adm.k)       # adm.k: int, or a probe's schedule
-        timed = run_timed(gen)                          # specdec.adaptive: stats + step costs
+        timed = run_timed(gen)                          # specdec.control.adaptive: stats + step costs
     except BaseException as e:
         await gate.complete(adm, e)
         raise
@@ -17,7 +17,7 @@ What :meth:`TenancyGate.admit` does, in order, and the error of each step (gRPC 
 :mod:`deployments.grpc_status`):
 
 1. authenticate ``authorization: Bearer <key>`` from the gRPC metadata against the tenants
-   file (:meth:`specdec.tenants.TenantRegistry.authenticate`): missing, malformed or unknown key
+   file (:meth:`specdec.control.tenants.TenantRegistry.authenticate`): missing, malformed or unknown key
    -> :class:`AuthenticationError` (UNAUTHENTICATED);
 2. the tenant's policy (:meth:`TenantRegistry.check_request`): prompt too long, ``max_tokens``
    over the limit, proposer not allowed -> :class:`InvalidRequestError` (INVALID_ARGUMENT);
@@ -26,7 +26,7 @@ What :meth:`TenancyGate.admit` does, in order, and the error of each step (gRPC 
 3. the shared rate limits (tokens per minute, concurrent requests; one state for all router
    replicas, :mod:`deployments.controller_actor`) -> :class:`ResourceExhaustedError`
    (RESOURCE_EXHAUSTED) naming the limit, with ``retry_after_s``;
-4. a slot of this replica's :class:`specdec.limits.FairAdmission` (``capacity`` requests run at
+4. a slot of this replica's :class:`specdec.control.limits.FairAdmission` (``capacity`` requests run at
    once; when full, waiting tenants are served by fewest running slots, round robin, not first
    come first served; a tenant with ``max_queue_per_tenant`` already queued ->
    RESOURCE_EXHAUSTED ``max_queued_requests``);
@@ -60,9 +60,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from specdec.errors import AuthenticationError, InvalidRequestError, ResourceExhaustedError, SpecDecError
-from specdec.limits import FairAdmission
+from specdec.control.limits import FairAdmission
 from specdec.request import MAX_SPECULATION_LENGTH, GenerationRequest
-from specdec.tenants import SpeculationPolicy, Tenant, TenantLimits, TenantRegistry, TenantsConfig
+from specdec.control.tenants import SpeculationPolicy, Tenant, TenantLimits, TenantRegistry, TenantsConfig
 
 from deployments.controller_actor import ControllerClient
 from deployments.metrics import SpecDecMetrics
@@ -227,7 +227,7 @@ class TenancyGate:
             request: the validated request.
             prompt_tokens: the prompt length if the caller already tokenized it.
             default_proposers: the request named no proposer: the server's proposers in order of
-                preference (see :meth:`specdec.tenants.TenantRegistry.check_request`).
+                preference (see :meth:`specdec.control.tenants.TenantRegistry.check_request`).
 
         Raises:
             AuthenticationError, InvalidRequestError, ResourceExhaustedError.
@@ -282,7 +282,7 @@ class TenancyGate:
             raise
         adm._slot = True
         adm.queued_s = time.perf_counter() - t_q
-        from specdec.adaptive import apply_decision
+        from specdec.control.adaptive import apply_decision
 
         adm.request, adm.k = apply_decision(request, adm.decision)
         return adm
@@ -296,7 +296,7 @@ class TenancyGate:
         inter_token_s: float | None = None,
         costs: Mapping | None = None,
     ) -> None:
-        """End ``admission``: ``outcome`` is a :class:`specdec.adaptive.TimedRun`, a
+        """End ``admission``: ``outcome`` is a :class:`specdec.control.adaptive.TimedRun`, a
         :class:`specdec.types.GenerationResult`, or the exception that ended the request.
 
         Releases the fair slot and the rate lease (charging prompt + generated tokens), feeds

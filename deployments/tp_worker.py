@@ -100,7 +100,7 @@ class TPWorker:
         """
         import torch.distributed as dist
 
-        from specdec.verifier import TargetVerifier
+        from specdec.engine.verifier import TargetVerifier
 
         from deployments.target_sessions import TargetSessionTable
 

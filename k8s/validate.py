@@ -70,7 +70,7 @@ WORKER_PORTS = {"serve": 8000, "serve-grpc": 9000, "metrics": 8080}
 HEAD_PORTS = {**WORKER_PORTS, "gcs-server": 6379, "dashboard": 8265}
 #: Kinds every overlay must render (the ServiceMonitor only where the Prometheus Operator is used).
 REQUIRED_KINDS = {"RayService", "Secret", "Service", "PersistentVolumeClaim", "PodDisruptionBudget"}
-#: Shape of generate_api_key() (specdec/tenants.py): a plaintext key must never be rendered.
+#: Shape of generate_api_key() (specdec/control/tenants.py): a plaintext key must never be rendered.
 PLAINTEXT_KEY = re.compile(r"sk-[A-Za-z0-9_-]{20,}")
 
 
@@ -681,7 +681,7 @@ def _strings(node: Any) -> Iterable[str]:
 
 
 def _check_tenants_secret(docs: list[dict], tenants_key: str) -> list[str]:
-    from specdec.tenants import TenantConfigError, parse_tenants_config
+    from specdec.control.tenants import TenantConfigError, parse_tenants_config
 
     errors = []
     secrets = [d for d in docs if d.get("kind") == "Secret" and d["metadata"]["name"].startswith("specdec-tenants")]

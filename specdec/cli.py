@@ -68,7 +68,7 @@ def _request_from_args(args) -> dict:
 
 
 def run_generate(args) -> int:
-    from specdec.engine import SpeculativeEngine
+    from specdec.engine.engine import SpeculativeEngine
     from specdec.models.loader import load_model, load_pair
     from specdec.models.spec import ModelPairSpec, parse_model_spec
     from specdec.request import parse_request
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     _add_prefetch(sub)
-    from specdec import bench
+    from benchmarks import inprocess as bench  # the benchmark lives outside the library
 
     bench.add_bench_arguments(sub.add_parser("bench", help="benchmark against transformers on the demo pair"))
     try:

@@ -33,7 +33,7 @@ class SamplingParams(BaseModel):
 
     ``temperature == 0`` means greedy decoding (argmax, lowest id on ties). Otherwise
     temperature, then top-k, then top-p are applied, identically to draft and target
-    distributions (see :mod:`specdec.sampling`).
+    distributions (see :mod:`specdec.engine.sampling`).
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)

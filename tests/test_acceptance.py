@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from specdec.acceptance import AcceptanceEstimator
+from specdec.control.acceptance import AcceptanceEstimator
 from specdec.types import SpeculationStats
 
 KEY = ("acme", "draft")

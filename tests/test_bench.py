@@ -1,4 +1,4 @@
-"""``specdec bench`` (specdec/bench.py) end to end on a tiny target/draft pair, ``--quick``."""
+"""``specdec bench`` (benchmarks/inprocess.py) end to end on a tiny target/draft pair, ``--quick``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specdec.bench import PROMPT_TYPES, add_bench_arguments, run_bench
+from benchmarks.inprocess import PROMPT_TYPES, add_bench_arguments, run_bench
 from specdec.testing.tiny import build_tiny_model
 
 

@@ -17,14 +17,14 @@ import torch
 from deployments import convert
 from deployments.grpc_status import status_for
 from deployments.target_sessions import TargetSessionTable
-from specdec.engine import SpeculativeEngine
+from specdec.engine.engine import SpeculativeEngine
 from specdec.errors import InvalidRequestError
-from specdec.proposers.draft_model import DraftModelProposer
+from specdec.engine.proposers.draft_model import DraftModelProposer
 from specdec.request import GenerationRequest, SamplingParams, SpeculationParams
-from specdec.sampling import DRAFT, TARGET, derive_seeds, restrict_support, step_generator, stream_seed
+from specdec.engine.sampling import DRAFT, TARGET, derive_seeds, restrict_support, step_generator, stream_seed
 from specdec.testing.tiny import build_tiny_model
 from specdec.types import DraftBlock
-from specdec.verifier import TargetVerifier, validate_block
+from specdec.engine.verifier import TargetVerifier, validate_block
 from tests.conftest import load_tiny
 
 PROMPT = [5, 17, 42, 9, 100, 7, 23]

@@ -4,16 +4,16 @@ import random
 
 import pytest
 
-from specdec.acceptance import AcceptanceEstimator
-from specdec.controller import (
+from specdec.control.acceptance import AcceptanceEstimator
+from specdec.control.controller import (
     KController,
     choose_k,
     evaluate_k,
     expected_tokens_per_step,
     expected_tokens_per_step_positional,
 )
-from specdec.cost_model import CostModel
-from specdec.tenants import SpeculationPolicy
+from specdec.control.cost_model import CostModel
+from specdec.control.tenants import SpeculationPolicy
 from specdec.types import SpeculationStats
 
 

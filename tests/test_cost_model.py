@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec.cost_model import CostModel, Ewma
+from specdec.control.cost_model import CostModel, Ewma
 
 
 def test_priors_and_step_time_terms():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.engine import SpeculativeEngine
+from specdec.engine.engine import SpeculativeEngine
 from specdec.request import GenerationRequest
 from tests.conftest import target_greedy
 

@@ -16,10 +16,10 @@ import torch
 from deployments import convert
 from deployments.target_sessions import TargetSessionTable
 from protos.specdec.v1 import exchange_pb2 as xpb
-from specdec.engine import SpeculativeEngine
+from specdec.engine.engine import SpeculativeEngine
 from specdec.request import GenerationRequest, SamplingParams, SpeculationParams
 from specdec.testing.devices import VIRTUAL_ACCELERATOR, DeviceAudit, DeviceMismatch
-from specdec.verifier import TargetVerifier
+from specdec.engine.verifier import TargetVerifier
 from tests.conftest import target_greedy
 
 PROMPT = [5, 17, 42, 9, 100, 7, 23]

@@ -9,9 +9,9 @@ import torch
 from pydantic import ValidationError
 from scipy.stats import chisquare
 
-from specdec.engine import SpeculativeEngine
+from specdec.engine.engine import SpeculativeEngine
 from specdec.request import GenerationRequest, SamplingParams
-from specdec.sampling import warp_probs
+from specdec.engine.sampling import warp_probs
 from tests.conftest import target_greedy
 
 MAX_NEW = 24

@@ -6,11 +6,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec.engine import SpeculativeEngine
+from specdec.engine.engine import SpeculativeEngine
 from specdec.errors import InvalidRequestError, PromptTooLongError
-from specdec.proposers.prompt_lookup import find_continuation
+from specdec.engine.proposers.prompt_lookup import find_continuation
 from specdec.request import GenerationRequest, SamplingParams, parse_request
-from specdec.sampling import warp_probs
+from specdec.engine.sampling import warp_probs
 from specdec.testing.tiny import build_tiny_model
 from specdec.types import FinishReason
 from tests.conftest import load_tiny, target_greedy

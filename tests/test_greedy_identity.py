@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from specdec.engine import SpeculativeEngine
+from specdec.engine.engine import SpeculativeEngine
 from specdec.request import GenerationRequest
-from specdec.sampling import greedy_token
+from specdec.engine.sampling import greedy_token
 from specdec.types import DraftBlock, FinishReason
 from tests.conftest import load_tiny, target_greedy
 from specdec.testing.tiny import build_tiny_model

@@ -189,7 +189,7 @@ def test_head_runs_no_replicas_and_ports_are_named(rendered, overlay):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_tenants_secret_holds_only_hashes(rendered, overlay):
-    from specdec.tenants import parse_tenants_config
+    from specdec.control.tenants import parse_tenants_config
 
     (secret,) = [d for d in rendered[overlay] if d["kind"] == "Secret"]
     text = base64.b64decode(secret["data"]["tenants.yaml"]).decode()
@@ -389,7 +389,7 @@ def test_documented_cluster_overlay_replaces_tenants_and_image(tmp_path):
     namespace, image) renders and validates; the Secret then holds the new hash only."""
     import os
 
-    from specdec.tenants import generate_api_key, hash_api_key
+    from specdec.control.tenants import generate_api_key, hash_api_key
 
     key = generate_api_key()
     (tmp_path / "tenants.local.yaml").write_text(f"tenants:\n  - id: team-a\n    api_key_hashes: [{hash_api_key(key)}]\n")

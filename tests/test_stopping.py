@@ -7,10 +7,10 @@ import copy
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from specdec.engine import SpeculativeEngine
+from specdec.engine.engine import SpeculativeEngine
 from specdec.models.loaded import LoadedModel
 from specdec.request import GenerationRequest
-from specdec.stopping import OutputAssembler
+from specdec.engine.stopping import OutputAssembler
 from specdec.testing.tiny import build_tiny_model, build_tiny_tokenizer
 from specdec.types import FinishReason
 from tests.conftest import load_tiny

@@ -6,8 +6,8 @@ import hashlib
 import pytest
 
 from specdec.errors import AuthenticationError, InvalidRequestError, ResourceExhaustedError
-from specdec.limits import FairAdmission, RateLimiter
-from specdec.tenants import (
+from specdec.control.limits import FairAdmission, RateLimiter
+from specdec.control.tenants import (
     TenantConfigError,
     TenantRegistry,
     generate_api_key,

@@ -8,9 +8,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec.sampling import greedy_token, restrict_support, warp_probs
+from specdec.engine.sampling import greedy_token, restrict_support, warp_probs
 from specdec.request import SamplingParams
-from specdec.verifier import rejection_sample, verify_greedy
+from specdec.engine.verifier import rejection_sample, verify_greedy
 
 
 def logits_with_argmax(ids: list[int], vocab: int = 6) -> torch.Tensor:

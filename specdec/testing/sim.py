@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdec.cost_model import CostModel
+from specdec.control.cost_model import CostModel
 
 
 class FrozenCostModel(CostModel):
@@ -27,5 +27,5 @@ class FrozenCostModel(CostModel):
 
 
 def frozen_cost_model_factory(proposer: str) -> FrozenCostModel:
-    """``cost_model_factory`` for :class:`specdec.controller.KController` (picklable)."""
+    """``cost_model_factory`` for :class:`specdec.control.controller.KController` (picklable)."""
     return FrozenCostModel()

@@ -14,12 +14,12 @@ from deployments.draft import Draft, RemoteTargetSession
 from deployments.target_sessions import TargetSessionTable
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
-from specdec.engine import SpeculativeEngine
+from specdec.engine.engine import SpeculativeEngine
 from specdec.request import SamplingParams, parse_request
-from specdec.sampling import derive_seeds
+from specdec.engine.sampling import derive_seeds
 from specdec.testing.tiny import build_tiny_model
 from specdec.types import DraftBlock
-from specdec.verifier import TargetVerifier
+from specdec.engine.verifier import TargetVerifier
 from tests.conftest import load_tiny
 
 

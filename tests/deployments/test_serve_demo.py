@@ -35,7 +35,7 @@ def test_served_demo_pair_equals_target_alone(demo_pair_folders):
     from deployments.app import build_app
     from deployments.client import SpecDecClient
     from deployments.config import HEALTH_SERVICER, PRESETS, SPECDEC_SERVICER, AppConfig
-    from specdec.engine import encode_prompt
+    from specdec.engine.engine import encode_prompt
     from specdec.models.loader import load_model
     from specdec.models.spec import DemoModelSpec
     from specdec.request import parse_request

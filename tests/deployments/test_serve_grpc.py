@@ -45,7 +45,7 @@ def _md(tenant: str | None) -> tuple:
 def _write_tenants(path) -> str:
     import yaml
 
-    from specdec.tenants import hash_api_key
+    from specdec.control.tenants import hash_api_key
 
     any_proposer = {"allowed_proposers": ["draft", "ngram", "none"], "k_min": 0, "k_max": 8}
     tenants = [

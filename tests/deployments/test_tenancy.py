@@ -22,11 +22,11 @@ from deployments.controller_actor import ControllerClient
 from deployments.grpc_status import RETRY_AFTER_KEY, abort_with, status_for
 from deployments.metrics import SpecDecMetrics
 from deployments.tenancy import TenancyGate, authorization_from_metadata, tenant_stats_to_proto
-from specdec.adaptive import run_timed
-from specdec.engine import SpeculativeEngine
+from specdec.control.adaptive import run_timed
+from specdec.engine.engine import SpeculativeEngine
 from specdec.errors import AuthenticationError, InvalidRequestError, ResourceExhaustedError
 from specdec.request import GenerationRequest
-from specdec.tenants import hash_api_key
+from specdec.control.tenants import hash_api_key
 from specdec.testing.sim import frozen_cost_model_factory
 from specdec.types import DraftBlock
 from tests.conftest import target_greedy

@@ -12,7 +12,7 @@ from protos.specdec.v1 import exchange_pb2 as xpb
 from specdec.request import SamplingParams
 from specdec.testing.tiny import build_tiny_model
 from specdec.types import DraftBlock
-from specdec.verifier import TargetVerifier
+from specdec.engine.verifier import TargetVerifier
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.serve

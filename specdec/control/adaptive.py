@@ -2,10 +2,10 @@
 
 - :func:`apply_decision`: a request rewritten for the controller's :class:`KDecision` (its K, or
   plain decoding without opening the draft at K = 0) plus the ``k`` argument for
-  :meth:`specdec.engine.SpeculativeEngine.start` (a schedule for a probe).
-- :func:`run_timed`: run a :class:`specdec.decoder.Generation` step by step, collecting each
+  :meth:`specdec.engine.engine.SpeculativeEngine.start` (a schedule for a probe).
+- :func:`run_timed`: run a :class:`specdec.engine.decoder.Generation` step by step, collecting each
   step's K, draft and verify seconds (:class:`StepCosts`, the ``costs`` argument of
-  :meth:`specdec.controller.KController.record`), time to first token and inter-token latency.
+  :meth:`specdec.control.controller.KController.record`), time to first token and inter-token latency.
   The first step is left out of the costs: it carries the prompt prefill of both models.
 - :func:`calibrate`: measure draft seconds per token and verify seconds for every number of
   positions 1..K_max+1 once (a few seconds of real speculation steps on a short prompt) and feed
@@ -30,7 +30,7 @@ def apply_decision(request: GenerationRequest, decision) -> tuple[GenerationRequ
     (no draft prefill); otherwise it becomes the decided K and ``k`` is
     :meth:`KDecision.k_schedule` (a callable for a step-limited probe).
     """
-    from specdec.controller import k_schedule
+    from specdec.control.controller import k_schedule
 
     if isinstance(decision, dict):
         k = int(decision["k"])

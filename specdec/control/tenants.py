@@ -10,8 +10,8 @@ Configuration file (the router loads it; on Kubernetes it comes from a Secret)::
         speculation: {allowed_proposers: [draft, ngram], k_min: 0, k_max: 8,
                       adaptive: true, fixed_k: null}
 
-Make a key and its hash with ``python -m specdec.tenants new-key``, or hash an existing key read
-from stdin with ``python -m specdec.tenants hash-key``.
+Make a key and its hash with ``python -m specdec.control.tenants new-key``, or hash an existing key read
+from stdin with ``python -m specdec.control.tenants hash-key``.
 
 What :meth:`TenantRegistry.check_request` does with a request beyond the tenant's policy:
 
@@ -31,7 +31,7 @@ k below speculation.k_min              honoured: the caller's k is a ceiling, an
 =====================================  ====================================================
 
 Going over a *rate* (tokens per minute, concurrent requests) is RESOURCE_EXHAUSTED, raised by
-:mod:`specdec.limits`.
+:mod:`specdec.control.limits`.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ class Tenant(BaseModel):
             if not _HEX64.match(h2):
                 raise ValueError(
                     f"entry {i} is not a sha256 hex digest (64 hex characters); store "
-                    f"hash_api_key(key), never the key (python -m specdec.tenants hash-key)"
+                    f"hash_api_key(key), never the key (python -m specdec.control.tenants hash-key)"
                 )
             out.append(h2)
         if len(set(out)) != len(out):
@@ -341,7 +341,7 @@ class TenantRegistry:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m specdec.tenants new-key | hash-key``.
+    """``python -m specdec.control.tenants new-key | hash-key``.
 
     ``new-key`` prints a fresh key and its hash (give the key to the tenant, put the hash in
     the configuration). ``hash-key`` reads one key from stdin (not argv, so it stays out of
@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(hash_api_key(key))
         return 0
-    print("usage: python -m specdec.tenants new-key | hash-key  (hash-key reads the key from stdin)", file=sys.stderr)
+    print("usage: python -m specdec.control.tenants new-key | hash-key  (hash-key reads the key from stdin)", file=sys.stderr)
     return 2
 
 

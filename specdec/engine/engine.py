@@ -9,17 +9,17 @@ from __future__ import annotations
 import secrets
 from typing import Callable, Iterator
 
-from specdec.decoder import Generation
+from specdec.engine.decoder import Generation
 from specdec.errors import InvalidRequestError, PromptTooLongError
 from specdec.models.loaded import LoadedModel
-from specdec.proposers.draft_model import DEFAULT_TOP_M, DraftModelProposer, draft_options
-from specdec.proposers.prompt_lookup import PromptLookupProposer
+from specdec.engine.proposers.draft_model import DEFAULT_TOP_M, DraftModelProposer, draft_options
+from specdec.engine.proposers.prompt_lookup import PromptLookupProposer
 from specdec.request import GenerationRequest
-from specdec.stopping import OutputAssembler
+from specdec.engine.stopping import OutputAssembler
 from specdec.types import GenerationChunk, GenerationResult
-from specdec.verifier import TargetVerifier
+from specdec.engine.verifier import TargetVerifier
 
-from specdec.sampling import derive_seeds
+from specdec.engine.sampling import derive_seeds
 
 
 def encode_prompt(tokenizer, request: GenerationRequest, emittable: int) -> list[int]:

@@ -1,11 +1,11 @@
 """Serving benchmark: gRPC + Ray Serve against the in-process engine, and concurrency scaling.
 
-    python -m deployments.bench_serving                          # demo pair, local-cpu preset
-    python -m deployments.bench_serving --tokens 32 --clients 1,4,8 --out docs/bench/serving.json
+    python -m benchmarks.serving                          # demo pair, local-cpu preset
+    python -m benchmarks.serving --tokens 32 --clients 1,4,8 --out docs/bench/serving.json
 
 In one run, on the same prompts and parameters (greedy, proposer ``draft``, the same K):
 
-1. **in-process**: :class:`specdec.engine.SpeculativeEngine` in this process, one request at a
+1. **in-process**: :class:`specdec.engine.engine.SpeculativeEngine` in this process, one request at a
    time; tokens/s = generated tokens / wall seconds;
 2. **served, one client**: the same requests one at a time through the real gRPC port (Serve's
    gRPC proxy -> Router -> Draft -> Target with TP workers); the ratio served / in-process is the
@@ -55,7 +55,7 @@ def _requests(prompts, tokens: int, k: int) -> list[dict]:
 
 
 def build_engine(cfg):
-    from specdec.engine import SpeculativeEngine
+    from specdec.engine.engine import SpeculativeEngine
     from specdec.models.loader import load_model
     from specdec.models.spec import parse_model_spec
     from specdec.models.vocab import check_pair_compatible
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import yaml
 
-    from specdec.tenants import generate_api_key, hash_api_key
+    from specdec.control.tenants import generate_api_key, hash_api_key
 
     global API_KEY
     API_KEY = generate_api_key()

@@ -9,7 +9,7 @@ template) and a fixed number of new tokens, greedy, it times:
    ``constant``, and a draft-confidence stop at 0.4, adapted per step only when scikit-learn is
    installed);
 3. ``hf-prompt-lookup``: transformers' prompt lookup (``prompt_lookup_num_tokens``);
-4. ``ours-<proposer>-K<k>``: :class:`specdec.engine.SpeculativeEngine` with proposer ``draft`` or
+4. ``ours-<proposer>-K<k>``: :class:`specdec.engine.engine.SpeculativeEngine` with proposer ``draft`` or
    ``ngram`` and each K of the list, plus ``ours-none`` (plain decoding through our loop).
 
 Each call is timed with ``time.perf_counter`` around the call only, after a warm-up call per
@@ -279,7 +279,7 @@ class _Runner:
     """Runs one method on one prompt (ids) for ``tokens`` new tokens and times the call."""
 
     def __init__(self, target, draft, args):
-        from specdec.engine import SpeculativeEngine
+        from specdec.engine.engine import SpeculativeEngine
 
         self.target = target
         self.draft = draft
@@ -771,7 +771,7 @@ def plot_speedup(report: dict, path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m specdec.bench`` (the CLI's ``specdec bench`` calls :func:`run_bench` directly)."""
+    """``python -m benchmarks.inprocess`` (the CLI's ``specdec bench`` calls :func:`run_bench` directly)."""
     parser = add_bench_arguments(argparse.ArgumentParser(prog="specdec bench", description=__doc__.split("\n")[0]))
     run_bench(parser.parse_args(argv))
     return 0

@@ -67,7 +67,7 @@ class RateLimiter:
             fires (when a slot frees is unknown in advance).
 
     Tenants are duck-typed: anything with ``.id`` and ``.limits`` (``tokens_per_minute``,
-    ``max_concurrent_requests``), e.g. :class:`specdec.tenants.Tenant`.
+    ``max_concurrent_requests``), e.g. :class:`specdec.control.tenants.Tenant`.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, concurrency_retry_after_s: float = 1.0):

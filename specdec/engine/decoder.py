@@ -1,7 +1,7 @@
 """The speculation loop of one request: propose → verify → commit, with stop conditions.
 
 Synchronous and free of I/O. The target side is anything with ``verify(block) -> VerifyResult``,
-``committed_len`` and ``close()``: the in-process :class:`specdec.verifier.TargetSession`, or a
+``committed_len`` and ``close()``: the in-process :class:`specdec.engine.verifier.TargetSession`, or a
 serving layer's stand-in that sends the block to a remote target replica.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator, Protocol
 
-from specdec.proposers.base import ProposerSession
-from specdec.stopping import OutputAssembler
+from specdec.engine.proposers.base import ProposerSession
+from specdec.engine.stopping import OutputAssembler
 from specdec.types import (
     DraftBlock,
     FinishReason,

@@ -1,8 +1,8 @@
 """The draft-model proposer: a small causal LM drafts K tokens autoregressively.
 
 Greedy requests draft the draft's argmax (q one-hot). Sampling requests draft from the draft's
-distribution warped exactly like the target's (:func:`specdec.sampling.warp_probs`) and
-restricted to its ``top_m`` most likely ids (:func:`specdec.sampling.restrict_support`), which is
+distribution warped exactly like the target's (:func:`specdec.engine.sampling.warp_probs`) and
+restricted to its ``top_m`` most likely ids (:func:`specdec.engine.sampling.restrict_support`), which is
 what the block carries to the verifier (Leviathan et al. 2023, §2.3: any proposal distribution is
 exact as long as the verifier uses it).
 
@@ -14,7 +14,7 @@ each drafted position is verified against the q it was drawn from). This is the 
 transformers' assisted generation (``assistant_confidence_threshold``, default 0.4).
 
 Devices: the draft's logits stay on the draft's device; random draws are made on a CPU
-generator (:func:`specdec.sampling.step_generator`, side ``draft``), the drafted ids leave as
+generator (:func:`specdec.engine.sampling.step_generator`, side ``draft``), the drafted ids leave as
 Python ints, and the block's tensors (``token_ids``, ``q_ids``, ``q_probs``) are always on the
 CPU: a block is what goes on the wire, and the verifier moves it to the target's device.
 
@@ -29,10 +29,10 @@ from typing import Sequence
 
 import torch
 
-from specdec.kv_cache import CachedSequence
+from specdec.engine.kv_cache import CachedSequence
 from specdec.models.loaded import LoadedModel
 from specdec.request import SamplingParams
-from specdec.sampling import (
+from specdec.engine.sampling import (
     DRAFT,
     greedy_token,
     mask_unemittable,
@@ -48,7 +48,7 @@ DEFAULT_TOP_M = 64
 
 
 class DraftModelSession:
-    """One sequence drafted by a draft model. See :class:`specdec.proposers.base.ProposerSession`."""
+    """One sequence drafted by a draft model. See :class:`specdec.engine.proposers.base.ProposerSession`."""
 
     def __init__(self, proposer: "DraftModelProposer", token_ids: Sequence[int], sampling: SamplingParams, seed: int,
                  min_confidence: float = 0.0):
@@ -152,7 +152,7 @@ class DraftModelProposer:
 
     def open_session(self, token_ids: Sequence[int], sampling: SamplingParams, seed: int, *,
                      min_confidence: float = 0.0) -> DraftModelSession:
-        """See :meth:`specdec.proposers.base.Proposer.open_session`.
+        """See :meth:`specdec.engine.proposers.base.Proposer.open_session`.
 
         Args:
             min_confidence: end a block after a drafted token whose draft probability is below

@@ -5,7 +5,7 @@ drafts emits on average
 
     E[N(k)] = (1 - α^(k+1)) / (1 - α)          (k + 1 when α = 1)
 
-tokens and takes ``step_time(k)`` seconds (:class:`specdec.cost_model.CostModel`: measured
+tokens and takes ``step_time(k)`` seconds (:class:`specdec.control.cost_model.CostModel`: measured
 draft, verify-by-positions and round-trip terms in place of the paper's constant c). The
 controller picks the k in the tenant's range maximising tokens per second
 ``E[N(k)] / step_time(k)``; the predicted speedup is that rate over plain decoding's,
@@ -59,8 +59,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from specdec.acceptance import AcceptanceEstimator
-from specdec.cost_model import CostModel
+from specdec.control.acceptance import AcceptanceEstimator
+from specdec.control.cost_model import CostModel
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class KDecision:
         return asdict(self)
 
     def k_schedule(self) -> int | Callable[[], int]:
-        """What to pass as ``k`` to :meth:`specdec.engine.SpeculativeEngine.start`.
+        """What to pass as ``k`` to :meth:`specdec.engine.engine.SpeculativeEngine.start`.
 
         ``k`` itself, except for a probe limited to ``probe_steps`` steps: then a callable that
         returns ``k`` for the first ``probe_steps`` calls (one per step) and 0 afterwards.
@@ -348,7 +348,7 @@ class KController:
         """The K for the next request of ``tenant`` with ``proposer``.
 
         Args:
-            policy: a :class:`specdec.tenants.SpeculationPolicy` or a mapping with ``k_min``,
+            policy: a :class:`specdec.control.tenants.SpeculationPolicy` or a mapping with ``k_min``,
                 ``k_max``, ``adaptive``, ``fixed_k``.
             requested_k: the request's own largest K (``SpeculationParams.k``); None = no cap.
         """
@@ -466,7 +466,7 @@ class KController:
 
         Args:
             stats: the request's counters and draft/verify seconds.
-            costs: optional per-step timings (:meth:`specdec.adaptive.StepCosts.as_dict`):
+            costs: optional per-step timings (:meth:`specdec.control.adaptive.StepCosts.as_dict`):
                 ``{"verify_s_by_positions": {positions: [seconds, steps]}, "draft_s": s,
                 "drafted": tokens}``, with the first step (which carries the prompt prefill of
                 both models) left out. Preferred: ``stats`` alone cannot separate the prefill

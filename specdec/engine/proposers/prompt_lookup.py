@@ -53,7 +53,7 @@ def find_continuation(
 
 
 class PromptLookupSession:
-    """One sequence drafted by n-gram lookup. See :class:`specdec.proposers.base.ProposerSession`."""
+    """One sequence drafted by n-gram lookup. See :class:`specdec.engine.proposers.base.ProposerSession`."""
 
     def __init__(self, proposer: "PromptLookupProposer", token_ids: Sequence[int]):
         self._proposer = proposer

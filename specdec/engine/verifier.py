@@ -13,7 +13,7 @@ target alone.
 
 Devices: the target's logits and everything computed from them stay on the target's device
 (``LoadedModel.device``); a block arrives on the CPU (it comes off the wire) and is moved there
-once; random draws are made on a CPU generator (:func:`specdec.sampling.step_generator`), a
+once; random draws are made on a CPU generator (:func:`specdec.engine.sampling.step_generator`), a
 distribution is copied to the CPU only for the one token drawn from it. Token ids leave as
 Python ints. So the same code runs on CPU and CUDA, and a seeded request's draws do not depend
 on the device.
@@ -31,10 +31,10 @@ from typing import Sequence
 import torch
 
 from specdec.errors import InvalidRequestError
-from specdec.kv_cache import CachedSequence
+from specdec.engine.kv_cache import CachedSequence
 from specdec.models.loaded import LoadedModel
 from specdec.request import SamplingParams
-from specdec.sampling import TARGET, greedy_token, mask_unemittable, sample_from, step_generator, uniform, warp_probs
+from specdec.engine.sampling import TARGET, greedy_token, mask_unemittable, sample_from, step_generator, uniform, warp_probs
 from specdec.types import DraftBlock, VerifyResult
 
 #: Largest |sum(q_probs row) - 1| accepted in a block (float32 sums of up to a few hundred terms).
@@ -161,8 +161,8 @@ def rejection_sample(
         q_probs: ``[K, M]`` float32 q over ``q_ids``.
         p: ``[K + 1, V]`` float32 target distributions (already warped like q), on the target's
             device; q is built on the same device.
-        generator: the step's CPU generator (:func:`specdec.sampling.step_generator`); every
-            draw is made on it (:func:`specdec.sampling.uniform`, :func:`specdec.sampling.sample_from`).
+        generator: the step's CPU generator (:func:`specdec.engine.sampling.step_generator`); every
+            draw is made on it (:func:`specdec.engine.sampling.uniform`, :func:`specdec.engine.sampling.sample_from`).
 
     Returns:
         ``(n, tokens)``: n accepted drafts and the n + 1 emitted token ids.

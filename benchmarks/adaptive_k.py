@@ -1,6 +1,6 @@
 """The adaptive-K benchmark: two tenants, fixed K = 0..8 against the controller, in one run.
 
-``python -m specdec.bench_adaptive [--out docs/bench] [--max-tokens 40] [--requests 4]``
+``python -m benchmarks.adaptive_k [--out docs/bench] [--max-tokens 40] [--requests 4]``
 
 Workload: tenant ``code`` sends code prompts (Python functions, JSON) and tenant ``creative``
 sends open creative writing (poems, stories), all as chat messages rendered with the target's
@@ -8,14 +8,14 @@ chat template, greedy, ``--max-tokens`` new tokens each, interleaved code/creati
 runs the same timed requests in the same order on the same in-process engine (draft proposer):
 
 - ``K=k`` for k = 0..8: every request at that fixed K (K = 0: plain decoding, no draft);
-- ``adaptive``: :class:`specdec.controller.KController` decides K per request and tenant
-  (``decide``), the request runs with it (:func:`specdec.adaptive.apply_decision`) and its
+- ``adaptive``: :class:`specdec.control.controller.KController` decides K per request and tenant
+  (``decide``), the request runs with it (:func:`specdec.control.adaptive.apply_decision`) and its
   counters and per-step timings are fed back (``record``): acceptance and costs are learned
   online, from the run's own measurements.
 
 Fairness and noise: arms are interleaved per request (request i runs under every arm before
 request i + 1, arm order rotated each time), so slow drifts of the machine hit all arms alike.
-Before timing: one process warm-up; a cost calibration (:func:`specdec.adaptive.calibrate`:
+Before timing: one process warm-up; a cost calibration (:func:`specdec.control.adaptive.calibrate`:
 two real speculation steps at every K = 0..8, about half a minute, like a server would do at
 start; only the controller uses it); and a warm-up phase of ``--warmup`` requests per tenant
 (other prompts, ``--warmup-tokens`` tokens), untimed, run by the adaptive arm (by every arm with
@@ -91,7 +91,7 @@ class Arm:
         self.policy = {"k_min": 0, "k_max": 8, "adaptive": True, "fixed_k": None}
 
     def run(self, engine, tenant: str, content: str, max_tokens: int) -> dict:
-        from specdec.adaptive import apply_decision, run_timed
+        from specdec.control.adaptive import apply_decision, run_timed
         from specdec.request import GenerationRequest
 
         base = GenerationRequest(messages=_messages(content), max_tokens=max_tokens,
@@ -159,7 +159,7 @@ def _identity(rows: list[dict]) -> dict:
 
 def _predicted_fixed(controller, summary: dict) -> dict:
     """The controller's final model's predicted speedup at each fixed K, per tenant, vs measured."""
-    from specdec.controller import evaluate_k
+    from specdec.control.controller import evaluate_k
 
     out = {}
     for t in TENANTS:
@@ -247,7 +247,7 @@ def _markdown(doc: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specdec.bench_adaptive", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.adaptive_k", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="docs/bench")
     p.add_argument("--max-tokens", type=int, default=40)
     p.add_argument("--requests", type=int, default=4, help="timed requests per tenant")
@@ -265,9 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from specdec.adaptive import calibrate
-    from specdec.controller import KController
-    from specdec.engine import SpeculativeEngine
+    from specdec.control.adaptive import calibrate
+    from specdec.control.controller import KController
+    from specdec.engine.engine import SpeculativeEngine
     from specdec.models.loader import load_pair
     from specdec.models.spec import ModelPairSpec
 
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "benchmark": "adaptive-k",
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
-        "command": "python -m specdec.bench_adaptive " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.adaptive_k " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": {"cpu_count": torch.get_num_threads(), "torch": torch.__version__, "platform": platform.platform()},
         "config": {"max_tokens": args.max_tokens, "requests_per_tenant": args.requests,
                    "warmup_per_tenant": args.warmup, "repeats": args.repeats, "warmup_tokens": args.warmup_tokens, "warmup_all": args.warmup_all,

@@ -5,7 +5,7 @@ lookup); :meth:`Proposer.open_session` makes a *session*, the per-sequence state
 draft KV cache, random generator). The decoding loop only talks to sessions:
 
 1. ``block = session.propose(k)`` drafts up to k tokens after the session's history;
-2. the target verifies the block (:class:`specdec.verifier.TargetSession`);
+2. the target verifies the block (:class:`specdec.engine.verifier.TargetSession`);
 3. ``session.commit(result.token_ids)`` appends the emitted tokens, so the session's history is
    again the committed sequence; a draft KV cache that went past the accepted prefix is cut back
    lazily, on the next ``propose``.

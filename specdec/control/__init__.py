@@ -1,0 +1,15 @@
+"""What decides: per-tenant speculation length K, tenants and their limits.
+
+- :mod:`~specdec.control.acceptance`: per-tenant acceptance rate (truncated-geometric estimate,
+  decayed, with a prior).
+- :mod:`~specdec.control.cost_model`: measured draft / verify / round-trip costs.
+- :mod:`~specdec.control.controller`: the K controller (:class:`KController`): K per tenant
+  maximising expected tokens/s, K = 0 allowed, probing, hysteresis.
+- :mod:`~specdec.control.adaptive`: running a generation with timing, feeding the controller,
+  cost calibration.
+- :mod:`~specdec.control.tenants`: tenant config, hashed API keys
+  (``python -m specdec.control.tenants new-key``).
+- :mod:`~specdec.control.limits`: rate limits and fair admission.
+
+What runs per step is in :mod:`specdec.engine`.
+"""

@@ -1,0 +1,16 @@
+"""What runs per speculation step: the decoding loop and everything it calls.
+
+- :mod:`~specdec.engine.decoder`: the loop of one request (propose, verify, accept, stop).
+- :mod:`~specdec.engine.engine`: the in-process engine (:class:`SpeculativeEngine`): target,
+  proposers and loop in one process, no Ray.
+- :mod:`~specdec.engine.verifier`: greedy verification and modified rejection sampling; the
+  target session.
+- :mod:`~specdec.engine.proposers`: the draft model and prompt lookup (one interface).
+- :mod:`~specdec.engine.sampling`: warping (temperature/top-k/top-p), greedy tie-break, sparse
+  proposals, per-position seeds.
+- :mod:`~specdec.engine.kv_cache`: a token sequence with its KV cache, cut back to the accepted
+  prefix.
+- :mod:`~specdec.engine.stopping`: incremental detokenization, stop conditions, safe streaming.
+
+What decides K per tenant is in :mod:`specdec.control`.
+"""
