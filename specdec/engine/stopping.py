@@ -15,10 +15,15 @@ the middle of an accepted block.
 Streaming holds back text that could still become a stop string (a suffix that is a prefix of
 one) and tokens whose text is not complete yet (a partial UTF-8 character), so nothing after a
 stop is ever sent and the chunks concatenate to the unary result.
+
+Cost: every step reads only what is new (the text since the last check, plus the longest stop
+string's length before it; the tokens not yet sent): the work per token is constant, not
+proportional to the output so far (``tests/test_incremental.py`` counts it at 8k tokens).
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Sequence
 
 from transformers import PreTrainedTokenizerBase
@@ -26,27 +31,91 @@ from transformers import PreTrainedTokenizerBase
 from specdec.types import FinishReason, GenerationChunk
 
 
+class TextBuffer:
+    """Append-only text whose end can be read at a cost proportional to the part read.
+
+    ``str += str`` on an attribute copies the whole text each time (quadratic over a long
+    output); the buffer keeps the appended pieces and joins only what is asked for.
+    """
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+        self._ends: list[int] = []  # cumulative length after each part
+        self._len = 0
+        self._joined: str | None = ""
+
+    def __len__(self) -> int:
+        return self._len
+
+    def append(self, piece: str) -> None:
+        if piece:
+            self._parts.append(piece)
+            self._len += len(piece)
+            self._ends.append(self._len)
+            self._joined = None
+
+    def tail(self, start: int, end: int | None = None) -> str:
+        """``text[start:end]`` (``end`` defaults to the end); costs O(len(text) - start + log n)."""
+        start = max(0, start)
+        end = self._len if end is None else min(end, self._len)
+        if start >= end:
+            return ""
+        if self._joined is not None:
+            return self._joined[start:end]
+        i = bisect.bisect_right(self._ends, start)  # first part ending after ``start``
+        first = self._ends[i] - len(self._parts[i])
+        return "".join(self._parts[i:])[start - first : end - first]
+
+    def text(self) -> str:
+        """The whole text (joined once, then cached until the next append)."""
+        if self._joined is None:
+            self._joined = "".join(self._parts)
+            self._parts, self._ends = [self._joined], [self._len]
+        return self._joined
+
+
 class IncrementalDetokenizer:
-    """Decodes a growing list of ids into text, one token at a time.
+    """Decodes a growing list of ids into text, one token at a time, at constant cost per token.
 
     Uses a prefix window (as vLLM's ``detokenize_incrementally``): the text of new tokens is the
     difference between decoding ``ids[prefix:]`` and ``ids[prefix:read]``, which keeps
     tokenizers that drop a leading space at the start of a decode correct, and waits while the
-    text ends in an incomplete character (U+FFFD).
+    text ends in an incomplete character (U+FFFD). Only the pending tokens' offsets are
+    touched when text resolves, so the work per token does not grow with the output.
 
     Attributes:
-        text: decoded text of the tokens read so far.
+        text: decoded text of the tokens read so far (joined on access; use :meth:`tail` in
+            per-step code).
         offsets: ``offsets[i]`` = ``len(text)`` once token i's text is complete, or None while
-            pending.
+            pending; the resolved offsets are a non-decreasing prefix of the list.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.offsets: list[int | None] = []
-        self.text = ""
+        self._text = TextBuffer()
+        self._resolved = 0  # offsets[:_resolved] are set, the rest are None
         self._prefix = 0
         self._read = 0
+
+    @property
+    def text(self) -> str:
+        return self._text.text()
+
+    @property
+    def text_len(self) -> int:
+        """``len(text)`` without joining it."""
+        return len(self._text)
+
+    @property
+    def resolved(self) -> int:
+        """How many leading tokens have their text complete (``offsets[:resolved]`` are set)."""
+        return self._resolved
+
+    def tail(self, start: int, end: int | None = None) -> str:
+        """``text[start:end]`` at a cost proportional to its length."""
+        return self._text.tail(start, end)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -66,15 +135,17 @@ class IncrementalDetokenizer:
         prefix_text = self._decode(self.ids[self._prefix : self._read])
         new_text = self._decode(self.ids[self._prefix :])
         if len(new_text) > len(prefix_text) and (final or not new_text.endswith("\ufffd")):
-            self.text += new_text[len(prefix_text) :]
+            self._text.append(new_text[len(prefix_text) :])
             self._prefix, self._read = self._read, len(self.ids)
-            for i in range(len(self.offsets)):
-                if self.offsets[i] is None:
-                    self.offsets[i] = len(self.text)
+            self._resolve()
         elif final:
-            for i in range(len(self.offsets)):
-                if self.offsets[i] is None:
-                    self.offsets[i] = len(self.text)
+            self._resolve()
+
+    def _resolve(self) -> None:
+        end = len(self._text)
+        for i in range(self._resolved, len(self.offsets)):
+            self.offsets[i] = end
+        self._resolved = len(self.offsets)
 
 
 class OutputAssembler:
@@ -123,8 +194,12 @@ class OutputAssembler:
 
     @property
     def text(self) -> str:
-        """The output text so far (final once finished)."""
-        return self.detok.text if self._text_end is None else self.detok.text[: self._text_end]
+        """The output text so far (final once finished). Joins the whole text: not per step."""
+        return self.detok.text if self._text_end is None else self.detok.tail(0, self._text_end)
+
+    @property
+    def _text_len(self) -> int:
+        return self.detok.text_len if self._text_end is None else min(self._text_end, self.detok.text_len)
 
     def add(self, token_ids: Sequence[int], logprobs: Sequence[float] | None = None) -> FinishReason | None:
         """Add the tokens of one verified block, token by token, until a stop condition fires.
@@ -165,25 +240,24 @@ class OutputAssembler:
             self._check_stop_strings(final=True)
 
     def _check_stop_strings(self, final: bool = False) -> bool:
-        text = self.detok.text
+        # Only text that can hold a match not seen before: from max_stop - 1 characters before
+        # the previous check's end (a match completing now may start there).
         start = max(0, self._checked_upto - self._max_stop + 1)
-        best: tuple[int, int] | None = None  # (match end, match start)
+        window = self.detok.tail(start)
+        best: tuple[int, int] | None = None  # (match end, match start), in text offsets
         for s in self.stop:
-            idx = text.find(s, start)
+            idx = window.find(s)
             if idx >= 0:
-                cand = (idx + len(s), idx)
+                cand = (start + idx + len(s), start + idx)
                 if best is None or cand < best:
                     best = cand
-        self._checked_upto = len(text)
+        self._checked_upto = start + len(window)
         if best is None:
             return False
         cut = best[1]
         self._text_end = cut
-        keep = 0
-        for off in self.detok.offsets:
-            if off is None or off > cut:
-                break
-            keep += 1
+        # tokens entirely before the match: the resolved offsets are non-decreasing
+        keep = bisect.bisect_right(self.detok.offsets, cut, 0, self.detok.resolved)
         # A token that completed the match on its own still counts as generated; ids keep only
         # tokens entirely before the stop string.
         del self.token_ids[keep:]
@@ -206,26 +280,27 @@ class OutputAssembler:
         """The text and ids that are safe to send now, or None when there is nothing new.
 
         After the generation finished, the last call returns the rest with ``finish_reason`` set.
+        Reads only what was not sent yet (``safe`` never moves back, so neither do the ids).
         """
-        text = self.text
+        text_len = self._text_len
         if self.finished:
-            safe = len(text)
+            safe = text_len
             n_ids = len(self.token_ids)
         else:
-            safe = len(text) - self._holdback(text)
-            n_ids = 0
-            for off in self.detok.offsets[: len(self.token_ids)]:
-                if off is None or off > safe:
-                    break
+            hold = max(0, self._max_stop - 1)
+            safe = text_len - self._holdback(self.detok.tail(text_len - hold, text_len))
+            n_ids = self._sent_ids
+            offsets, limit = self.detok.offsets, min(len(self.token_ids), self.detok.resolved)
+            while n_ids < limit and offsets[n_ids] <= safe:
                 n_ids += 1
         if safe < self._sent_text:
             safe = self._sent_text
-        new_text = text[self._sent_text : safe]
+        new_text = self.detok.tail(self._sent_text, safe)
         new_ids = self.token_ids[self._sent_ids : n_ids] if n_ids > self._sent_ids else []
         new_lp = self.logprobs[self._sent_ids : n_ids] if (self.want_logprobs and n_ids > self._sent_ids) else None
         if not new_text and not new_ids and not self.finished:
             return None
-        if self.finished and self._sent_text >= len(text) and self._sent_ids >= len(self.token_ids) and self._done_sent:
+        if self.finished and self._sent_text >= text_len and self._sent_ids >= len(self.token_ids) and self._done_sent:
             return None
         self._sent_text = max(self._sent_text, safe)
         self._sent_ids = max(self._sent_ids, n_ids)

@@ -6,6 +6,16 @@ occurrence of the same n-gram, and propose the tokens that followed it. Longer n
 first (``ngram_max`` down to ``ngram_min``); among matches of one length the most recent wins.
 The proposal is deterministic (q is one-hot), so it is exact under sampling too. No match means
 an empty block (plain decoding for that step), never an error.
+
+Block length: a session proposes as many tokens as its match supports (what followed the
+matched n-gram, up to the end of the sequence or an EOS), at most the step's K, which for prompt
+lookup is a cap rather than a choice: its drafts cost nothing, so a request copying from its
+prompt speculates long (the K controller treats it as a variable-length proposer).
+
+Incremental: a session keeps an index of the latest start of every n-gram (``ngram_min`` to
+``ngram_max`` tokens) and updates it with each committed token, so a proposal costs
+O(ngram_max + K) whatever the length of the sequence (:func:`find_continuation` is the same
+rule by a full scan, kept as the reference).
 """
 
 from __future__ import annotations
@@ -52,29 +62,82 @@ def find_continuation(
     return []
 
 
+class NgramIndex:
+    """The latest start of every n-gram of a growing sequence, for n in ``ngram_min..ngram_max``.
+
+    Only n-grams ending before the last token are indexed, so looking up the sequence's own tail
+    finds its latest *earlier* occurrence, which always has a continuation. Appending a token
+    costs O(ngram_max²) (one tuple per n), a lookup O(ngram_max + k).
+
+    Attributes:
+        seq: the sequence (token ids).
+        work: tokens touched so far (indexed, compared or copied): a cost counter for tests.
+    """
+
+    def __init__(self, ngram_min: int, ngram_max: int, token_ids: Sequence[int] = ()):
+        self.ngram_min, self.ngram_max = ngram_min, ngram_max
+        self.seq: list[int] = []
+        self._tables: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(ngram_min, ngram_max + 1)}
+        self._indexed_end = 0  # n-grams ending at positions < this are indexed
+        self.work = 0
+        self.extend(token_ids)
+
+    def extend(self, token_ids: Sequence[int]) -> None:
+        """Append tokens and index the n-grams that now end before the last token."""
+        self.seq.extend(int(t) for t in token_ids)
+        seq = self.seq
+        for end in range(self._indexed_end, len(seq) - 1):  # n-gram = seq[end - n + 1 : end + 1]
+            for n, table in self._tables.items():
+                start = end - n + 1
+                if start >= 0:
+                    table[tuple(seq[start : end + 1])] = start
+                    self.work += n
+        self._indexed_end = max(self._indexed_end, len(seq) - 1)
+
+    def continuation(self, k: int, eos_ids: set[int] | frozenset[int] = frozenset()) -> list[int]:
+        """:func:`find_continuation` of the sequence (same result), from the index."""
+        seq, length = self.seq, len(self.seq)
+        if k <= 0:
+            return []
+        for n in range(min(self.ngram_max, length - 1), self.ngram_min - 1, -1):
+            self.work += n
+            start = self._tables[n].get(tuple(seq[length - n :]))
+            if start is None:
+                continue
+            out: list[int] = []
+            for t in seq[start + n : start + n + k]:
+                out.append(t)
+                if t in eos_ids:
+                    break
+            self.work += len(out)
+            if out:
+                return out
+        return []
+
+
 class PromptLookupSession:
     """One sequence drafted by n-gram lookup. See :class:`specdec.engine.proposers.base.ProposerSession`."""
 
     def __init__(self, proposer: "PromptLookupProposer", token_ids: Sequence[int]):
         self._proposer = proposer
-        self._ids = [int(t) for t in token_ids]
+        self.index = NgramIndex(proposer.ngram_min, proposer.ngram_max, token_ids)
 
     @property
     def token_ids(self) -> list[int]:
-        return self._ids
+        return self.index.seq
 
     def propose(self, k: int) -> DraftBlock:
-        p = self._proposer
-        tokens = find_continuation(self._ids, k, p.ngram_min, p.ngram_max, p.eos_ids)
+        """Up to ``k`` tokens: what followed the latest earlier match of the tail (see module doc)."""
+        tokens = self.index.continuation(k, self._proposer.eos_ids)
         if not tokens:
             return DraftBlock.empty()
         return DraftBlock(token_ids=torch.tensor(tokens, dtype=torch.long, device="cpu"))
 
     def commit(self, token_ids: Sequence[int]) -> None:
-        self._ids.extend(int(t) for t in token_ids)
+        self.index.extend(token_ids)
 
     def close(self) -> None:
-        self._ids = []
+        self.index = NgramIndex(self._proposer.ngram_min, self._proposer.ngram_max)
 
 
 class PromptLookupProposer:
