@@ -113,13 +113,18 @@ def request_to_dict(req: pb.GenerateRequest) -> dict:
     return data
 
 
+#: Core field paths whose gRPC name differs (for error messages naming what the caller sent).
+PROTO_FIELD_NAMES: dict[str, str] = {"speculation.k": "speculation.max_k"}
+
+
 def request_from_proto(req: pb.GenerateRequest) -> GenerationRequest:
     """GenerateRequest proto -> validated core request.
 
     Raises:
-        InvalidRequestError: no or several inputs, empty prompt, parameters out of range.
+        InvalidRequestError: no or several inputs, empty prompt, parameters out of range; fields
+            are named as in the proto (``speculation.max_k``, not the core's ``speculation.k``).
     """
-    return parse_request(request_to_dict(req))
+    return parse_request(request_to_dict(req), PROTO_FIELD_NAMES)
 
 
 def request_to_proto(req: GenerationRequest) -> pb.GenerateRequest:

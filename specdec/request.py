@@ -8,7 +8,7 @@ from pydantic is turned into :class:`specdec.errors.InvalidRequestError` by
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -104,11 +104,18 @@ class GenerationRequest(BaseModel):
         return self
 
 
-def parse_request(data: dict) -> GenerationRequest:
+def parse_request(data: dict, field_names: Mapping[str, str] | None = None) -> GenerationRequest:
     """Validate a plain dict into a :class:`GenerationRequest`.
 
+    Args:
+        data: the request as plain data.
+        field_names: core field path -> the name the caller used for it, for error messages
+            (the gRPC API calls ``speculation.k`` ``speculation.max_k``); paths not listed keep
+            their core name.
+
     Raises:
-        InvalidRequestError: with pydantic's field-by-field message when validation fails.
+        InvalidRequestError: with pydantic's field-by-field message when validation fails,
+            naming each field as the caller sent it.
     """
     try:
         return GenerationRequest.model_validate(data)
@@ -116,5 +123,6 @@ def parse_request(data: dict) -> GenerationRequest:
         parts = []
         for err in e.errors():
             loc = ".".join(str(p) for p in err["loc"]) or "request"
+            loc = (field_names or {}).get(loc, loc)
             parts.append(f"{loc}: {err['msg']}")
         raise InvalidRequestError("invalid request: " + "; ".join(parts)) from None

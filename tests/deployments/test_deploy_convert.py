@@ -65,7 +65,8 @@ def test_token_id_prompt_round_trips():
         (pb.GenerateRequest(prompt=""), "prompt is empty"),  # oneof keeps an explicit ""
         (pb.GenerateRequest(prompt="x", max_tokens=0), "max_tokens"),  # explicit 0 is not "unset"
         (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(top_p=0.0)), "top_p"),
-        (pb.GenerateRequest(prompt="x", speculation=pb.SpeculationHints(max_k=99)), "speculation.k"),
+        (pb.GenerateRequest(prompt="x", speculation=pb.SpeculationHints(max_k=99)),
+         "invalid request: speculation.max_k: Input should be less than or equal to 16"),
         (pb.GenerateRequest(prompt="x", speculation=pb.SpeculationHints(proposer=77)), "proposer"),
         (pb.GenerateRequest(prompt="x", stop=[""]), "stop strings"),
         (pb.GenerateRequest(prompt="x", speculation=pb.SpeculationHints(draft_min_confidence=1.5)),
