@@ -1,7 +1,7 @@
 """Per-step work of stop-string scanning and prompt lookup stays flat over a long output.
 
-Work is counted, not timed: the Python lines executed in ``specdec/stopping.py`` (or
-``specdec/proposers/prompt_lookup.py``) per step, traced with ``sys.settrace``, early in an
+Work is counted, not timed: the Python lines executed in ``specdec/engine/stopping.py`` (or
+``specdec/engine/proposers/prompt_lookup.py``) per step, traced with ``sys.settrace``, early in an
 8k-token output and at its end. A scan of the whole output per step (what these replaced) makes
 the late count grow with the output; the incremental code does the same work at token 8000 as
 at token 500.
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-import specdec.proposers.prompt_lookup as prompt_lookup
-import specdec.stopping as stopping
-from specdec.proposers.prompt_lookup import NgramIndex, PromptLookupProposer, find_continuation
+import specdec.engine.proposers.prompt_lookup as prompt_lookup
+import specdec.engine.stopping as stopping
+from specdec.engine.proposers.prompt_lookup import NgramIndex, PromptLookupProposer, find_continuation
 from specdec.request import SamplingParams
-from specdec.stopping import OutputAssembler, TextBuffer
+from specdec.engine.stopping import OutputAssembler, TextBuffer
 from specdec.testing.tiny import build_tiny_tokenizer
 
 LENGTH = 8192
