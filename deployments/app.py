@@ -4,7 +4,8 @@
     serve run deployments/local-cpu.yaml                     # or the generated config file
 
 Deployments (names are those of the config files; see ``deployments/config.py``):
-``Router`` (gRPC ingress, autoscaled; admits and relays), ``Draft`` (the decoding loops and the
+``Router`` (ingress of the gRPC API and of the OpenAI-compatible HTTP API, autoscaled; admits
+and relays), ``Draft`` (the decoding loops and the
 draft model; sticky on the session id) and ``Target`` (TP workers in its placement group; sticky
 on the session id). Router -> Draft: one ``DraftJob`` per generation, a stream of chunks back;
 Draft -> Target: one ``CandidateBlock`` / ``VerificationResult`` round trip per speculation step.
@@ -30,4 +31,7 @@ def build_app(args: AppConfig) -> Application:
     opts = cfg.deployment_options()
     target = serve.deployment(Target, name="Target", **opts["Target"]).bind(cfg)
     draft = serve.deployment(Draft, name="Draft", **opts["Draft"]).bind(cfg, target)
-    return serve.deployment(Router, name="Router", **opts["Router"]).bind(cfg, draft, target)
+    # FastAPI ingress built per replica by Router.__serve_build_asgi_app__ (the OpenAI API on
+    # Serve's HTTP proxy); the gRPC proxy calls the same class's RPC-named methods.
+    ingress = serve.ingress()(Router)
+    return serve.deployment(ingress, name="Router", **opts["Router"]).bind(cfg, draft, target)

@@ -1,7 +1,7 @@
 """``specdec serve`` and ``specdec client``: argparse here, Ray and gRPC imported in the run functions.
 
     specdec serve --demo-request                 # local Ray, deploy the demo pair, one real gRPC request, exit
-    specdec serve --keep-running                 # ... and keep serving on :9000 until Ctrl-C
+    specdec serve --keep-running                 # ... and keep serving (gRPC :9000, HTTP :8000) until Ctrl-C
     specdec serve --config deployments/local-cpu.yaml --tp 2
     specdec client --address localhost:9000 --message "user:Write a prime check in Python" --stream
 """
@@ -139,6 +139,16 @@ def demo_request(address: str, application: str, message: str, max_tokens: int, 
     return numbers
 
 
+def endpoint_lines(cfg, host: str = "localhost") -> list[str]:
+    """The two ways to call a served application, as ``specdec serve`` prints them."""
+    return [
+        f"gRPC:  {host}:{cfg.grpc_port}  service specdec.v1.SpecDec, metadata application={cfg.app_name} "
+        "(health and reflection on the same port)",
+        f"HTTP:  http://{host}:{cfg.http_port}/{cfg.app_name}/v1  OpenAI API: /models, /completions, "
+        f"/chat/completions (model \"{cfg.app_name}\")",
+    ]
+
+
 def _stop_on_sigterm() -> None:
     """SIGTERM (``kill``, a container stop) shuts down like Ctrl-C: Serve, then the local Ray
     with all its processes. Installed after ``ray.init``, whose own handler would otherwise exit
@@ -183,7 +193,9 @@ def run_serve(args) -> int:
         _log("deploying Router, Draft, Target (loading the models) ...")
         serve.run(build_app(cfg), name=cfg.app_name, route_prefix=f"/{cfg.app_name}")
         address = f"localhost:{cfg.grpc_port}"
-        _log(f"ready in {time.perf_counter() - t0:.1f} s: gRPC {address}, application '{cfg.app_name}'")
+        _log(f"ready in {time.perf_counter() - t0:.1f} s")
+        for line in endpoint_lines(cfg):
+            _log(line)
         if args.demo_request:
             demo_request(address, cfg.app_name, args.message, args.max_tokens)
         if args.keep_running:

@@ -40,6 +40,7 @@ STATUS_BY_ERROR: dict[type[BaseException], grpc.StatusCode] = {
     errors.ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
     errors.GenerationCancelledError: grpc.StatusCode.CANCELLED,
+    errors.ModelNotFoundError: grpc.StatusCode.NOT_FOUND,
     errors.ModelNotReadyError: grpc.StatusCode.UNAVAILABLE,
     errors.ModelLoadError: grpc.StatusCode.UNAVAILABLE,
     errors.ModelCompatibilityError: grpc.StatusCode.FAILED_PRECONDITION,

@@ -1,14 +1,22 @@
-"""The gRPC ingress: admits a request, decides K and the proposer, relays the draft's stream.
+"""The ingress of both APIs: admits a request, decides K and the proposer, relays the draft's stream.
 
-Plain class (decorated in :mod:`deployments.app`), so tests can build it without Serve. Method
-names equal the RPC names of ``specdec.v1.SpecDec``: Serve's gRPC proxy routes
-``/specdec.v1.SpecDec/Generate`` to :meth:`Router.Generate`, passing the deserialized request
-and a ``grpc_context``. No exception ever leaves a method: errors are set on the context
-(:func:`deployments.grpc_status.abort_with`), else Serve would answer INTERNAL.
+Plain class (decorated in :mod:`deployments.app` with Serve's FastAPI ingress). Two front doors,
+one code path behind them:
 
-Per request, in order (one clear step each):
+- gRPC: method names equal the RPC names of ``specdec.v1.SpecDec``; Serve's gRPC proxy routes
+  ``/specdec.v1.SpecDec/Generate`` to :meth:`Router.Generate`, passing the deserialized request
+  and a ``grpc_context``. No exception ever leaves a method: errors are set on the context
+  (:func:`deployments.grpc_status.abort_with`), else Serve would answer INTERNAL.
+- HTTP: the OpenAI-compatible API of :mod:`deployments.openai_api`, built per replica by
+  :meth:`Router.__serve_build_asgi_app__` and served through Serve's HTTP proxy. It translates
+  the OpenAI body into the same request dict and calls the same :meth:`Router.generate_stream`.
 
-1. ``_parse``: proto -> validated core request (INVALID_ARGUMENT);
+Both hand :meth:`Router.generate_stream` the plain request dict that
+:func:`specdec.request.parse_request` validates and the caller's metadata (``authorization``,
+``session_id``, ``specdec-timeout-s``). Per request, in order (one clear step each):
+
+1. ``parse_request``: dict -> validated core request (INVALID_ARGUMENT / HTTP 400), the same
+   messages on both APIs;
 2. ``_hints``: the request's proposer and largest K, capped by ``default_max_k``;
 3. ``_encode``: tokenize (chat template of the target) and check the context limit
    (INVALID_ARGUMENT for an empty or over-long prompt);
@@ -27,6 +35,9 @@ metadata ``specdec-timeout-s`` (seconds); the server stops at ``min(that, reques
 and answers DEADLINE_EXCEEDED. When the client's own deadline fires first, gRPC cancels the call
 and Serve cancels the router's and the draft's tasks: the generation stops and frees its caches.
 
+An HTTP client that disconnects gets its request cancelled by Serve's HTTP proxy, which ends
+the generation the same way as a cancelled gRPC call.
+
 Every admitted request ends with ``TenancyGate.complete`` (success, error or cancellation): the
 fair slot and rate lease are released, the controller learns from the request's speculation
 counters, and the metrics are recorded.
@@ -41,7 +52,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 from deployments import convert
 from deployments.aio import finish_despite_cancellation
@@ -56,7 +67,7 @@ from specdec.errors import (
     ModelNotReadyError,
     PromptTooLongError,
 )
-from specdec.request import GenerationRequest
+from specdec.request import GenerationRequest, parse_request
 
 log = logging.getLogger(__name__)
 
@@ -103,26 +114,27 @@ class Router:
 
     # --- the steps before generation ---------------------------------------------------------
 
-    def _parse(self, request: pb.GenerateRequest) -> GenerationRequest:
-        return convert.request_from_proto(request)
-
     def _default_proposers(self) -> list[str]:
         """The proposers this server runs, in order of preference (for requests naming none)."""
         return ["draft", "ngram"] if self.cfg.draft_model else ["ngram"]
 
-    def _hints(self, request: pb.GenerateRequest) -> tuple[str, int]:
+    def _hints(self, data: Mapping[str, Any]) -> tuple[str, int]:
         """The request's proposer and largest K, capped by the server's ``default_max_k``.
+
+        Args:
+            data: the request dict (:func:`specdec.request.parse_request`'s input), already
+                validated; ``data["speculation"]`` holds only what the caller set.
 
         Raises:
             InvalidRequestError: the request asks for the draft proposer but none is served.
         """
-        spec = request.speculation if request.HasField("speculation") else pb.SpeculationHints()
-        proposer = convert.PROPOSER_FROM_PROTO.get(spec.proposer)
+        spec = data.get("speculation") or {}
+        proposer = spec.get("proposer")
         if proposer is None:
             proposer = "draft" if self.cfg.draft_model else "ngram"
         if proposer == "draft" and not self.cfg.draft_model:
             raise InvalidRequestError("proposer 'draft' needs a draft model; this server has none")
-        k = self.cfg.default_max_k if not spec.HasField("max_k") else min(spec.max_k, self.cfg.default_max_k)
+        k = self.cfg.default_max_k if spec.get("k") is None else min(int(spec["k"]), self.cfg.default_max_k)
         if proposer == "none":
             k = 0
         return proposer, int(k)
@@ -155,7 +167,7 @@ class Router:
             raise PromptTooLongError(len(ids), self.info.max_positions, f"the target '{self.info.name}'")
         return ids
 
-    def _deadline(self, metadata: dict[str, str]) -> float:
+    def _deadline(self, metadata: Mapping[str, str]) -> float:
         """Unix time by which the request must end (client's deadline, capped by the server's)."""
         budget = self.cfg.request_timeout_s
         raw = metadata.get(TIMEOUT_KEY)
@@ -184,10 +196,9 @@ class Router:
     async def _ask_ready(self) -> None:
         await self.draft.Ready.remote()
 
-    def _job(self, request: pb.GenerateRequest, req: GenerationRequest, adm: Any, prompt: Sequence[int],
-             session_id: str, deadline: float) -> xpb.DraftJob:
-        msg = pb.GenerateRequest()
-        msg.CopyFrom(request)
+    def _job(self, req: GenerationRequest, adm: Any, prompt: Sequence[int], session_id: str,
+             deadline: float) -> xpb.DraftJob:
+        msg = convert.request_to_proto(req)
         msg.prompt_token_ids.CopyFrom(pb.TokenIds(ids=list(prompt)))  # the oneof now holds the ids
         k = adm.chosen_k if adm.proposer != "none" else 0
         msg.speculation.CopyFrom(pb.SpeculationHints(
@@ -199,38 +210,61 @@ class Router:
         probe = int(adm.decision.get("probe_steps") or 0) if adm.decision.get("probe") else 0
         return xpb.DraftJob(session_id=session_id, request=msg, deadline_unix_s=deadline, probe_steps=probe)
 
-    async def _prepare(self, request: pb.GenerateRequest, grpc_context: Any) -> tuple[xpb.DraftJob, str, Any]:
-        """Parse, tokenize, admit (tenancy) and build the draft job; returns the admission too.
+    async def _prepare(self, data: Mapping[str, Any], metadata: Mapping[str, str]) -> tuple[xpb.DraftJob, str, Any]:
+        """Validate, tokenize, admit (tenancy) and build the draft job; returns the admission too.
 
-        The caller must end the admission with ``self.gate.complete`` (done by :meth:`_run`).
+        The one admission path of both APIs: gRPC passes ``convert.request_to_dict(proto)`` and
+        its metadata, HTTP (:mod:`deployments.openai_api`) the dict it translated from the
+        OpenAI body and its headers as metadata. The caller must end the admission with
+        ``self.gate.complete`` (done by :meth:`generate_stream`).
+
+        Raises:
+            InvalidRequestError, AuthenticationError, ResourceExhaustedError, ModelNotReadyError.
         """
-        metadata = metadata_dict(grpc_context)
-        req = self._parse(request)
-        proposer, k = self._hints(request)
+        req = parse_request(dict(data))
+        proposer, k = self._hints(data)
+        spec_given = data.get("speculation") or {}
         spec_update: dict = {"proposer": proposer, "k": k}
-        if not (request.HasField("speculation") and request.speculation.HasField("draft_min_confidence")):
+        if spec_given.get("draft_min_confidence") is None:
             spec_update["draft_min_confidence"] = self.cfg.draft_min_confidence
         req = req.model_copy(update={"speculation": req.speculation.model_copy(update=spec_update)})
         self._refuse_surely_too_long(req)
         # tokenizing a long prompt takes a while: off the event loop, so other requests go on
         prompt = await asyncio.get_running_loop().run_in_executor(None, self._encode, req)
         deadline = self._deadline(metadata)
-        named = request.HasField("speculation") and request.speculation.proposer != pb.PROPOSER_UNSPECIFIED
+        named = spec_given.get("proposer") is not None
         adm = await self.gate.admit(metadata, req, prompt_tokens=len(prompt),
                                     default_proposers=None if named else self._default_proposers())
         try:
             await self._ensure_ready()
             generation_id = uuid.uuid4().hex
             routing_key = metadata.get(SESSION_KEY) or generation_id
-            job = self._job(request, adm.request, adm, prompt, f"{routing_key}/{generation_id}", deadline)
+            job = self._job(adm.request, adm, prompt, f"{routing_key}/{generation_id}", deadline)
         except BaseException as e:
             await finish_despite_cancellation(self.gate.complete(adm, e))
             raise
         return job, routing_key, adm
 
-    async def _run(self, request: pb.GenerateRequest, grpc_context: Any) -> AsyncIterator[pb.GenerateStreamChunk]:
-        """The admitted generation's chunks; the admission is completed however it ends."""
-        job, key, adm = await self._prepare(request, grpc_context)
+    async def generate_stream(self, data: Mapping[str, Any],
+                              metadata: Mapping[str, str]) -> AsyncIterator[pb.GenerateStreamChunk]:
+        """One generation, admitted and relayed: the shared code path of the gRPC and HTTP APIs.
+
+        Args:
+            data: the request as the plain dict :func:`specdec.request.parse_request` validates
+                (only the fields the caller set).
+            metadata: lower-case keys: ``authorization`` (``Bearer <key>``), optionally
+                ``session_id`` and ``specdec-timeout-s``.
+
+        Yields:
+            ``GenerateStreamChunk`` protos; the last carries finish reason, usage and stats.
+
+        Raises:
+            the specdec errors of :meth:`_prepare`, and DeadlineExceededError /
+            ModelNotReadyError while relaying. The admission is completed however it ends
+            (also when the caller stops iterating: the draft's stream is cancelled and both
+            caches are freed).
+        """
+        job, key, adm = await self._prepare(data, metadata)
         t0 = time.perf_counter()
         ttft = last_at = None
         n_tokens = 0
@@ -303,7 +337,8 @@ class Router:
     async def Generate(self, request: pb.GenerateRequest, grpc_context=None) -> pb.GenerateResponse:
         """Unary generation: the joined stream of the draft replica."""
         try:
-            chunks = [c async for c in self._run(request, grpc_context)]
+            data, metadata = convert.request_to_dict(request), metadata_dict(grpc_context)
+            chunks = [c async for c in self.generate_stream(data, metadata)]
             return convert.join_chunks(chunks)
         except Exception as e:  # mapped at the edge, never raised into Serve
             return abort_with(grpc_context, unwrap(e), pb.GenerateResponse)
@@ -311,7 +346,8 @@ class Router:
     async def GenerateStream(self, request: pb.GenerateRequest, grpc_context=None):
         """Server-streaming generation; the last chunk carries finish reason, usage and stats."""
         try:
-            async for chunk in self._run(request, grpc_context):
+            data, metadata = convert.request_to_dict(request), metadata_dict(grpc_context)
+            async for chunk in self.generate_stream(data, metadata):
                 yield chunk
         except Exception as e:
             abort_stream(grpc_context, unwrap(e))
@@ -328,6 +364,12 @@ class Router:
             return tenant_stats_to_proto(stats, proposer_name(request.proposer))
         except Exception as e:
             return abort_with(grpc_context, unwrap(e), pb.GetTenantStatsResponse)
+
+    def __serve_build_asgi_app__(self):
+        """The OpenAI-compatible HTTP API of this replica (Serve calls it once, after __init__)."""
+        from deployments.openai_api import build_app
+
+        return build_app(self)
 
     async def Debug(self) -> dict:
         """Router counters (for tests): resumes after draft replica deaths."""

@@ -49,6 +49,10 @@ class ModelNotReadyError(SpecDecError):
     """A model or replica is not loaded yet, or is shutting down (gRPC: UNAVAILABLE)."""
 
 
+class ModelNotFoundError(SpecDecError):
+    """The request names a model this server does not serve (gRPC: NOT_FOUND, HTTP: 404)."""
+
+
 class AuthenticationError(SpecDecError):
     """No API key, or an unknown one (gRPC: UNAUTHENTICATED)."""
 

@@ -112,13 +112,13 @@ def test_authenticate_ok(reg):
 @pytest.mark.parametrize(
     "header, message",
     [
-        (None, "missing API key: send gRPC metadata 'authorization: Bearer <key>'"),
-        ("", "missing API key: send gRPC metadata 'authorization: Bearer <key>'"),
-        (KEY_A, "malformed authorization metadata: expected 'Bearer <key>'"),
-        ("Basic abc", "malformed authorization metadata: expected 'Bearer <key>'"),
-        ("Bearer ", "malformed authorization metadata: expected 'Bearer <key>'"),
-        ("Bearer a b", "malformed authorization metadata: expected 'Bearer <key>'"),
-        ("Bearer " + "x" * 600, "malformed authorization metadata: expected 'Bearer <key>'"),
+        (None, "missing API key: send 'authorization: Bearer <key>' (gRPC metadata or HTTP header)"),
+        ("", "missing API key: send 'authorization: Bearer <key>' (gRPC metadata or HTTP header)"),
+        (KEY_A, "malformed authorization: expected 'Bearer <key>'"),
+        ("Basic abc", "malformed authorization: expected 'Bearer <key>'"),
+        ("Bearer ", "malformed authorization: expected 'Bearer <key>'"),
+        ("Bearer a b", "malformed authorization: expected 'Bearer <key>'"),
+        ("Bearer " + "x" * 600, "malformed authorization: expected 'Bearer <key>'"),
         ("Bearer sk-unknown", "unknown API key"),
         (f"Bearer {hash_api_key(KEY_A)}", "unknown API key"),  # the hash is not the key
     ],

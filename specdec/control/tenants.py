@@ -263,17 +263,17 @@ class TenantRegistry:
         """
         if authorization is None or not authorization.strip():
             raise AuthenticationError(
-                "missing API key: send gRPC metadata 'authorization: Bearer <key>'"
+                "missing API key: send 'authorization: Bearer <key>' (gRPC metadata or HTTP header)"
             )
         parts = authorization.strip().split(None, 1)
         if len(parts) != 2 or parts[0].lower() != "bearer" or not parts[1].strip():
             raise AuthenticationError(
-                "malformed authorization metadata: expected 'Bearer <key>'"
+                "malformed authorization: expected 'Bearer <key>'"
             )
         key = parts[1].strip()
         if len(key) > MAX_API_KEY_CHARS or any(ch.isspace() for ch in key):
             raise AuthenticationError(
-                "malformed authorization metadata: expected 'Bearer <key>'"
+                "malformed authorization: expected 'Bearer <key>'"
             )
         digest = hashlib.sha256(key.encode("utf-8")).digest()
         found: Tenant | None = None

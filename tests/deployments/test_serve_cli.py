@@ -39,3 +39,12 @@ def test_module_top_level_imports_no_ray_or_grpc():
 
     code = "import sys, deployments.cli; print(any(m in sys.modules for m in ('ray', 'grpc')))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_serve_prints_both_endpoints():
+    lines = cli.endpoint_lines(cli.load_config(_args("--grpc-port", "9100", "--http-port", "8100")))
+    assert lines == [
+        "gRPC:  localhost:9100  service specdec.v1.SpecDec, metadata application=specdec "
+        "(health and reflection on the same port)",
+        'HTTP:  http://localhost:8100/specdec/v1  OpenAI API: /models, /completions, /chat/completions (model "specdec")',
+    ]

@@ -348,8 +348,8 @@ def _still_serves(channel) -> None:
 @pytest.mark.parametrize(
     "metadata, message",
     [
-        ((("application", APP),), "missing API key: send gRPC metadata 'authorization: Bearer <key>'"),
-        ((("application", APP), ("authorization", "Token abc")), "malformed authorization metadata: expected 'Bearer <key>'"),
+        ((("application", APP),), "missing API key: send 'authorization: Bearer <key>' (gRPC metadata or HTTP header)"),
+        ((("application", APP), ("authorization", "Token abc")), "malformed authorization: expected 'Bearer <key>'"),
         ((("application", APP), ("authorization", "Bearer sk-not-a-key")), "unknown API key"),
     ],
     ids=["missing", "malformed", "unknown"],

@@ -222,8 +222,8 @@ def test_unauthenticated_messages_and_others_still_served(tenants_file, engines)
 
     async def main():
         cases = [
-            (None, "missing API key: send gRPC metadata 'authorization: Bearer <key>'"),
-            ([("authorization", "Basic abc")], "malformed authorization metadata: expected 'Bearer <key>'"),
+            (None, "missing API key: send 'authorization: Bearer <key>' (gRPC metadata or HTTP header)"),
+            ([("authorization", "Basic abc")], "malformed authorization: expected 'Bearer <key>'"),
             ([("authorization", "Bearer sk-nope")], "unknown API key"),
         ]
         for metadata, msg in cases:

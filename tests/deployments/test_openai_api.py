@@ -1,0 +1,414 @@
+"""The OpenAI-compatible HTTP API without Ray: the real Router, its FastAPI app and the real
+``openai`` client over an in-process ASGI transport; the Draft replica runs in process too (its
+target over serialized protos). The same requests through the real ports are in
+``test_serve_http.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+import httpx2
+import openai
+import pytest
+
+from deployments import openai_api
+from deployments.config import AppConfig
+from deployments.controller_actor import ControllerClient
+from deployments.draft import Draft
+from deployments.metrics import SpecDecMetrics
+from deployments.router import Router
+from deployments.tenancy import TenancyGate
+from protos.specdec.v1 import specdec_pb2 as pb
+from specdec.testing.tiny import build_tiny_model
+from tests.conftest import load_tiny, target_greedy
+from tests.deployments.test_draft import Wire
+
+KEY = "sk-http-alpha-0001"
+SMALL_KEY = "sk-http-small-0002"
+MODEL = "specdec"
+
+
+def _tenants(path) -> str:
+    import yaml
+
+    from specdec.control.tenants import hash_api_key
+
+    any_proposer = {"allowed_proposers": ["draft", "ngram", "none"], "k_min": 0, "k_max": 8}
+    tenants = [
+        {"id": "alpha", "api_key_hashes": [hash_api_key(KEY)],
+         "limits": {"max_concurrent_requests": 16, "max_tokens": 1024, "max_prompt_tokens": 4096},
+         "speculation": {**any_proposer, "adaptive": False, "fixed_k": 4}},
+        {"id": "small", "api_key_hashes": [hash_api_key(SMALL_KEY)],
+         "limits": {"max_concurrent_requests": 4, "tokens_per_minute": 20, "max_tokens": 8, "max_prompt_tokens": 64},
+         "speculation": {"allowed_proposers": ["ngram"], "k_min": 0, "k_max": 2, "adaptive": False}},
+    ]
+    path.write_text(yaml.safe_dump({"tenants": tenants}))
+    return str(path)
+
+
+class LocalStream:
+    """What ``handle.options(stream=True).Generate.remote(...)`` returns, over an in-process Draft."""
+
+    def __init__(self, agen):
+        self.agen = agen
+
+    def __aiter__(self):
+        return self.agen.__aiter__()
+
+    def cancel(self):
+        asyncio.ensure_future(self.agen.aclose())
+
+
+class LocalDraftHandle:
+    """A Serve handle of the Draft deployment, in process."""
+
+    def __init__(self, draft: Draft, ready: bool = True):
+        self.draft = draft
+        self.ready = ready
+
+    def options(self, **_):
+        return self
+
+    class _Method:
+        def __init__(self, fn):
+            self.remote = fn
+
+    @property
+    def Generate(self):
+        return self._Method(lambda payload: LocalStream(self.draft.Generate(payload)))
+
+    @property
+    def Ready(self):
+        async def ready():
+            if not self.ready:
+                await asyncio.sleep(3600)
+            return True
+
+        return self._Method(ready)
+
+
+class Context:
+    """A gRPC servicer context that records the status (as Serve's proxy context does)."""
+
+    def __init__(self, metadata=()):
+        self.md = tuple(metadata)
+        self.code = None
+        self.details = None
+
+    def invocation_metadata(self):
+        return self.md
+
+    def set_code(self, code):
+        self.code = code
+
+    def set_details(self, details):
+        self.details = details
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    root = tmp_path_factory.mktemp("http")
+    t = build_tiny_model(root / "target", seed=0)
+    target = load_tiny(t)
+    d = build_tiny_model(root / "draft", seed=1, base=target.model, noise=0.03)
+    cfg = AppConfig(target_model=str(t), draft_model=str(d), cpu_threads=1, ready_timeout_s=0.3,
+                    tenants_file=_tenants(root / "tenants.yaml"))
+    wire = Wire(target)
+    draft = Draft(cfg, send_factory=lambda key: wire.send)
+
+    def make_router(ready: bool = True) -> Router:
+        gate = TenancyGate(cfg.tenants_file, ControllerClient.local({}), SpecDecMetrics(backend=None))
+        return Router(cfg, draft=LocalDraftHandle(draft, ready), gate=gate)
+
+    router = make_router()
+    return dict(cfg=cfg, target=target, draft=draft, wire=wire, router=router, app=openai_api.build_app(router),
+                make_router=make_router)
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def _client(app, key: str | None = KEY) -> openai.AsyncOpenAI:
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test")
+    return openai.AsyncOpenAI(api_key=key or "unused", base_url="http://test/v1", http_client=http, max_retries=0,
+                              default_headers={} if key else {"Authorization": ""})
+
+
+async def _raw(app, method: str, path: str, body=None, headers=None) -> httpx2.Response:
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test") as c:
+        h = {"Authorization": f"Bearer {KEY}", **(headers or {})}
+        if body is None:
+            return await c.request(method, path, headers=h)
+        return await c.request(method, path, headers=h, content=body if isinstance(body, (bytes, str)) else json.dumps(body))
+
+
+def _grpc(router: Router, req: pb.GenerateRequest, key: str = KEY) -> tuple[pb.GenerateResponse, Context]:
+    ctx = Context((("authorization", f"Bearer {key}"),))
+    return _run(router.Generate(req, ctx)), ctx
+
+
+PROMPT = "def add(a, b):"
+
+
+# --- same tokens as the gRPC path ----------------------------------------------------------------
+
+
+def test_completion_unary_and_stream_equal_grpc_and_target_alone(stack):
+    router, target = stack["router"], stack["target"]
+    ref = target_greedy(target, target.tokenizer.encode(PROMPT), 12)
+    grpc_resp, ctx = _grpc(router, pb.GenerateRequest(prompt=PROMPT, max_tokens=12, ignore_eos=True,
+                                                       speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT)))
+    assert ctx.code is None
+    assert list(grpc_resp.token_ids) == ref[: len(grpc_resp.token_ids)] and len(grpc_resp.token_ids) == 12
+
+    async def go():
+        client = _client(stack["app"])
+        args = dict(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                    extra_body={"ignore_eos": True, "speculation": {"proposer": "draft"}})
+        unary = await client.completions.create(**args)
+        chunks = [c async for c in await client.completions.create(stream=True, **args)]
+        return unary, chunks
+
+    unary, chunks = _run(go())
+    choice = unary.choices[0]
+    assert choice.text == grpc_resp.text and choice.model_extra["token_ids"] == list(grpc_resp.token_ids)
+    assert choice.finish_reason == "length" and choice.model_extra["finish_detail"] == "max_tokens"
+    assert unary.usage.completion_tokens == 12 and unary.usage.prompt_tokens == grpc_resp.usage.prompt_tokens
+    assert unary.usage.total_tokens == 12 + grpc_resp.usage.prompt_tokens
+    stats = unary.model_extra["speculation_stats"]
+    assert stats["steps"] > 0 and stats["proposed"] > 0 and 0 <= stats["acceptance_rate"] <= 1
+    assert "".join(c.choices[0].text for c in chunks) == grpc_resp.text
+    assert sum((c.choices[0].model_extra["token_ids"] for c in chunks), []) == list(grpc_resp.token_ids)
+    assert [c.choices[0].finish_reason for c in chunks][-1] == "length"
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    assert chunks[-1].choices[0].model_extra["speculation_stats"]["steps"] == stats["steps"]
+
+
+def test_chat_unary_and_stream_equal_grpc(stack):
+    router = stack["router"]
+    msgs = [{"role": "system", "content": "be short"}, {"role": "user", "content": "add two numbers"}]
+    req = pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(**m) for m in msgs]), max_tokens=10,
+                             ignore_eos=True, logprobs=True)
+    grpc_resp, ctx = _grpc(router, req)
+    assert ctx.code is None and len(grpc_resp.token_ids) == 10
+
+    async def go():
+        client = _client(stack["app"])
+        args = dict(model=MODEL, messages=msgs, max_completion_tokens=10, temperature=0, logprobs=True,
+                    extra_body={"ignore_eos": True})
+        unary = await client.chat.completions.create(**args)
+        chunks = [c async for c in await client.chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, **args)]
+        return unary, chunks
+
+    unary, chunks = _run(go())
+    msg = unary.choices[0].message
+    assert msg.role == "assistant" and msg.content == grpc_resp.text
+    assert unary.choices[0].model_extra["token_ids"] == list(grpc_resp.token_ids)
+    lp = unary.choices[0].logprobs.content
+    assert [e.logprob for e in lp] == pytest.approx(list(grpc_resp.logprobs), abs=1e-5)
+    assert [e.token for e in lp] == [stack["target"].tokenizer.decode([t]) for t in grpc_resp.token_ids]
+    assert all(e.bytes == list(e.token.encode()) and e.top_logprobs == [] for e in lp)
+    # streaming: role first, content deltas, then a usage chunk with no choices
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == grpc_resp.text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+    streamed_lp = [e.logprob for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert streamed_lp == pytest.approx(list(grpc_resp.logprobs), abs=1e-5)
+    assert chunks[-1].model_extra["speculation_stats"]["steps"] > 0
+
+
+def test_completion_logprobs_shape_and_token_id_prompt(stack):
+    router, target = stack["router"], stack["target"]
+    ids = target.tokenizer.encode(PROMPT)
+    grpc_resp, _ = _grpc(router, pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=ids), max_tokens=6,
+                                                     ignore_eos=True, logprobs=True))
+
+    async def go():
+        return await _client(stack["app"]).completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0,
+                                                              logprobs=0, extra_body={"ignore_eos": True})
+
+    choice = _run(go()).choices[0]
+    assert choice.model_extra["token_ids"] == list(grpc_resp.token_ids)
+    lp = choice.logprobs
+    assert lp.token_logprobs == pytest.approx(list(grpc_resp.logprobs), abs=1e-5)
+    assert "".join(lp.tokens) == choice.text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+
+
+def test_n_choices_are_independent_generations(stack):
+    """n = 3 sampled with a seed: choice i is the gRPC answer of seed + i."""
+    router = stack["router"]
+    grpc_ids = []
+    for i in range(3):
+        resp, _ = _grpc(router, pb.GenerateRequest(prompt=PROMPT, max_tokens=8, ignore_eos=True,
+                                                   sampling=pb.SamplingParams(temperature=1.0, seed=40 + i)))
+        grpc_ids.append(list(resp.token_ids))
+    assert len({tuple(x) for x in grpc_ids}) > 1  # the seeds give different samples
+
+    async def go():
+        client = _client(stack["app"])
+        args = dict(model=MODEL, prompt=PROMPT, max_tokens=8, n=3, seed=40, extra_body={"ignore_eos": True})
+        unary = await client.completions.create(**args)
+        chunks = [c async for c in await client.completions.create(stream=True, stream_options={"include_usage": True},
+                                                                   **args)]
+        return unary, chunks
+
+    unary, chunks = _run(go())
+    assert [c.index for c in unary.choices] == [0, 1, 2]
+    assert [c.model_extra["token_ids"] for c in unary.choices] == grpc_ids
+    assert unary.usage.completion_tokens == 24
+    pooled = unary.model_extra["speculation_stats"]
+    assert pooled["steps"] == sum(c.model_extra["speculation_stats"]["steps"] for c in unary.choices)
+    streamed = {i: [] for i in range(3)}
+    for c in chunks:
+        for ch in c.choices:
+            streamed[ch.index] += ch.model_extra["token_ids"]
+    assert [streamed[i] for i in range(3)] == grpc_ids
+    assert chunks[-1].usage.completion_tokens == 24
+
+
+# --- one validation for both APIs ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "grpc_req, body",
+    [
+        (pb.GenerateRequest(prompt=PROMPT, sampling=pb.SamplingParams(temperature=1.0, top_p=1.5)),
+         {"prompt": PROMPT, "top_p": 1.5}),
+        (pb.GenerateRequest(prompt=PROMPT, max_tokens=0), {"prompt": PROMPT, "max_tokens": 0}),
+        (pb.GenerateRequest(prompt=""), {"prompt": ""}),
+        (pb.GenerateRequest(prompt=PROMPT, speculation=pb.SpeculationHints(max_k=99)),
+         {"prompt": PROMPT, "speculation": {"max_k": 99}}),
+        (pb.GenerateRequest(prompt=PROMPT, stop_token_ids=[99999]), {"prompt": PROMPT, "stop_token_ids": [99999]}),
+        (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5] * 300)), {"prompt": [5] * 300}),
+        (pb.GenerateRequest(prompt=PROMPT, sampling=pb.SamplingParams(temperature=float("nan"))),
+         {"prompt": PROMPT, "temperature": "NaN"}),
+    ],
+    ids=["top_p", "max_tokens", "empty", "k", "stop-id", "too-long", "nan"],
+)
+def test_grpc_and_http_share_one_validation(stack, grpc_req, body):
+    _, ctx = _grpc(stack["router"], grpc_req)
+    assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT
+    if body.get("temperature") == "NaN":
+        raw = json.dumps({"model": MODEL, **{**body, "temperature": 0}}).replace('"temperature": 0', '"temperature": NaN')
+    else:
+        raw = json.dumps({"model": MODEL, "temperature": 0, **body})
+    resp = _run(_raw(stack["app"], "POST", "/v1/completions", raw))
+    assert resp.status_code == 400
+    err = resp.json()["error"]
+    assert err["message"] == ctx.details and err["type"] == "invalid_request_error"
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+def _status_of(coro):
+    try:
+        _run(coro)
+    except openai.APIStatusError as e:
+        return e
+    raise AssertionError("no error")
+
+
+def test_errors_through_the_openai_client(stack):
+    app = stack["app"]
+    chat = dict(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    e = _status_of(_client(app, key=None).chat.completions.create(**chat))
+    assert isinstance(e, openai.AuthenticationError) and e.status_code == 401
+    assert e.body["message"] == "missing API key: send 'authorization: Bearer <key>' (gRPC metadata or HTTP header)"
+    e = _status_of(_client(app, key="sk-wrong").chat.completions.create(**chat))
+    assert e.status_code == 401 and e.body["message"] == "unknown API key"
+    e = _status_of(_client(app).chat.completions.create(**{**chat, "model": "gpt-4"}))
+    assert isinstance(e, openai.NotFoundError) and e.body["type"] == "not_found_error"
+    assert e.body["message"] == "the model 'gpt-4' does not exist; this server serves 'specdec'"
+    e = _status_of(_client(app).chat.completions.create(**{**chat, "messages": [{"role": "robot", "content": "x"}]}))
+    assert isinstance(e, openai.BadRequestError) and "messages.0.role" in e.body["message"]
+    e = _status_of(_client(app).chat.completions.create(**chat, extra_body={"frobnicate": 1}))
+    assert e.status_code == 400 and e.body["message"] == "unsupported field(s): frobnicate"
+    e = _status_of(_client(app).completions.create(model=MODEL, prompt=["a", "b"]))
+    assert e.body["message"] == "prompt: a batch of several prompts is not supported; send one prompt per request"
+    e = _status_of(_client(app).chat.completions.create(**chat, n=0))
+    assert e.body["message"] == "n must be a whole number in 1..16, got 0"
+
+
+def test_rate_limit_is_429_with_retry_after(stack):
+    """Tenant small: 20 tokens per minute; each request reserves prompt + max_tokens = 1 + 8."""
+    router = stack["make_router"]()
+    app = openai_api.build_app(router)
+
+    async def go():
+        client = _client(app, key=SMALL_KEY)
+        done = 0
+        try:
+            for _ in range(5):
+                await client.completions.create(model=MODEL, prompt="x", max_tokens=8, temperature=0,
+                                                extra_body={"ignore_eos": True, "speculation": {"proposer": "ngram"}})
+                done += 1
+        except openai.RateLimitError as e:
+            return done, e
+
+    done, e = _run(go())
+    assert done == 2  # 2 x 9 = 18 <= 20 < 27
+    assert e.status_code == 429 and e.body["code"] == "tokens_per_minute"
+    assert "tenant 'small' is over its limit of 20 tokens per minute" in e.body["message"]
+    assert 1 <= int(e.response.headers["retry-after"]) <= 27
+
+
+def test_loading_is_503(stack):
+    app = openai_api.build_app(stack["make_router"](ready=False))
+    e = _status_of(_client(app).completions.create(model=MODEL, prompt="x", max_tokens=2))
+    assert isinstance(e, openai.InternalServerError) and e.status_code == 503
+    assert e.body["message"] == "the models are still loading; retry in a few seconds"
+    assert e.response.headers["retry-after"] == "1"
+    resp = _run(_raw(app, "GET", "/health"))
+    assert resp.status_code == 503 and resp.json()["error"]["type"] == "service_unavailable"
+
+
+def test_every_path_answers_something_useful(stack):
+    app = stack["app"]
+    root = _run(_raw(app, "GET", "/"))
+    assert root.status_code == 200 and "POST /v1/chat/completions" in root.json()["endpoints"]
+    models = _run(_raw(app, "GET", "/v1/models"))
+    assert models.json() == {"object": "list", "data": [{"id": MODEL, "object": "model", "created": models.json()["data"][0]["created"],
+                                                          "owned_by": "specdec", "root": stack["router"].info.name}]}
+    assert _run(_raw(app, "GET", "/v1/models/nope")).status_code == 404
+    for method, path, status in [("GET", "/nowhere", 404), ("GET", "/v1/completions", 405),
+                                 ("POST", "/v1/embeddings", 404)]:
+        resp = _run(_raw(app, method, path))
+        assert resp.status_code == status
+        assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
+    bad = _run(_raw(app, "POST", "/v1/completions", b"{not json"))
+    assert bad.status_code == 400 and bad.json()["error"]["message"] == "the request body is not valid JSON"
+    assert _run(_raw(app, "GET", "/health")).json() == {"status": "ok"}
+
+
+def test_the_prefix_without_a_slash_is_the_root(stack):
+    """Serve mounts the app under /specdec (root_path): GET /specdec answers, not a redirect."""
+
+    async def go():
+        transport = httpx2.ASGITransport(app=stack["app"], root_path="/specdec")
+        async with httpx2.AsyncClient(transport=transport, base_url="http://test") as c:
+            return await c.get("/specdec"), await c.get("/specdec/v1/nope")
+
+    root, nope = _run(go())
+    assert root.status_code == 200 and root.json()["openai_base_url"] == "/specdec/v1"
+    assert nope.status_code == 404 and nope.json()["error"]["message"] == (
+        "no such endpoint: GET /specdec/v1/nope; see GET /specdec/ for the endpoints")
+
+
+def test_openai_models_list_through_the_client(stack):
+    async def go():
+        return [m.id async for m in _client(stack["app"]).models.list()]
+
+    assert _run(go()) == [MODEL]
+
+
+def test_stream_errors_before_the_first_token_have_their_status(stack):
+    resp = _run(_raw(stack["app"], "POST", "/v1/chat/completions",
+                     {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True, "top_p": 0}))
+    assert resp.status_code == 400 and resp.headers["content-type"] == "application/json"
+    assert resp.json()["error"]["message"].startswith("invalid request: sampling.top_p")

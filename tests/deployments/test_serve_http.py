@@ -1,0 +1,227 @@
+"""The OpenAI-compatible HTTP API through Ray Serve's real HTTP port, beside the gRPC API of the
+same application, with the real ``openai`` client. Tiny models, target TP=1, one Ray + Serve +
+application for the module (2 CPUs)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import grpc
+import httpx2
+import openai
+import pytest
+
+from deployments import convert
+from deployments.config import HEALTH_SERVICER, SPECDEC_SERVICER, AppConfig
+from protos.specdec.v1 import specdec_pb2 as pb
+from protos.specdec.v1 import specdec_pb2_grpc as pb_grpc
+from tests.conftest import load_tiny, target_greedy
+from tests.deployments.test_serve_grpc import KEYS, _free_port, _wait_running, _write_tenants
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.serve
+
+APP = "specdec"
+MD = (("application", APP), ("authorization", f"Bearer {KEYS['alpha']}"))
+PROMPT = "def add(a, b):"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from specdec.testing.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("servehttp")
+    target = build_tiny_model(root / "target", seed=0)
+    draft = build_tiny_model(root / "draft", seed=1, base=load_tiny(target).model, noise=0.03)
+    return str(target), str(draft)
+
+
+@pytest.fixture(scope="module")
+def served(models):
+    """(cfg, grpc channel, HTTP statuses seen while the models loaded)."""
+    from ray import serve
+    from ray.serve.api import _run
+    from ray.serve.config import HTTPOptions, gRPCOptions
+
+    from deployments.app import build_app
+
+    target, draft = models
+    tenants = _write_tenants(Path(target).parent / "tenants.yaml")
+    cfg = AppConfig(target_model=target, draft_model=draft, target_tp=1, grpc_port=_free_port(),
+                    http_port=_free_port(), cpu_threads=1, ready_timeout_s=1.0, tenants_file=tenants)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(
+            http_options=HTTPOptions(port=cfg.http_port),
+            grpc_options=gRPCOptions(port=cfg.grpc_port, grpc_servicer_functions=[SPECDEC_SERVICER, HEALTH_SERVICER]),
+        )
+        _run(build_app(cfg), _blocking=False, name=APP, route_prefix=f"/{APP}")
+        observed: list[tuple[int, str]] = []
+        url = f"http://localhost:{cfg.http_port}/{APP}/v1/completions"
+        body = {"model": APP, "prompt": "x", "max_tokens": 1}
+        end = time.time() + 120
+        while time.time() < end:  # ask while the models load: our 503, not a 500
+            try:
+                r = httpx2.post(url, json=body, headers={"Authorization": f"Bearer {KEYS['alpha']}"}, timeout=10)
+            except httpx2.TransportError as e:
+                observed.append((0, type(e).__name__))
+                time.sleep(0.3)
+                continue
+            if r.status_code == 200:
+                break
+            observed.append((r.status_code, r.text))
+            time.sleep(0.3)
+        _wait_running(serve, APP)
+        channel = grpc.insecure_channel(f"localhost:{cfg.grpc_port}")
+        yield cfg, channel, observed
+        channel.close()
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+def _base(cfg) -> str:
+    return f"http://localhost:{cfg.http_port}/{APP}"
+
+
+def _client(served, key: str | None = KEYS["alpha"]) -> openai.OpenAI:
+    cfg = served[0]
+    return openai.OpenAI(api_key=key or "none", base_url=_base(cfg) + "/v1", max_retries=0, timeout=120,
+                         default_headers=None if key else {"Authorization": ""})
+
+
+def _sessions() -> tuple[list[str], list[str]]:
+    from ray import serve
+
+    d = serve.get_deployment_handle("Draft", app_name=APP).Sessions.remote().result(timeout_s=30)
+    t = serve.get_deployment_handle("Target", app_name=APP).Sessions.remote().result(timeout_s=30)
+    return d, t
+
+
+def _wait_no_sessions(timeout_s: float = 20) -> tuple[list[str], list[str]]:
+    end = time.time() + timeout_s
+    while True:
+        d, t = _sessions()
+        if (not d and not t) or time.time() > end:
+            return d, t
+        time.sleep(0.1)
+
+
+def test_loading_answers_503_in_openai_shape(served):
+    _, _, observed = served
+    assert not [o for o in observed if o[0] == 500], observed
+    ours = [json.loads(text) for status, text in observed if status == 503 and '"service_unavailable"' in text]
+    assert ours, f"no 503 'still loading' while deploying: {observed}"
+    assert ours[0]["error"]["message"] == "the models are still loading; retry in a few seconds"
+
+
+def test_completions_and_chat_equal_the_grpc_api(served, models):
+    cfg, channel, _ = served
+    stub = pb_grpc.SpecDecStub(channel)
+    client = _client(served)
+    target = load_tiny(models[0])
+    # completions, greedy, draft proposer: the gRPC answer, the target's own
+    req = pb.GenerateRequest(prompt=PROMPT, max_tokens=16, ignore_eos=True,
+                             speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=4))
+    g = stub.Generate(req, metadata=MD, timeout=60)
+    assert list(g.token_ids) == target_greedy(target, target.tokenizer.encode(PROMPT), 16)
+    args = dict(model=APP, prompt=PROMPT, max_tokens=16, temperature=0,
+                extra_body={"ignore_eos": True, "speculation": {"proposer": "draft", "max_k": 4}})
+    unary = client.completions.create(**args)
+    assert unary.choices[0].model_extra["token_ids"] == list(g.token_ids) and unary.choices[0].text == g.text
+    assert unary.model_extra["speculation_stats"]["proposed"] > 0
+    chunks = list(client.completions.create(stream=True, **args))
+    assert sum((c.choices[0].model_extra["token_ids"] for c in chunks), []) == list(g.token_ids)
+    assert "".join(c.choices[0].text for c in chunks) == g.text
+    # chat, seeded sampling: the same sample on both APIs
+    msgs = [{"role": "user", "content": "write add"}]
+    req = pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(**m) for m in msgs]), max_tokens=12,
+                             ignore_eos=True, sampling=pb.SamplingParams(temperature=0.8, top_p=0.9, seed=5))
+    g = stub.Generate(req, metadata=MD, timeout=60)
+    args = dict(model=APP, messages=msgs, max_tokens=12, temperature=0.8, top_p=0.9, seed=5,
+                extra_body={"ignore_eos": True})
+    unary = client.chat.completions.create(**args)
+    assert unary.choices[0].model_extra["token_ids"] == list(g.token_ids)
+    assert unary.choices[0].message.content == g.text
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **args))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == g.text
+    assert chunks[-1].usage.completion_tokens == 12 and chunks[-1].usage.prompt_tokens == g.usage.prompt_tokens
+
+
+def test_every_error_status_from_a_real_bad_request(served):
+    chat = dict(model=APP, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as e400:
+        _client(served).chat.completions.create(**{**chat, "max_tokens": 0})
+    assert e400.value.body["message"] == "invalid request: max_tokens: Input should be greater than or equal to 1"
+    with pytest.raises(openai.AuthenticationError) as e401:
+        _client(served, key="sk-not-a-key").chat.completions.create(**chat)
+    assert e401.value.body["message"] == "unknown API key"
+    with pytest.raises(openai.NotFoundError) as e404:
+        _client(served).chat.completions.create(**{**chat, "model": "gpt-4o"})
+    assert e404.value.body["type"] == "not_found_error"
+    # tenant small: 40 tokens per minute, 1 + 8 reserved per request
+    small = _client(served, KEYS["small"])
+    with pytest.raises(openai.RateLimitError) as e429:
+        for _ in range(10):
+            small.completions.create(model=APP, prompt="x", max_tokens=8, temperature=0,
+                                     extra_body={"ignore_eos": True, "speculation": {"proposer": "ngram"}})
+    assert e429.value.body["code"] == "tokens_per_minute"
+    assert 1 <= int(e429.value.response.headers["retry-after"]) <= 14
+
+
+def test_grpc_and_http_give_the_same_message_for_the_same_bad_request(served):
+    _, channel, _ = served
+    with pytest.raises(grpc.RpcError) as info:
+        pb_grpc.SpecDecStub(channel).Generate(
+            pb.GenerateRequest(prompt=PROMPT, sampling=pb.SamplingParams(temperature=1.0, top_p=1.5)),
+            metadata=MD, timeout=30)
+    with pytest.raises(openai.BadRequestError) as e:
+        _client(served).completions.create(model=APP, prompt=PROMPT, top_p=1.5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.body["message"] == info.value.details()
+
+
+def test_disconnect_cancels_the_generation_and_frees_both_caches(served):
+    cfg = served[0]
+    assert _wait_no_sessions() == ([], [])
+    body = {"model": APP, "prompt": PROMPT, "max_tokens": 220, "temperature": 0, "stream": True, "ignore_eos": True,
+            "speculation": {"proposer": "none"}}
+    with httpx2.Client(timeout=60) as http:
+        with http.stream("POST", _base(cfg) + "/v1/completions", json=body,
+                         headers={"Authorization": f"Bearer {KEYS['alpha']}"}) as resp:
+            assert resp.status_code == 200
+            lines = resp.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            assert json.loads(first[6:])["choices"][0]["token_ids"]
+            d, t = _sessions()
+            assert len(d) == 1 and d == t  # held while streaming
+        # leaving the block closes the connection mid-stream
+    assert _wait_no_sessions() == ([], [])
+
+
+def test_every_http_path_answers(served):
+    cfg = served[0]
+    root = httpx2.get(_base(cfg), timeout=30)
+    assert root.status_code == 200 and root.json()["openai_base_url"] == f"/{APP}/v1"
+    nope = httpx2.get(_base(cfg) + "/v2/whatever", timeout=30)
+    assert nope.status_code == 404 and nope.json()["error"]["type"] == "not_found_error"
+    assert [m.id for m in _client(served).models.list()] == [APP]
+
+
+def test_grpc_health_and_reflection_still_answer(served):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    _, channel, _ = served
+    health = health_pb2_grpc.HealthStub(channel)
+    for service in ("", "specdec.v1.SpecDec"):
+        assert health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status == \
+            health_pb2.HealthCheckResponse.SERVING
+    assert {"specdec.v1.SpecDec", "grpc.health.v1.Health"} <= set(ProtoReflectionDescriptorDatabase(channel).get_services())
+    res = convert.join_chunks(list(pb_grpc.SpecDecStub(channel).GenerateStream(
+        pb.GenerateRequest(prompt=PROMPT, max_tokens=4, ignore_eos=True), metadata=MD, timeout=60)))
+    assert len(res.token_ids) == 4
