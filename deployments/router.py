@@ -221,7 +221,7 @@ class Router:
         Raises:
             InvalidRequestError, AuthenticationError, ResourceExhaustedError, ModelNotReadyError.
         """
-        req = parse_request(dict(data))
+        req = parse_request(dict(data), convert.PROTO_FIELD_NAMES)  # fields named as the caller sent them
         proposer, k = self._hints(data)
         spec_given = data.get("speculation") or {}
         spec_update: dict = {"proposer": proposer, "k": k}

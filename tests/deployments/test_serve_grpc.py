@@ -251,7 +251,7 @@ def test_stream_concatenates_to_unary(served):
     [
         (pb.GenerateRequest(prompt=""), "prompt is empty"),
         (pb.GenerateRequest(prompt="x", max_tokens=0), "max_tokens"),
-        (pb.GenerateRequest(prompt="x", speculation=pb.SpeculationHints(max_k=99)), "speculation.k"),
+        (pb.GenerateRequest(prompt="x", speculation=pb.SpeculationHints(max_k=99)), "speculation.max_k"),
         (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(temperature=1.0, top_p=1.5)), "top_p"),
         (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5] * 300)), "prompt is 300 tokens"),
         (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1, 99999])), "outside the vocabulary"),
