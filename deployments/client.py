@@ -131,6 +131,13 @@ def build_request(
     proposer: str | None = None,
     k: int | None = None,
     draft_min_confidence: float | None = None,
+    min_p: float = 0.0,
+    repetition_penalty: float | None = None,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    logit_bias: dict[int, float] | None = None,
+    min_tokens: int = 0,
+    top_logprobs: int = 0,
 ) -> pb.GenerateRequest:
     """A GenerateRequest proto from keyword arguments (unset ones are left to the server).
 
@@ -138,16 +145,22 @@ def build_request(
         InvalidArgument: a value the wire format cannot carry (a negative count or id, a
             non-number), checked here rather than sent; ranges are the server's to check.
     """
-    for name, value in (("max_tokens", max_tokens), ("top_k", top_k), ("k", k), ("seed", seed)):
+    for name, value in (("max_tokens", max_tokens), ("top_k", top_k), ("k", k), ("seed", seed),
+                        ("min_tokens", min_tokens), ("top_logprobs", top_logprobs)):
         if value is not None and (not isinstance(value, int) or value < 0):
             raise InvalidArgument("INVALID_ARGUMENT", f"{name} must be a whole number >= 0, got {value!r}")
     if any(not isinstance(t, int) or t < 0 for t in list(stop_token_ids) + list(prompt_token_ids or ())):
         raise InvalidArgument("INVALID_ARGUMENT", "token ids must be whole numbers >= 0")
-    for name, value in (("temperature", temperature), ("top_p", top_p), ("draft_min_confidence", draft_min_confidence)):
+    if any(not isinstance(t, int) or t < 0 for t in (logit_bias or {})):
+        raise InvalidArgument("INVALID_ARGUMENT", "logit_bias keys must be token ids (whole numbers >= 0)")
+    for name, value in (("temperature", temperature), ("top_p", top_p), ("draft_min_confidence", draft_min_confidence),
+                        ("min_p", min_p), ("repetition_penalty", repetition_penalty),
+                        ("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty),
+                        *(("logit_bias", v) for v in (logit_bias or {}).values())):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise InvalidArgument("INVALID_ARGUMENT", f"{name} must be a number, got {value!r}")
     msg = pb.GenerateRequest(stop=list(stop), stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos,
-                             logprobs=logprobs)
+                             logprobs=logprobs, min_tokens=min_tokens, top_logprobs=top_logprobs)
     if prompt is not None:
         msg.prompt = prompt
     elif messages is not None:
@@ -156,7 +169,12 @@ def build_request(
         msg.prompt_token_ids.CopyFrom(pb.TokenIds(ids=list(prompt_token_ids)))
     if max_tokens is not None:
         msg.max_tokens = max_tokens
-    sampling = pb.SamplingParams(temperature=temperature, top_k=top_k)
+    sampling = pb.SamplingParams(temperature=temperature, top_k=top_k, min_p=min_p, presence_penalty=presence_penalty,
+                                 frequency_penalty=frequency_penalty)
+    if repetition_penalty is not None:
+        sampling.repetition_penalty = repetition_penalty
+    for tid, bias in (logit_bias or {}).items():
+        sampling.logit_bias[tid] = bias
     if top_p is not None:
         sampling.top_p = top_p
     if seed is not None:

@@ -20,6 +20,7 @@ import torch
 
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
+from specdec.engine.processors import LogitProcessing
 from specdec.request import GenerationRequest, SamplingParams, parse_request
 from specdec.types import (
     DraftBlock,
@@ -62,6 +63,16 @@ def sampling_to_dict(msg: pb.SamplingParams) -> dict:
         out["top_p"] = msg.top_p
     if msg.HasField("seed"):
         out["seed"] = msg.seed
+    if msg.min_p:
+        out["min_p"] = msg.min_p
+    if msg.HasField("repetition_penalty"):
+        out["repetition_penalty"] = msg.repetition_penalty
+    if msg.presence_penalty:
+        out["presence_penalty"] = msg.presence_penalty
+    if msg.frequency_penalty:
+        out["frequency_penalty"] = msg.frequency_penalty
+    if msg.logit_bias:
+        out["logit_bias"] = {int(k): float(v) for k, v in sorted(msg.logit_bias.items())}
     return out
 
 
@@ -72,9 +83,15 @@ def sampling_from_proto(msg: pb.SamplingParams) -> SamplingParams:
 
 def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
     """Core SamplingParams -> proto (``seed`` left unset when None)."""
-    msg = pb.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+    msg = pb.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                            min_p=params.min_p, presence_penalty=params.presence_penalty,
+                            frequency_penalty=params.frequency_penalty)
     if params.seed is not None:
         msg.seed = params.seed
+    if params.repetition_penalty != 1.0:
+        msg.repetition_penalty = params.repetition_penalty
+    for k, v in params.logit_bias.items():
+        msg.logit_bias[int(k)] = float(v)
     return msg
 
 
@@ -100,6 +117,10 @@ def request_to_dict(req: pb.GenerateRequest) -> dict:
         data["ignore_eos"] = True
     if req.logprobs:
         data["logprobs"] = True
+    if req.top_logprobs:
+        data["top_logprobs"] = req.top_logprobs
+    if req.min_tokens:
+        data["min_tokens"] = req.min_tokens
     if req.HasField("speculation"):
         spec: dict = {}
         if req.speculation.proposer != pb.PROPOSER_UNSPECIFIED:
@@ -136,6 +157,8 @@ def request_to_proto(req: GenerationRequest) -> pb.GenerateRequest:
         stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos,
         logprobs=req.logprobs,
+        top_logprobs=req.top_logprobs,
+        min_tokens=req.min_tokens,
         speculation=pb.SpeculationHints(proposer=PROPOSER_TO_PROTO[req.speculation.proposer], max_k=req.speculation.k,
                                         draft_min_confidence=req.speculation.draft_min_confidence),
     )
@@ -207,6 +230,16 @@ def usage_to_proto(usage: Usage) -> pb.Usage:
     return pb.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
 
 
+def top_logprobs_to_proto(top: Sequence[Sequence[tuple[int, float]]] | None) -> list[pb.TopLogprobs]:
+    """Per token ``[(id, logprob), ...]`` -> TopLogprobs messages (empty list for None)."""
+    return [pb.TopLogprobs(ids=[int(i) for i, _ in row], logprobs=[float(v) for _, v in row]) for row in top or []]
+
+
+def top_logprobs_from_proto(msgs) -> list[list[tuple[int, float]]]:
+    """TopLogprobs messages -> per token ``[(id, logprob), ...]``."""
+    return [list(zip((int(i) for i in m.ids), (float(v) for v in m.logprobs))) for m in msgs]
+
+
 def result_to_proto(result: GenerationResult) -> pb.GenerateResponse:
     """Finished core generation -> unary GenerateResponse."""
     return pb.GenerateResponse(
@@ -217,6 +250,7 @@ def result_to_proto(result: GenerationResult) -> pb.GenerateResponse:
         usage=usage_to_proto(result.usage),
         stats=stats_to_proto(result.stats),
         elapsed_s=result.elapsed_s,
+        top_logprobs=top_logprobs_to_proto(result.top_logprobs),
     )
 
 
@@ -230,6 +264,7 @@ def result_from_proto(msg: pb.GenerateResponse, want_logprobs: bool = False) -> 
         stats=stats_from_proto(msg.stats),
         logprobs=list(msg.logprobs) if (want_logprobs or msg.logprobs) else None,
         elapsed_s=msg.elapsed_s,
+        top_logprobs=top_logprobs_from_proto(msg.top_logprobs) if msg.top_logprobs else None,
     )
 
 
@@ -240,7 +275,8 @@ def chunk_to_proto(
     elapsed_s: float = 0.0,
 ) -> pb.GenerateStreamChunk:
     """Core chunk -> stream chunk; pass ``usage``/``stats``/``elapsed_s`` on the last chunk only."""
-    msg = pb.GenerateStreamChunk(text=chunk.text, token_ids=chunk.token_ids, logprobs=chunk.logprobs or [])
+    msg = pb.GenerateStreamChunk(text=chunk.text, token_ids=chunk.token_ids, logprobs=chunk.logprobs or [],
+                                 top_logprobs=top_logprobs_to_proto(chunk.top_logprobs))
     if chunk.finish_reason is not None:
         msg.finish_reason = FINISH_REASON_TO_PROTO[chunk.finish_reason]
         msg.elapsed_s = elapsed_s
@@ -258,6 +294,7 @@ def join_chunks(chunks: Sequence[pb.GenerateStreamChunk]) -> pb.GenerateResponse
         out.text += c.text
         out.token_ids.extend(c.token_ids)
         out.logprobs.extend(c.logprobs)
+        out.top_logprobs.extend(c.top_logprobs)
         if c.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
             out.finish_reason = c.finish_reason
             out.usage.CopyFrom(c.usage)
@@ -270,12 +307,36 @@ def join_chunks(chunks: Sequence[pb.GenerateStreamChunk]) -> pb.GenerateResponse
 
 
 def session_open_to_proto(
-    token_ids: Sequence[int], sampling: SamplingParams, seed: int, logprobs: bool
+    token_ids: Sequence[int], sampling: SamplingParams, seed: int, logprobs: bool,
+    processing: LogitProcessing | None = None, top_logprobs: int = 0,
 ) -> xpb.SessionOpen:
-    """What the target needs to (re)open a session after ``token_ids``."""
-    return xpb.SessionOpen(
-        token_ids=token_ids, sampling=sampling_to_proto(sampling), seed=seed, logprobs=logprobs
+    """What the target needs to (re)open a session after ``token_ids`` (with the request's
+    output-dependent processing, whose penalties and bias travel in ``sampling``)."""
+    msg = xpb.SessionOpen(
+        token_ids=token_ids, sampling=sampling_to_proto(sampling), seed=seed, logprobs=logprobs,
+        top_logprobs=top_logprobs,
     )
+    if processing is not None:
+        msg.prompt_len = processing.prompt_len
+        msg.min_tokens = processing.min_tokens
+        msg.suppress_token_ids.extend(processing.suppress_ids)
+    return msg
+
+
+def session_open_options(msg: xpb.SessionOpen) -> dict:
+    """The keyword options of ``TargetVerifier.open_session`` a SessionOpen carries beyond
+    :func:`session_open_from_proto`'s four: ``processing`` and ``top_logprobs``."""
+    s = sampling_from_proto(msg.sampling)
+    processing = LogitProcessing(
+        prompt_len=int(msg.prompt_len),
+        logit_bias=dict(s.logit_bias),
+        repetition_penalty=s.repetition_penalty,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        min_tokens=int(msg.min_tokens),
+        suppress_ids=tuple(int(t) for t in msg.suppress_token_ids),
+    )
+    return {"processing": processing if processing.active else None, "top_logprobs": int(msg.top_logprobs)}
 
 
 def session_open_from_proto(msg: xpb.SessionOpen) -> tuple[list[int], SamplingParams, int, bool]:
@@ -333,6 +394,7 @@ def verify_result_to_proto(result: VerifyResult, target_time_s: float = 0.0) -> 
         logprobs=result.logprobs or [],
         committed_len=result.committed_len,
         target_time_s=target_time_s,
+        top_logprobs=top_logprobs_to_proto(result.top_logprobs),
     )
 
 
@@ -350,4 +412,5 @@ def verify_result_from_proto(msg: xpb.VerificationResult, want_logprobs: bool) -
         token_ids=list(msg.token_ids),
         logprobs=list(msg.logprobs) if want_logprobs else None,
         committed_len=msg.committed_len,
+        top_logprobs=top_logprobs_from_proto(msg.top_logprobs) if msg.top_logprobs else None,
     )

@@ -110,15 +110,19 @@ class RemoteTargetSession:
         logprobs: whether the target returns log-probabilities.
         send: the transport, ``send("Verify" | "CloseSession", payload) -> reply``.
         clock: seconds clock (tests inject one).
+        processing: the request's output-dependent logit processing (sent with ``open``).
+        top_logprobs: with logprobs, the N most likely tokens per emitted token (0: none).
     """
 
     def __init__(self, session_id: str, history, sampling, seed: int, logprobs: bool, send: Send,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, processing: Any = None, top_logprobs: int = 0):
         self.session_id = session_id
         self._history = [int(t) for t in history]
         self.sampling = sampling
         self.seed = seed
         self.want_logprobs = logprobs
+        self.processing = processing
+        self.top_logprobs = top_logprobs
         self._send = send
         self._clock = clock
         self._needs_open = True
@@ -135,7 +139,8 @@ class RemoteTargetSession:
         return self._history
 
     def _open_msg(self) -> xpb.SessionOpen:
-        return convert.session_open_to_proto(self._history, self.sampling, self.seed, self.want_logprobs)
+        return convert.session_open_to_proto(self._history, self.sampling, self.seed, self.want_logprobs,
+                                             self.processing, self.top_logprobs)
 
     def verify(self, block: DraftBlock) -> VerifyResult:
         """Send one block, get its verification (rebuilding the remote session when asked).
@@ -285,6 +290,7 @@ class Draft:
         from specdec.engine.proposers.draft_model import draft_options
         from specdec.engine.proposers.prompt_lookup import PromptLookupProposer
         from specdec.engine.sampling import derive_seeds
+        from specdec.engine.processors import LogitProcessing
         from specdec.engine.stopping import OutputAssembler
 
         req = convert.request_from_proto(job.request)
@@ -299,16 +305,19 @@ class Draft:
         seed = req.sampling.seed if req.sampling.seed is not None else 0
         draft_seed, target_seed = derive_seeds(seed)
         spec = req.speculation
+        processing = LogitProcessing.for_request(req, len(prompt), info.eos_token_ids)
         proposer = None
         if spec.k > 0 and spec.proposer == "draft":
             if self.draft_proposer is None:
                 raise InvalidRequestError("proposer 'draft' needs a draft model; none is loaded")
-            proposer = self.draft_proposer.open_session(history, req.sampling, draft_seed, **draft_options(spec))
+            proposer = self.draft_proposer.open_session(history, req.sampling, draft_seed, **processing.options(),
+                                                        **draft_options(spec))
         elif spec.k > 0 and spec.proposer == "ngram":
             ngram = PromptLookupProposer(spec.ngram_min, spec.ngram_max, eos_ids=info.eos_token_ids)
             proposer = ngram.open_session(history, req.sampling, draft_seed)
         target = RemoteTargetSession(
-            job.session_id, history, req.sampling, target_seed, req.logprobs, self._send_factory(job.session_id)
+            job.session_id, history, req.sampling, target_seed, req.logprobs, self._send_factory(job.session_id),
+            processing=processing if processing.active else None, top_logprobs=req.top_logprobs,
         )
         assembler = OutputAssembler(
             info.tokenizer,
@@ -317,6 +326,7 @@ class Draft:
             stop_token_ids=req.stop_token_ids,
             stop=req.stop,
             logprobs=req.logprobs,
+            top_logprobs=req.top_logprobs,
         )
         skip = 0
         if resumed:
@@ -381,7 +391,8 @@ class Draft:
                     cut = min(skip, len(text))
                     text, skip = text[cut:], skip - cut
                 last = chunk.finish_reason is not None
-                msg = pb.GenerateStreamChunk(text=text, token_ids=chunk.token_ids, logprobs=chunk.logprobs or [])
+                msg = pb.GenerateStreamChunk(text=text, token_ids=chunk.token_ids, logprobs=chunk.logprobs or [],
+                                             top_logprobs=convert.top_logprobs_to_proto(chunk.top_logprobs))
                 if last:
                     res = gen.result()
                     msg = convert.chunk_to_proto(chunk, res.usage, res.stats, time.perf_counter() - t0)

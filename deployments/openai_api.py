@@ -23,8 +23,10 @@ content parts of type ``text`` are joined); ``max_tokens`` / ``max_completion_to
 ``max_tokens`` (completions default 16 as OpenAI's, chat the server's 128); ``temperature``
 (default 1.0, as OpenAI: send 0 for greedy), ``top_p``, ``seed`` and the non-OpenAI ``top_k``
 (``-1`` = off, as vLLM) -> ``sampling``; ``stop`` (a string or a list) -> ``stop``;
-``stop_token_ids``, ``ignore_eos`` as is; ``speculation: {proposer, max_k,
-draft_min_confidence}`` -> ``speculation``. ``n`` runs n independent generations (each admitted
+``min_p``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` ->
+``sampling``; ``stop_token_ids``, ``ignore_eos``, ``min_tokens`` as is; ``logprobs`` (chat:
+``true`` with ``top_logprobs`` N; completions: the integer N) -> ``logprobs`` + ``top_logprobs``;
+``speculation: {proposer, max_k, draft_min_confidence}`` -> ``speculation``. ``n`` runs n independent generations (each admitted
 as one request; with a ``seed``, choice i uses ``seed + i``). ``user`` is accepted and ignored.
 
 Responses follow OpenAI's shapes: ``finish_reason`` ``stop`` (EOS, a stop token, a stop string)
@@ -121,9 +123,8 @@ _FIELDS = {
     "chat": _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                        "response_format", "parallel_tool_calls"},
 }
-#: Sampling fields not supported yet, with their neutral value (a neutral value is accepted).
-_NOT_YET = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_p": 0, "min_tokens": 0,
-            "logit_bias": {}}
+#: Body fields that go into the core request's ``sampling`` as they are.
+_SAMPLING = ("top_p", "seed", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias")
 
 
 @dataclass
@@ -237,9 +238,6 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
     if model not in model_ids:
         raise ModelNotFoundError(f"the model '{model}' does not exist; this server serves "
                                  + ", ".join(repr(m) for m in model_ids))
-    for name, neutral in _NOT_YET.items():
-        if name in body and body[name] != neutral:
-            raise InvalidRequestError(f"{name} is not supported yet")
     n = body.get("n", 1)
     if not _is_int(n) or not 1 <= n <= MAX_N:
         raise InvalidRequestError(f"n must be a whole number in 1..{MAX_N}, got {n!r}")
@@ -298,11 +296,9 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
             if not want:
                 raise InvalidRequestError("top_logprobs needs logprobs: true")
         top = (top or 0) if want else None
-    if top:
-        raise InvalidRequestError("top-N logprobs are not supported yet: ask for the sampled token's only (0)")
 
     sampling: dict = {"temperature": body.get("temperature", 1.0)}  # OpenAI's default
-    for name in ("top_p", "seed"):
+    for name in _SAMPLING:
         if name in body:
             sampling[name] = body[name]
     if "top_k" in body:
@@ -311,11 +307,13 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
     if "stop" in body:
         stop = body["stop"]
         data["stop"] = [stop] if isinstance(stop, str) else stop
-    for name in ("stop_token_ids", "ignore_eos"):
+    for name in ("stop_token_ids", "ignore_eos", "min_tokens"):
         if name in body:
             data[name] = body[name]
     if top is not None:
         data["logprobs"] = True
+        if top:
+            data["top_logprobs"] = top
     if "speculation" in body:
         spec = body["speculation"]
         if not isinstance(spec, Mapping):
@@ -423,23 +421,35 @@ class TokenText:
         return t
 
 
-def completion_logprobs(ids: Sequence[int], logprobs: Sequence[float], text: TokenText, offset: int = 0) -> dict:
-    """Completions' ``logprobs`` object: tokens, token_logprobs, top_logprobs, text_offset."""
+def completion_logprobs(ids: Sequence[int], logprobs: Sequence[float], text: TokenText, offset: int = 0,
+                        top: Sequence[pb.TopLogprobs] = ()) -> dict:
+    """Completions' ``logprobs`` object: tokens, token_logprobs, top_logprobs (per position a
+    dict token text -> logprob, or None when N = 0), text_offset."""
     tokens = [text(t) for t in ids]
     offsets = []
     for tok in tokens:
         offsets.append(offset)
         offset += len(tok)
-    return {"tokens": tokens, "token_logprobs": [float(x) for x in logprobs], "top_logprobs": None,
+    tops = [{text(i): float(v) for i, v in zip(m.ids, m.logprobs)} for m in top] if top else None
+    return {"tokens": tokens, "token_logprobs": [float(x) for x in logprobs], "top_logprobs": tops,
             "text_offset": offsets}
 
 
-def chat_logprobs(ids: Sequence[int], logprobs: Sequence[float], text: TokenText) -> dict:
-    """Chat's ``logprobs`` object: ``content`` = one entry per token."""
+def _token_entry(text: TokenText, token_id: int, logprob: float) -> dict:
+    s = text(token_id)
+    return {"token": s, "logprob": float(logprob), "bytes": list(s.encode("utf-8"))}
+
+
+def chat_logprobs(ids: Sequence[int], logprobs: Sequence[float], text: TokenText,
+                  top: Sequence[pb.TopLogprobs] = ()) -> dict:
+    """Chat's ``logprobs`` object: ``content`` = one entry per token, each with its
+    ``top_logprobs`` alternatives (most likely first)."""
     content = []
-    for t, lp in zip(ids, logprobs):
-        s = text(t)
-        content.append({"token": s, "logprob": float(lp), "bytes": list(s.encode("utf-8")), "top_logprobs": []})
+    for j, (t, lp) in enumerate(zip(ids, logprobs)):
+        entry = _token_entry(text, t, lp)
+        alts = top[j] if j < len(top) else None
+        entry["top_logprobs"] = [_token_entry(text, i, v) for i, v in zip(alts.ids, alts.logprobs)] if alts else []
+        content.append(entry)
     return {"content": content}
 
 
@@ -457,8 +467,8 @@ def unary_response(req: OpenAIRequest, results: Sequence[pb.GenerateResponse], t
         choice: dict = {"index": i}
         lp = None
         if req.top_logprobs is not None:
-            lp = (completion_logprobs(r.token_ids, r.logprobs, text) if req.endpoint == "completions"
-                  else chat_logprobs(r.token_ids, r.logprobs, text))
+            lp = (completion_logprobs(r.token_ids, r.logprobs, text, top=r.top_logprobs) if req.endpoint == "completions"
+                  else chat_logprobs(r.token_ids, r.logprobs, text, top=r.top_logprobs))
         if req.endpoint == "completions":
             choice["text"] = r.text
         else:
@@ -493,8 +503,8 @@ def stream_chunk(req: OpenAIRequest, index: int, chunk: pb.GenerateStreamChunk, 
     last = chunk.finish_reason != pb.FINISH_REASON_UNSPECIFIED
     lp = None
     if req.top_logprobs is not None:
-        lp = (completion_logprobs(chunk.token_ids, chunk.logprobs, text, offset) if req.endpoint == "completions"
-              else chat_logprobs(chunk.token_ids, chunk.logprobs, text))
+        lp = (completion_logprobs(chunk.token_ids, chunk.logprobs, text, offset, chunk.top_logprobs)
+              if req.endpoint == "completions" else chat_logprobs(chunk.token_ids, chunk.logprobs, text, chunk.top_logprobs))
     choice: dict = {"index": index}
     if req.endpoint == "completions":
         choice["text"] = chunk.text

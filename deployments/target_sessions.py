@@ -54,7 +54,8 @@ class TargetSessionTable:
             if session is not None:
                 session.close()
             try:
-                session = self.verifier.open_session(ids, sampling, seed, logprobs)
+                session = self.verifier.open_session(ids, sampling, seed, logprobs,
+                                                     **convert.session_open_options(msg.open))
             except ValueError as e:
                 raise InvalidRequestError(str(e)) from None
             self.sessions[msg.session_id] = session

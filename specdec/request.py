@@ -31,9 +31,10 @@ class ChatMessage(BaseModel):
 class SamplingParams(BaseModel):
     """How the target's next-token distribution is turned into a token.
 
-    ``temperature == 0`` means greedy decoding (argmax, lowest id on ties). Otherwise
-    temperature, then top-k, then top-p are applied, identically to draft and target
-    distributions (see :mod:`specdec.engine.sampling`).
+    ``temperature == 0`` means greedy decoding (argmax, lowest id on ties). First the
+    output-dependent processors (``logit_bias``, repetition, presence and frequency penalties;
+    :mod:`specdec.engine.processors`), then temperature, top-k, top-p and min-p are applied, identically
+    to draft and target distributions at every position (see :mod:`specdec.engine.sampling`).
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -41,6 +42,25 @@ class SamplingParams(BaseModel):
     top_k: int = Field(0, ge=0, description="0 disables top-k")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, lt=2**63, description="per-request seed; None draws one")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="drop tokens below min_p x the top probability; 0: off")
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, le=10.0,
+        description="over prompt and output: a seen token's positive logit / penalty, negative x penalty; 1: off",
+    )
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="OpenAI's: subtracted once per token in the output")
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="OpenAI's: subtracted per occurrence in the output")
+    logit_bias: dict[int, float] = Field(
+        default_factory=dict, max_length=1024, description="token id -> bias added to its logit (-100..100)",
+    )
+
+    @model_validator(mode="after")
+    def _bias_range(self) -> "SamplingParams":
+        for tid, bias in self.logit_bias.items():
+            if tid < 0:
+                raise ValueError(f"logit_bias: token id {tid} is negative")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias: the bias of token {tid} must be in -100..100, got {bias}")
+        return self
 
     @property
     def greedy(self) -> bool:
@@ -85,6 +105,8 @@ class GenerationRequest(BaseModel):
     stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
     ignore_eos: bool = False
     logprobs: bool = False
+    top_logprobs: int = Field(0, ge=0, le=20, description="with logprobs: the target's N most likely ids per position")
+    min_tokens: int = Field(0, ge=0, le=1_000_000, description="EOS and stop token ids masked until this many tokens")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     speculation: SpeculationParams = Field(default_factory=SpeculationParams)
 
@@ -101,6 +123,10 @@ class GenerationRequest(BaseModel):
             raise ValueError("prompt_token_ids is empty")
         if any(s == "" for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         return self
 
 

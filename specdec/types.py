@@ -86,12 +86,15 @@ class VerifyResult:
         committed_len: total sequence length (prompt + generated, in tokens) after this step.
             Both caches keep at most ``committed_len - 1`` positions: the last emitted token has
             not been fed to either model yet.
+        top_logprobs: per emitted token, the target's N most likely ``(id, logprob)`` pairs
+            (same distribution as ``logprobs``, most likely first), or None when not requested.
     """
 
     accepted: int
     token_ids: list[int]
     logprobs: list[float] | None
     committed_len: int
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class FinishReason(str, enum.Enum):
@@ -196,12 +199,15 @@ class GenerationChunk:
         token_ids: new token ids, cut at the same boundary as the text.
         logprobs: target log-probabilities of ``token_ids``, or None if not requested.
         finish_reason: set on the last chunk only.
+        top_logprobs: per token of ``token_ids``, the target's N most likely ``(id, logprob)``
+            pairs, or None if not requested.
     """
 
     text: str
     token_ids: list[int]
     logprobs: list[float] | None = None
     finish_reason: FinishReason | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass
@@ -215,6 +221,7 @@ class GenerationResult:
     stats: SpeculationStats
     logprobs: list[float] | None = None
     elapsed_s: float = 0.0
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
     def as_dict(self) -> dict:
         """Plain data (the JSON that ``specdec generate --json`` and ``specdec client --json`` print)."""
@@ -225,5 +232,6 @@ class GenerationResult:
             "usage": {"prompt_tokens": self.usage.prompt_tokens, "completion_tokens": self.usage.completion_tokens},
             "stats": self.stats.as_dict(),
             "logprobs": self.logprobs,
+            "top_logprobs": self.top_logprobs,
             "elapsed_s": self.elapsed_s,
         }

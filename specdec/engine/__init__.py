@@ -6,8 +6,10 @@
 - :mod:`~specdec.engine.verifier`: greedy verification and modified rejection sampling; the
   target session.
 - :mod:`~specdec.engine.proposers`: the draft model and prompt lookup (one interface).
-- :mod:`~specdec.engine.sampling`: warping (temperature/top-k/top-p), greedy tie-break, sparse
-  proposals, per-position seeds.
+- :mod:`~specdec.engine.sampling`: warping (temperature/top-k/top-p/min-p), greedy tie-break,
+  sparse proposals, per-position seeds.
+- :mod:`~specdec.engine.processors`: logit bias, repetition/presence/frequency penalties and
+  min_tokens, applied to p and q at every position of a block against the prefix that ends there.
 - :mod:`~specdec.engine.kv_cache`: a token sequence with its KV cache, cut back to the accepted
   prefix.
 - :mod:`~specdec.engine.stopping`: incremental detokenization, stop conditions, safe streaming.

@@ -114,7 +114,7 @@ class Generation:
         self.stats.record_step(block.k, result.accepted, t1 - t0, t2 - t1)
         if self.proposer is not None:
             self.proposer.commit(result.token_ids)
-        self.assembler.add(result.token_ids, result.logprobs)
+        self.assembler.add(result.token_ids, result.logprobs, result.top_logprobs)
         if not self.finished and self.target.committed_len >= self.max_total_len:
             self.assembler.finish(FinishReason.CONTEXT_LENGTH)
         if self.finished:
@@ -163,6 +163,7 @@ class Generation:
             usage=Usage(prompt_tokens=self.prompt_len, completion_tokens=len(a.token_ids)),
             stats=self.stats,
             logprobs=list(a.logprobs) if a.want_logprobs else None,
+            top_logprobs=[list(t) for t in a.top_logprobs] if a.want_top else None,
             elapsed_s=end - self._started,
         )
 

@@ -14,6 +14,7 @@ from specdec.errors import InvalidRequestError, PromptTooLongError
 from specdec.models.loaded import LoadedModel
 from specdec.engine.proposers.draft_model import DEFAULT_TOP_M, DraftModelProposer, draft_options
 from specdec.engine.proposers.prompt_lookup import PromptLookupProposer
+from specdec.engine.processors import LogitProcessing
 from specdec.request import GenerationRequest
 from specdec.engine.stopping import OutputAssembler
 from specdec.types import GenerationChunk, GenerationResult
@@ -32,6 +33,9 @@ def encode_prompt(tokenizer, request: GenerationRequest, emittable: int) -> list
     bad_stop = [t for t in request.stop_token_ids if not 0 <= t < emittable]
     if bad_stop:  # could never fire: a silent no-op is a wrong answer
         raise InvalidRequestError(f"stop_token_ids: id {bad_stop[0]} is outside the vocabulary 0..{emittable - 1}")
+    bad_bias = [t for t in request.sampling.logit_bias if not 0 <= t < emittable]
+    if bad_bias:
+        raise InvalidRequestError(f"logit_bias: id {bad_bias[0]} is outside the vocabulary 0..{emittable - 1}")
     if request.prompt_token_ids is not None:
         ids = [int(t) for t in request.prompt_token_ids]
         bad = [t for t in ids if not 0 <= t < emittable]
@@ -93,15 +97,18 @@ class SpeculativeEngine:
         seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(63)
         draft_seed, target_seed = derive_seeds(seed)
         spec = request.speculation
+        processing = LogitProcessing.for_request(request, len(prompt), self.target.eos_token_ids)
         proposer_session = None
         if spec.proposer == "draft" and spec.k > 0:
             if self.draft_proposer is None:
                 raise InvalidRequestError("proposer 'draft' needs a draft model; none is loaded")
-            proposer_session = self.draft_proposer.open_session(prompt, request.sampling, draft_seed, **draft_options(spec))
+            proposer_session = self.draft_proposer.open_session(prompt, request.sampling, draft_seed,
+                                                                **processing.options(), **draft_options(spec))
         elif spec.proposer == "ngram" and spec.k > 0:
             ngram = PromptLookupProposer(spec.ngram_min, spec.ngram_max, eos_ids=self.target.eos_token_ids)
             proposer_session = ngram.open_session(prompt, request.sampling, draft_seed)
-        target_session = self.verifier.open_session(prompt, request.sampling, target_seed, logprobs=request.logprobs)
+        target_session = self.verifier.open_session(prompt, request.sampling, target_seed, logprobs=request.logprobs,
+                                                    processing=processing, top_logprobs=request.top_logprobs)
         assembler = OutputAssembler(
             self.target.tokenizer,
             max_tokens=request.max_tokens,
@@ -109,6 +116,7 @@ class SpeculativeEngine:
             stop_token_ids=request.stop_token_ids,
             stop=request.stop,
             logprobs=request.logprobs,
+            top_logprobs=request.top_logprobs,
         )
         return Generation(
             target=target_session,

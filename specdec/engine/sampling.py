@@ -128,11 +128,13 @@ def greedy_token(logits: torch.Tensor) -> torch.Tensor:
 
 
 def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Turn logits into the sampling distribution: temperature, then top-k, then top-p.
+    """Turn logits into the sampling distribution: temperature, then top-k, top-p, min-p.
 
     Follows the semantics of transformers' ``TemperatureLogitsWarper``, ``TopKLogitsWarper``
-    (ties with the k-th value are kept) and ``TopPLogitsWarper`` (the smallest set whose
-    mass reaches ``top_p`` is kept, at least one token).
+    (ties with the k-th value are kept), ``TopPLogitsWarper`` (the smallest set whose
+    mass reaches ``top_p`` is kept, at least one token) and ``MinPLogitsWarper`` (ids below
+    ``min_p`` times the most likely one's probability are dropped, at least one kept). The
+    output-dependent processors (:mod:`specdec.engine.processors`) come before, on the logits.
 
     Args:
         logits: ``[N, V]`` float32 (already masked to emittable ids).
@@ -163,6 +165,13 @@ def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         remove_sorted = cum <= (1.0 - params.top_p)
         remove_sorted[..., -1] = False  # always keep the most likely token
         remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
+        scores = scores.masked_fill(remove, float("-inf"))
+    if params.min_p > 0.0:
+        # transformers' MinPLogitsWarper: drop ids below min_p x the top probability (the top kept)
+        probs = scores.softmax(dim=-1)
+        top = probs.max(dim=-1, keepdim=True).values
+        remove = probs < params.min_p * top
+        remove.scatter_(-1, probs.argmax(dim=-1, keepdim=True), False)
         scores = scores.masked_fill(remove, float("-inf"))
     return scores.softmax(dim=-1)
 

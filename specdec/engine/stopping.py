@@ -159,6 +159,7 @@ class OutputAssembler:
         stop_token_ids: ids that end it with ``FinishReason.STOP_TOKEN``.
         stop: stop strings (non-empty).
         logprobs: whether logprobs are collected.
+        top_logprobs: with logprobs, also keep each token's N most likely alternatives (N > 0).
     """
 
     def __init__(
@@ -170,6 +171,7 @@ class OutputAssembler:
         stop_token_ids: Sequence[int] = (),
         stop: Sequence[str] = (),
         logprobs: bool = False,
+        top_logprobs: int = 0,
     ):
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
@@ -182,6 +184,8 @@ class OutputAssembler:
         self.detok = IncrementalDetokenizer(tokenizer)
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
+        self.want_top = bool(logprobs and top_logprobs)
+        self.top_logprobs: list[list[tuple[int, float]]] = []
         self.finish_reason: FinishReason | None = None
         self._text_end: int | None = None  # text cut (stop string) once finished
         self._sent_text = 0
@@ -201,7 +205,8 @@ class OutputAssembler:
     def _text_len(self) -> int:
         return self.detok.text_len if self._text_end is None else min(self._text_end, self.detok.text_len)
 
-    def add(self, token_ids: Sequence[int], logprobs: Sequence[float] | None = None) -> FinishReason | None:
+    def add(self, token_ids: Sequence[int], logprobs: Sequence[float] | None = None,
+            top_logprobs: Sequence[Sequence[tuple[int, float]]] | None = None) -> FinishReason | None:
         """Add the tokens of one verified block, token by token, until a stop condition fires.
 
         Returns:
@@ -215,6 +220,8 @@ class OutputAssembler:
             self.token_ids.append(tok)
             if self.want_logprobs:
                 self.logprobs.append(float(logprobs[i]) if logprobs is not None else float("nan"))
+            if self.want_top:
+                self.top_logprobs.append(list(top_logprobs[i]) if top_logprobs is not None else [])
             if tok in self.eos_ids:
                 self._finish(FinishReason.EOS)
             elif tok in self.stop_token_ids:
@@ -263,6 +270,7 @@ class OutputAssembler:
         del self.token_ids[keep:]
         if self.want_logprobs:
             del self.logprobs[keep:]
+            del self.top_logprobs[keep:]
         self.finish_reason = FinishReason.STOP_STRING
         return True
 
@@ -303,15 +311,18 @@ class OutputAssembler:
         if self.finished and self._sent_text >= text_len and self._sent_ids >= len(self.token_ids) and self._done_sent:
             return None
         self._sent_text = max(self._sent_text, safe)
+        self._sent_ids_before = self._sent_ids
         self._sent_ids = max(self._sent_ids, n_ids)
         chunk = GenerationChunk(
             text=new_text,
             token_ids=list(new_ids),
             logprobs=(list(new_lp) if new_lp is not None else ([] if self.want_logprobs else None)),
             finish_reason=self.finish_reason,
+            top_logprobs=self.top_logprobs[self._sent_ids_before : self._sent_ids] if self.want_top else None,
         )
         if self.finished:
             self._done_sent = True
         return chunk
 
     _done_sent = False
+    _sent_ids_before = 0

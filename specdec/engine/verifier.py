@@ -33,6 +33,7 @@ import torch
 from specdec.errors import InvalidRequestError
 from specdec.engine.kv_cache import CachedSequence
 from specdec.models.loaded import LoadedModel
+from specdec.engine.processors import LogitProcessing
 from specdec.request import SamplingParams
 from specdec.engine.sampling import TARGET, greedy_token, mask_unemittable, sample_from, step_generator, uniform, warp_probs
 from specdec.types import DraftBlock, VerifyResult
@@ -200,11 +201,15 @@ class TargetSession:
         sampling: SamplingParams,
         seed: int,
         logprobs: bool,
+        processing: LogitProcessing | None = None,
+        top_logprobs: int = 0,
     ):
         self._verifier = verifier
         self.sampling = sampling
         self.want_logprobs = logprobs
         self.seed = seed
+        self.processing = processing if processing is not None and processing.active else None
+        self.top_logprobs = int(top_logprobs) if logprobs else 0
         self.seq = CachedSequence(verifier.target.model, list(token_ids), device=verifier.target.device)
 
     @property
@@ -241,19 +246,26 @@ class TargetSession:
             )
         logits = self.seq.forward_with(block.token_ids.tolist(), last=k + 1)  # [K+1, V] float32
         logits = mask_unemittable(logits, target.emittable_vocab)
+        raw = logits
+        if self.processing is not None:  # row i sees the committed tokens and drafts 0..i-1
+            logits = self.processing.apply(logits, self.seq.token_ids + block.token_ids.tolist())
         if self.sampling.greedy:
             n, tokens = verify_greedy(block.token_ids, logits)
         else:
             p = warp_probs(logits, self.sampling)  # [K+1, V] float32
             generator = step_generator(self.seed, self.committed_len, TARGET)
             n, tokens = rejection_sample(block.token_ids, block.q_ids, block.q_probs, p, generator)
-        logprobs = None
-        if self.want_logprobs:
-            lp = torch.log_softmax(logits[: n + 1].float(), dim=-1)  # [n+1, V]
+        logprobs = top = None
+        if self.want_logprobs:  # the target's own distribution (temperature 1, before processing)
+            lp = torch.log_softmax(raw[: n + 1].float(), dim=-1)  # [n+1, V]
             logprobs = [float(lp[i, t]) for i, t in enumerate(tokens)]
+            if self.top_logprobs:
+                values, ids = torch.topk(lp, min(self.top_logprobs, lp.shape[-1]), dim=-1)  # [n+1, N]
+                top = [list(zip(r_ids, r_vals)) for r_ids, r_vals in zip(ids.tolist(), values.tolist())]
         # Cache now holds committed + all K drafts; keep committed + accepted drafts.
         self.seq.commit(tokens, cached_upto=self.committed_len + n)
-        return VerifyResult(accepted=n, token_ids=tokens, logprobs=logprobs, committed_len=self.committed_len)
+        return VerifyResult(accepted=n, token_ids=tokens, logprobs=logprobs, committed_len=self.committed_len,
+                            top_logprobs=top)
 
     def close(self) -> None:
         """Free the KV cache. Idempotent."""
@@ -267,9 +279,15 @@ class TargetVerifier:
         self.target = target
 
     def open_session(
-        self, token_ids: Sequence[int], sampling: SamplingParams, seed: int, logprobs: bool = False
+        self, token_ids: Sequence[int], sampling: SamplingParams, seed: int, logprobs: bool = False,
+        processing: LogitProcessing | None = None, top_logprobs: int = 0,
     ) -> TargetSession:
         """Start verifying after ``token_ids`` (a prompt, or a full history to rebuild from).
+
+        Args:
+            processing: the request's output-dependent logit processing (penalties, bias,
+                ``min_tokens``), applied to every scored position before warping; None: none.
+            top_logprobs: with ``logprobs``, also return the N most likely ids per emitted token.
 
         Raises:
             ValueError: empty ``token_ids`` or ids outside the target's vocabulary.
@@ -279,4 +297,4 @@ class TargetVerifier:
             raise ValueError("a session needs at least one token")
         if min(ids) < 0 or max(ids) >= self.target.vocab_rows:
             raise ValueError(f"token id outside 0..{self.target.vocab_rows - 1}")
-        return TargetSession(self, ids, sampling, seed, logprobs)
+        return TargetSession(self, ids, sampling, seed, logprobs, processing, top_logprobs)

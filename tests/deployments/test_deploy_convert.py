@@ -115,10 +115,35 @@ def test_session_open_round_trips():
     assert (ids, s, seed, lp) == ([1, 2, 3], sampling, 9, True)
 
 
+def test_session_open_carries_the_processing():
+    from specdec.engine.processors import LogitProcessing
+
+    sampling = SamplingParams(temperature=0.8, min_p=0.1, repetition_penalty=1.3, presence_penalty=0.5,
+                              frequency_penalty=-0.25, logit_bias={5: 2.5, 17: -100.0})
+    proc = LogitProcessing(prompt_len=3, logit_bias={5: 2.5, 17: -100.0}, repetition_penalty=1.3,
+                           presence_penalty=0.5, frequency_penalty=-0.25, min_tokens=4, suppress_ids=(0, 9))
+    msg = xpb.SessionOpen.FromString(convert.session_open_to_proto([1, 2, 3], sampling, 9, True, proc, 5).SerializeToString())
+    assert convert.session_open_from_proto(msg)[1] == sampling
+    assert convert.session_open_options(msg) == {"processing": proc, "top_logprobs": 5}
+    plain = convert.session_open_to_proto([1, 2, 3], SamplingParams(), 9, False)
+    assert convert.session_open_options(plain) == {"processing": None, "top_logprobs": 0}
+
+
+def test_request_round_trips_the_sampling_surface():
+    from specdec.request import parse_request
+
+    req = parse_request({"prompt": "x", "max_tokens": 9, "min_tokens": 3, "logprobs": True, "top_logprobs": 7,
+                         "sampling": {"temperature": 0.5, "min_p": 0.2, "repetition_penalty": 1.1,
+                                      "presence_penalty": 1.0, "frequency_penalty": 0.5, "logit_bias": {"3": -1.5}}})
+    assert convert.request_from_proto(convert.request_to_proto(req)) == req
+
+
 def test_verify_result_round_trips():
     r = VerifyResult(accepted=2, token_ids=[7, 8, 9], logprobs=[-0.5, -1.25, -2.0], committed_len=40)
     msg = convert.verify_result_to_proto(r, target_time_s=0.01)
     assert convert.verify_result_from_proto(msg, want_logprobs=True) == r
+    top = VerifyResult(accepted=0, token_ids=[7], logprobs=[-0.5], committed_len=4, top_logprobs=[[(7, -0.5), (3, -1.5)]])
+    assert convert.verify_result_from_proto(convert.verify_result_to_proto(top), want_logprobs=True) == top
     assert convert.verify_result_from_proto(msg, want_logprobs=False).logprobs is None
     with pytest.raises(ValueError, match="SESSION_MISSING"):
         convert.verify_result_from_proto(xpb.VerificationResult(status=xpb.VERIFY_STATUS_SESSION_MISSING), False)

@@ -77,11 +77,23 @@ async def _collect(agen, n: int | None = None):
 PROMPT = [1, 5, 9, 33, 70, 100, 7]
 
 
-@pytest.mark.parametrize("sampling", [None, pb.SamplingParams(temperature=0.9, top_k=40, seed=77)])
-def test_draft_replica_equals_in_process_engine(pair, draft_replica, sampling):
+PENALISED = pb.SamplingParams(temperature=0.9, top_k=40, seed=78, min_p=0.05, repetition_penalty=1.4,
+                              presence_penalty=0.5, frequency_penalty=0.3, logit_bias={7: 2.0, 9: -3.0})
+
+
+@pytest.mark.parametrize("sampling, extra", [
+    (None, {}),
+    (pb.SamplingParams(temperature=0.9, top_k=40, seed=77), {}),
+    (PENALISED, dict(min_tokens=10, stop_token_ids=[12], logprobs=True, top_logprobs=4)),
+    (pb.SamplingParams(repetition_penalty=1.6, logit_bias={40: 3.0}), dict(min_tokens=5, logprobs=True, top_logprobs=2)),
+], ids=["greedy", "sampled", "sampled-processed", "greedy-processed"])
+def test_draft_replica_equals_in_process_engine(pair, draft_replica, sampling, extra):
+    """Also with every processor and top-N logprobs: they travel to the target with `open`
+    (the penalties, bias and min-p in SamplingParams, min_tokens and the masked ids beside)."""
     _, _, target, draft = pair
     rep, wire = draft_replica
-    kw = dict(max_tokens=40, ignore_eos=True, speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=4))
+    kw = dict(max_tokens=40, ignore_eos=True, speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=4),
+              **extra)
     if sampling is not None:
         kw["sampling"] = sampling
     job = _job(PROMPT, **kw)
@@ -89,6 +101,10 @@ def test_draft_replica_equals_in_process_engine(pair, draft_replica, sampling):
     expected = SpeculativeEngine(target, draft).generate(convert.request_from_proto(job.request))
     assert list(got.token_ids) == expected.token_ids and got.text == expected.text
     assert got.stats.steps == expected.stats.steps and got.stats.accepted == expected.stats.accepted
+    if extra.get("top_logprobs"):
+        got_top = convert.top_logprobs_from_proto(got.top_logprobs)
+        assert [[t for t, _ in row] for row in got_top] == [[t for t, _ in row] for row in expected.top_logprobs]
+        assert len(got_top) == len(expected.token_ids) and all(len(r) == extra["top_logprobs"] for r in got_top)
     assert got.stats.wire_bytes_per_step > 0 and got.stats.round_trip_s > 0
     assert len(wire.table) == 0 and rep.Sessions() == []  # both caches freed at the end
     assert wire.calls.count("Verify") == got.stats.steps  # one round trip per step

@@ -412,3 +412,53 @@ def test_stream_errors_before_the_first_token_have_their_status(stack):
                      {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True, "top_p": 0}))
     assert resp.status_code == 400 and resp.headers["content-type"] == "application/json"
     assert resp.json()["error"]["message"].startswith("invalid request: sampling.top_p")
+
+
+# --- the sampling surface over HTTP ----------------------------------------------------------------
+
+
+def test_sampling_surface_over_http_equals_grpc(stack):
+    """min-p, the penalties, logit bias, min_tokens and top-N logprobs: the same tokens and
+    alternatives as the gRPC API, in each endpoint's logprobs shape."""
+    router = stack["router"]
+    sampling = pb.SamplingParams(temperature=0.8, seed=3, min_p=0.05, repetition_penalty=1.5, presence_penalty=0.5,
+                                 frequency_penalty=0.3, logit_bias={40: 3.0})
+    msgs = [{"role": "user", "content": "add two numbers"}]
+    req = pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(**m) for m in msgs]), max_tokens=10,
+                             min_tokens=6, logprobs=True, top_logprobs=3, sampling=sampling)
+    g, ctx = _grpc(router, req)
+    assert ctx.code is None and len(g.top_logprobs) == len(g.token_ids)
+    tok = stack["target"].tokenizer
+    body = dict(temperature=0.8, seed=3, presence_penalty=0.5, frequency_penalty=0.3, logit_bias={"40": 3.0},
+                logprobs=True, top_logprobs=3, max_tokens=10)
+    extra = {"min_p": 0.05, "repetition_penalty": 1.5, "min_tokens": 6}
+
+    async def go():
+        client = _client(stack["app"])
+        chat = await client.chat.completions.create(model=MODEL, messages=msgs, extra_body=extra, **body)
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        cmpl = await client.completions.create(
+            model=MODEL, prompt=tok.encode(ids, add_special_tokens=False), logprobs=3, extra_body=extra,
+            **{k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")})
+        return chat, cmpl
+
+    chat, cmpl = _run(go())
+    assert chat.choices[0].model_extra["token_ids"] == list(g.token_ids)
+    content = chat.choices[0].logprobs.content
+    assert [[a.token for a in e.top_logprobs] for e in content] == [[tok.decode([i]) for i in t.ids] for t in g.top_logprobs]
+    assert [[a.logprob for a in e.top_logprobs] for e in content] == [pytest.approx(list(t.logprobs), abs=1e-5)
+                                                                      for t in g.top_logprobs]
+    assert cmpl.choices[0].model_extra["token_ids"] == list(g.token_ids)
+    tops = cmpl.choices[0].logprobs.top_logprobs
+    assert [set(d) for d in tops] == [{tok.decode([i]) for i in t.ids} for t in g.top_logprobs]
+
+
+def test_bad_sampling_values_have_the_grpc_message(stack):
+    _, ctx = _grpc(stack["router"], pb.GenerateRequest(prompt=PROMPT, sampling=pb.SamplingParams(presence_penalty=3)))
+    resp = _run(_raw(stack["app"], "POST", "/v1/completions", {"model": MODEL, "prompt": PROMPT, "presence_penalty": 3}))
+    assert resp.status_code == 400 and resp.json()["error"]["message"] == ctx.details
+    assert ctx.details == "invalid request: sampling.presence_penalty: Input should be less than or equal to 2"
+    _, ctx = _grpc(stack["router"], pb.GenerateRequest(prompt=PROMPT, sampling=pb.SamplingParams(logit_bias={99999: 1})))
+    resp = _run(_raw(stack["app"], "POST", "/v1/completions", {"model": MODEL, "prompt": PROMPT, "logit_bias": {"99999": 1}}))
+    assert resp.status_code == 400 and resp.json()["error"]["message"] == ctx.details
+    assert ctx.details == "logit_bias: id 99999 is outside the vocabulary 0..319"

@@ -225,3 +225,28 @@ def test_grpc_health_and_reflection_still_answer(served):
     res = convert.join_chunks(list(pb_grpc.SpecDecStub(channel).GenerateStream(
         pb.GenerateRequest(prompt=PROMPT, max_tokens=4, ignore_eos=True), metadata=MD, timeout=60)))
     assert len(res.token_ids) == 4
+
+
+def test_sampling_surface_through_both_ports(served, models):
+    """Penalties, logit bias, min-p, min_tokens and top-N logprobs reach the target's TP worker
+    with the session (greedy: the target alone through transformers' generate)."""
+    import torch
+
+    _, channel, _ = served
+    target = load_tiny(models[0])
+    ids = target.tokenizer.encode(PROMPT)
+    with torch.inference_mode():  # the reference: transformers' own processors
+        out = target.model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False,
+                                    repetition_penalty=1.6, sequence_bias={(40,): 4.0},
+                                    eos_token_id=target.eos_token_ids, pad_token_id=target.tokenizer.pad_token_id)
+    ref = out[0, len(ids):].tolist()
+    req = pb.GenerateRequest(prompt=PROMPT, max_tokens=16, logprobs=True, top_logprobs=5,
+                             sampling=pb.SamplingParams(repetition_penalty=1.6, logit_bias={40: 4.0}),
+                             speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=4))
+    g = pb_grpc.SpecDecStub(channel).Generate(req, metadata=MD, timeout=60)
+    assert list(g.token_ids) == ref and len(g.top_logprobs) == len(ref)
+    r = _client(served).completions.create(model=APP, prompt=PROMPT, max_tokens=16, temperature=0, logprobs=5,
+                                           logit_bias={"40": 4.0}, extra_body={"repetition_penalty": 1.6,
+                                                                              "speculation": {"proposer": "draft"}})
+    assert r.choices[0].model_extra["token_ids"] == ref
+    assert [len(d) for d in r.choices[0].logprobs.top_logprobs] == [len(t.ids) for t in g.top_logprobs]

@@ -20,16 +20,24 @@ VERIFY_STATUS_SESSION_MISSING: VerifyStatus
 VERIFY_STATUS_POSITION_MISMATCH: VerifyStatus
 
 class SessionOpen(_message.Message):
-    __slots__ = ("token_ids", "sampling", "seed", "logprobs")
+    __slots__ = ("token_ids", "sampling", "seed", "logprobs", "prompt_len", "min_tokens", "suppress_token_ids", "top_logprobs")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LEN_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SUPPRESS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _specdec_pb2.SamplingParams
     seed: int
     logprobs: bool
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_specdec_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., logprobs: _Optional[bool] = ...) -> None: ...
+    prompt_len: int
+    min_tokens: int
+    suppress_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_specdec_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., logprobs: _Optional[bool] = ..., prompt_len: _Optional[int] = ..., min_tokens: _Optional[int] = ..., suppress_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
 
 class SparseDistribution(_message.Message):
     __slots__ = ("width", "ids", "probs")
@@ -56,7 +64,7 @@ class CandidateBlock(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., position: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., q: _Optional[_Union[SparseDistribution, _Mapping]] = ..., open: _Optional[_Union[SessionOpen, _Mapping]] = ...) -> None: ...
 
 class VerificationResult(_message.Message):
-    __slots__ = ("status", "accepted", "token_ids", "logprobs", "committed_len", "target_position", "target_time_s")
+    __slots__ = ("status", "accepted", "token_ids", "logprobs", "committed_len", "target_position", "target_time_s", "top_logprobs")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +72,7 @@ class VerificationResult(_message.Message):
     COMMITTED_LEN_FIELD_NUMBER: _ClassVar[int]
     TARGET_POSITION_FIELD_NUMBER: _ClassVar[int]
     TARGET_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     status: VerifyStatus
     accepted: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -71,7 +80,8 @@ class VerificationResult(_message.Message):
     committed_len: int
     target_position: int
     target_time_s: float
-    def __init__(self, status: _Optional[_Union[VerifyStatus, str]] = ..., accepted: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., committed_len: _Optional[int] = ..., target_position: _Optional[int] = ..., target_time_s: _Optional[float] = ...) -> None: ...
+    top_logprobs: _containers.RepeatedCompositeFieldContainer[_specdec_pb2.TopLogprobs]
+    def __init__(self, status: _Optional[_Union[VerifyStatus, str]] = ..., accepted: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., committed_len: _Optional[int] = ..., target_position: _Optional[int] = ..., target_time_s: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[_specdec_pb2.TopLogprobs, _Mapping]]] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)

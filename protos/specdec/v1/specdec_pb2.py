@@ -24,51 +24,57 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/specdec/v1/specdec.proto\x12\nspecdec.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"n\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x42\x08\n\x06_top_pB\x07\n\x05_seed\"\x94\x01\n\x10SpeculationHints\x12&\n\x08proposer\x18\x01 \x01(\x0e\x32\x14.specdec.v1.Proposer\x12\x12\n\x05max_k\x18\x02 \x01(\rH\x00\x88\x01\x01\x12!\n\x14\x64raft_min_confidence\x18\x03 \x01(\x01H\x01\x88\x01\x01\x42\x08\n\x06_max_kB\x17\n\x15_draft_min_confidence\"\xe1\x02\n\x0fGenerateRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12,\n\x08messages\x18\x02 \x01(\x0b\x32\x18.specdec.v1.ChatMessagesH\x00\x12\x30\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x14.specdec.v1.TokenIdsH\x00\x12\x17\n\nmax_tokens\x18\x04 \x01(\rH\x01\x88\x01\x01\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x10\n\x08logprobs\x18\t \x01(\x08\x12\x31\n\x0bspeculation\x18\n \x01(\x0b\x32\x1c.specdec.v1.SpeculationHintsB\x07\n\x05inputB\r\n\x0b_max_tokens\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\xca\x04\n\x10SpeculationStats\x12\r\n\x05steps\x18\x01 \x01(\r\x12\x10\n\x08proposed\x18\x02 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\r\x12\x16\n\x0erejected_steps\x18\x04 \x01(\r\x12\x1c\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12!\n\x14mean_accepted_length\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x07 \x03(\r\x12\x1d\n\x15proposed_per_position\x18\x08 \x03(\r\x12;\n\x08k_counts\x18\t \x03(\x0b\x32).specdec.v1.SpeculationStats.KCountsEntry\x12\x14\n\x0c\x64raft_time_s\x18\n \x01(\x01\x12\x15\n\rverify_time_s\x18\x0b \x01(\x01\x12\x1b\n\x13wire_bytes_per_step\x18\x0c \x01(\x01\x12\x14\n\x0cround_trip_s\x18\r \x01(\x01\x12\x18\n\x10target_compute_s\x18\x0e \x01(\x01\x12,\n\x0cverify_costs\x18\x0f \x03(\x0b\x32\x16.specdec.v1.VerifyCost\x12\x14\n\x0c\x63ost_draft_s\x18\x10 \x01(\x01\x12\x14\n\x0c\x63ost_drafted\x18\x11 \x01(\r\x1a.\n\x0cKCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x42\x12\n\x10_acceptance_rateB\x17\n\x15_mean_accepted_length\"?\n\nVerifyCost\x12\x11\n\tpositions\x18\x01 \x01(\r\x12\r\n\x05steps\x18\x02 \x01(\r\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"\xd8\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.specdec.v1.Usage\x12+\n\x05stats\x18\x06 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStats\x12\x11\n\telapsed_s\x18\x07 \x01(\x01\"\xdb\x01\n\x13GenerateStreamChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.specdec.v1.Usage\x12+\n\x05stats\x18\x06 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStats\x12\x11\n\telapsed_s\x18\x07 \x01(\x01\"?\n\x15GetTenantStatsRequest\x12&\n\x08proposer\x18\x01 \x01(\x0e\x32\x14.specdec.v1.Proposer\"[\n\tCostTerms\x12\x19\n\x11\x64raft_per_token_s\x18\x01 \x01(\x01\x12\x1d\n\x15verify_s_by_positions\x18\x02 \x03(\x01\x12\x14\n\x0cround_trip_s\x18\x03 \x01(\x01\"Q\n\x0bTenantUsage\x12\x10\n\x08requests\x18\x01 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\x04\"\xc8\x02\n\x16GetTenantStatsResponse\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12&\n\x08proposer\x18\x02 \x01(\x0e\x32\x14.specdec.v1.Proposer\x12\x1c\n\x0f\x61\x63\x63\x65ptance_rate\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\tcurrent_k\x18\x04 \x01(\r\x12\x1e\n\x11predicted_speedup\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12#\n\x04\x63ost\x18\x06 \x01(\x0b\x32\x15.specdec.v1.CostTerms\x12&\n\x05usage\x18\x07 \x01(\x0b\x32\x17.specdec.v1.TenantUsage\x12+\n\x05stats\x18\x08 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStatsB\x12\n\x10_acceptance_rateB\x14\n\x12_predicted_speedup*_\n\x08Proposer\x12\x18\n\x14PROPOSER_UNSPECIFIED\x10\x00\x12\x12\n\x0ePROPOSER_DRAFT\x10\x01\x12\x12\n\x0ePROPOSER_NGRAM\x10\x02\x12\x11\n\rPROPOSER_NONE\x10\x03*\xde\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x1c\n\x18\x46INISH_REASON_STOP_TOKEN\x10\x02\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x03\x12\x1c\n\x18\x46INISH_REASON_MAX_TOKENS\x10\x04\x12 \n\x1c\x46INISH_REASON_CONTEXT_LENGTH\x10\x05\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x06\x32\xfb\x01\n\x07SpecDec\x12\x45\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse\x12P\n\x0eGenerateStream\x12\x1b.specdec.v1.GenerateRequest\x1a\x1f.specdec.v1.GenerateStreamChunk0\x01\x12W\n\x0eGetTenantStats\x12!.specdec.v1.GetTenantStatsRequest\x1a\".specdec.v1.GetTenantStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/specdec/v1/specdec.proto\x12\nspecdec.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xdb\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\r\n\x05min_p\x18\x05 \x01(\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x01H\x02\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x07 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x01\x12=\n\nlogit_bias\x18\t \x03(\x0b\x32).specdec.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x08\n\x06_top_pB\x07\n\x05_seedB\x15\n\x13_repetition_penalty\"\x94\x01\n\x10SpeculationHints\x12&\n\x08proposer\x18\x01 \x01(\x0e\x32\x14.specdec.v1.Proposer\x12\x12\n\x05max_k\x18\x02 \x01(\rH\x00\x88\x01\x01\x12!\n\x14\x64raft_min_confidence\x18\x03 \x01(\x01H\x01\x88\x01\x01\x42\x08\n\x06_max_kB\x17\n\x15_draft_min_confidence\"\x8b\x03\n\x0fGenerateRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12,\n\x08messages\x18\x02 \x01(\x0b\x32\x18.specdec.v1.ChatMessagesH\x00\x12\x30\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x14.specdec.v1.TokenIdsH\x00\x12\x17\n\nmax_tokens\x18\x04 \x01(\rH\x01\x88\x01\x01\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x10\n\x08logprobs\x18\t \x01(\x08\x12\x31\n\x0bspeculation\x18\n \x01(\x0b\x32\x1c.specdec.v1.SpeculationHints\x12\x12\n\nmin_tokens\x18\x0b \x01(\r\x12\x14\n\x0ctop_logprobs\x18\x0c \x01(\rB\x07\n\x05inputB\r\n\x0b_max_tokens\",\n\x0bTopLogprobs\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\xca\x04\n\x10SpeculationStats\x12\r\n\x05steps\x18\x01 \x01(\r\x12\x10\n\x08proposed\x18\x02 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\r\x12\x16\n\x0erejected_steps\x18\x04 \x01(\r\x12\x1c\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12!\n\x14mean_accepted_length\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x07 \x03(\r\x12\x1d\n\x15proposed_per_position\x18\x08 \x03(\r\x12;\n\x08k_counts\x18\t \x03(\x0b\x32).specdec.v1.SpeculationStats.KCountsEntry\x12\x14\n\x0c\x64raft_time_s\x18\n \x01(\x01\x12\x15\n\rverify_time_s\x18\x0b \x01(\x01\x12\x1b\n\x13wire_bytes_per_step\x18\x0c \x01(\x01\x12\x14\n\x0cround_trip_s\x18\r \x01(\x01\x12\x18\n\x10target_compute_s\x18\x0e \x01(\x01\x12,\n\x0cverify_costs\x18\x0f \x03(\x0b\x32\x16.specdec.v1.VerifyCost\x12\x14\n\x0c\x63ost_draft_s\x18\x10 \x01(\x01\x12\x14\n\x0c\x63ost_drafted\x18\x11 \x01(\r\x1a.\n\x0cKCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x42\x12\n\x10_acceptance_rateB\x17\n\x15_mean_accepted_length\"?\n\nVerifyCost\x12\x11\n\tpositions\x18\x01 \x01(\r\x12\r\n\x05steps\x18\x02 \x01(\r\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"\x87\x02\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.specdec.v1.Usage\x12+\n\x05stats\x18\x06 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStats\x12\x11\n\telapsed_s\x18\x07 \x01(\x01\x12-\n\x0ctop_logprobs\x18\x08 \x03(\x0b\x32\x17.specdec.v1.TopLogprobs\"\x8a\x02\n\x13GenerateStreamChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.specdec.v1.Usage\x12+\n\x05stats\x18\x06 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStats\x12\x11\n\telapsed_s\x18\x07 \x01(\x01\x12-\n\x0ctop_logprobs\x18\x08 \x03(\x0b\x32\x17.specdec.v1.TopLogprobs\"?\n\x15GetTenantStatsRequest\x12&\n\x08proposer\x18\x01 \x01(\x0e\x32\x14.specdec.v1.Proposer\"[\n\tCostTerms\x12\x19\n\x11\x64raft_per_token_s\x18\x01 \x01(\x01\x12\x1d\n\x15verify_s_by_positions\x18\x02 \x03(\x01\x12\x14\n\x0cround_trip_s\x18\x03 \x01(\x01\"Q\n\x0bTenantUsage\x12\x10\n\x08requests\x18\x01 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\x04\"\xc8\x02\n\x16GetTenantStatsResponse\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12&\n\x08proposer\x18\x02 \x01(\x0e\x32\x14.specdec.v1.Proposer\x12\x1c\n\x0f\x61\x63\x63\x65ptance_rate\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\tcurrent_k\x18\x04 \x01(\r\x12\x1e\n\x11predicted_speedup\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12#\n\x04\x63ost\x18\x06 \x01(\x0b\x32\x15.specdec.v1.CostTerms\x12&\n\x05usage\x18\x07 \x01(\x0b\x32\x17.specdec.v1.TenantUsage\x12+\n\x05stats\x18\x08 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStatsB\x12\n\x10_acceptance_rateB\x14\n\x12_predicted_speedup*_\n\x08Proposer\x12\x18\n\x14PROPOSER_UNSPECIFIED\x10\x00\x12\x12\n\x0ePROPOSER_DRAFT\x10\x01\x12\x12\n\x0ePROPOSER_NGRAM\x10\x02\x12\x11\n\rPROPOSER_NONE\x10\x03*\xde\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x1c\n\x18\x46INISH_REASON_STOP_TOKEN\x10\x02\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x03\x12\x1c\n\x18\x46INISH_REASON_MAX_TOKENS\x10\x04\x12 \n\x1c\x46INISH_REASON_CONTEXT_LENGTH\x10\x05\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x06\x32\xfb\x01\n\x07SpecDec\x12\x45\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse\x12P\n\x0eGenerateStream\x12\x1b.specdec.v1.GenerateRequest\x1a\x1f.specdec.v1.GenerateStreamChunk0\x01\x12W\n\x0eGetTenantStats\x12!.specdec.v1.GetTenantStatsRequest\x1a\".specdec.v1.GetTenantStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.specdec.v1.specdec_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_SPECULATIONSTATS_KCOUNTSENTRY']._loaded_options = None
   _globals['_SPECULATIONSTATS_KCOUNTSENTRY']._serialized_options = b'8\001'
-  _globals['_PROPOSER']._serialized_start=2522
-  _globals['_PROPOSER']._serialized_end=2617
-  _globals['_FINISHREASON']._serialized_start=2620
-  _globals['_FINISHREASON']._serialized_end=2842
+  _globals['_PROPOSER']._serialized_start=2942
+  _globals['_PROPOSER']._serialized_end=3037
+  _globals['_FINISHREASON']._serialized_start=3040
+  _globals['_FINISHREASON']._serialized_end=3262
   _globals['_CHATMESSAGE']._serialized_start=47
   _globals['_CHATMESSAGE']._serialized_end=91
   _globals['_CHATMESSAGES']._serialized_start=93
   _globals['_CHATMESSAGES']._serialized_end=150
   _globals['_TOKENIDS']._serialized_start=152
   _globals['_TOKENIDS']._serialized_end=175
-  _globals['_SAMPLINGPARAMS']._serialized_start=177
-  _globals['_SAMPLINGPARAMS']._serialized_end=287
-  _globals['_SPECULATIONHINTS']._serialized_start=290
-  _globals['_SPECULATIONHINTS']._serialized_end=438
-  _globals['_GENERATEREQUEST']._serialized_start=441
-  _globals['_GENERATEREQUEST']._serialized_end=794
-  _globals['_USAGE']._serialized_start=796
-  _globals['_USAGE']._serialized_end=853
-  _globals['_SPECULATIONSTATS']._serialized_start=856
-  _globals['_SPECULATIONSTATS']._serialized_end=1442
-  _globals['_SPECULATIONSTATS_KCOUNTSENTRY']._serialized_start=1351
-  _globals['_SPECULATIONSTATS_KCOUNTSENTRY']._serialized_end=1397
-  _globals['_VERIFYCOST']._serialized_start=1444
-  _globals['_VERIFYCOST']._serialized_end=1507
-  _globals['_GENERATERESPONSE']._serialized_start=1510
-  _globals['_GENERATERESPONSE']._serialized_end=1726
-  _globals['_GENERATESTREAMCHUNK']._serialized_start=1729
-  _globals['_GENERATESTREAMCHUNK']._serialized_end=1948
-  _globals['_GETTENANTSTATSREQUEST']._serialized_start=1950
-  _globals['_GETTENANTSTATSREQUEST']._serialized_end=2013
-  _globals['_COSTTERMS']._serialized_start=2015
-  _globals['_COSTTERMS']._serialized_end=2106
-  _globals['_TENANTUSAGE']._serialized_start=2108
-  _globals['_TENANTUSAGE']._serialized_end=2189
-  _globals['_GETTENANTSTATSRESPONSE']._serialized_start=2192
-  _globals['_GETTENANTSTATSRESPONSE']._serialized_end=2520
-  _globals['_SPECDEC']._serialized_start=2845
-  _globals['_SPECDEC']._serialized_end=3096
+  _globals['_SAMPLINGPARAMS']._serialized_start=178
+  _globals['_SAMPLINGPARAMS']._serialized_end=525
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=435
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=483
+  _globals['_SPECULATIONHINTS']._serialized_start=528
+  _globals['_SPECULATIONHINTS']._serialized_end=676
+  _globals['_GENERATEREQUEST']._serialized_start=679
+  _globals['_GENERATEREQUEST']._serialized_end=1074
+  _globals['_TOPLOGPROBS']._serialized_start=1076
+  _globals['_TOPLOGPROBS']._serialized_end=1120
+  _globals['_USAGE']._serialized_start=1122
+  _globals['_USAGE']._serialized_end=1179
+  _globals['_SPECULATIONSTATS']._serialized_start=1182
+  _globals['_SPECULATIONSTATS']._serialized_end=1768
+  _globals['_SPECULATIONSTATS_KCOUNTSENTRY']._serialized_start=1677
+  _globals['_SPECULATIONSTATS_KCOUNTSENTRY']._serialized_end=1723
+  _globals['_VERIFYCOST']._serialized_start=1770
+  _globals['_VERIFYCOST']._serialized_end=1833
+  _globals['_GENERATERESPONSE']._serialized_start=1836
+  _globals['_GENERATERESPONSE']._serialized_end=2099
+  _globals['_GENERATESTREAMCHUNK']._serialized_start=2102
+  _globals['_GENERATESTREAMCHUNK']._serialized_end=2368
+  _globals['_GETTENANTSTATSREQUEST']._serialized_start=2370
+  _globals['_GETTENANTSTATSREQUEST']._serialized_end=2433
+  _globals['_COSTTERMS']._serialized_start=2435
+  _globals['_COSTTERMS']._serialized_end=2526
+  _globals['_TENANTUSAGE']._serialized_start=2528
+  _globals['_TENANTUSAGE']._serialized_end=2609
+  _globals['_GETTENANTSTATSRESPONSE']._serialized_start=2612
+  _globals['_GETTENANTSTATSRESPONSE']._serialized_end=2940
+  _globals['_SPECDEC']._serialized_start=3265
+  _globals['_SPECDEC']._serialized_end=3516
 # @@protoc_insertion_point(module_scope)

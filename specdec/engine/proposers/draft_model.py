@@ -31,6 +31,7 @@ import torch
 
 from specdec.engine.kv_cache import CachedSequence
 from specdec.models.loaded import LoadedModel
+from specdec.engine.processors import LogitProcessing
 from specdec.request import SamplingParams
 from specdec.engine.sampling import (
     DRAFT,
@@ -51,11 +52,12 @@ class DraftModelSession:
     """One sequence drafted by a draft model. See :class:`specdec.engine.proposers.base.ProposerSession`."""
 
     def __init__(self, proposer: "DraftModelProposer", token_ids: Sequence[int], sampling: SamplingParams, seed: int,
-                 min_confidence: float = 0.0):
+                 min_confidence: float = 0.0, processing: LogitProcessing | None = None):
         if not 0.0 <= min_confidence <= 1.0:
             raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence}")
         self._proposer = proposer
         self.sampling = sampling
+        self.processing = processing if processing is not None and processing.active else None
         self.seed = seed
         self.min_confidence = float(min_confidence)
         self.seq = CachedSequence(proposer.draft.model, [int(t) for t in token_ids], device=proposer.draft.device)
@@ -87,6 +89,8 @@ class DraftModelSession:
         eos = self._proposer.eos_ids
         for j in range(k):
             logits = mask_unemittable(logits, draft.emittable_vocab)
+            if self.processing is not None:  # as the target will at this position: drafts so far included
+                logits = self.processing.apply(logits, self.seq.token_ids + tokens)
             if self.sampling.greedy:
                 token = int(greedy_token(logits[0]))
                 confident = (
@@ -151,14 +155,16 @@ class DraftModelProposer:
         self.eos_ids = set(eos_ids if eos_ids is not None else draft.eos_token_ids)
 
     def open_session(self, token_ids: Sequence[int], sampling: SamplingParams, seed: int, *,
-                     min_confidence: float = 0.0) -> DraftModelSession:
+                     min_confidence: float = 0.0, processing: LogitProcessing | None = None) -> DraftModelSession:
         """See :meth:`specdec.engine.proposers.base.Proposer.open_session`.
 
         Args:
             min_confidence: end a block after a drafted token whose draft probability is below
                 this (0 disables; transformers' assisted generation uses 0.4).
+            processing: the request's output-dependent logit processing, applied to each drafted
+                position exactly as the verifier applies it to the target's (exactness needs both).
 
         Raises:
             ValueError: ``min_confidence`` outside [0, 1].
         """
-        return DraftModelSession(self, token_ids, sampling, seed, min_confidence)
+        return DraftModelSession(self, token_ids, sampling, seed, min_confidence, processing)
