@@ -47,6 +47,15 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=[])
+    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below MIN_P x the top probability")
+    parser.add_argument("--repetition-penalty", type=float, default=None, help="over prompt and output (1: off)")
+    parser.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, over the output")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, over the output")
+    parser.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                        help="add BIAS to the logit of token ID (repeatable)")
+    parser.add_argument("--min-tokens", type=int, default=0, help="no EOS or stop token before this many tokens")
+    parser.add_argument("--top-logprobs", type=int, default=0, metavar="N",
+                        help="with --logprobs: the target's N most likely tokens per position (--json shows them)")
     parser.add_argument("--proposer", choices=["draft", "ngram", "none"], default=None)
     parser.add_argument("-k", "--k", type=int, default=None, help="largest K per step")
     parser.add_argument("--draft-min-confidence", type=float, default=None, metavar="C",
@@ -229,9 +238,7 @@ def run_client(args) -> int:
             if args.tenant_stats:
                 print(json_format.MessageToJson(client.tenant_stats(args.proposer)))
                 return 0
-            kwargs: dict = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, seed=args.seed, stop=args.stop, proposer=args.proposer, k=args.k,
-                                draft_min_confidence=args.draft_min_confidence, logprobs=args.logprobs)
+            kwargs = request_kwargs(args)
             if args.message:
                 msgs = []
                 for m in args.message:
@@ -275,6 +282,31 @@ def run_client(args) -> int:
         except KeyboardInterrupt:  # leaving the `with` closes the channel: the server cancels
             print("\nspecdec client: cancelled", file=sys.stderr)
             return 130
+
+
+def request_kwargs(args) -> dict:
+    """The :func:`deployments.client.build_request` keyword arguments of ``specdec client``'s flags.
+
+    Raises:
+        InvalidArgument: a ``--logit-bias`` that is not ``ID=BIAS``.
+    """
+    from deployments.client import InvalidArgument
+
+    bias: dict[int, float] = {}
+    for item in args.logit_bias:
+        tid, sep, value = item.partition("=")
+        try:
+            bias[int(tid)] = float(value)
+        except ValueError:
+            raise InvalidArgument("INVALID_ARGUMENT", f"--logit-bias must be ID=BIAS, got {item!r}") from None
+        if not sep:
+            raise InvalidArgument("INVALID_ARGUMENT", f"--logit-bias must be ID=BIAS, got {item!r}")
+    return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                seed=args.seed, stop=args.stop, proposer=args.proposer, k=args.k,
+                draft_min_confidence=args.draft_min_confidence, logprobs=args.logprobs, min_p=args.min_p,
+                repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                frequency_penalty=args.frequency_penalty, logit_bias=bias, min_tokens=args.min_tokens,
+                top_logprobs=args.top_logprobs)
 
 
 def _served_json(resp, wall_s: float) -> dict:

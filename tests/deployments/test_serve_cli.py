@@ -48,3 +48,20 @@ def test_serve_prints_both_endpoints():
         "(health and reflection on the same port)",
         'HTTP:  http://localhost:8100/specdec/v1  OpenAI API: /models, /completions, /chat/completions (model "specdec")',
     ]
+
+
+def test_client_flags_carry_the_sampling_surface():
+    from deployments.client import InvalidArgument, build_request
+
+    p = argparse.ArgumentParser()
+    cli.add_client_arguments(p)
+    args = p.parse_args(["x", "--min-p", "0.1", "--repetition-penalty", "1.2", "--presence-penalty", "0.5",
+                         "--frequency-penalty", "0.25", "--logit-bias", "7=2.5", "--logit-bias", "9=-100",
+                         "--min-tokens", "3", "--logprobs", "--top-logprobs", "4"])
+    req = build_request("x", **cli.request_kwargs(args))
+    s = req.sampling
+    assert (s.min_p, s.repetition_penalty, s.presence_penalty, s.frequency_penalty) == (0.1, 1.2, 0.5, 0.25)
+    assert dict(s.logit_bias) == {7: 2.5, 9: -100.0}
+    assert (req.min_tokens, req.logprobs, req.top_logprobs) == (3, True, 4)
+    with pytest.raises(InvalidArgument, match="--logit-bias must be ID=BIAS, got 'seven'"):
+        cli.request_kwargs(p.parse_args(["x", "--logit-bias", "seven"]))
