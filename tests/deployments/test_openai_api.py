@@ -462,3 +462,41 @@ def test_bad_sampling_values_have_the_grpc_message(stack):
     resp = _run(_raw(stack["app"], "POST", "/v1/completions", {"model": MODEL, "prompt": PROMPT, "logit_bias": {"99999": 1}}))
     assert resp.status_code == 400 and resp.json()["error"]["message"] == ctx.details
     assert ctx.details == "logit_bias: id 99999 is outside the vocabulary 0..319"
+
+
+def test_deadline_is_504_before_the_first_token(stack):
+    resp = _run(_raw(stack["app"], "POST", "/v1/completions",
+                     {"model": MODEL, "prompt": PROMPT, "max_tokens": 50, "temperature": 0, "stream": True},
+                     headers={"specdec-timeout-s": "0.000001"}))
+    assert resp.status_code == 504 and resp.json()["error"]["type"] == "timeout"
+    assert resp.json()["error"]["message"] == "the request's deadline passed during generation"
+
+
+class FailingDraftHandle(LocalDraftHandle):
+    """Streams the first chunk of the real draft replica, then fails (a target that went away)."""
+
+    @property
+    def Generate(self):
+        from specdec.errors import ModelNotReadyError
+
+        async def gen(payload):
+            async for raw in self.draft.Generate(payload):
+                yield raw
+                raise ModelNotReadyError("the target replica is gone")
+
+        return self._Method(lambda payload: LocalStream(gen(payload)))
+
+
+def test_an_error_after_the_first_token_is_an_sse_error_event(stack):
+    router = stack["make_router"]()
+    router.draft = FailingDraftHandle(stack["draft"])
+    resp = _run(_raw(openai_api.build_app(router), "POST", "/v1/chat/completions",
+                     {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 30,
+                      "temperature": 0, "ignore_eos": True, "stream": True}))
+    assert resp.status_code == 200
+    events = [line[6:] for line in resp.text.split("\n\n") if line.startswith("data: ")]
+    assert json.loads(events[0])["choices"][0]["delta"]["role"] == "assistant"
+    assert json.loads(events[-2]) == {"error": {"message": "the target replica is gone", "type": "service_unavailable",
+                                                "param": None, "code": None}}
+    assert events[-1] == "[DONE]"
+    assert _run(router.Debug())["resumes"] == 0 and stack["draft"].Sessions() == []
