@@ -19,8 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from specdec.request import MAX_SPECULATION_LENGTH
 
-#: Import path of the public servicer, registered in Ray Serve's gRPC proxy.
-SPECDEC_SERVICER = "protos.specdec.v1.specdec_pb2_grpc.add_SpecDecServicer_to_server"
+#: Import path of the public servicer, registered in Ray Serve's gRPC proxy (the generated
+#: registration with requests that always decode: undecodable bytes become INVALID_ARGUMENT).
+SPECDEC_SERVICER = "deployments.servicer.add_specdec_servicer"
 #: Import path of the standard grpc.health.v1 servicer (see deployments/health.py).
 HEALTH_SERVICER = "deployments.health.add_health_servicer"
 #: Deployments deployments.app.build_app creates.

@@ -86,6 +86,14 @@ def metadata_dict(grpc_context: Any) -> dict[str, str]:
     return {k: v for k, v in grpc_context.invocation_metadata()}
 
 
+def _refuse_undecodable(request: Any) -> None:
+    """Raise InvalidRequestError for an :class:`deployments.servicer.UndecodableRequest`."""
+    from deployments.servicer import UndecodableRequest
+
+    if isinstance(request, UndecodableRequest):
+        raise InvalidRequestError(request.describe())
+
+
 class Router:
     """Ingress of the SpecDec service.
 
@@ -337,6 +345,7 @@ class Router:
     async def Generate(self, request: pb.GenerateRequest, grpc_context=None) -> pb.GenerateResponse:
         """Unary generation: the joined stream of the draft replica."""
         try:
+            _refuse_undecodable(request)
             data, metadata = convert.request_to_dict(request), metadata_dict(grpc_context)
             chunks = [c async for c in self.generate_stream(data, metadata)]
             return convert.join_chunks(chunks)
@@ -346,6 +355,7 @@ class Router:
     async def GenerateStream(self, request: pb.GenerateRequest, grpc_context=None):
         """Server-streaming generation; the last chunk carries finish reason, usage and stats."""
         try:
+            _refuse_undecodable(request)
             data, metadata = convert.request_to_dict(request), metadata_dict(grpc_context)
             async for chunk in self.generate_stream(data, metadata):
                 yield chunk
@@ -360,6 +370,7 @@ class Router:
         from deployments.tenancy import proposer_name, tenant_stats_to_proto
 
         try:
+            _refuse_undecodable(request)
             stats = await self.gate.tenant_stats(metadata_dict(grpc_context))
             return tenant_stats_to_proto(stats, proposer_name(request.proposer))
         except Exception as e:

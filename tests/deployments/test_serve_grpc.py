@@ -251,7 +251,8 @@ def test_stream_concatenates_to_unary(served):
     [
         (pb.GenerateRequest(prompt=""), "prompt is empty"),
         (pb.GenerateRequest(prompt="x", max_tokens=0), "max_tokens"),
-        (pb.GenerateRequest(prompt="x", speculation=pb.SpeculationHints(max_k=99)), "speculation.max_k"),
+        (pb.GenerateRequest(prompt="x", speculation=pb.SpeculationHints(max_k=99)),
+         "invalid request: speculation.max_k: Input should be less than or equal to 16"),
         (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(temperature=1.0, top_p=1.5)), "top_p"),
         (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5] * 300)), "prompt is 300 tokens"),
         (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1, 99999])), "outside the vocabulary"),
@@ -274,6 +275,26 @@ def test_bad_request_is_invalid_argument(served, req, fragment, streaming):
             stub.Generate(req, metadata=MD, timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
     assert fragment in info.value.details()
+
+
+@pytest.mark.parametrize("method, raw", [
+    ("Generate", b"\x0a\x05ab"),  # a prompt claiming 5 bytes, carrying 2
+    ("Generate", b"\x0a\x02\xff\xfe"),  # a prompt that is not UTF-8
+    ("GenerateStream", b"\x0a\x05ab"),
+    ("GetTenantStats", b"\x0a\x05ab"),
+], ids=["unary-truncated", "unary-not-utf8", "stream-truncated", "stats-truncated"])
+def test_undecodable_bytes_are_invalid_argument(served, method, raw):
+    """Bytes that are not the method's request message: INVALID_ARGUMENT (grpcio alone says UNKNOWN)."""
+    _, channel, _ = served
+    kind = channel.unary_stream if method == "GenerateStream" else channel.unary_unary
+    call = kind(f"/specdec.v1.SpecDec/{method}")  # raw bytes in, raw bytes out
+    with pytest.raises(grpc.RpcError) as info:
+        out = call(raw, metadata=MD, timeout=30)
+        if method == "GenerateStream":
+            list(out)
+    message = "GetTenantStatsRequest" if method == "GetTenantStats" else "GenerateRequest"
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert info.value.details().startswith(f"the request is not a valid specdec.v1.{message} ({len(raw)} bytes): ")
 
 
 LONG = dict(prompt="def add(a, b):", max_tokens=220, ignore_eos=True,
