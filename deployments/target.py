@@ -7,8 +7,9 @@ all ranks, returning rank 0's answer. It holds no model itself.
 
 Interface (serialized protos in and out, never pickled core objects; the method names match
 ``specdec.v1.Verifier``): ``Verify(CandidateBlock bytes) -> VerificationResult bytes`` and
-``CloseSession(CloseSessionRequest bytes) -> CloseSessionResponse bytes``; plus ``Ready()`` and
-``Sessions()`` (session ids held; for tests and debugging). Called through a
+``CloseSession(CloseSessionRequest bytes) -> CloseSessionResponse bytes``; plus ``Ready()``,
+``Sessions()`` (session ids held) and ``Info()`` (each rank's device and setup facts), for tests
+and debugging. Called through a
 Serve handle with ``.options(session_id=...)`` so ConsistentHashRouter keeps a session on one
 replica.
 """
@@ -55,6 +56,7 @@ class Target:
             resolve_folder(cfg.target_model), cfg.target_tp, pg, first_bundle=1,
             num_gpus=cfg.target_gpus_per_worker, threads=torch_threads(cfg.cpu_threads, share=cfg.target_tp),
         )
+        self.infos = infos
         log.info("target TP workers ready: %s", infos)
 
     async def _all(self, method: str, *args):
@@ -74,6 +76,10 @@ class Target:
     async def Ready(self) -> bool:
         """True: the replica exists only once all TP ranks loaded their shards."""
         return True
+
+    async def Info(self) -> list[dict]:
+        """Each TP rank's setup facts (rank, backend, device, load seconds); for tests and debugging."""
+        return list(self.infos)
 
     async def Sessions(self) -> list[str]:
         """Ids of the sessions held by this replica (rank 0's table; all ranks hold the same)."""

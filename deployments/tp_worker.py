@@ -37,10 +37,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def load_tp_model(path: str, rank: int, tp_size: int, dtype: torch.dtype = torch.float32):
+def worker_device(num_gpus: float) -> torch.device:
+    """The device a TP worker computes on: its GPU when Ray gave it one, else the CPU.
+
+    Ray shows an actor only the GPUs it was assigned (``CUDA_VISIBLE_DEVICES``), so a worker
+    holding a GPU sees it as ``cuda:0``. A worker asked to hold a GPU on a machine where CUDA is
+    not available fails here rather than silently running on the CPU.
+
+    Raises:
+        RuntimeError: ``num_gpus > 0`` but CUDA is not available in this process.
+    """
+    if num_gpus <= 0:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"this TP worker was given num_gpus={num_gpus} but CUDA is not available "
+                           f"(torch {torch.__version__}; is the CUDA build of torch installed?)")
+    return torch.device("cuda", 0)
+
+
+def load_tp_model(path: str, rank: int, tp_size: int, dtype: torch.dtype = torch.float32,
+                  device: torch.device | str = "cpu"):
     """Load an HF-folder causal LM as TP shard ``rank`` of ``tp_size`` (plain load when 1).
 
-    ``torch.distributed`` must already be initialised when ``tp_size > 1``.
+    ``torch.distributed`` must already be initialised when ``tp_size > 1``; transformers then
+    places each shard on the accelerator ``LOCAL_RANK`` names (cuda:0 under Ray) or the CPU.
+    At ``tp_size == 1`` the model is moved to ``device`` explicitly (a TP=1 worker holding a GPU
+    computes on it).
 
     Returns:
         a :class:`specdec.models.loaded.LoadedModel` whose ``model`` returns full logits.
@@ -55,6 +77,8 @@ def load_tp_model(path: str, rank: int, tp_size: int, dtype: torch.dtype = torch
 
         kwargs["distributed_config"] = DistributedConfig(tp_size=tp_size)
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+    if tp_size == 1:
+        model = model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     cfg = model.config
     return LoadedModel(
@@ -90,13 +114,15 @@ class TPWorker:
         return host, free_port()
 
     def setup(self, model_path: str, master_addr: str, master_port: int, dtype: str = "float32",
-              threads: int = 0) -> dict:
+              threads: int = 0, num_gpus: float = 0) -> dict:
         """Join the process group (when n > 1) and load this rank's shard. Call on all ranks at once.
 
         ``threads`` > 0 sets torch's CPU threads (Ray gives a ``num_cpus=0`` actor one thread).
+        ``num_gpus`` is what Ray gave this worker: > 0 loads the shard onto its GPU
+        (:func:`worker_device`), also at TP=1.
 
         Returns:
-            facts for logs and tests: rank, backend, load seconds, local q_proj shape.
+            facts for logs and tests: rank, backend, device, load seconds, local q_proj shape.
         """
         import torch.distributed as dist
 
@@ -122,7 +148,8 @@ class TPWorker:
                     world_size=self.world_size,
                     timeout=datetime.timedelta(seconds=DIST_TIMEOUT_S),
                 )
-        self.loaded = load_tp_model(model_path, self.rank, self.world_size, getattr(torch, dtype))
+        device = worker_device(num_gpus)
+        self.loaded = load_tp_model(model_path, self.rank, self.world_size, getattr(torch, dtype), device)
         self.table = TargetSessionTable(TargetVerifier(self.loaded))
         w = self.loaded.model.model.layers[0].self_attn.q_proj.weight
         local = w.to_local() if hasattr(w, "to_local") else w
@@ -130,6 +157,7 @@ class TPWorker:
             "rank": self.rank,
             "world_size": self.world_size,
             "backend": backend,
+            "device": str(self.loaded.device),
             "load_s": time.perf_counter() - t0,
             "q_proj_local_shape": tuple(local.shape),
             "torch_threads": torch.get_num_threads(),
@@ -137,12 +165,12 @@ class TPWorker:
 
     @torch.no_grad()
     def forward(self, token_ids: Sequence[int], every_rank: bool = False) -> torch.Tensor | None:
-        """Stateless forward over ``token_ids``: ``[T, V]`` float32 logits on rank 0, None elsewhere.
+        """Stateless forward over ``token_ids``: ``[T, V]`` float32 CPU logits on rank 0, None elsewhere.
 
         ``every_rank=True`` returns each rank's logits (to check they are identical).
         """
-        ids = torch.tensor([list(token_ids)], dtype=torch.long)  # [1, T]
-        logits = self.loaded.model(ids, use_cache=False).logits[0].float()  # [T, V]
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.loaded.device)  # [1, T]
+        logits = self.loaded.model(ids, use_cache=False).logits[0].float().cpu()  # [T, V]
         return logits if (self.rank == 0 or every_rank) else None
 
     def session_state(self, session_id: str) -> tuple[int, int] | None:
@@ -216,7 +244,7 @@ def start_tp_workers(
             )
         workers.append(actor_cls.options(**opts).remote(rank, tp_size))
     addr, port = ray.get(workers[0].address.remote())
-    infos = ray.get([w.setup.remote(model_path, addr, port, dtype, threads) for w in workers])
+    infos = ray.get([w.setup.remote(model_path, addr, port, dtype, threads, num_gpus) for w in workers])
     return workers, infos
 
 

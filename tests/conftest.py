@@ -90,3 +90,21 @@ def target_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int
         pad_token_id=model.tokenizer.pad_token_id,
     )
     return out[0, len(prompt_ids) :].tolist()
+
+
+# --- the gpu marker ----------------------------------------------------------------------------
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need CUDA: where ``torch.cuda.is_available()`` is False (CI, this
+    machine) they are skipped with that reason, the one skip the suite allows. On a machine with
+    a GPU nothing is skipped (``scripts/gpu-check.sh`` runs them with ``-m gpu``)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False); "
+                                   "run scripts/gpu-check.sh on a GPU machine")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
