@@ -161,6 +161,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g.add_argument("--hf", type=_name_list, default=["assisted", "prompt-lookup"],
                    help="transformers' methods to run: assisted, prompt-lookup (default both)")
     g.add_argument("--skip-hf", action="store_true", help="skip transformers' assisted and prompt-lookup runs")
+    g.add_argument("--device", default="cpu",
+                   help="torch device of both models, e.g. cuda (default cpu; scripts/gpu-check.sh uses cuda)")
     g.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: leave torch's choice)")
     g.add_argument("--quick", action="store_true",
                    help="tiny smoke run: 12 tokens, K 1-3 (ngram 1,3), one prompt per type, 1 repeat")
@@ -271,6 +273,8 @@ def _timer(outcome_times: dict):
     try:
         yield outcome_times
     finally:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # kernels queued by the call belong to it
         outcome_times["seconds"] = time.perf_counter() - t0
         outcome_times["cpu_s"] = time.process_time() - c0
 
@@ -420,10 +424,11 @@ def _load(args):
     from specdec.models.spec import ModelPairSpec, parse_model_spec
 
     target_spec = parse_model_spec(args.target)
+    device = getattr(args, "device", "cpu") or "cpu"
     if str(args.draft).strip().lower() in ("", "none"):
-        return load_model(target_spec), None
+        return load_model(target_spec, device=device), None
     pair = ModelPairSpec(target=target_spec, draft=parse_model_spec(args.draft))
-    return load_pair(pair)
+    return load_pair(pair, device=device)
 
 
 def _log(msg: str) -> None:

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The GPU check: on a machine with a CUDA GPU, one command that
+#   1. creates ./.venv-gpu and installs the CUDA build of torch (pinned: torch==2.13.0, inside
+#      pyproject's range >=2.13,<2.15) and the project with its dev and demo extras;
+#   2. runs the tests marked `gpu` (tests/test_gpu.py: the demo pair greedy on CUDA equal to the
+#      target alone, a seeded sampled request giving the same output twice, the served path at
+#      TP=1 on one GPU), plus the CPU-side device checks (tests/test_devices.py and the TP=1 worker);
+#   3. prints tokens/s of the target alone and with speculation (`specdec bench --device cuda`,
+#      short settings: 2 prompts, 64 tokens, K = 2, 4, 8, 3 repeats);
+# and writes everything it prints to docs/bench/gpu/ (gpu-check.log, environment.txt, the
+# bench's bench.json / table.md), ready to commit. Exit status: that of the tests.
+#
+#   bash scripts/gpu-check.sh                   # PyPI's torch==2.13.0 (the CUDA build on Linux x86_64)
+#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 bash scripts/gpu-check.sh   # another CUDA build
+#   GPU_CHECK_SKIP_INSTALL=1 bash scripts/gpu-check.sh   # reuse .venv-gpu as it is
+#
+# Needs: NVIDIA driver (nvidia-smi), Python >= 3.11, network access to the package registry,
+# about 25 GB of disk (venv, demo pair cache) and 20 GB of GPU memory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=docs/bench/gpu
+mkdir -p "$OUT"
+LOG="$OUT/gpu-check.log"
+exec > >(tee "$LOG") 2>&1
+step() { printf '\n== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
+
+step "GPU"
+if ! command -v nvidia-smi >/dev/null; then
+  echo "gpu-check: nvidia-smi not found: this script needs a machine with an NVIDIA GPU and its driver" >&2
+  exit 2
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+
+step "venv .venv-gpu"
+PY=${PYTHON:-python3}
+if [ ! -x .venv-gpu/bin/python ]; then
+  "$PY" -m venv .venv-gpu
+fi
+. .venv-gpu/bin/activate
+if [ -z "${GPU_CHECK_SKIP_INSTALL:-}" ]; then
+  python -m pip install -q --upgrade pip
+  # shellcheck disable=SC2086
+  python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+  python -m pip install -q -e ".[dev,demo]"
+fi
+python - <<'EOF'
+import sys, torch
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, available: {torch.cuda.is_available()}")
+if torch.version.cuda is None or not torch.cuda.is_available():
+    sys.exit("gpu-check: this torch cannot use the GPU (a CPU build, or a CUDA build the driver does not "
+             "support); set TORCH_INDEX_URL to a CUDA wheel index matching the driver and rerun")
+print("device 0:", torch.cuda.get_device_name(0))
+EOF
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+step "environment"
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+  echo "cpus: $(nproc)"
+} | tee "$OUT/environment.txt"
+
+step "demo pair (assembled once into the cache)"
+specdec prefetch
+
+step "tests marked gpu, and the device checks"
+set +e
+python -m pytest -p no:cacheprovider -rs -v -m gpu tests/test_gpu.py
+TESTS_RC=$?
+python -m pytest -p no:cacheprovider -q tests/test_devices.py tests/deployments/test_tp_worker_device.py
+DEVICE_RC=$?
+set -e
+[ "$TESTS_RC" -eq 0 ] && TESTS_RC=$DEVICE_RC
+
+step "tokens/s: target alone vs speculation (specdec bench --device cuda)"
+specdec bench --device cuda --prompts code-prime,poem-sea --tokens 64 --ks 2,4,8 --proposers draft,none \
+  --hf assisted --repeats 3 --no-plot --out "$OUT/bench"
+python - "$OUT/bench/bench.json" <<'EOF'
+import json, sys
+report = json.load(open(sys.argv[1]))
+meta = report["meta"]
+print(f"\ntokens/s on {meta.get('device', '?')}, median of {meta.get('repeats')} runs; speedup over the target alone")
+for r in report["rows"]:
+    same = "" if r.get("identical") else "   OUTPUT DIFFERS FROM THE TARGET ALONE"
+    print(f"  {r['prompt']:12s} {r['method']:18s} {r['tokens_per_s']:8.1f} tok/s  {r['speedup']:5.2f}x{same}")
+EOF
+echo "table: $OUT/bench/table.md"
+
+step "done: tests rc=$TESTS_RC; output in $OUT/"
+exit "$TESTS_RC"
