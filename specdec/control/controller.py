@@ -45,6 +45,23 @@ measured conditional α_i, and the i.i.d. α̂ for positions without enough data
   uses ``fixed_k`` (or the range's top); otherwise the adaptive choice in [k_min, k_max]
   intersected with the request's own ceiling.
 
+Variable-length proposers (:data:`VARIABLE_LENGTH_PROPOSERS`: prompt lookup): their drafts
+cost nothing and a block is as long as the match supports, so K is a *cap*, not the length of
+every block: a step proposes min(L, K) tokens, L being what the match offers (0 when nothing
+matches: plain decoding, the cost of K = 0). The controller keeps a decayed histogram of the
+block lengths ℓ >= 1 the key's steps proposed (from the requests' ``k_counts``) and evaluates a
+cap c with
+
+    E[N(c)] = Σ_ℓ P(ℓ) · (1 + Σ_{j<ℓ} Π_{i≤j} α_i),    E[T(c)] = Σ_ℓ P(ℓ) · step_time(ℓ),
+
+ℓ = min(L, c) and speedup ``E[N(c)] · step_time(0) / E[T(c)]``. Steps without a match are left
+out on purpose: they cost and emit exactly what plain decoding does whatever the cap, so they
+do not change which cap is best nor whether speculating pays (their share only dilutes the
+speedup towards 1). Until ``length_min_steps`` blocks were seen the fixed-length model (every
+block full) stands in. Blocks observed under a cap c are censored at c, so a cap above the
+ones seen is judged as if no match were longer (conservative); probes of such a key run at
+the top of the range for the whole request, which refreshes the histogram up to it.
+
 Shared state across router replicas: the controller is a plain object whose methods take and
 return plain data (str, int, dict, dataclasses), so one instance can live in one Ray actor that
 all replicas call (``decide`` before a request, ``record`` after). Not thread-safe: its owner
@@ -139,6 +156,43 @@ def choose_k(
         if c.speedup > best.speedup * (1 + 1e-12):
             best = c
     return best.k, best.speedup
+
+
+#: Proposers whose block length is set by the proposer itself (K is a cap): see the module doc.
+VARIABLE_LENGTH_PROPOSERS = frozenset({"ngram"})
+
+
+def block_length_distribution(hist: Sequence[float], cap: int) -> list[float]:
+    """``P(ℓ)`` for ℓ = 0..cap from a histogram of observed block lengths (index = length),
+    lengths above ``cap`` counted at ``cap`` (what the cap would have cut them to).
+
+    Returns:
+        ``cap + 1`` probabilities summing to 1 (all zero when the histogram is empty).
+    """
+    if cap < 0:
+        raise ValueError(f"cap must be >= 0, got {cap}")
+    out = [0.0] * (cap + 1)
+    for length, w in enumerate(hist):
+        out[min(length, cap)] += float(w)
+    total = sum(out)
+    return [w / total for w in out] if total > 0 else out
+
+
+def evaluate_variable_k(alpha: float, cost_model, cap: int, lengths: Sequence[float],
+                        position_alphas: Sequence[float] = ()) -> KCandidate:
+    """A cap ``cap`` of a variable-length proposer: E[N], E[step seconds] and speedup (module doc).
+
+    Args:
+        lengths: ``P(ℓ)`` for ℓ = 0..cap (:func:`block_length_distribution`).
+    """
+    if len(lengths) != cap + 1:
+        raise ValueError(f"need {cap + 1} length probabilities, got {len(lengths)}")
+    t0 = cost_model.step_time(0)
+    if cap == 0:
+        return KCandidate(k=0, expected_tokens=1.0, step_time_s=t0, speedup=1.0)
+    e = sum(p * expected_tokens_per_step_positional(alpha, ell, position_alphas) for ell, p in enumerate(lengths))
+    t = sum(p * cost_model.step_time(ell) for ell, p in enumerate(lengths))
+    return KCandidate(k=cap, expected_tokens=e, step_time_s=t, speedup=e * t0 / t)
 
 
 @dataclass(frozen=True)
@@ -277,6 +331,8 @@ class KController:
         probe_min_steps: int = 8,
         position_min_reached: float | None = 50.0,
         probe_discount: float = 0.25,
+        length_half_life_steps: float = 200.0,
+        length_min_steps: float = 8.0,
     ):
         if switch_margin < 0 or switch_after < 1 or probe_every_requests < 1 or (probe_k is not None and probe_k < 1):
             raise ValueError("need switch_margin >= 0, switch_after >= 1, probe_every_requests >= 1, probe_k >= 1")
@@ -298,8 +354,14 @@ class KController:
         if not 0.0 <= probe_discount <= 1.0:
             raise ValueError(f"probe_discount must be in [0, 1], got {probe_discount}")
         self.probe_discount = probe_discount
+        if length_half_life_steps <= 0 or length_min_steps < 0:
+            raise ValueError("need length_half_life_steps > 0 and length_min_steps >= 0")
+        self.length_half_life_steps = length_half_life_steps
+        self.length_min_steps = length_min_steps
         self._costs: dict[str, CostModel] = {}
         self._state: dict[tuple[str, str], _KState] = {}
+        #: (tenant, proposer) -> decayed histogram of block lengths >= 1 (variable-length proposers)
+        self._lengths: dict[tuple[str, str], list[float]] = {}
 
     # ------------------------------------------------------------------ persistence
 
@@ -311,7 +373,7 @@ class KController:
         models and the per-(tenant, proposer) K state. Settings are not included: they come
         from the constructor. Trusted storage only (it is a pickle)."""
         return pickle.dumps({"version": self.SNAPSHOT_VERSION, "estimator": self.estimator,
-                             "costs": self._costs, "state": self._state})
+                             "costs": self._costs, "state": self._state, "lengths": self._lengths})
 
     def import_learned(self, blob: bytes) -> bool:
         """Replace the learned state with :meth:`export_learned`'s ``blob``.
@@ -333,6 +395,7 @@ class KController:
             st.zero_since = now
             st.last_probe_at = None if st.last_probe_at is None else now
         self.estimator, self._costs, self._state = data["estimator"], data["costs"], data["state"]
+        self._lengths = dict(data.get("lengths") or {})
         return True
 
     def cost_model(self, proposer: str) -> CostModel:
@@ -365,7 +428,14 @@ class KController:
         pos = ()
         if self.position_min_reached is not None:
             pos = tuple(self.estimator.position_alphas(key, self.position_min_reached))
-        cands = evaluate_k(alpha, cm, k_min, k_max, pos)
+        variable = proposer in VARIABLE_LENGTH_PROPOSERS
+        hist = self._lengths.get(key) if variable else None
+        use_lengths = hist is not None and sum(hist) >= self.length_min_steps
+        if use_lengths:
+            cands = [evaluate_variable_k(alpha, cm, c, block_length_distribution(hist, c), pos)
+                     for c in range(k_min, k_max + 1)]
+        else:
+            cands = evaluate_k(alpha, cm, k_min, k_max, pos)
         by_k = {c.k: c for c in cands}
         best = cands[0]
         for c in cands[1:]:
@@ -390,7 +460,9 @@ class KController:
                 own_steps = snap(key).raw_steps if snap is not None else self.probe_min_steps
                 thin = own_steps < self.probe_min_steps
                 if st.zero_requests >= self.probe_every_requests or due_by_time or thin:
-                    if self.probe_k is not None:
+                    if variable:  # free drafts: probe the whole cap, measuring the lengths too
+                        k = k_max
+                    elif self.probe_k is not None:
                         k = min(max(self.probe_k, 1), k_max)
                     else:
                         k, _ = choose_k(self.probe_alpha, cm, max(1, k_min), k_max)
@@ -399,7 +471,12 @@ class KController:
                     st.last_probe_at = now
                     st.probes += 1
         chosen = by_k.get(k) or evaluate_k(alpha, cm, k, k, pos)[0]
+        probe_steps = None if variable else self.probe_steps
         terms = cm.step_terms(k)
+        if use_lengths and k > 0:  # the expected terms over the block lengths the cap gives
+            dist = block_length_distribution(hist, k)
+            per = [cm.step_terms(ell) for ell in range(k + 1)]
+            terms = {name: sum(p * t[name] for p, t in zip(dist, per)) for name in terms}
         d = KDecision(
             tenant=tenant,
             proposer=proposer,
@@ -419,7 +496,7 @@ class KController:
             k_max=k_max,
             best_k=best.k,
             probe=probe,
-            probe_steps=self.probe_steps if probe else None,
+            probe_steps=probe_steps if probe else None,
             candidates=tuple(cands),
         )
         st.last_decision = d
@@ -490,6 +567,8 @@ class KController:
             if discount is not None:
                 discount(key, self.probe_discount)
         self.estimator.record_stats(key, d)
+        if proposer in VARIABLE_LENGTH_PROPOSERS:
+            self._record_lengths(key, d.get("k_counts") or {})
         cm = self.cost_model(proposer)
         if costs is not None:
             self.observe_costs(proposer, costs)
@@ -509,6 +588,25 @@ class KController:
         rest = verify_total - sum(n * cm.verify_s(k + 1) for k, n in k_counts.items() if k != k_dom)
         if rest > 0:
             cm.observe_verify(k_dom + 1, rest / n_dom)
+
+    def _record_lengths(self, key: tuple[str, str], k_counts: Mapping) -> None:
+        """Add one request's block lengths >= 1 to the key's decayed histogram (module doc)."""
+        counts = {int(k): float(v) for k, v in k_counts.items() if int(k) >= 1 and float(v) > 0}
+        if not counts:
+            return
+        hist = self._lengths.setdefault(key, [])
+        factor = 0.5 ** (sum(counts.values()) / self.length_half_life_steps)
+        for i in range(len(hist)):
+            hist[i] *= factor
+        for length, n in counts.items():
+            while len(hist) <= length:
+                hist.append(0.0)
+            hist[length] += n
+
+    def block_lengths(self, tenant: str, proposer: str) -> list[float]:
+        """The decayed histogram of block lengths (index = length; index 0 unused) of a
+        variable-length proposer's key; empty when none was recorded."""
+        return list(self._lengths.get((tenant, proposer), []))
 
     def observe_costs(self, proposer: str, costs: Mapping) -> None:
         """Feed aggregated per-step timings of one request (see :meth:`record`'s ``costs``)."""
