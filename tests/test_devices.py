@@ -77,6 +77,17 @@ def test_seeded_sampling_on_the_accelerator_equals_the_cpu(tiny_target, tiny_dra
     assert on_accel.logprobs == pytest.approx(on_cpu.logprobs, abs=1e-6)
 
 
+def test_sampling_processors_on_the_accelerator(tiny_target, tiny_draft_close):
+    """Penalties, logit bias, min-p, min_tokens and top logprobs keep their tensors on the device."""
+    sampling = SamplingParams(temperature=0.8, seed=4, min_p=0.05, repetition_penalty=1.3, presence_penalty=0.5,
+                              frequency_penalty=0.2, logit_bias={7: 2.0, 9: -5.0})
+    req = GenerationRequest(prompt_token_ids=PROMPT, max_tokens=12, min_tokens=6, logprobs=True, top_logprobs=3,
+                            sampling=sampling, speculation=SpeculationParams(proposer="draft", k=3))
+    on_accel, audit = _run_audited(tiny_target, tiny_draft_close, req)
+    on_cpu = SpeculativeEngine(tiny_target, tiny_draft_close).generate(req)
+    assert audit.model_calls > 0 and on_accel.token_ids == on_cpu.token_ids
+
+
 def test_served_target_table_on_the_accelerator(tiny_target, tiny_draft_close):
     """The target replica's path: a block from the wire (CPU) verified by a model on the device."""
     target = tiny_target
