@@ -40,39 +40,54 @@ def test_valid_bytes_decode_as_before():
     _refuse_undecodable(msg)  # a real request passes
 
 
-def test_plain_grpc_server_with_the_servicer_function():
-    """The servicer function on a plain grpcio server: garbage reaches the method, not grpcio's
-    error path (Serve's proxy keeps the deserializer the same way)."""
-    from concurrent import futures
+@pytest.mark.parametrize("servicer_function, code", [
+    ("protos.specdec.v1.specdec_pb2_grpc.add_SpecDecServicer_to_server", grpc.StatusCode.UNKNOWN),  # before
+    ("deployments.servicer.add_specdec_servicer", grpc.StatusCode.INVALID_ARGUMENT),  # ours
+], ids=["generated", "ours"])
+def test_grpc_aio_server_with_the_servicer_function(servicer_function, code):
+    """A servicer function on a plain ``grpc.aio`` server (the server class Serve's proxy is built
+    on): with the generated one grpcio fails the parse itself and answers UNKNOWN before the
+    method runs; with ours the garbage reaches the method, which refuses it with
+    INVALID_ARGUMENT. Serve's proxy keeps the registered deserializer the same way
+    (``test_undecodable_bytes_are_invalid_argument`` in test_serve_grpc.py goes through it)."""
+    import asyncio
+    import importlib
 
-    from deployments.servicer import add_specdec_servicer
-
+    module, name = servicer_function.rsplit(".", 1)
+    add = getattr(importlib.import_module(module), name)
     seen = []
 
     class Servicer:
-        def Generate(self, request, context):
+        async def Generate(self, request, context):
             seen.append(request)
             try:
                 _refuse_undecodable(request)
             except InvalidRequestError as e:
-                context.abort(status_for(e), str(e))
+                await context.abort(status_for(e), str(e))
             return pb.GenerateResponse(text="ok")
 
         GenerateStream = GetTenantStats = None
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    add_specdec_servicer(Servicer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-            raw = ch.unary_unary("/specdec.v1.SpecDec/Generate")
-            with pytest.raises(grpc.RpcError) as e:
-                raw(TRUNCATED, timeout=10)
-            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert e.value.details().startswith("the request is not a valid specdec.v1.GenerateRequest (4 bytes)")
-            ok = ch.unary_unary("/specdec.v1.SpecDec/Generate", response_deserializer=pb.GenerateResponse.FromString)
-            assert ok(pb.GenerateRequest(prompt="x").SerializeToString(), timeout=10).text == "ok"
-    finally:
-        server.stop(None)
-    assert isinstance(seen[0], UndecodableRequest) and seen[1].prompt == "x"
+    async def main():
+        server = grpc.aio.server()
+        add(Servicer(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                raw = ch.unary_unary("/specdec.v1.SpecDec/Generate")
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await raw(TRUNCATED, timeout=10)
+                ok = ch.unary_unary("/specdec.v1.SpecDec/Generate", response_deserializer=pb.GenerateResponse.FromString)
+                assert (await ok(pb.GenerateRequest(prompt="x").SerializeToString(), timeout=10)).text == "ok"
+                return e.value
+        finally:
+            await server.stop(None)
+
+    err = asyncio.run(main())
+    assert err.code() == code, err.details()
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        assert err.details().startswith("the request is not a valid specdec.v1.GenerateRequest (4 bytes)")
+        assert isinstance(seen[0], UndecodableRequest) and seen[1].prompt == "x"
+    else:
+        assert [r.prompt for r in seen] == ["x"]  # the garbage never reached the method
