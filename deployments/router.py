@@ -67,7 +67,7 @@ from specdec.errors import (
     ModelNotReadyError,
     PromptTooLongError,
 )
-from specdec.request import GenerationRequest, parse_request
+from specdec.request import MAX_SPECULATION_LENGTH, GenerationRequest, parse_request
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,9 @@ class Router:
         return ["draft", "ngram"] if self.cfg.draft_model else ["ngram"]
 
     def _hints(self, data: Mapping[str, Any]) -> tuple[str, int]:
-        """The request's proposer and largest K, capped by the server's ``default_max_k``.
+        """The request's proposer and largest K, capped by the server's ``default_max_k``
+        (except for prompt lookup, whose K is a cap on free drafts: only the request's own K and,
+        later, the tenant's ``k_max`` bound it).
 
         Args:
             data: the request dict (:func:`specdec.request.parse_request`'s input), already
@@ -142,7 +144,13 @@ class Router:
             proposer = "draft" if self.cfg.draft_model else "ngram"
         if proposer == "draft" and not self.cfg.draft_model:
             raise InvalidRequestError("proposer 'draft' needs a draft model; this server has none")
-        k = self.cfg.default_max_k if spec.get("k") is None else min(int(spec["k"]), self.cfg.default_max_k)
+        if proposer == "ngram":
+            # prompt lookup drafts cost nothing and K is only a cap on its blocks: the server's
+            # default_max_k (sized for a draft model) does not apply; the tenant's k_max does
+            # (in the gate), and the controller picks the cap from the block lengths it measures
+            k = MAX_SPECULATION_LENGTH if spec.get("k") is None else int(spec["k"])
+        else:
+            k = self.cfg.default_max_k if spec.get("k") is None else min(int(spec["k"]), self.cfg.default_max_k)
         if proposer == "none":
             k = 0
         return proposer, int(k)

@@ -97,3 +97,19 @@ def test_prompt_lookup_block_length_follows_the_match(tiny_target):
     assert result.token_ids == target_greedy(tiny_target, prompt, 40)
     lengths = {k for k, n in result.stats.k_counts.items() if n}
     assert max(lengths) > 4 and len(lengths) >= 2, result.stats.k_counts  # variable, longer than a fixed 4
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ({"proposer": "ngram"}, ("ngram", 16)),  # free drafts: not the server's default_max_k
+    ({"proposer": "ngram", "k": 12}, ("ngram", 12)),
+    ({"proposer": "draft"}, ("draft", 4)),
+    ({"proposer": "draft", "k": 12}, ("draft", 4)),
+    ({"proposer": "none", "k": 3}, ("none", 0)),
+])
+def test_router_caps_prompt_lookup_only_by_the_request_and_the_tenant(spec, expected):
+    from deployments.config import AppConfig
+    from deployments.router import Router
+
+    router = Router.__new__(Router)  # only the config is needed to read the hints
+    router.cfg = AppConfig(default_max_k=4)
+    assert router._hints({"prompt": "x", "speculation": spec}) == expected
