@@ -24,7 +24,8 @@ it measured), ``<out>/table.md`` (markdown tables) and ``<out>/speedup.png`` (sp
 prompt type and proposer, with transformers' assisted and prompt-lookup speedups as horizontal
 lines).
 
-Entry points for ``specdec/cli.py``: :func:`add_bench_arguments` and :func:`run_bench`.
+``specdec bench`` is :data:`BENCH`, registered in the ``specdec.commands`` entry-point group
+(pyproject.toml): :func:`add_bench_arguments` and :func:`run_bench`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
+from specdec.cli import Command
 
 #: prompt types, in table/plot order
 PROMPT_TYPES = ("code", "sql_json", "creative")
@@ -775,8 +778,18 @@ def plot_speedup(report: dict, path: Path) -> Path:
     return path
 
 
+def _run_command(args: argparse.Namespace) -> int:
+    run_bench(args)
+    return 0
+
+
+#: ``specdec bench``, registered in the ``specdec.commands`` entry-point group (pyproject.toml).
+BENCH = Command(help="benchmark against transformers on the demo pair", add_arguments=add_bench_arguments,
+                run=_run_command)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m benchmarks.inprocess`` (the CLI's ``specdec bench`` calls :func:`run_bench` directly)."""
+    """``python -m benchmarks.inprocess`` (``specdec bench`` runs :data:`BENCH`)."""
     parser = add_bench_arguments(argparse.ArgumentParser(prog="specdec bench", description=__doc__.split("\n")[0]))
     run_bench(parser.parse_args(argv))
     return 0

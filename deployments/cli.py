@@ -14,6 +14,8 @@ import os
 import sys
 import time
 
+from specdec.cli import Command
+
 DEMO_MESSAGE = "Write a Python function that checks whether a number is prime."
 
 
@@ -320,3 +322,9 @@ def _served_json(resp, wall_s: float) -> dict:
                    "target_compute_s": s.target_compute_s}
     return out
 
+
+
+#: ``specdec serve`` and ``specdec client``, registered in the ``specdec.commands`` entry-point
+#: group (pyproject.toml); the core CLI never imports this module by name.
+SERVE = Command(help="serve on a local Ray (Ray Serve + gRPC)", add_arguments=add_serve_arguments, run=run_serve)
+CLIENT = Command(help="call a running server over gRPC", add_arguments=add_client_arguments, run=run_client)

@@ -3,14 +3,20 @@
 Subcommands:
 
 - ``generate``: one completion in this process (prompt or chat messages), text and stats printed.
-- ``bench``: target alone vs transformers' assisted generation and prompt lookup vs ours.
 - ``prefetch``: assemble the demo pair into the cache (what a Kubernetes init step runs).
-- ``serve``: start a local Ray, deploy the Serve application (``deployments/``), optionally send
-  one real gRPC request and print the answer.
-- ``client``: call a running server over gRPC.
 
-``serve`` and ``client`` import the serving layer lazily, so the core stays importable (and
-``generate`` runs) without Ray.
+and the subcommands other packages register in the entry-point group ``specdec.commands``
+(pyproject.toml), each a :class:`Command`:
+
+- ``bench`` (:mod:`benchmarks.inprocess`): target alone vs transformers' assisted generation and
+  prompt lookup vs ours.
+- ``serve`` (:mod:`deployments.cli`): start a local Ray, deploy the Serve application, optionally
+  send one real gRPC request and print the answer.
+- ``client`` (:mod:`deployments.cli`): call a running server over gRPC.
+
+So the core never imports the serving layer or the benchmarks: it finds their subcommands by
+name in the installed package's metadata (an entry point that does not import, e.g. without its
+dependencies, is left out), and they import Ray and gRPC only when they run.
 """
 
 from __future__ import annotations
@@ -19,8 +25,48 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 from specdec.errors import SpecDecError
+
+#: Entry-point group in which other packages register subcommands (each a :class:`Command`).
+COMMANDS_GROUP = "specdec.commands"
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand of ``specdec`` registered by another package (entry-point group
+    :data:`COMMANDS_GROUP`, the entry point's name is the subcommand's).
+
+    Attributes:
+        help: one line for ``specdec --help``.
+        add_arguments: adds the subcommand's arguments to its parser.
+        run: runs it with the parsed arguments; returns the exit status.
+    """
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], object]
+    run: Callable[[argparse.Namespace], int]
+
+
+def registered_commands() -> dict[str, Command]:
+    """Subcommands registered in :data:`COMMANDS_GROUP`, by name (sorted).
+
+    An entry point that cannot be imported (its package or its dependencies are not installed)
+    is left out, like a missing optional feature.
+    """
+    from importlib.metadata import entry_points
+
+    found: dict[str, Command] = {}
+    for ep in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        try:
+            command = ep.load()
+        except ImportError:
+            continue
+        if isinstance(command, Command):
+            found[ep.name] = command
+    return found
 
 
 def _add_generate(sub) -> None:
@@ -130,16 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     _add_prefetch(sub)
-    from benchmarks import inprocess as bench  # the benchmark lives outside the library
-
-    bench.add_bench_arguments(sub.add_parser("bench", help="benchmark against transformers on the demo pair"))
-    try:
-        from deployments import cli as serving_cli  # Ray and gRPC live there, imported on demand
-    except ImportError:
-        serving_cli = None
-    if serving_cli is not None:
-        serving_cli.add_serve_arguments(sub.add_parser("serve", help="serve on a local Ray (Ray Serve + gRPC)"))
-        serving_cli.add_client_arguments(sub.add_parser("client", help="call a running server over gRPC"))
+    commands = {name: c for name, c in registered_commands().items() if name not in ("generate", "prefetch")}
+    for name, command in commands.items():
+        command.add_arguments(sub.add_parser(name, help=command.help))
     args = parser.parse_args(argv)
     try:
         if args.command == "generate":
@@ -148,13 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_generate(args)
         if args.command == "prefetch":
             return run_prefetch(args)
-        if args.command == "bench":
-            bench.run_bench(args)
-            return 0
-        if args.command == "serve":
-            return serving_cli.run_serve(args)
-        if args.command == "client":
-            return serving_cli.run_client(args)
+        if args.command in commands:
+            return commands[args.command].run(args)
     except SpecDecError as e:
         print(f"specdec: error: {e}", file=sys.stderr)
         return 2
@@ -163,4 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the module's main, not __main__'s: registered commands are specdec.cli.Command objects
+    from specdec.cli import main as _main
+
+    sys.exit(_main())
