@@ -198,3 +198,12 @@ PRESETS: dict[str, AppConfig] = {
         target=Scaling(min_replicas=1, max_replicas=2, max_ongoing_requests=16),
     ),
 }
+
+
+def torch_threads(cfg_threads: int, share: int = 1) -> int:
+    """Threads for torch in a model process: ``cfg_threads``, or the node's cores / ``share``."""
+    import os
+
+    if cfg_threads > 0:
+        return cfg_threads
+    return max(1, (os.cpu_count() or 1) // max(1, share))

@@ -42,7 +42,7 @@ from typing import Any, Callable
 from deployments import convert
 from deployments.aio import finish_despite_cancellation
 from specdec.control.adaptive import StepCostRecorder
-from deployments.config import AppConfig
+from deployments.config import AppConfig, torch_threads
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
 from specdec.errors import (
@@ -237,15 +237,6 @@ def handle_send(target_handle: Any, routing_key: str, timeout_s: float = VERIFY_
         return getattr(handle, method).remote(payload).result(timeout_s=timeout_s)
 
     return send
-
-
-def torch_threads(cfg_threads: int, share: int = 1) -> int:
-    """Threads for torch in a model process: ``cfg_threads``, or the node's cores / ``share``."""
-    import os
-
-    if cfg_threads > 0:
-        return cfg_threads
-    return max(1, (os.cpu_count() or 1) // max(1, share))
 
 
 class Draft:

@@ -25,30 +25,15 @@ from protos.specdec.v1 import exchange_pb2 as xpb
 log = logging.getLogger(__name__)
 
 
-def resolve_folder(spec_text: str) -> str:
-    """The HF folder a model spec loads from (TP loading needs a folder; GGUF is converted once)."""
-    from pathlib import Path
-
-    from specdec.models import convert as model_convert
-    from specdec.models import demo
-    from specdec.models.spec import DemoModelSpec, GGUFModelSpec, parse_model_spec
-
-    spec = parse_model_spec(spec_text)
-    if isinstance(spec, DemoModelSpec):
-        return str(demo.ensure_demo_folder(spec.role))
-    if isinstance(spec, GGUFModelSpec):
-        return str(model_convert.cached_gguf_folder(Path(spec.path).expanduser()))
-    return str(Path(spec.path).expanduser())
-
-
 class Target:
     """One target replica: TP workers + session fan-out."""
 
     def __init__(self, cfg: AppConfig):
         import ray
 
-        from deployments.draft import torch_threads
+        from deployments.config import torch_threads
         from deployments.tp_worker import start_tp_workers
+        from specdec.models.loader import resolve_folder
 
         self.cfg = cfg
         pg = ray.util.get_current_placement_group()

@@ -46,7 +46,7 @@ class TargetInfo:
         """
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-        from deployments.target import resolve_folder
+        from specdec.models.loader import resolve_folder
 
         folder = resolve_folder(spec_text)
         tokenizer = AutoTokenizer.from_pretrained(folder)

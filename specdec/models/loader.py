@@ -21,7 +21,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from specdec.errors import ModelLoadError
 from specdec.models import cache, convert, demo
 from specdec.models.loaded import LoadedModel
-from specdec.models.spec import DemoModelSpec, GGUFModelSpec, HFModelSpec, ModelPairSpec, ModelSpec
+from specdec.models.spec import (
+    DemoModelSpec,
+    GGUFModelSpec,
+    HFModelSpec,
+    ModelPairSpec,
+    ModelSpec,
+    parse_model_spec,
+)
 from specdec.models.vocab import check_pair_compatible
 
 log = logging.getLogger(__name__)
@@ -94,6 +101,25 @@ def load_pair(
     draft = load_model(pair.draft, dtype=dtype, device=device)
     check_pair_compatible(draft, target)
     return target, draft
+
+
+def resolve_folder(spec_text: str) -> str:
+    """The Hugging Face folder model spec ``spec_text`` loads from, without loading weights.
+
+    A demo role is assembled into the cache once, a GGUF file converted once and cached (the
+    folder :func:`load_model` would load); an HF folder is itself. Tensor-parallel loading and
+    the serving layer's tokenizer/config reads need a folder.
+
+    Raises:
+        ModelLoadError: a demo package is missing, a sha256 does not match, or the GGUF file
+            cannot be converted.
+    """
+    spec = parse_model_spec(spec_text)
+    if isinstance(spec, DemoModelSpec):
+        return str(demo.ensure_demo_folder(spec.role))
+    if isinstance(spec, GGUFModelSpec):
+        return str(convert.cached_gguf_folder(Path(spec.path).expanduser()))
+    return str(Path(spec.path).expanduser())
 
 
 def _load_folder(folder: Path, name: str, dtype: torch.dtype, device: str | torch.device) -> LoadedModel:
