@@ -46,22 +46,16 @@ class TargetInfo:
         """
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
+        from specdec.models.loaded import eos_token_ids
         from specdec.models.loader import resolve_folder
 
         folder = resolve_folder(spec_text)
         tokenizer = AutoTokenizer.from_pretrained(folder)
         config = AutoConfig.from_pretrained(folder)
-        eos: list[int] = []
-        if tokenizer.eos_token_id is not None:
-            eos.append(int(tokenizer.eos_token_id))
-        gen_eos = None
+        gen_config = None
         if os.path.exists(os.path.join(folder, "generation_config.json")):
-            gen_eos = GenerationConfig.from_pretrained(folder).eos_token_id
-        if isinstance(gen_eos, int):
-            gen_eos = [gen_eos]
-        for i in gen_eos or []:
-            if int(i) not in eos:
-                eos.append(int(i))
+            gen_config = GenerationConfig.from_pretrained(folder)
+        eos = eos_token_ids(tokenizer, gen_config)
         return cls(
             name=spec_text,
             tokenizer=tokenizer,

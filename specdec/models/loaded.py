@@ -1,11 +1,32 @@
-"""The in-memory form of a loaded model, shared by proposers and verifiers."""
+"""The in-memory form of a loaded model, shared by proposers and verifiers, and a model's EOS ids."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+def eos_token_ids(tokenizer: PreTrainedTokenizerBase, generation_config: Any = None) -> list[int]:
+    """All ids that end a generation: the tokenizer's EOS, then the generation config's
+    ``eos_token_id`` (an int or a list), without repeats, in that order.
+
+    The one place these facts are computed: :attr:`LoadedModel.eos_token_ids` passes the loaded
+    model's ``generation_config``; the serving layer, which reads a model's files without its
+    weights, passes the folder's ``generation_config.json`` (None when there is none).
+    """
+    ids: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    extra = getattr(generation_config, "eos_token_id", None) if generation_config is not None else None
+    if isinstance(extra, int):
+        extra = [extra]
+    for i in extra or []:
+        if int(i) not in ids:
+            ids.append(int(i))
+    return ids
 
 
 @dataclass
@@ -35,18 +56,9 @@ class LoadedModel:
 
     @property
     def eos_token_ids(self) -> list[int]:
-        """All ids that end a generation: the tokenizer's EOS and the generation config's."""
-        ids: list[int] = []
-        if self.tokenizer.eos_token_id is not None:
-            ids.append(int(self.tokenizer.eos_token_id))
-        gen = getattr(self.model, "generation_config", None)
-        extra = getattr(gen, "eos_token_id", None) if gen is not None else None
-        if isinstance(extra, int):
-            extra = [extra]
-        for i in extra or []:
-            if int(i) not in ids:
-                ids.append(int(i))
-        return ids
+        """All ids that end a generation: the tokenizer's EOS and the generation config's
+        (:func:`eos_token_ids`)."""
+        return eos_token_ids(self.tokenizer, getattr(self.model, "generation_config", None))
 
     @property
     def emittable_vocab(self) -> int:
