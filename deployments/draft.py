@@ -50,7 +50,6 @@ from specdec.errors import (
     GenerationCancelledError,
     InvalidRequestError,
     ModelNotReadyError,
-    PromptTooLongError,
 )
 from specdec.types import DraftBlock, GenerationChunk, VerifyResult
 
@@ -277,63 +276,34 @@ class Draft:
 
     def _start(self, job: xpb.DraftJob):
         """Open the proposer and remote target sessions of ``job``; returns (Generation, target, skip)."""
-        from specdec.engine.decoder import Generation
-        from specdec.engine.proposers.draft_model import draft_options
-        from specdec.engine.proposers.prompt_lookup import PromptLookupProposer
-        from specdec.engine.sampling import derive_seeds
-        from specdec.engine.processors import LogitProcessing
-        from specdec.engine.stopping import OutputAssembler
+        from specdec.control.controller import k_schedule
+        from specdec.engine.sessions import open_generation
 
         req = convert.request_from_proto(job.request)
         prompt = list(req.prompt_token_ids or [])
         if not prompt:
             raise InvalidRequestError("the draft replica needs a tokenized prompt")
-        info = self.info
-        if len(prompt) >= info.max_positions:
-            raise PromptTooLongError(len(prompt), info.max_positions, f"the target '{info.name}'")
         resumed = [int(t) for t in job.resume_token_ids]
-        history = prompt + resumed
         seed = req.sampling.seed if req.sampling.seed is not None else 0
-        draft_seed, target_seed = derive_seeds(seed)
-        spec = req.speculation
-        processing = LogitProcessing.for_request(req, len(prompt), info.eos_token_ids)
-        proposer = None
-        if spec.k > 0 and spec.proposer == "draft":
-            if self.draft_proposer is None:
-                raise InvalidRequestError("proposer 'draft' needs a draft model; none is loaded")
-            proposer = self.draft_proposer.open_session(history, req.sampling, draft_seed, **processing.options(),
-                                                        **draft_options(spec))
-        elif spec.k > 0 and spec.proposer == "ngram":
-            ngram = PromptLookupProposer(spec.ngram_min, spec.ngram_max, eos_ids=info.eos_token_ids)
-            proposer = ngram.open_session(history, req.sampling, draft_seed)
-        target = RemoteTargetSession(
-            job.session_id, history, req.sampling, target_seed, req.logprobs, self._send_factory(job.session_id),
-            processing=processing if processing.active else None, top_logprobs=req.top_logprobs,
-        )
-        assembler = OutputAssembler(
-            info.tokenizer,
-            max_tokens=req.max_tokens,
-            eos_ids=() if req.ignore_eos else info.eos_token_ids,
-            stop_token_ids=req.stop_token_ids,
-            stop=req.stop,
-            logprobs=req.logprobs,
-            top_logprobs=req.top_logprobs,
+        send = self._send_factory(job.session_id)
+
+        def open_target(history, sampling, seed, *, logprobs, processing, top_logprobs):
+            return RemoteTargetSession(
+                job.session_id, history, sampling, seed, logprobs, send,
+                processing=processing if processing.active else None, top_logprobs=top_logprobs,
+            )
+
+        gen = open_generation(
+            req, self.info, prompt, seed=seed, draft_proposer=self.draft_proposer, open_target=open_target,
+            k=k_schedule(req.speculation.k, job.probe_steps or None), resumed=resumed,
         )
         skip = 0
         if resumed:
-            # Re-feed what the client already has; its text may run ahead of these ids' text
-            # (held-back stop-string prefix), so drop that many more characters later.
-            assembler.add(resumed, [0.0] * len(resumed) if req.logprobs else None)
-            baseline = assembler.take_chunk()
+            # open_generation re-fed what the client already has; its text may run ahead of these
+            # ids' text (held-back stop-string prefix), so drop that many more characters later.
+            baseline = gen.assembler.take_chunk()
             skip = max(0, job.resume_text_chars - len(baseline.text if baseline else ""))
-        from specdec.control.controller import k_schedule
-
-        k = k_schedule(spec.k, job.probe_steps or None) if proposer is not None else 0
-        gen = Generation(
-            target=target, proposer=proposer, assembler=assembler, prompt_len=len(prompt),
-            max_total_len=info.max_positions, k=k,
-        )
-        return gen, target, skip
+        return gen, gen.target, skip
 
     # --- the streaming method ----------------------------------------------------------------
 

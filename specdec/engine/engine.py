@@ -10,17 +10,13 @@ import secrets
 from typing import Callable, Iterator
 
 from specdec.engine.decoder import Generation
-from specdec.errors import InvalidRequestError, PromptTooLongError
-from specdec.models.loaded import LoadedModel
-from specdec.engine.proposers.draft_model import DEFAULT_TOP_M, DraftModelProposer, draft_options
-from specdec.engine.proposers.prompt_lookup import PromptLookupProposer
-from specdec.engine.processors import LogitProcessing
-from specdec.request import GenerationRequest
-from specdec.engine.stopping import OutputAssembler
-from specdec.types import GenerationChunk, GenerationResult
+from specdec.engine.proposers.draft_model import DEFAULT_TOP_M, DraftModelProposer
+from specdec.engine.sessions import open_generation
 from specdec.engine.verifier import TargetVerifier
-
-from specdec.engine.sampling import derive_seeds
+from specdec.errors import InvalidRequestError
+from specdec.models.loaded import LoadedModel
+from specdec.request import GenerationRequest
+from specdec.types import GenerationChunk, GenerationResult
 
 
 def encode_prompt(tokenizer, request: GenerationRequest, emittable: int) -> list[int]:
@@ -91,40 +87,10 @@ class SpeculativeEngine:
             PromptTooLongError: the prompt leaves no room for one token in the target's context.
         """
         prompt = self.encode(request)
-        limit = self.target.max_positions
-        if len(prompt) >= limit:
-            raise PromptTooLongError(len(prompt), limit, f"the target '{self.target.name}'")
         seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(63)
-        draft_seed, target_seed = derive_seeds(seed)
-        spec = request.speculation
-        processing = LogitProcessing.for_request(request, len(prompt), self.target.eos_token_ids)
-        proposer_session = None
-        if spec.proposer == "draft" and spec.k > 0:
-            if self.draft_proposer is None:
-                raise InvalidRequestError("proposer 'draft' needs a draft model; none is loaded")
-            proposer_session = self.draft_proposer.open_session(prompt, request.sampling, draft_seed,
-                                                                **processing.options(), **draft_options(spec))
-        elif spec.proposer == "ngram" and spec.k > 0:
-            ngram = PromptLookupProposer(spec.ngram_min, spec.ngram_max, eos_ids=self.target.eos_token_ids)
-            proposer_session = ngram.open_session(prompt, request.sampling, draft_seed)
-        target_session = self.verifier.open_session(prompt, request.sampling, target_seed, logprobs=request.logprobs,
-                                                    processing=processing, top_logprobs=request.top_logprobs)
-        assembler = OutputAssembler(
-            self.target.tokenizer,
-            max_tokens=request.max_tokens,
-            eos_ids=() if request.ignore_eos else self.target.eos_token_ids,
-            stop_token_ids=request.stop_token_ids,
-            stop=request.stop,
-            logprobs=request.logprobs,
-            top_logprobs=request.top_logprobs,
-        )
-        return Generation(
-            target=target_session,
-            proposer=proposer_session,
-            assembler=assembler,
-            prompt_len=len(prompt),
-            max_total_len=limit,
-            k=spec.k if k is None else k,
+        return open_generation(
+            request, self.target, prompt, seed=seed, draft_proposer=self.draft_proposer,
+            open_target=self.verifier.open_session, k=request.speculation.k if k is None else k,
         )
 
     def generate(self, request: GenerationRequest) -> GenerationResult:

@@ -1,0 +1,115 @@
+"""Opening one generation: its target session, proposer session, output assembler and loop.
+
+The one place that builds them, used by the in-process engine
+(:meth:`specdec.engine.engine.SpeculativeEngine.start`) and by the serving layer's draft replica
+(``deployments.draft.Draft``). The two differ only in where the target session lives, so the
+caller passes ``open_target``: the in-process verifier's ``open_session``, or a constructor of a
+stand-in that sends each block to a remote target replica.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, Sequence
+
+from specdec.engine.decoder import Generation, TargetLike
+from specdec.engine.processors import LogitProcessing
+from specdec.engine.proposers.draft_model import DraftModelProposer, draft_options
+from specdec.engine.proposers.prompt_lookup import PromptLookupProposer
+from specdec.engine.sampling import derive_seeds
+from specdec.engine.stopping import OutputAssembler
+from specdec.errors import InvalidRequestError, PromptTooLongError
+from specdec.request import GenerationRequest
+
+
+class TargetFacts(Protocol):
+    """What building a generation needs to know of the target (a :class:`LoadedModel`, or the
+    serving layer's ``TargetInfo`` read without the weights)."""
+
+    name: str
+    tokenizer: object
+    max_positions: int
+
+    @property
+    def eos_token_ids(self) -> Sequence[int]: ...
+
+
+#: ``open_target(history, sampling, seed, logprobs=, processing=, top_logprobs=) -> TargetLike``:
+#: the target session, already holding ``history`` (token ids), seeded with the target side's
+#: seed, applying the request's :class:`~specdec.engine.processors.LogitProcessing`.
+OpenTarget = Callable[..., TargetLike]
+
+
+def open_generation(
+    request: GenerationRequest,
+    target: TargetFacts,
+    prompt: Sequence[int],
+    *,
+    seed: int,
+    draft_proposer: DraftModelProposer | None,
+    open_target: OpenTarget,
+    k,
+    resumed: Sequence[int] = (),
+) -> Generation:
+    """Open the sessions of one request and return its (not yet run) :class:`Generation`.
+
+    Proposer: ``draft`` (``draft_proposer``) or ``ngram`` (prompt lookup) when
+    ``request.speculation.k > 0``, else none (plain decoding). The request's logit processing
+    (penalties, logit bias, min-p, min_tokens) is applied identically by the draft and the target
+    side. Both sessions start from the
+    prompt followed by ``resumed``, and get the draft and target seeds
+    :func:`specdec.engine.sampling.derive_seeds` gives for ``seed``, so a generation resumed from
+    its token history continues exactly as it would have.
+
+    Args:
+        request: the validated request.
+        target: the target's name, tokenizer, context limit (tokens) and EOS ids.
+        prompt: the prompt's token ids.
+        seed: the request's seed (the caller picks one when the request has none).
+        draft_proposer: the draft model's proposer, or None when no draft is loaded.
+        open_target: opens the target session (see :data:`OpenTarget`).
+        k: the loop's largest K per step: an int or a callable asked before each step.
+        resumed: tokens already emitted (a resumed generation): they extend both sessions'
+            history and are re-fed to the output assembler, whose chunk the caller takes.
+
+    Raises:
+        PromptTooLongError: the prompt leaves no room for one token in the target's context.
+        InvalidRequestError: the proposer is ``draft`` but no draft model is loaded.
+    """
+    limit = target.max_positions
+    if len(prompt) >= limit:
+        raise PromptTooLongError(len(prompt), limit, f"the target '{target.name}'")
+    history = [int(t) for t in prompt] + [int(t) for t in resumed]
+    draft_seed, target_seed = derive_seeds(seed)
+    spec = request.speculation
+    processing = LogitProcessing.for_request(request, len(prompt), target.eos_token_ids)
+    proposer = None
+    if spec.proposer == "draft" and spec.k > 0:
+        if draft_proposer is None:
+            raise InvalidRequestError("proposer 'draft' needs a draft model; none is loaded")
+        proposer = draft_proposer.open_session(history, request.sampling, draft_seed, **processing.options(),
+                                               **draft_options(spec))
+    elif spec.proposer == "ngram" and spec.k > 0:
+        ngram = PromptLookupProposer(spec.ngram_min, spec.ngram_max, eos_ids=target.eos_token_ids)
+        proposer = ngram.open_session(history, request.sampling, draft_seed)
+    target_session = open_target(history, request.sampling, target_seed, logprobs=request.logprobs,
+                                 processing=processing, top_logprobs=request.top_logprobs)
+    assembler = OutputAssembler(
+        target.tokenizer,
+        max_tokens=request.max_tokens,
+        eos_ids=() if request.ignore_eos else target.eos_token_ids,
+        stop_token_ids=request.stop_token_ids,
+        stop=request.stop,
+        logprobs=request.logprobs,
+        top_logprobs=request.top_logprobs,
+    )
+    if resumed:
+        assembler.add(list(resumed), [0.0] * len(resumed) if request.logprobs else None)
+    return Generation(
+        target=target_session,
+        proposer=proposer,
+        assembler=assembler,
+        prompt_len=len(prompt),
+        max_total_len=limit,
+        k=k,
+    )
+
