@@ -232,11 +232,6 @@ class SharedTenantState:
     ) -> None:
         self.controller.observe_step(proposer, k, draft_s, verify_s, round_trip_s)
 
-    def observe_steps(self, proposer: str, steps: list) -> None:
-        """Many ``(k, draft_s, verify_s[, round_trip_s])`` at once (one call, e.g. a calibration)."""
-        for s in steps:
-            self.controller.observe_step(proposer, *s)
-
     def current_k(self, tenant: str, proposer: str) -> int | None:
         return self.controller.current_k(tenant, proposer)
 
@@ -368,9 +363,6 @@ class ControllerClient:
 
     async def observe_step(self, proposer, k, draft_s, verify_s, round_trip_s=None) -> None:
         return await self._call("observe_step", proposer, k, draft_s, verify_s, round_trip_s)
-
-    async def observe_steps(self, proposer: str, steps: list) -> None:
-        return await self._call("observe_steps", proposer, list(steps))
 
     async def current_k(self, tenant: str, proposer: str) -> int | None:
         return await self._call("current_k", tenant, proposer)

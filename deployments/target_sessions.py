@@ -9,8 +9,9 @@ holds the same table and runs the same calls, so caches stay in lockstep). It tu
 - known session at another position: reply POSITION_MISMATCH (e.g. a retried step);
 - otherwise verify with :meth:`specdec.engine.verifier.TargetSession.verify`.
 
-Known limit: a rebuilt session reseeds its generator from ``open.seed``; under sampling the
-output stays exactly target-distributed but is not the same sample as without the rebuild.
+A rebuilt session draws each step's randomness from (``open.seed``, position), like the
+session it replaces, so a seeded sampled generation gives the same output with or without a
+rebuild.
 """
 
 from __future__ import annotations

@@ -1,15 +1,17 @@
 """The router's tenancy façade: authenticate, apply policy and limits, admit fairly, pick K.
 
-A router replica holds one :class:`TenancyGate` and calls, per request::
+A router replica holds one :class:`TenancyGate` and calls, per request
+(:class:`deployments.router.Router`)::
 
-    adm = await gate.admit(metadata, request)          # may raise (mapped by grpc_status)
+    adm = await gate.admit(metadata, request, prompt_tokens=len(prompt))  # may raise (grpc_status)
     try:
-        gen = engine.start(adm.request, k=adm.k)       # adm.k: int, or a probe's schedule
-        timed = run_timed(gen)                          # specdec.control.adaptive: stats + step costs
+        # a DraftJob from adm.request, adm.proposer, adm.chosen_k and the probe steps of
+        # adm.decision; relay the draft replica's stream, join it into a result
+        ...
     except BaseException as e:
         await gate.complete(adm, e)
         raise
-    await gate.complete(adm, timed)
+    await gate.complete(adm, result, ttft_s=ttft, inter_token_s=itl, costs=step_costs)
 
 and ``await gate.tenant_stats(metadata, proposer)`` for ``GetTenantStats``.
 
@@ -32,8 +34,8 @@ What :meth:`TenancyGate.admit` does, in order, and the error of each step (gRPC 
    RESOURCE_EXHAUSTED ``max_queued_requests``);
 5. the K decision of the shared controller for (tenant, proposer) within the tenant's policy
    and the request's own ``speculation.k`` (a ceiling): the returned :class:`Admission` carries
-   the request rewritten with that K (K = 0: the draft is not even opened) and the engine's
-   ``k`` argument (a probe speculates only its first few steps). A sampled request with a
+   the request rewritten with that K (K = 0: the draft is not even opened); a probe
+   (``decision["probe"]``) speculates only its first ``decision["probe_steps"]`` steps. A sampled request with a
    ``seed`` is not adapted: it runs at the tenant's ``fixed_k``, else its own ``k`` clipped to
    the tenant's range, so that the same seeded request gives the same output every time (a
    sampled output depends on K, its distribution does not).
@@ -122,7 +124,6 @@ class Admission:
     Attributes:
         tenant_id: the authenticated tenant.
         request: the request to run: the caller's, with ``speculation.k`` set to the decided K.
-        k: the engine's ``k`` argument (an int, or a probe's per-step schedule).
         proposer: the proposer (``"none"`` when K = 0 was forced by the request or policy).
         decision: the controller's KDecision as a dict (α, cost terms, predicted speedup).
         prompt_tokens: prompt length the limits were checked with.
@@ -132,7 +133,6 @@ class Admission:
 
     tenant_id: str
     request: GenerationRequest
-    k: Any
     proposer: str
     decision: dict
     prompt_tokens: int
@@ -264,7 +264,6 @@ class TenancyGate:
         adm = Admission(
             tenant_id=tid,
             request=request,
-            k=0,
             proposer=checked.proposer,
             decision=got["decision"],
             prompt_tokens=n_prompt,
@@ -282,9 +281,8 @@ class TenancyGate:
             raise
         adm._slot = True
         adm.queued_s = time.perf_counter() - t_q
-        from specdec.control.adaptive import apply_decision
-
-        adm.request, adm.k = apply_decision(request, adm.decision)
+        spec = request.speculation.model_copy(update={"k": adm.chosen_k})
+        adm.request = request.model_copy(update={"speculation": spec})
         return adm
 
     async def complete(

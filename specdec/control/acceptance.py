@@ -366,7 +366,3 @@ class AcceptanceEstimator:
     def keys(self) -> list:
         """Keys with recorded data."""
         return list(self._keys)
-
-    def forget(self, key: Key) -> None:
-        """Drop one key's counts (it restarts from the global prior)."""
-        self._keys.pop(key, None)

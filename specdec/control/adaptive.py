@@ -1,8 +1,5 @@
-"""Glue between the K controller and an in-process engine: per-request K, step timings, calibration.
+"""Glue between the K controller and a running generation: step timings, calibration.
 
-- :func:`apply_decision`: a request rewritten for the controller's :class:`KDecision` (its K, or
-  plain decoding without opening the draft at K = 0) plus the ``k`` argument for
-  :meth:`specdec.engine.engine.SpeculativeEngine.start` (a schedule for a probe).
 - :func:`run_timed`: run a :class:`specdec.engine.decoder.Generation` step by step, collecting each
   step's K, draft and verify seconds (:class:`StepCosts`, the ``costs`` argument of
   :meth:`specdec.control.controller.KController.record`), time to first token and inter-token latency.
@@ -19,28 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specdec.request import GenerationRequest, SamplingParams
+from specdec.request import SamplingParams
 from specdec.types import DraftBlock, GenerationResult
-
-
-def apply_decision(request: GenerationRequest, decision) -> tuple[GenerationRequest, object]:
-    """``(request', k)`` to run ``request`` with ``decision`` (a KDecision or its dict).
-
-    At K = 0 the request's ``speculation.k`` becomes 0, so the engine opens no proposer session
-    (no draft prefill); otherwise it becomes the decided K and ``k`` is
-    :meth:`KDecision.k_schedule` (a callable for a step-limited probe).
-    """
-    from specdec.control.controller import k_schedule
-
-    if isinstance(decision, dict):
-        k = int(decision["k"])
-        steps = decision.get("probe_steps") if decision.get("probe") else None
-    else:
-        k = int(decision.k)
-        steps = decision.probe_steps if decision.probe else None
-    spec = request.speculation.model_copy(update={"k": k})
-    req = request.model_copy(update={"speculation": spec})
-    return req, (k_schedule(k, steps) if k > 0 else 0)
 
 
 @dataclass

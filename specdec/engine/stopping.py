@@ -244,9 +244,9 @@ class OutputAssembler:
         # The EOS / stop id itself was never given to the detokenizer: its text is not output.
         self.detok.flush()
         if self.stop:
-            self._check_stop_strings(final=True)
+            self._check_stop_strings()
 
-    def _check_stop_strings(self, final: bool = False) -> bool:
+    def _check_stop_strings(self) -> bool:
         # Only text that can hold a match not seen before: from max_stop - 1 characters before
         # the previous check's end (a match completing now may start there).
         start = max(0, self._checked_upto - self._max_stop + 1)

@@ -23,6 +23,7 @@ from deployments.grpc_status import RETRY_AFTER_KEY, abort_with, status_for
 from deployments.metrics import SpecDecMetrics
 from deployments.tenancy import TenancyGate, authorization_from_metadata, tenant_stats_to_proto
 from specdec.control.adaptive import run_timed
+from specdec.control.controller import k_schedule
 from specdec.engine.engine import SpeculativeEngine
 from specdec.errors import AuthenticationError, InvalidRequestError, ResourceExhaustedError
 from specdec.request import GenerationRequest
@@ -129,11 +130,16 @@ def make_gate(tenants_file, clock=None, **kw) -> TenancyGate:
     return TenancyGate(tenants_file, ctl, SpecDecMetrics(backend=None), **kw)
 
 
+def engine_k(adm):
+    """The loop's K for an admission, as the draft replica builds it from the router's job."""
+    return k_schedule(adm.chosen_k, adm.decision.get("probe_steps") if adm.decision.get("probe") else None)
+
+
 async def serve_one(gate, engine, tenant, prompt, max_tokens=24, k=6):
     req = GenerationRequest(prompt=prompt, max_tokens=max_tokens, speculation={"proposer": "draft", "k": k})
     adm = await gate.admit(md(tenant), req)
     try:
-        timed = run_timed(engine.start(adm.request, k=adm.k))
+        timed = run_timed(engine.start(adm.request, k=engine_k(adm)))
     except BaseException as e:
         await gate.complete(adm, e)
         raise
@@ -393,7 +399,7 @@ def test_open_mode_default_tenant(engines, tiny_target):
             r = GenerationRequest(prompt="def add(a, b):", max_tokens=12, speculation={"k": 16})
             adm = await gate.admit(metadata, r)
             assert adm.tenant_id == "default" and adm.decision["k_max"] == 16
-            t = run_timed(engines["equal"].start(adm.request, k=adm.k))
+            t = run_timed(engines["equal"].start(adm.request, k=engine_k(adm)))
             await gate.complete(adm, t)
         st = await gate.tenant_stats(None)
         assert st["tenant_id"] == "default" and st["usage"]["requests"] == 2
