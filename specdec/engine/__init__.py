@@ -3,6 +3,8 @@
 - :mod:`~specdec.engine.decoder`: the loop of one request (propose, verify, accept, stop).
 - :mod:`~specdec.engine.engine`: the in-process engine (:class:`SpeculativeEngine`): target,
   proposers and loop in one process, no Ray.
+- :mod:`~specdec.engine.sessions`: opens one request's proposer and target sessions, output
+  assembler and loop; used by the in-process engine and by the serving layer's draft replica.
 - :mod:`~specdec.engine.verifier`: greedy verification and modified rejection sampling; the
   target session.
 - :mod:`~specdec.engine.proposers`: the draft model and prompt lookup (one interface).
