@@ -27,12 +27,10 @@ from typing import Iterator, Sequence
 import grpc
 
 from deployments import convert
+from deployments.metadata import TIMEOUT_KEY  # the deadline's metadata key (no Ray import)
 from protos.specdec.v1 import specdec_pb2 as pb
 from protos.specdec.v1 import specdec_pb2_grpc as pb_grpc
 from specdec.types import GenerationChunk, GenerationResult
-
-#: Metadata key of the deadline (mirrors deployments.router.TIMEOUT_KEY; no Ray import here).
-TIMEOUT_KEY = "specdec-timeout-s"
 
 
 class SpecDecError(Exception):

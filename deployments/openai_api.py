@@ -327,7 +327,7 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
 def metadata_from_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """The router's metadata from HTTP headers: ``authorization``, ``x-session-id`` as
     ``session_id``, ``specdec-timeout-s``."""
-    from deployments.router import SESSION_KEY, TIMEOUT_KEY
+    from deployments.metadata import SESSION_KEY, TIMEOUT_KEY
 
     out: dict[str, str] = {}
     for src, dst in (("authorization", "authorization"), (SESSION_HEADER, SESSION_KEY), (TIMEOUT_KEY, TIMEOUT_KEY)):

@@ -58,6 +58,7 @@ from deployments import convert
 from deployments.aio import finish_despite_cancellation
 from deployments.config import AppConfig
 from deployments.grpc_status import abort_stream, abort_with
+from deployments.metadata import SESSION_KEY, TIMEOUT_KEY
 from deployments.ray_errors import is_replica_death, unwrap
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
@@ -71,10 +72,6 @@ from specdec.request import MAX_SPECULATION_LENGTH, GenerationRequest, parse_req
 
 log = logging.getLogger(__name__)
 
-#: Metadata key carrying the client's deadline as seconds from now (the client library sets it).
-TIMEOUT_KEY = "specdec-timeout-s"
-#: Metadata key of the session (Serve's own key: also drives sticky routing in the proxy).
-SESSION_KEY = "session_id"
 #: How many times one generation is resumed after its draft replica died.
 MAX_RESUMES = 3
 

@@ -1,0 +1,11 @@
+"""Request metadata keys of the serving layer, shared by the gRPC and HTTP ingress and the client.
+
+The HTTP API maps its headers onto these gRPC metadata keys
+(:func:`deployments.openai_api.metadata_from_headers`). No Ray or gRPC import here: the client
+library uses them too.
+"""
+
+#: Metadata key carrying the client's deadline as seconds from now (the client library sets it).
+TIMEOUT_KEY = "specdec-timeout-s"
+#: Metadata key of the session (Serve's own key: also drives sticky routing in the proxy).
+SESSION_KEY = "session_id"
