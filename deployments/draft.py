@@ -264,8 +264,11 @@ class Draft:
             from specdec.models.vocab import VocabSide, check_vocab_compatible
             from specdec.engine.proposers.draft_model import DraftModelProposer
 
-            device = "cuda" if (cfg.draft_num_gpus > 0 and torch.cuda.is_available()) else "cpu"
-            draft = load_model(parse_model_spec(cfg.draft_model), device=device)
+            from deployments.tp_worker import worker_device
+
+            # the GPU Ray gave this replica (cuda:0 in its view); a clear error, not a silent CPU
+            # run, when it holds one but this torch cannot use it
+            draft = load_model(parse_model_spec(cfg.draft_model), device=worker_device(cfg.draft_num_gpus))
             check_vocab_compatible(VocabSide.of(draft), self.info.vocab_side())
             self.draft_proposer = DraftModelProposer(draft, eos_ids=self.info.eos_token_ids)
         #: generation id -> its Generation (the sessions whose draft caches live here)

@@ -38,7 +38,8 @@ def free_port() -> int:
 
 
 def worker_device(num_gpus: float) -> torch.device:
-    """The device a TP worker computes on: its GPU when Ray gave it one, else the CPU.
+    """The device a model process (a TP worker, a draft replica) computes on: its GPU when Ray gave
+    it one, else the CPU.
 
     Ray shows an actor only the GPUs it was assigned (``CUDA_VISIBLE_DEVICES``), so a worker
     holding a GPU sees it as ``cuda:0``. A worker asked to hold a GPU on a machine where CUDA is
@@ -50,7 +51,7 @@ def worker_device(num_gpus: float) -> torch.device:
     if num_gpus <= 0:
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise RuntimeError(f"this TP worker was given num_gpus={num_gpus} but CUDA is not available "
+        raise RuntimeError(f"this process was given num_gpus={num_gpus} but CUDA is not available "
                            f"(torch {torch.__version__}; is the CUDA build of torch installed?)")
     return torch.device("cuda", 0)
 

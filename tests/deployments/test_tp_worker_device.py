@@ -25,7 +25,7 @@ def test_worker_device_is_the_gpu_it_holds():
     if torch.cuda.is_available():
         assert worker_device(1) == torch.device("cuda", 0)
     else:  # holding a GPU without CUDA is an error, not a silent CPU run
-        with pytest.raises(RuntimeError, match=r"given num_gpus=1 but CUDA is not available"):
+        with pytest.raises(RuntimeError, match=r"was given num_gpus=1 but CUDA is not available"):
             worker_device(1)
 
 
