@@ -179,7 +179,7 @@ def _identity(rows: list[dict]) -> dict:
 
 def _predicted_fixed(controller, summary: dict) -> dict:
     """The controller's final model's predicted speedup at each fixed K, per tenant, vs measured."""
-    from specdec.control.controller import evaluate_k
+    from specdec.control.objective import evaluate_k
 
     out = {}
     for t in TENANTS:

@@ -5,8 +5,8 @@ import random
 import pytest
 
 from specdec.control.acceptance import AcceptanceEstimator
-from specdec.control.controller import (
-    KController,
+from specdec.control.controller import KController
+from specdec.control.objective import (
     choose_k,
     evaluate_k,
     expected_tokens_per_step,

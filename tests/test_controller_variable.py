@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.control.controller import (
-    KController,
+from specdec.control.controller import KController
+from specdec.control.objective import (
     block_length_distribution,
     evaluate_variable_k,
     expected_tokens_per_step_positional,

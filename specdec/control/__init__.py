@@ -5,6 +5,8 @@
 - :mod:`~specdec.control.cost_model`: measured draft / verify / round-trip costs.
 - :mod:`~specdec.control.controller`: the K controller (:class:`KController`): K per tenant
   maximising expected tokens/s, K = 0 allowed, probing, hysteresis.
+- :mod:`~specdec.control.objective`: what it maximises: expected tokens per step and per second
+  for each K (or cap of a variable-length proposer) under the measured costs.
 - :mod:`~specdec.control.adaptive`: running a generation with timing, feeding the controller,
   cost calibration.
 - :mod:`~specdec.control.tenants`: tenant config, hashed API keys
