@@ -424,13 +424,21 @@ class TokenText:
 def completion_logprobs(ids: Sequence[int], logprobs: Sequence[float], text: TokenText, offset: int = 0,
                         top: Sequence[pb.TopLogprobs] = ()) -> dict:
     """Completions' ``logprobs`` object: tokens, token_logprobs, top_logprobs (per position a
-    dict token text -> logprob, or None when N = 0), text_offset."""
+    dict token text -> logprob, or None when N = 0; ids that decode to the same text share one
+    key, with the most likely one's logprob), text_offset."""
     tokens = [text(t) for t in ids]
     offsets = []
     for tok in tokens:
         offsets.append(offset)
         offset += len(tok)
-    tops = [{text(i): float(v) for i, v in zip(m.ids, m.logprobs)} for m in top] if top else None
+    tops = None
+    if top:  # several ids may decode to the same text: the most likely one's logprob is kept
+        tops = []
+        for m in top:
+            d: dict[str, float] = {}
+            for i, v in zip(m.ids, m.logprobs):
+                d.setdefault(text(i), float(v))
+            tops.append(d)
     return {"tokens": tokens, "token_logprobs": [float(x) for x in logprobs], "top_logprobs": tops,
             "text_offset": offsets}
 

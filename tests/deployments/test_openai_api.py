@@ -451,6 +451,11 @@ def test_sampling_surface_over_http_equals_grpc(stack):
     assert cmpl.choices[0].model_extra["token_ids"] == list(g.token_ids)
     tops = cmpl.choices[0].logprobs.top_logprobs
     assert [set(d) for d in tops] == [{tok.decode([i]) for i in t.ids} for t in g.top_logprobs]
+    for d, t in zip(tops, g.top_logprobs):  # ids decoding alike share a key: the most likely one's logprob
+        first = {}
+        for i, v in zip(t.ids, t.logprobs):
+            first.setdefault(tok.decode([i]), v)
+        assert d == pytest.approx(first, abs=1e-5)
 
 
 def test_bad_sampling_values_have_the_grpc_message(stack):

@@ -249,4 +249,13 @@ def test_sampling_surface_through_both_ports(served, models):
                                            logit_bias={"40": 4.0}, extra_body={"repetition_penalty": 1.6,
                                                                               "speculation": {"proposer": "draft"}})
     assert r.choices[0].model_extra["token_ids"] == ref
-    assert [len(d) for d in r.choices[0].logprobs.top_logprobs] == [len(t.ids) for t in g.top_logprobs]
+    # completions' shape: token text -> logprob (ids that decode alike share a key, the most likely kept)
+    expected = []
+    for t in g.top_logprobs:
+        d: dict = {}
+        for i, v in zip(t.ids, t.logprobs):
+            d.setdefault(target.tokenizer.decode([i]), v)
+        expected.append(d)
+    got = r.choices[0].logprobs.top_logprobs
+    assert [list(d) for d in got] == [list(d) for d in expected]
+    assert [list(d.values()) for d in got] == [pytest.approx(list(d.values()), abs=1e-5) for d in expected]
