@@ -29,16 +29,20 @@ store: it outlives the actor, so a restarted controller actor resumes where it w
 with GCS fault tolerance it also outlives the head pod). Rate-limit buckets and leases are not
 saved: they belong to requests in flight.
 
-Leases of a replica that died are never released; they expire after ``lease_ttl_s`` (default
-the request timeout, 300 s), so a crashed replica does not hold a tenant's concurrency forever.
+Leases: a lease id is a random 128-bit hex string (``uuid4``), so ids of a restarted actor,
+of another incarnation and of a router's local fallback never collide; :meth:`complete` releases
+a lease only for the tenant that holds it. Leases of a replica that died are never released;
+each expires ``LEASE_GRACE_S`` after its request's own timeout (``timeout_s`` of :meth:`admit`;
+``lease_ttl_s``, default 300 s, when the caller gives none), so a crashed replica does not hold a
+tenant's concurrency forever and a long request keeps its slot.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import pickle
 import time
+import uuid
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping
 
@@ -51,6 +55,8 @@ log = logging.getLogger(__name__)
 #: Name and namespace of the shared actor (one per Ray cluster and application).
 ACTOR_NAME = "specdec-k-controller"
 ACTOR_NAMESPACE = "specdec"
+#: Seconds a lease outlives its request's timeout (the router's cleanup after the deadline).
+LEASE_GRACE_S = 30.0
 
 
 def _limits_ns(tenant_id: str, limits: Mapping) -> SimpleNamespace:
@@ -89,7 +95,8 @@ class SharedTenantState:
 
     Args:
         controller_kwargs: keyword arguments of :class:`KController` (plain data).
-        lease_ttl_s: a lease older than this is released as if its request had ended.
+        lease_ttl_s: a lease of a request admitted without a timeout is released, as if its
+            request had ended, after this many seconds.
         clock: monotonic seconds (tests inject one; also used by the controller when given).
         store: where snapshots go (``load() -> bytes | None``, ``save(bytes)``); None: none.
         snapshot_every_s: least time between two snapshots (saved after a request completes).
@@ -110,8 +117,8 @@ class SharedTenantState:
         self.controller = KController(**kw)
         self.limiter = RateLimiter(clock=self.clock)
         self.lease_ttl_s = lease_ttl_s
-        self._leases: dict[int, tuple[Any, float]] = {}
-        self._ids = itertools.count(1)
+        #: lease id -> (RateLease, monotonic time after which it expires)
+        self._leases: dict[str, tuple[Any, float]] = {}
         self.usage: dict[str, dict[str, int]] = {}
         self.store = store
         self.snapshot_every_s = snapshot_every_s
@@ -168,28 +175,34 @@ class SharedTenantState:
         proposer: str,
         policy: Mapping,
         requested_k: int | None,
+        timeout_s: float | None = None,
     ) -> dict:
         """Reserve rate limits for one request and decide its K, in one call.
 
+        Args:
+            timeout_s: the request's own time budget in seconds; its lease expires
+                ``LEASE_GRACE_S`` after it (None: after ``lease_ttl_s``).
+
         Returns:
-            ``{"lease": id, "decision": KDecision dict}``, or ``{"error": {"message", "limit",
-            "retry_after_s"}}`` when a limit fires (errors travel as data: Ray would wrap the
-            exception and drop its attributes).
+            ``{"lease": id (str), "decision": KDecision dict}``, or ``{"error": {"message",
+            "limit", "retry_after_s"}}`` when a limit fires (errors travel as data: Ray would
+            wrap the exception and drop its attributes).
         """
         self._expire()
         try:
             lease = self.limiter.acquire(_limits_ns(tenant_id, limits), int(tokens))
         except ResourceExhaustedError as e:
             return {"error": {"message": str(e), "limit": e.limit, "retry_after_s": e.retry_after_s}}
-        lease_id = next(self._ids)
-        self._leases[lease_id] = (lease, self.clock())
+        lease_id = uuid.uuid4().hex
+        ttl = self.lease_ttl_s if timeout_s is None else float(timeout_s) + LEASE_GRACE_S
+        self._leases[lease_id] = (lease, self.clock() + ttl)
         u = self.usage.setdefault(tenant_id, {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0})
         u["requests"] += 1
         return {"lease": lease_id, "decision": self.decide(tenant_id, proposer, policy, requested_k)}
 
     def complete(
         self,
-        lease_id: int | None,
+        lease_id: str | None,
         tenant_id: str,
         proposer: str,
         stats: Mapping | None = None,
@@ -199,9 +212,16 @@ class SharedTenantState:
         used_tokens: int | None = None,
     ) -> None:
         """End one admitted request: release its lease (refunding unused tokens), feed its
-        stats (if any steps ran) to the controller and add its usage. Idempotent per lease."""
-        entry = self._leases.pop(lease_id, None) if lease_id is not None else None
+        stats (if any steps ran) to the controller and add its usage. Idempotent per lease.
+
+        A lease this state does not hold (admitted by a previous incarnation, expired) or held
+        by another tenant is not released (logged); the usage and feedback still count."""
+        entry = self._leases.get(lease_id) if lease_id is not None else None
+        if entry is not None and entry[0].tenant_id != tenant_id:
+            log.warning("lease %s belongs to tenant %r, not %r: not released", lease_id, entry[0].tenant_id, tenant_id)
+            return
         if entry is not None:
+            del self._leases[lease_id]
             entry[0].release(used_tokens)
         u = self.usage.setdefault(tenant_id, {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0})
         u["prompt_tokens"] += int(prompt_tokens)
@@ -212,9 +232,9 @@ class SharedTenantState:
 
     def _expire(self) -> None:
         now = self.clock()
-        for lid, (lease, t) in list(self._leases.items()):
-            if now - t > self.lease_ttl_s:
-                log.warning("lease %s of tenant %r expired after %.0f s", lid, lease.tenant_id, now - t)
+        for lid, (lease, expires) in list(self._leases.items()):
+            if now > expires:
+                log.warning("lease %s of tenant %r expired (its request's timeout passed)", lid, lease.tenant_id)
                 lease.release(None)
                 del self._leases[lid]
 
@@ -249,6 +269,10 @@ class SharedTenantState:
 
     def active_leases(self) -> int:
         return len(self._leases)
+
+    def holds_lease(self, lease_id: str | None) -> bool:
+        """Whether ``lease_id`` is one of this state's open leases."""
+        return lease_id in self._leases
 
     def was_restored(self) -> bool:
         """True when this state started from a saved snapshot (e.g. after an actor restart)."""
@@ -347,13 +371,17 @@ class ControllerClient:
                 self._fallback = SharedTenantState()
             return getattr(self._fallback, method)(*args)
 
-    async def admit(self, tenant_id, limits, tokens, proposer, policy, requested_k) -> dict:
-        return await self._call("admit", tenant_id, dict(limits), tokens, proposer, dict(policy), requested_k)
+    async def admit(self, tenant_id, limits, tokens, proposer, policy, requested_k, timeout_s=None) -> dict:
+        return await self._call("admit", tenant_id, dict(limits), tokens, proposer, dict(policy), requested_k,
+                                timeout_s)
 
     async def complete(self, lease_id, tenant_id, proposer, stats=None, costs=None,
                        prompt_tokens=0, completion_tokens=0, used_tokens=None) -> None:
-        return await self._call("complete", lease_id, tenant_id, proposer, stats, costs,
-                                prompt_tokens, completion_tokens, used_tokens)
+        args = (lease_id, tenant_id, proposer, stats, costs, prompt_tokens, completion_tokens, used_tokens)
+        if self._fallback is not None and self._fallback.holds_lease(lease_id):
+            # admitted by the fallback while the actor was away: released there
+            return self._fallback.complete(*args)
+        return await self._call("complete", *args)
 
     async def decide(self, tenant: str, proposer: str, policy: Mapping, requested_k: int | None = None) -> dict:
         return await self._call("decide", tenant, proposer, dict(policy), requested_k)

@@ -15,16 +15,20 @@ Both hand :meth:`Router.generate_stream` the plain request dict that
 :func:`specdec.request.parse_request` validates and the caller's metadata (``authorization``,
 ``session_id``, ``specdec-timeout-s``). Per request, in order (one clear step each):
 
-1. ``parse_request``: dict -> validated core request (INVALID_ARGUMENT / HTTP 400), the same
+1. ``TenancyGate.authenticate_caller``: the API key (UNAUTHENTICATED / HTTP 401), before any
+   other work, so an unauthenticated caller cannot make the router validate or tokenize a
+   large prompt;
+2. ``parse_request``: dict -> validated core request (INVALID_ARGUMENT / HTTP 400), the same
    messages on both APIs;
-2. ``_hints``: the request's proposer and largest K, capped by ``default_max_k``;
-3. ``_encode``: tokenize (chat template of the target) and check the context limit
+3. ``_hints``: the request's proposer and largest K, capped by ``default_max_k``;
+4. ``_encode``: tokenize (chat template of the target) and check the context limit
    (INVALID_ARGUMENT for an empty or over-long prompt);
-4. ``TenancyGate.admit`` (:mod:`deployments.tenancy`): the API key (UNAUTHENTICATED), the
-   tenant's policy (INVALID_ARGUMENT, or K clipped), its limits (RESOURCE_EXHAUSTED), a fair
-   admission slot, and the K of the shared per-tenant controller (K = 0: plain decoding);
-5. ``_ensure_ready``: the models are loaded (else UNAVAILABLE within ``ready_timeout_s``);
-6. ``_relay``: one ``DraftJob`` to the Draft deployment (sticky on the session id), whose
+5. ``TenancyGate.admit`` (:mod:`deployments.tenancy`) for the authenticated tenant: its policy
+   (INVALID_ARGUMENT, or K clipped), its limits (RESOURCE_EXHAUSTED; the rate lease lives as
+   long as the request's own timeout), a fair admission slot, and the K of the shared per-tenant
+   controller (K = 0: plain decoding);
+6. ``_ensure_ready``: the models are loaded (else UNAVAILABLE within ``ready_timeout_s``);
+7. ``_relay``: one ``DraftJob`` to the Draft deployment (sticky on the session id), whose
    stream of chunks is relayed as is. The router is not in the per-token path: the draft replica
    runs the loop and talks to the target itself. If the draft replica dies mid-stream, the
    generation is resumed on a (new) draft replica from what the client already received.
@@ -234,6 +238,9 @@ class Router:
         Raises:
             InvalidRequestError, AuthenticationError, ResourceExhaustedError, ModelNotReadyError.
         """
+        named_proposer = (data.get("speculation") or {}).get("proposer")
+        tenant = self.gate.authenticate_caller(  # before any work on the prompt
+            metadata, named_proposer if isinstance(named_proposer, str) else "unknown")
         req = parse_request(dict(data), convert.PROTO_FIELD_NAMES)  # fields named as the caller sent them
         proposer, k = self._hints(data)
         spec_given = data.get("speculation") or {}
@@ -247,7 +254,8 @@ class Router:
         deadline = self._deadline(metadata)
         named = spec_given.get("proposer") is not None
         adm = await self.gate.admit(metadata, req, prompt_tokens=len(prompt),
-                                    default_proposers=None if named else self._default_proposers())
+                                    default_proposers=None if named else self._default_proposers(),
+                                    tenant=tenant, timeout_s=max(0.0, deadline - time.time()))
         try:
             await self._ensure_ready()
             generation_id = uuid.uuid4().hex

@@ -20,7 +20,8 @@ What :meth:`TenancyGate.admit` does, in order, and the error of each step (gRPC 
 
 1. authenticate ``authorization: Bearer <key>`` from the gRPC metadata against the tenants
    file (:meth:`specdec.control.tenants.TenantRegistry.authenticate`): missing, malformed or unknown key
-   -> :class:`AuthenticationError` (UNAUTHENTICATED);
+   -> :class:`AuthenticationError` (UNAUTHENTICATED). A router authenticates first, before it
+   tokenizes the prompt (:meth:`TenancyGate.authenticate_caller`), and passes the tenant on;
 2. the tenant's policy (:meth:`TenantRegistry.check_request`): prompt too long, ``max_tokens``
    over the limit, proposer not allowed -> :class:`InvalidRequestError` (INVALID_ARGUMENT);
    a request that named no proposer gets the first server proposer the tenant allows;
@@ -138,7 +139,7 @@ class Admission:
     prompt_tokens: int
     clipped: tuple[str, ...] = ()
     queued_s: float = 0.0
-    lease_id: int | None = None
+    lease_id: str | None = None
     started: float = field(default_factory=time.perf_counter)
     _slot: bool = False
     _done: bool = False
@@ -218,8 +219,24 @@ class TenancyGate:
 
     # ------------------------------------------------------------------ per request
 
+    def authenticate_caller(self, metadata: Any, proposer: str = "unknown") -> Tenant:
+        """:meth:`authenticate`, counting a refusal in the metrics (tenant ``"unknown"``).
+
+        Routers call it before any work on the request (parsing aside): an unauthenticated
+        caller must not make the server tokenize its prompt.
+
+        Raises:
+            AuthenticationError: no, malformed or unknown key.
+        """
+        try:
+            return self.authenticate(metadata)
+        except AuthenticationError as e:
+            self._refused(UNKNOWN_TENANT, proposer, e)
+            raise
+
     async def admit(self, metadata: Any, request: GenerationRequest, prompt_tokens: int | None = None,
-                    default_proposers: Iterable[str] | None = None) -> Admission:
+                    default_proposers: Iterable[str] | None = None, *, tenant: Tenant | None = None,
+                    timeout_s: float | None = None) -> Admission:
         """Authenticate, check, rate-limit, wait for a fair slot and decide K (module docstring).
 
         Args:
@@ -228,16 +245,16 @@ class TenancyGate:
             prompt_tokens: the prompt length if the caller already tokenized it.
             default_proposers: the request named no proposer: the server's proposers in order of
                 preference (see :meth:`specdec.control.tenants.TenantRegistry.check_request`).
+            tenant: the caller's tenant when already authenticated (:meth:`authenticate_caller`).
+            timeout_s: the request's time budget in seconds: its rate lease lives that long
+                (plus a grace) before it expires unreleased; None: the shared state's default.
 
         Raises:
             AuthenticationError, InvalidRequestError, ResourceExhaustedError.
         """
         proposer = request.speculation.proposer
-        try:
-            tenant = self.authenticate(metadata)
-        except AuthenticationError as e:
-            self._refused(UNKNOWN_TENANT, proposer, e)
-            raise
+        if tenant is None:
+            tenant = self.authenticate_caller(metadata, proposer)
         tid = tenant.id
         try:
             n_prompt = prompt_tokens if prompt_tokens is not None else self._prompt_tokens(request)
@@ -254,7 +271,7 @@ class TenancyGate:
             policy["adaptive"] = False  # reproducible: a sampled output depends on K
         limits = tenant.limits.model_dump()
         got = await self.controller.admit(
-            tid, limits, n_prompt + request.max_tokens, checked.proposer, policy, checked.k_max
+            tid, limits, n_prompt + request.max_tokens, checked.proposer, policy, checked.k_max, timeout_s
         )
         if "error" in got:
             err = got["error"]
