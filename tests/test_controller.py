@@ -347,3 +347,33 @@ def test_record_with_step_costs_and_mixed_k_fallback():
     mixed.record_step(2, 2, 0.2, 0.5)  # the last step, shrunk near max_tokens
     ctl2.record("T", "draft", mixed)
     assert cm2.verify_s(5) == pytest.approx(0.7)
+
+
+def test_request_turning_speculation_off_leaves_the_adaptive_state_alone():
+    """A request with K = 0 (or proposer "none") is plain decoding for that request only: the
+    tenant's held K, its pending switch and its counts stay as they were, so requests finishing
+    meanwhile are not taken for probes (which would discount the tenant's history)."""
+    rng = random.Random(11)
+    ctl = KController(estimator=AcceptanceEstimator(half_life_steps=None, prior_half_life_steps=None), clock=FakeClock())
+    for _ in range(30):
+        run_request(ctl, "A", POLICY, 1.0, rng)
+    assert ctl.current_k("A", "draft") == 6
+    # one request of tenant A is in flight at K = 6 ...
+    inflight = ctl.decide("A", "draft", POLICY)
+    assert inflight.k == 6
+    before = ctl.estimator.snapshot(("A", "draft"))
+    last = ctl.tenant_stats("A")["draft"]["last_decision"]
+    # ... when another asks for no speculation
+    off = ctl.decide("A", "draft", POLICY, requested_k=0)
+    assert (off.k, off.reason) == (0, "speculation off")
+    assert ctl.current_k("A", "draft") == 6
+    assert ctl.tenant_stats("A")["draft"]["last_decision"] == last
+    # the in-flight request finishes: 4 steps, all 6 drafts accepted; recorded as such, no discount
+    st = SpeculationStats()
+    for _ in range(4):
+        st.record_step(6, 6, 0.01, 0.1)
+    ctl.record("A", "draft", st)
+    after = ctl.estimator.snapshot(("A", "draft"))
+    assert after.accepted == before.accepted + 24
+    assert after.prior_accepted == before.prior_accepted and after.rejected_steps == before.rejected_steps
+    assert ctl.decide("A", "draft", POLICY).k == 6

@@ -28,7 +28,8 @@ measured costs, with per-position acceptance where there is enough data.
   ``probe_discount`` (default 0.25): they predate the time at K = 0, during which the
   step-based decay stood still, so without the discount a tenant whose traffic turned
   predictable would need many probes to outweigh its stale history.
-- Policies: proposer ``"none"`` or a K range [0, 0] is plain decoding; ``adaptive = False``
+- Policies: proposer ``"none"`` or a K range [0, 0] (the policy's or the request's own) is plain
+  decoding for that request, and leaves the (tenant, proposer) state as it was; ``adaptive = False``
   uses ``fixed_k`` (or the range's top); otherwise the adaptive choice in [k_min, k_max]
   intersected with the request's own ceiling.
 
@@ -324,8 +325,9 @@ class KController:
         probe = False
         now = self.clock()
         if k_max == 0:
+            # this request alone decodes plainly: the tenant's held K, pending switch and probe
+            # counters stay (else requests finishing meanwhile would count as probes)
             k, reason = 0, "speculation off"
-            st.current_k = 0
         elif not adaptive:
             k = min(max(fixed_k if fixed_k is not None else k_max, k_min), k_max)
             reason = "fixed"
@@ -378,7 +380,8 @@ class KController:
             probe_steps=probe_steps if probe else None,
             candidates=tuple(cands),
         )
-        st.last_decision = d
+        if k_max > 0:  # a "speculation off" decision says nothing about the tenant's K
+            st.last_decision = d
         return d
 
     def _adaptive(self, st: _KState, best: KCandidate, by_k: dict[int, KCandidate], now: float) -> tuple[int, str]:
