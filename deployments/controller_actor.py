@@ -24,7 +24,9 @@ one round trip) and :meth:`SharedTenantState.complete` (release + feedback + usa
 
 Persistence: what the controller learned (acceptance estimates, cost models, K state) and the
 usage counters are saved at most every ``snapshot_every_s`` (default 30 s) to a store, and
-loaded when the state is created. The actor uses :class:`RayKVStore` (Ray's GCS key-value
+loaded when the state is created. A snapshot is versioned plain data (JSON, no pickled objects),
+so it survives an upgrade that adds a field (missing fields take their defaults); one that
+cannot be read is ignored with a log line and the state starts fresh. The actor uses :class:`RayKVStore` (Ray's GCS key-value
 store: it outlives the actor, so a restarted controller actor resumes where it was; on KubeRay
 with GCS fault tolerance it also outlives the head pod). Rate-limit buckets and leases are not
 saved: they belong to requests in flight.
@@ -39,8 +41,8 @@ tenant's concurrency forever and a long request keeps its slot.
 
 from __future__ import annotations
 
+import json
 import logging
-import pickle
 import time
 import uuid
 from types import SimpleNamespace
@@ -55,6 +57,9 @@ log = logging.getLogger(__name__)
 #: Name and namespace of the shared actor (one per Ray cluster and application).
 ACTOR_NAME = "specdec-k-controller"
 ACTOR_NAMESPACE = "specdec"
+#: ``format`` of a snapshot saved by :meth:`SharedTenantState.snapshot` (its version is the controller's).
+SNAPSHOT_FORMAT = "specdec-controller-snapshot"
+_USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens")
 #: Seconds a lease outlives its request's timeout (the router's cleanup after the deadline).
 LEASE_GRACE_S = 30.0
 
@@ -128,7 +133,10 @@ class SharedTenantState:
     # ------------------------------------------------------------------ persistence
 
     def _restore(self) -> bool:
-        """Load the last snapshot from the store, if any; True when one was applied."""
+        """Load the last snapshot from the store, if any; True when one was applied.
+
+        A snapshot that cannot be read (not JSON, another version, another shape) is ignored
+        with one log line: the state starts fresh rather than failing every request."""
         if self.store is None:
             return False
         try:
@@ -139,26 +147,35 @@ class SharedTenantState:
         if not blob:
             return False
         try:
-            data = pickle.loads(blob)
-            ok = self.controller.import_learned(data["controller"])
-        except Exception:
-            log.warning("controller snapshot unreadable; starting fresh", exc_info=True)
+            data = json.loads(blob)
+            if not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT:
+                raise ValueError("not a specdec controller snapshot")
+            usage = {
+                str(t): {f: int(u.get(f, 0)) for f in _USAGE_FIELDS} for t, u in dict(data["usage"]).items()
+            }
+            self.controller.import_learned(data["controller"])
+        except Exception as e:
+            log.warning("controller snapshot unreadable (%s: %s); starting fresh", type(e).__name__, e)
             return False
-        if ok:
-            self.usage = data.get("usage", {})
-            log.info("controller state restored: %d tenant/proposer keys", len(self.controller._state))
-        return ok
+        self.usage = usage
+        log.info("controller state restored: %d tenant/proposer keys", len(self.controller._state))
+        return True
 
     def snapshot(self, force: bool = False) -> bool:
         """Save the learned state and usage now (``force``) or if ``snapshot_every_s`` passed
-        since the last save; True when saved. Storage errors are logged, never raised."""
+        since the last save; True when saved. Storage errors are logged, never raised.
+
+        The snapshot is JSON: ``{"format": SNAPSHOT_FORMAT, "controller":
+        KController.export_learned() (versioned), "usage": {tenant: counters}}``."""
         if self.store is None:
             return False
         now = self.clock()
         if not force and self._saved_at is not None and now - self._saved_at < self.snapshot_every_s:
             return False
         try:
-            self.store.save(pickle.dumps({"controller": self.controller.export_learned(), "usage": self.usage}))
+            blob = json.dumps({"format": SNAPSHOT_FORMAT, "controller": self.controller.export_learned(),
+                               "usage": self.usage}, separators=(",", ":")).encode()
+            self.store.save(blob)
         except Exception:
             log.warning("could not save the controller snapshot", exc_info=True)
             return False

@@ -39,8 +39,9 @@ Not thread-safe: one owner (a single event loop, or one Ray actor) calls it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Hashable, Mapping, Sequence
 
 #: Key of one estimate: (tenant id, proposer name).
 Key = tuple[str, str]
@@ -83,6 +84,47 @@ class _Counts:
         num = self.accepted + self.prior_accepted
         den = num + self.rejected_steps + self.prior_rejected
         return num / den if den > 0 else None
+
+    def to_dict(self) -> dict:
+        """Plain data (JSON-safe): every field by name."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "_Counts":
+        """Inverse of :meth:`to_dict`. Fields missing from ``d`` (written before they existed)
+        take their defaults; unknown names are ignored.
+
+        Raises:
+            ValueError, TypeError: a value that is not a finite non-negative number (or list of them).
+        """
+        if not isinstance(d, Mapping):
+            raise TypeError(f"counts must be a mapping, got {type(d).__name__}")
+        kw: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in d:
+                continue
+            v = d[f.name]
+            if f.name == "raw_steps":
+                kw[f.name] = _count(v, f.name)
+            elif f.name.endswith("_per_position"):
+                if not isinstance(v, (list, tuple)):
+                    raise TypeError(f"{f.name} must be a list, got {type(v).__name__}")
+                kw[f.name] = [_number(x, f.name) for x in v]
+            else:
+                kw[f.name] = _number(v, f.name)
+        return cls(**kw)
+
+
+def _number(v: Any, name: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+def _count(v: Any, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{name}: expected an integer >= 0, got {v!r}")
+    return int(v)
 
 
 @dataclass(frozen=True)
@@ -362,6 +404,32 @@ class AcceptanceEstimator:
         c = self._keys.get(key)
         if c is not None:
             c.decay(factor)
+
+    def export_counts(self) -> dict:
+        """The learned counts as plain data (JSON-safe): ``{"keys": [[tenant, proposer,
+        counts], ...], "global": {proposer: counts}}``. Settings (half-lives, prior) are not
+        included: they belong to the constructor."""
+        return {
+            "keys": [[str(k[0]), str(k[1]), c.to_dict()] for k, c in self._keys.items()],
+            "global": {str(p): c.to_dict() for p, c in self._global.items()},
+        }
+
+    def import_counts(self, data: Mapping[str, Any]) -> None:
+        """Replace the learned counts with :meth:`export_counts`'s ``data``; all or nothing.
+
+        Raises:
+            ValueError, TypeError, KeyError: ``data`` is not of that shape.
+        """
+        keys: dict[Hashable, _Counts] = {}
+        for entry in data["keys"]:
+            tenant, proposer, counts = entry
+            if not isinstance(tenant, str) or not isinstance(proposer, str):
+                raise TypeError(f"key must be two strings, got {tenant!r}, {proposer!r}")
+            keys[(tenant, proposer)] = _Counts.from_dict(counts)
+        glob = {}
+        for p, counts in dict(data["global"]).items():
+            glob[str(p)] = _Counts.from_dict(counts)
+        self._keys, self._global = keys, glob
 
     def keys(self) -> list:
         """Keys with recorded data."""

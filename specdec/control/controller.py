@@ -58,8 +58,9 @@ serializes calls (a Ray actor does by default).
 
 from __future__ import annotations
 
+import copy
 import logging
-import pickle
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
@@ -170,6 +171,12 @@ def _policy_fields(policy: Any) -> tuple[int, int, bool, int | None]:
     return int(policy.k_min), int(policy.k_max), bool(policy.adaptive), policy.fixed_k
 
 
+def _finite_count(v: Any, name: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
+    return float(v)
+
+
 class KController:
     """Per-(tenant, proposer) K decisions from acceptance estimates and measured costs.
 
@@ -245,38 +252,82 @@ class KController:
 
     # ------------------------------------------------------------------ persistence
 
-    #: version of :meth:`export_learned` blobs; a blob of another version is ignored
-    SNAPSHOT_VERSION = 1
+    #: version of :meth:`export_learned`'s schema; data of another version is not imported
+    SNAPSHOT_VERSION = 2
+    #: fields of the per-(tenant, proposer) K state that a snapshot carries (all integers or None)
+    _K_STATE_FIELDS = ("current_k", "pending_k", "pending_count", "zero_requests", "decisions", "probes", "switches")
 
-    def export_learned(self) -> bytes:
-        """What the controller has learned, as bytes (pickle): the acceptance estimator, the cost
-        models and the per-(tenant, proposer) K state. Settings are not included: they come
-        from the constructor. Trusted storage only (it is a pickle)."""
-        return pickle.dumps({"version": self.SNAPSHOT_VERSION, "estimator": self.estimator,
-                             "costs": self._costs, "state": self._state, "lengths": self._lengths})
+    def export_learned(self) -> dict:
+        """What the controller has learned, as plain data (JSON-safe, no pickled objects)::
 
-    def import_learned(self, blob: bytes) -> bool:
-        """Replace the learned state with :meth:`export_learned`'s ``blob``.
+            {"version": 2,
+             "acceptance": AcceptanceEstimator.export_counts(),
+             "costs": {proposer: CostModel.export_observations()},
+             "k_state": [{"tenant", "proposer", "current_k", "pending_k", "pending_count",
+                          "zero_requests", "decisions", "probes", "switches", "probed"}],
+             "lengths": [[tenant, proposer, decayed steps per block length]]}
 
-        Timestamps of the K state (time at K = 0, last probe) are reset to now: the clock of
-        the process that wrote them may not be this one's. Returns False (and changes nothing)
-        for a blob of another version or one that does not unpickle.
+        Settings are not included: they come from the constructor, so a snapshot survives a
+        change of settings or of the classes' code.
         """
-        try:
-            data = pickle.loads(blob)
-        except Exception:
-            log.warning("controller snapshot does not unpickle; starting fresh", exc_info=True)
-            return False
-        if not isinstance(data, dict) or data.get("version") != self.SNAPSHOT_VERSION:
-            log.warning("controller snapshot of another version; starting fresh")
-            return False
+        return {
+            "version": self.SNAPSHOT_VERSION,
+            "acceptance": self.estimator.export_counts(),
+            "costs": {p: cm.export_observations() for p, cm in self._costs.items()},
+            "k_state": [
+                {"tenant": t, "proposer": p, **{f: getattr(st, f) for f in self._K_STATE_FIELDS},
+                 "probed": st.last_probe_at is not None}
+                for (t, p), st in self._state.items()
+            ],
+            "lengths": [[t, p, list(hist)] for (t, p), hist in self._lengths.items()],
+        }
+
+    def import_learned(self, data: Mapping) -> None:
+        """Replace the learned state with :meth:`export_learned`'s ``data``; all or nothing.
+
+        Fields missing from a K state entry (written before they existed) take their defaults.
+        Timestamps (time at K = 0, last probe) are set to now: the clock of the process that
+        wrote the snapshot may not be this one's. Cost models are made by
+        ``cost_model_factory`` and take the snapshot's measurements.
+
+        Raises:
+            ValueError: ``data`` is of another version.
+            ValueError, TypeError, KeyError: ``data`` is not of this shape.
+        """
+        if not isinstance(data, Mapping) or data.get("version") != self.SNAPSHOT_VERSION:
+            got = data.get("version") if isinstance(data, Mapping) else type(data).__name__
+            raise ValueError(f"snapshot version {got!r}, this controller reads version {self.SNAPSHOT_VERSION}")
         now = self.clock()
-        for st in data["state"].values():
-            st.zero_since = now
-            st.last_probe_at = None if st.last_probe_at is None else now
-        self.estimator, self._costs, self._state = data["estimator"], data["costs"], data["state"]
-        self._lengths = dict(data.get("lengths") or {})
-        return True
+        estimator = copy.copy(self.estimator)  # same settings; its counts are replaced
+        estimator.import_counts(data["acceptance"])
+        costs = {}
+        for proposer, obs in dict(data["costs"]).items():
+            cm = self.cost_model_factory(str(proposer))
+            cm.import_observations(obs)
+            costs[str(proposer)] = cm
+        state: dict[tuple[str, str], _KState] = {}
+        for e in data["k_state"]:
+            t, p = e["tenant"], e["proposer"]
+            if not isinstance(t, str) or not isinstance(p, str):
+                raise TypeError(f"k_state key must be two strings, got {t!r}, {p!r}")
+            st = _KState(zero_since=now, last_probe_at=now if e.get("probed") else None)
+            for f in self._K_STATE_FIELDS:
+                if f not in e:
+                    continue
+                v = e[f]
+                if v is None and f in ("current_k", "pending_k"):
+                    setattr(st, f, None)
+                elif isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise ValueError(f"k_state {f}: expected an integer >= 0, got {v!r}")
+                else:
+                    setattr(st, f, v)
+            state[(t, p)] = st
+        lengths: dict[tuple[str, str], list[float]] = {}
+        for t, p, hist in data.get("lengths", []):  # absent in snapshots written before it existed
+            if not isinstance(t, str) or not isinstance(p, str):
+                raise TypeError(f"lengths key must be two strings, got {t!r}, {p!r}")
+            lengths[(t, p)] = [_finite_count(x, "lengths") for x in hist]
+        self.estimator, self._costs, self._state, self._lengths = estimator, costs, state, lengths
 
     def cost_model(self, proposer: str) -> CostModel:
         """The cost model of ``proposer`` (created on first use)."""

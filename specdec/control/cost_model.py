@@ -176,6 +176,42 @@ class CostModel:
         """Seconds of one step with K = k (k = 0: one verify of 1 position, nothing else)."""
         return self.step_terms(k)["total_s"]
 
+    def export_observations(self) -> dict:
+        """What was measured, as plain data (JSON-safe): per term ``[observations, value]``
+        (``"verify"`` keyed by positions as a string). Priors and weights are not included:
+        they belong to the constructor."""
+        return {
+            "draft": [self._draft.n, self._draft.value],
+            "round_trip": [self._rtt.n, self._rtt.value],
+            "verify": {str(p): [e.n, e.value] for p, e in sorted(self._verify.items())},
+        }
+
+    def import_observations(self, data: dict) -> None:
+        """Replace the measurements with :meth:`export_observations`'s ``data``; all or nothing.
+
+        Raises:
+            ValueError, TypeError, KeyError: ``data`` is not of that shape (or positions out of
+                1..max_positions, times negative or not finite).
+        """
+
+        def ewma(pair) -> Ewma:
+            n, value = pair
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"observation count must be an integer >= 0, got {n!r}")
+            e = Ewma(self.ewma_weight)
+            e.n = n
+            e.value = None if value is None else _check_seconds(value)
+            return e
+
+        draft, rtt = ewma(data["draft"]), ewma(data["round_trip"])
+        verify = {}
+        for p, pair in dict(data["verify"]).items():
+            p = int(p)
+            if not 1 <= p <= self.max_positions:
+                raise ValueError(f"positions must be in 1..{self.max_positions}, got {p}")
+            verify[p] = ewma(pair)
+        self._draft, self._rtt, self._verify = draft, rtt, verify
+
     def snapshot(self) -> dict:
         """Plain-data view: current terms and what has been measured (observation counts)."""
         return {

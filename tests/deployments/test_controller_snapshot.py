@@ -98,6 +98,92 @@ def test_snapshot_of_another_version_is_ignored():
     assert not state.was_restored() and state.usage == {}
 
 
+def _trained_store():
+    store, clock = DictStore(), Clock()
+    state = SharedTenantState(store=store, clock=clock)
+    _traffic(_local(state), "code", 0.95, 20, random.Random(3))
+    state.snapshot(force=True)
+    return store, state
+
+
+def test_snapshot_is_versioned_plain_json():
+    import json
+
+    store, state = _trained_store()
+    data = json.loads(store.blob)  # plain data: no pickled objects
+    assert data["format"] == "specdec-controller-snapshot" and data["controller"]["version"] == 2
+    assert data["usage"] == {"code": {"requests": 20, "prompt_tokens": 200, "completion_tokens": state.usage["code"]["completion_tokens"]}}
+    (entry,) = data["controller"]["k_state"]
+    assert (entry["tenant"], entry["proposer"], entry["current_k"]) == ("code", "draft", state.current_k("code", "draft"))
+    assert [k[:2] for k in data["controller"]["acceptance"]["keys"]] == [["code", "draft"]]
+
+
+def test_snapshot_written_before_a_field_existed_is_restored_with_defaults():
+    """An upgrade adds fields: an older snapshot lacks them; they take their defaults and
+    deciding works."""
+    import json
+
+    store, state = _trained_store()
+    data = json.loads(store.blob)
+    entry = data["controller"]["k_state"][0]
+    del entry["switches"], entry["probes"]
+    counts = data["controller"]["acceptance"]["keys"][0][2]
+    del counts["proposed_per_position"], counts["raw_steps"]
+    store.blob = json.dumps(data).encode()
+    fresh = SharedTenantState(store=store, clock=Clock())
+    assert fresh.was_restored()
+    assert fresh.tenant_stats("code")["proposers"]["draft"]["switches"] == 0
+    snap = fresh.controller.estimator.snapshot(("code", "draft"))
+    assert snap.raw_steps == 0 and snap.proposed_per_position == ()
+    assert snap.accepted == pytest.approx(state.controller.estimator.snapshot(("code", "draft")).accepted)
+    assert fresh.decide("code", "draft", POLICY, 6)["k"] == state.current_k("code", "draft")
+
+
+def test_pickled_snapshot_of_live_objects_is_ignored_with_a_log_line(caplog):
+    """The old format pickled live objects: after an upgrade that adds a field, it unpickled
+    into objects without it and every decision raised. Now any unreadable snapshot is ignored."""
+    import pickle
+
+    from specdec.acceptance import AcceptanceEstimator
+    from specdec.controller import KController
+
+    old = KController()
+    counts = old.estimator._new_key(("code", "draft"))
+    del counts.proposed_per_position  # a _Counts pickled before this field existed
+    legacy = {"version": 1, "estimator": old.estimator, "costs": {}, "state": {}}
+    store = DictStore()
+    store.blob = pickle.dumps({"controller": pickle.dumps(legacy), "usage": {"code": {"requests": 3}}})
+    with caplog.at_level("WARNING", logger="deployments.controller_actor"):
+        state = SharedTenantState(store=store)
+    assert not state.was_restored() and state.usage == {}
+    msgs = [r.getMessage() for r in caplog.records if r.name == "deployments.controller_actor"]
+    assert len(msgs) == 1 and msgs[0].startswith("controller snapshot unreadable (") and msgs[0].endswith("); starting fresh")
+    assert isinstance(state.controller.estimator, AcceptanceEstimator)
+    assert state.decide("code", "draft", POLICY, 6)["reason"] == "initial"
+    assert state.admit("code", {}, 10, "draft", POLICY, 6)["decision"]["k"] >= 0
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d["controller"].update(version=3),
+    lambda d: d["controller"]["k_state"][0].update(current_k="four"),
+    lambda d: d["controller"]["acceptance"]["keys"][0][2].update(accepted=-1.0),
+    lambda d: d["controller"]["costs"]["draft"]["verify"].update({"99": [1, 0.5]}),
+    lambda d: d.pop("usage"),
+])
+def test_snapshot_of_another_version_or_shape_is_ignored_whole(mutate, caplog):
+    import json
+
+    store, _ = _trained_store()
+    data = json.loads(store.blob)
+    mutate(data)
+    store.blob = json.dumps(data).encode()
+    with caplog.at_level("WARNING", logger="deployments.controller_actor"):
+        state = SharedTenantState(store=store)
+    assert not state.was_restored() and state.usage == {} and state.current_k("code", "draft") is None
+    assert state.controller.estimator.keys() == [] and state.controller._costs == {}
+    assert any(r.getMessage().startswith("controller snapshot unreadable (") for r in caplog.records)
+
+
 @pytest.mark.serve
 def test_restarted_controller_actor_resumes_from_its_snapshot():
     """The named actor is killed (Ray restarts it: max_restarts=-1); the new incarnation loads
