@@ -96,6 +96,11 @@ class AppConfig(BaseModel):
         0, ge=0, le=256,
         description="torch CPU threads per model process (draft, each TP rank); 0: the node's cores / TP degree",
     )
+    target_session_idle_timeout_s: float = Field(
+        600, gt=0,
+        description="a target session unused this long is freed (its KV cache shards on every TP rank); "
+                    "its draft, if still alive, rebuilds it from the token history",
+    )
     ready_timeout_s: float = Field(
         2.0, gt=0, description="how long the router waits for the models before answering UNAVAILABLE",
     )

@@ -56,6 +56,10 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...], list[float] | None]] = {
     "specdec_queue_seconds": (
         "histogram", "Seconds a request waited for a fair-admission slot.", ("tenant",),
         [0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 30]),
+    "specdec_target_sessions": (
+        "gauge", "Target sessions (KV caches) held by the replica after its last sweep.", (), None),
+    "specdec_target_sessions_swept": (
+        "counter", "Target sessions freed because nobody used them for target_session_idle_timeout_s.", (), None),
     "specdec_exchange_bytes": (
         "histogram", "Draft<->target bytes per speculation step.", (),
         [256, 1024, 4096, 16384, 65536, 262144, 1048576]),

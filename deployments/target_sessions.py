@@ -12,6 +12,10 @@ holds the same table and runs the same calls, so caches stay in lockstep). It tu
 A rebuilt session draws each step's randomness from (``open.seed``, position), like the
 session it replaces, so a seeded sampled generation gives the same output with or without a
 rebuild.
+
+Idle sessions (a consistent-hash remap after autoscaling, a failed CloseSession, a failed resume)
+are freed by the Target replica after ``AppConfig.target_session_idle_timeout_s``
+(:class:`SessionActivity`, swept from its periodic health check).
 """
 
 from __future__ import annotations
@@ -21,6 +25,40 @@ import time
 from deployments import convert
 from protos.specdec.v1 import exchange_pb2 as xpb
 from specdec.errors import InvalidRequestError
+
+
+class SessionActivity:
+    """When each session of a target replica was last used, and which are idle.
+
+    The Target replica (not each TP rank) keeps it, so that every rank frees the same sessions
+    in the same order as the blocks it receives.
+
+    Args:
+        idle_timeout_s: a session unused for longer than this is idle.
+        clock: monotonic seconds, injectable for tests.
+    """
+
+    def __init__(self, idle_timeout_s: float, clock=time.monotonic):
+        if not idle_timeout_s > 0:
+            raise ValueError(f"idle_timeout_s must be > 0, got {idle_timeout_s}")
+        self.idle_timeout_s = float(idle_timeout_s)
+        self.clock = clock
+        self._last: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def touch(self, session_id: str) -> None:
+        """``session_id`` was used now."""
+        self._last[session_id] = self.clock()
+
+    def forget(self, session_id: str) -> None:
+        self._last.pop(session_id, None)
+
+    def idle(self) -> list[str]:
+        """Ids of the sessions unused for longer than ``idle_timeout_s``, oldest first."""
+        now = self.clock()
+        return [sid for sid, t in sorted(self._last.items(), key=lambda kv: kv[1]) if now - t > self.idle_timeout_s]
 
 
 class TargetSessionTable:

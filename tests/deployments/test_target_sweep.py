@@ -1,0 +1,87 @@
+"""The Target replica frees sessions nobody used for ``target_session_idle_timeout_s`` (a
+consistent-hash remap, a failed CloseSession or a failed resume would otherwise hold their KV
+caches forever), on every TP rank alike, and counts them in a metric. Tiny target, fake
+clock, the TP ranks as in-process tables behind Ray-like handles (no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from deployments import convert
+from deployments.config import AppConfig
+from deployments.metrics import SpecDecMetrics
+from deployments.target import Target
+from deployments.target_sessions import TargetSessionTable
+from protos.specdec.v1 import exchange_pb2 as xpb
+from specdec.request import SamplingParams
+from specdec.types import DraftBlock
+from specdec.verifier import TargetVerifier
+
+
+class Clock:
+    t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+class _Method:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args):
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(self.fn(*args))
+        return fut
+
+
+class Rank:
+    """One TP rank as the Target replica sees it (``handle.method.remote(...)``, awaitable)."""
+
+    def __init__(self, target):
+        self.table = TargetSessionTable(TargetVerifier(target))
+        self.verify = _Method(lambda b: self.table.handle(xpb.CandidateBlock.FromString(b)).SerializeToString())
+        self.close_session = _Method(self.table.close)
+        self.session_ids = _Method(lambda: sorted(self.table.sessions))
+        self.num_sessions = _Method(lambda: len(self.table))
+
+
+def _open_block(sid: str, prompt: list[int]) -> bytes:
+    """A K = 0 block that (re)opens session ``sid`` after ``prompt``."""
+    opening = convert.session_open_to_proto(prompt, SamplingParams(), 0, False)
+    return convert.draft_block_to_proto(DraftBlock(token_ids=torch.tensor([], dtype=torch.long)), sid,
+                                        len(prompt), opening).SerializeToString()
+
+
+def test_idle_sessions_are_swept_on_every_rank_and_counted(tiny_target):
+    clock = Clock()
+    metrics = SpecDecMetrics(backend=None)
+    ranks = [Rank(tiny_target), Rank(tiny_target)]
+    cfg = AppConfig(target_model="unused", target_session_idle_timeout_s=60)
+    target = Target(cfg, workers=ranks, clock=clock, metrics=metrics)
+
+    async def main():
+        for sid in ("a", "b", "c"):
+            reply = xpb.VerificationResult.FromString(await target.Verify(_open_block(sid, [5, 6, 7])))
+            assert reply.status == xpb.VERIFY_STATUS_OK
+        clock.t += 50
+        await target.Verify(_open_block("b", [5, 6, 7, 8]))  # b is used again
+        await target.CloseSession(xpb.CloseSessionRequest(session_id="c").SerializeToString())
+        clock.t += 20  # a: idle 70 s (over 60), b: 20 s, c: closed by its owner
+        await target.check_health()  # Serve calls it periodically: the sweep runs there
+        return await target.Sessions()
+
+    held = asyncio.run(main())
+    assert held == ["b"]
+    assert [sorted(r.table.sessions) for r in ranks] == [["b"], ["b"]]
+    assert metrics.value("specdec_target_sessions_swept") == 1
+    assert metrics.value("specdec_target_sessions") == 1
+
+
+def test_idle_timeout_is_validated():
+    with pytest.raises(ValueError, match="target_session_idle_timeout_s\n  Input should be greater than 0"):
+        AppConfig(target_session_idle_timeout_s=0)
+    assert AppConfig().target_session_idle_timeout_s == 600
