@@ -94,12 +94,18 @@ class AppConfig(BaseModel):
     tenants_file: str | None = Field(None, description="tenants YAML (issue 4); None: no auth")
     cpu_threads: int = Field(
         0, ge=0, le=256,
-        description="torch CPU threads per model process (draft, each TP rank); 0: the node's cores / TP degree",
+        description="torch CPU threads per model process (draft, each TP rank); 0: the whole CPUs Ray "
+                    "assigned to it (draft_num_cpus, target_cpus_per_worker), at least 1",
     )
     target_session_idle_timeout_s: float = Field(
         600, gt=0,
         description="a target session unused this long is freed (its KV cache shards on every TP rank); "
                     "its draft, if still alive, rebuilds it from the token history",
+    )
+    draft_cpu_threads: int = Field(
+        0, ge=0, le=256,
+        description="torch CPU threads of the draft replica; 0: cpu_threads. For machines where the draft "
+                    "may use cores that the target leaves idle while the draft drafts (local-cpu)",
     )
     ready_timeout_s: float = Field(
         2.0, gt=0, description="how long the router waits for the models before answering UNAVAILABLE",
@@ -187,6 +193,9 @@ PRESETS: dict[str, AppConfig] = {
     # ~2 GB, router/proxy/controller), which fits a 24 GB machine; TP=1 (--tp 1) needs ~11 GB.
     "local-cpu.yaml": AppConfig(
         target_tp=2,
+        # draft and target alternate within a step: the draft drafts on both cores while the
+        # TP ranks wait (Ray assigns it 0.25 CPU, which would give one thread)
+        draft_cpu_threads=2,
         router=Scaling(min_replicas=1, max_replicas=1),
     ),
     # One GPU node: draft on a quarter GPU, target TP=2 on two GPUs (nccl), autoscaled router.
@@ -205,10 +214,30 @@ PRESETS: dict[str, AppConfig] = {
 }
 
 
-def torch_threads(cfg_threads: int, share: int = 1) -> int:
-    """Threads for torch in a model process: ``cfg_threads``, or the node's cores / ``share``."""
-    import os
+def torch_threads(cfg_threads: int, assigned_cpus: float | None) -> int:
+    """Threads for torch in a model process.
 
+    Args:
+        cfg_threads: ``AppConfig.cpu_threads``; used when > 0.
+        assigned_cpus: the CPUs Ray assigned to the process (:func:`ray_assigned_cpus`, or a
+            placement-group bundle's ``CPU``); None or less than one: one thread.
+
+    Returns:
+        ``cfg_threads``, else the whole CPUs assigned (at least 1). Never the host's core count:
+        inside a pod that is the node's, and every process would oversubscribe it.
+    """
     if cfg_threads > 0:
-        return cfg_threads
-    return max(1, (os.cpu_count() or 1) // max(1, share))
+        return int(cfg_threads)
+    return max(1, int((assigned_cpus or 0) + 1e-9))
+
+
+def ray_assigned_cpus() -> float | None:
+    """CPUs Ray assigned to this worker process (None outside Ray or when none were)."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return None
+        return ray.get_runtime_context().get_assigned_resources().get("CPU")
+    except Exception:
+        return None

@@ -36,13 +36,14 @@ import asyncio
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from deployments import convert
 from deployments.aio import finish_despite_cancellation
 from specdec.control.adaptive import StepCostRecorder
-from deployments.config import AppConfig, torch_threads
+from deployments.config import AppConfig, ray_assigned_cpus, torch_threads
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
 from specdec.errors import (
@@ -252,7 +253,13 @@ class Draft:
 
         from deployments.target_info import TargetInfo
 
-        torch.set_num_threads(torch_threads(cfg.cpu_threads))
+        assigned = ray_assigned_cpus()
+        torch.set_num_threads(torch_threads(cfg.draft_cpu_threads or cfg.cpu_threads,
+                                            cfg.draft_num_cpus if assigned is None else assigned))
+        #: runs the generations' blocking work (open, steps, close): one thread per request
+        #: this replica may run at once (Serve's max_ongoing_requests), never the host's count
+        self.step_executor = ThreadPoolExecutor(max_workers=cfg.draft.max_ongoing_requests,
+                                                thread_name_prefix="specdec-step")
         self.cfg = cfg
         self.target = target
         self._send_factory = send_factory or (lambda key: handle_send(self.target, key))
@@ -323,7 +330,7 @@ class Draft:
         job = xpb.DraftJob.FromString(job_bytes)
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
-        start = loop.run_in_executor(None, self._start, job)
+        start = loop.run_in_executor(self.step_executor, self._start, job)
         try:
             gen, target, skip = await asyncio.shield(start)
         except asyncio.CancelledError:  # cancelled while opening: free what _start builds
@@ -339,7 +346,7 @@ class Draft:
             while True:
                 if job.deadline_unix_s and time.time() > job.deadline_unix_s:
                     raise DeadlineExceededError("the request's deadline passed during generation")
-                fut = loop.run_in_executor(None, gen.step)
+                fut = loop.run_in_executor(self.step_executor, gen.step)
                 chunk = await asyncio.shield(fut)
                 fut = None
                 costs.after_step(skip=target.wire.rebuilds != rebuilds)  # a rebuild re-ran the prefill
@@ -375,7 +382,7 @@ class Draft:
         try:
             if fut is not None and not fut.done():  # cancelled mid-step
                 await asyncio.wait([fut])
-            await loop.run_in_executor(None, gen.close)
+            await loop.run_in_executor(self.step_executor, gen.close)
         finally:
             with self._lock:
                 self.sessions.pop(sid, None)

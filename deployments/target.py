@@ -20,10 +20,20 @@ import asyncio
 import logging
 import time
 
-from deployments.config import AppConfig
+from deployments.config import AppConfig, torch_threads
 from protos.specdec.v1 import exchange_pb2 as xpb
 
 log = logging.getLogger(__name__)
+
+
+def rank_threads(cfg: AppConfig, bundle_specs: list[dict] | None = None) -> int:
+    """Torch threads of one TP rank: ``cfg.cpu_threads``, else the CPUs of its placement-group
+    bundle (``bundle_specs[1]``, what Ray reserved for rank 0; all ranks' bundles are alike),
+    else ``cfg.target_cpus_per_worker``; whole CPUs, at least 1."""
+    cpus = cfg.target_cpus_per_worker
+    if bundle_specs is not None and len(bundle_specs) > 1:
+        cpus = bundle_specs[1].get("CPU", cpus)
+    return torch_threads(cfg.cpu_threads, cpus)
 
 
 class Target:
@@ -53,14 +63,14 @@ class Target:
     def _start_workers(cfg: AppConfig) -> list:
         import ray
 
-        from deployments.config import torch_threads
         from deployments.tp_worker import start_tp_workers
         from specdec.models.loader import resolve_folder
 
         pg = ray.util.get_current_placement_group()
         workers, infos = start_tp_workers(
             resolve_folder(cfg.target_model), cfg.target_tp, pg, first_bundle=1,
-            num_gpus=cfg.target_gpus_per_worker, threads=torch_threads(cfg.cpu_threads, share=cfg.target_tp),
+            num_gpus=cfg.target_gpus_per_worker,
+            threads=rank_threads(cfg, pg.bundle_specs if pg is not None else None),
         )
         self.infos = infos
         log.info("target TP workers ready: %s", infos)
