@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import statistics
 from pathlib import Path
 
@@ -175,6 +176,11 @@ def write_report(report: dict, out_dir: Path, plot: bool) -> None:
     os.replace(tmp, out_dir / "bench.json")
     (out_dir / "table.md").write_text(format_tables(report))
     if plot:
+        try:
+            import matplotlib  # noqa: F401  (the `dev` extra; scripts/demo.sh does not install it)
+        except ImportError:
+            print("no speedup.png: matplotlib is not installed (pip install -e '.[dev]')", file=sys.stderr)
+            return
         plot_speedup(report, out_dir / "speedup.png")
 
 

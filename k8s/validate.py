@@ -59,11 +59,11 @@ from render_serve_config import (  # noqa: E402
 
 #: Kubernetes version whose schemas (shipped by kubernetes-validate) core objects must satisfy.
 K8S_VERSION = "1.32"
-#: Where KubeRay's RayService CRD is looked for (first existing), unless $KUBERAY_RAYSERVICE_CRD.
-CRD_CANDIDATES = (
-    ROOT / "shared" / "k8s-schemas" / "ray.io_rayservices.yaml",
-    ROOT.parent / "shared" / "k8s-schemas" / "ray.io_rayservices.yaml",
-)
+#: KubeRay's RayService CRD, vendored (k8s/schemas/README.md): the release k8s/README.md installs.
+#: $KUBERAY_RAYSERVICE_CRD overrides it (e.g. to check against a newer release).
+CRD_FILE = K8S_DIR / "schemas" / "ray.io_rayservices.yaml"
+CRD_VERSION = "v1.5.1"
+CRD_SHA256 = "563d23ba5a73e5ca4b949ae7f41ff43468ce069afe336ebcb45db2beeb9a62ab"
 GPU = "nvidia.com/gpu"
 #: Container ports every Ray node declares (name -> port); the head also has gcs-server and dashboard.
 WORKER_PORTS = {"serve": 8000, "serve-grpc": 9000, "metrics": 8080}
@@ -118,15 +118,16 @@ def render(overlay: str) -> list[dict]:
 
 
 def crd_path() -> Path:
+    """The RayService CRD to validate against: $KUBERAY_RAYSERVICE_CRD, else :data:`CRD_FILE`."""
     env = os.environ.get("KUBERAY_RAYSERVICE_CRD")
-    candidates = [Path(env)] if env else list(CRD_CANDIDATES)
-    for p in candidates:
-        if p.is_file():
-            return p
-    raise FileNotFoundError(
-        "KubeRay's RayService CRD not found; looked at " + ", ".join(map(str, candidates))
-        + " (set $KUBERAY_RAYSERVICE_CRD to ray-operator/config/crd/bases/ray.io_rayservices.yaml)"
-    )
+    p = Path(env) if env else CRD_FILE
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"KubeRay's RayService CRD not found at {p} (the repository vendors KubeRay {CRD_VERSION}'s as "
+            f"{CRD_FILE.relative_to(ROOT)}; $KUBERAY_RAYSERVICE_CRD may point to another release's "
+            "ray-operator/config/crd/bases/ray.io_rayservices.yaml)"
+        )
+    return p
 
 
 def crd_to_json_schema(node: Any, strict: bool = True) -> Any:

@@ -5,7 +5,7 @@
 # (e.g. --keep-running, --tp 1, --max-tokens 64, --message "...").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh demo   # no test tools: the main job installs only what it runs
 . .venv/bin/activate
 specdec prefetch
 exec specdec serve --demo-request "$@"

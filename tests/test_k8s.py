@@ -413,3 +413,20 @@ def test_documented_cluster_overlay_replaces_tenants_and_image(tmp_path):
     vols = [v for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"] for v in g["template"]["spec"]["volumes"] if "secret" in v]
     assert {v["secret"]["secretName"] for v in vols} == {secret["metadata"]["name"]}
     assert _container(rs["spec"]["rayClusterConfig"]["headGroupSpec"])["image"] == "ghcr.io/acme/specdec:1.2.3"
+
+
+def test_vendored_crd_is_the_release_the_readme_installs(monkeypatch):
+    """The tests need nothing outside the repository: the RayService CRD is vendored, and it is
+    KubeRay's release that k8s/README.md installs, byte for byte (checksum of the v1.5.1 tag)."""
+    import hashlib
+
+    monkeypatch.delenv("KUBERAY_RAYSERVICE_CRD", raising=False)
+    path = val.crd_path()
+    assert path == K8S / "schemas" / "ray.io_rayservices.yaml"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == val.CRD_SHA256
+    readme = (K8S / "README.md").read_text()
+    (helm_version,) = re.findall(r"kuberay/kuberay-operator \\\n.*--version (\S+)", readme)
+    assert "v" + helm_version == val.CRD_VERSION == "v1.5.1"
+    notes = (K8S / "schemas" / "README.md").read_text()
+    assert "KubeRay v1.5.1" in notes and val.CRD_SHA256 in notes
+    assert "github.com/ray-project/kuberay/blob/v1.5.1/ray-operator/config/crd/bases/ray.io_rayservices.yaml" in notes

