@@ -144,8 +144,8 @@ def test_pickled_snapshot_of_live_objects_is_ignored_with_a_log_line(caplog):
     into objects without it and every decision raised. Now any unreadable snapshot is ignored."""
     import pickle
 
-    from specdec.acceptance import AcceptanceEstimator
-    from specdec.controller import KController
+    from specdec.control.acceptance import AcceptanceEstimator
+    from specdec.control.controller import KController
 
     old = KController()
     counts = old.estimator._new_key(("code", "draft"))

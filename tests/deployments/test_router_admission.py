@@ -15,7 +15,7 @@ from deployments.router import TIMEOUT_KEY, Router
 from deployments.target_info import TargetInfo
 from deployments.tenancy import TenancyGate
 from protos.specdec.v1 import specdec_pb2 as pb
-from specdec.tenants import hash_api_key
+from specdec.control.tenants import hash_api_key
 
 KEY = "sk-router-order-key"
 
@@ -69,7 +69,7 @@ def test_unauthenticated_caller_is_refused_before_tokenizing(router):
     r, calls, _ = router
     big = pb.GenerateRequest(prompt="word " * 200, max_tokens=4)
     for metadata, details in [
-        ([], "missing API key: send gRPC metadata 'authorization: Bearer <key>'"),
+        ([], "missing API key: send 'authorization: Bearer <key>' (gRPC metadata or HTTP header)"),
         ([("authorization", "Bearer sk-wrong")], "unknown API key"),
     ]:
         ctx = Ctx(metadata)
@@ -87,9 +87,9 @@ def test_authenticated_request_is_tokenized_once_and_its_lease_lives_as_long_as_
     r, calls, clock = router
 
     async def main():
-        ctx = Ctx([("authorization", f"Bearer {KEY}"), (TIMEOUT_KEY, "450")])
+        metadata = {"authorization": f"Bearer {KEY}", TIMEOUT_KEY: "450"}
         t0 = time.time()
-        job, _, adm = await r._prepare(pb.GenerateRequest(prompt="def add(a, b):", max_tokens=4), ctx)
+        job, _, adm = await r._prepare({"prompt": "def add(a, b):", "max_tokens": 4}, metadata)
         state = r.gate.controller.state
         expires = state._leases[adm.lease_id][1]
         await r.gate.complete(adm, None)

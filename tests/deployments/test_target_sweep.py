@@ -18,7 +18,7 @@ from deployments.target_sessions import TargetSessionTable
 from protos.specdec.v1 import exchange_pb2 as xpb
 from specdec.request import SamplingParams
 from specdec.types import DraftBlock
-from specdec.verifier import TargetVerifier
+from specdec.engine.verifier import TargetVerifier
 
 
 class Clock:

@@ -41,7 +41,7 @@ def test_tp_rank_threads_come_from_its_placement_group_bundle(many_host_cores):
 
 
 def test_draft_replica_threads_and_step_executor(many_host_cores, tiny_model_folder, monkeypatch):
-    from specdec.decoder import Generation
+    from specdec.engine.decoder import Generation
 
     from tests.deployments.test_draft import PROMPT, Wire, _collect, _job
     from tests.conftest import load_tiny
