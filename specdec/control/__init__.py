@@ -7,6 +7,9 @@
   maximising expected tokens/s, K = 0 allowed, probing, hysteresis.
 - :mod:`~specdec.control.objective`: what it maximises: expected tokens per step and per second
   for each K (or cap of a variable-length proposer) under the measured costs.
+- :mod:`~specdec.control.batch_k`: K per tenant under load (continuous batching): the batch cost
+  model (verify by rows and positions, batched draft forwards) and the K that maximises the
+  whole batch's tokens/s within fair shares of the positions budget.
 - :mod:`~specdec.control.adaptive`: running a generation with timing, feeding the controller,
   cost calibration.
 - :mod:`~specdec.control.tenants`: tenant config, hashed API keys

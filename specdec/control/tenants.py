@@ -99,6 +99,8 @@ class SpeculationPolicy(BaseModel):
         k_min, k_max: the K range the controller chooses in (K = 0 needs k_min = 0).
         adaptive: let the controller choose K; otherwise K = fixed_k (or k_max if unset).
         fixed_k: the K used when not adaptive; must lie in [k_min, k_max].
+        batch_weight: the tenant's weight in the fair order of a batched target forward (its
+            share of the positions budget relative to the other tenants with rows waiting).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -107,6 +109,7 @@ class SpeculationPolicy(BaseModel):
     k_max: int = Field(8, ge=0, le=MAX_SPECULATION_LENGTH)
     adaptive: bool = True
     fixed_k: int | None = Field(None, ge=0, le=MAX_SPECULATION_LENGTH)
+    batch_weight: float = Field(1.0, gt=0, le=1000, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _ranges(self) -> "SpeculationPolicy":

@@ -15,6 +15,8 @@
 - :mod:`~specdec.engine.kv_cache`: a token sequence with its KV cache, cut back to the accepted
   prefix.
 - :mod:`~specdec.engine.stopping`: incremental detokenization, stop conditions, safe streaming.
+- :mod:`~specdec.engine.batch`: continuous batching: the step scheduler that drafts and verifies
+  many generations' blocks in shared forwards (and the draft combiner of a serving replica).
 
 What decides K per tenant is in :mod:`specdec.control`.
 """

@@ -99,19 +99,41 @@ class Generation:
         """Run one speculation step; return what may be streamed now (or None)."""
         if self.finished:
             return self.assembler.take_chunk()
-        committed = self.target.committed_len
-        if committed >= self.max_total_len:
-            self.assembler.finish(FinishReason.CONTEXT_LENGTH)
+        k = self.plan()
+        if k is None:
             return self._done_chunk()
-        k = speculation_length(
-            self._wanted_k(), committed, self.max_total_len, len(self.assembler.token_ids), self.assembler.max_tokens
-        )
         t0 = self._clock()
         block = self.proposer.propose(k) if (self.proposer is not None and k > 0) else DraftBlock.empty()
         t1 = self._clock()
         result = self.target.verify(block)
         t2 = self._clock()
-        self.stats.record_step(block.k, result.accepted, t1 - t0, t2 - t1)
+        return self.apply(block, result, t1 - t0, t2 - t1)
+
+    def plan(self) -> int | None:
+        """The K of the next step, or None when the generation ends before it (context full).
+
+        The first half of :meth:`step`; a batch scheduler calls it, drafts and verifies many
+        generations' blocks together, and hands each result to :meth:`apply`.
+        """
+        if self.finished:
+            return None
+        committed = self.target.committed_len
+        if committed >= self.max_total_len:
+            self.assembler.finish(FinishReason.CONTEXT_LENGTH)
+            return None
+        return speculation_length(
+            self._wanted_k(), committed, self.max_total_len, len(self.assembler.token_ids), self.assembler.max_tokens
+        )
+
+    def apply(self, block: DraftBlock, result: VerifyResult, draft_s: float, verify_s: float) -> GenerationChunk | None:
+        """Record a verified step (the second half of :meth:`step`); return what may be streamed.
+
+        Args:
+            block: the step's candidate block (K drafts).
+            result: its verification (the target session has already committed it).
+            draft_s, verify_s: seconds spent drafting and verifying (in a batch: the batch's).
+        """
+        self.stats.record_step(block.k, result.accepted, draft_s, verify_s)
         if self.proposer is not None:
             self.proposer.commit(result.token_ids)
         self.assembler.add(result.token_ids, result.logprobs, result.top_logprobs)
@@ -120,6 +142,10 @@ class Generation:
         if self.finished:
             return self._done_chunk()
         return self.assembler.take_chunk()
+
+    def finish_chunk(self) -> GenerationChunk | None:
+        """After :meth:`plan` returned None: close the sessions and return the last chunk."""
+        return self._done_chunk()
 
     def _done_chunk(self) -> GenerationChunk | None:
         if self._ended is None:

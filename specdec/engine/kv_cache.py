@@ -121,3 +121,139 @@ class CachedSequence:
         """Drop the cache. Idempotent."""
         self.cache = None
         self.cached = []
+
+
+# --- batched (packed) forward over several sequences ----------------------------------------
+
+
+class _PackedCacheView:
+    """The KV cache seen by one packed forward over several sequences' own caches.
+
+    The new tokens of all sequences are packed into one row (``[1, M]``, M = Σ new tokens). Per
+    layer, :meth:`update` receives their keys/values ``[1, H_kv, M, D]``, appends each
+    sequence's slice to that sequence's own :class:`DynamicCache` (exactly as a forward of that
+    sequence alone would), and returns every sequence's past followed by the packed new
+    keys/values, ``[1, H_kv, Σ L_i + M, D]``; the attention mask built by :func:`feed_many`
+    lets each token see only its own sequence. Only ``update`` is called by the model because
+    position ids and a ready 4-D mask are passed in.
+    """
+
+    def __init__(self, caches: Sequence[DynamicCache], new_lens: Sequence[int]):
+        self.caches = list(caches)
+        self.new_lens = list(new_lens)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        pasts_k: list[torch.Tensor] = []
+        pasts_v: list[torch.Tensor] = []
+        off = 0
+        for cache, n in zip(self.caches, self.new_lens):
+            if layer_idx < len(cache.layers):
+                layer = cache.layers[layer_idx]
+                if layer.is_initialized and layer.keys is not None and layer.keys.numel():
+                    pasts_k.append(layer.keys)
+                    pasts_v.append(layer.values)
+            cache.update(key_states[:, :, off : off + n], value_states[:, :, off : off + n], layer_idx)
+            off += n
+        if not pasts_k:
+            return key_states, value_states
+        return torch.cat(pasts_k + [key_states], dim=-2), torch.cat(pasts_v + [value_states], dim=-2)
+
+
+def _packed_mask(past_lens: list[int], new_lens: list[int], model: PreTrainedModel, device: torch.device) -> torch.Tensor:
+    """``[1, 1, M, Σ L_i + M]`` attention mask of a packed forward (see :func:`feed_many`).
+
+    Query j of sequence i sees sequence i's L_i cached keys and its own new keys up to j. The
+    form follows the model's attention implementation: boolean (True = attend) for ``sdpa``,
+    additive float (0 / dtype min) for ``eager``.
+
+    Raises:
+        NotImplementedError: another attention implementation, or a model with sliding-window
+            layers (the mask would ignore the window).
+    """
+    impl = getattr(model.config, "_attn_implementation", "sdpa") or "sdpa"
+    if impl not in ("sdpa", "eager"):
+        raise NotImplementedError(f"batched forward supports sdpa and eager attention, not {impl!r}")
+    if getattr(getattr(model, "model", model), "has_sliding_layers", False):
+        raise NotImplementedError("batched forward does not support sliding-window attention layers")
+    rows = torch.arange(len(new_lens))
+    q_row = torch.repeat_interleave(rows, torch.tensor(new_lens))  # [M]
+    q_pos = torch.cat([torch.arange(n) + lp for n, lp in zip(new_lens, past_lens)])  # [M]
+    k_row = torch.cat([torch.repeat_interleave(rows, torch.tensor(past_lens)), q_row])  # [ΣL + M]
+    k_pos = torch.cat([torch.arange(lp) for lp in past_lens] + [q_pos])  # [ΣL + M]
+    allowed = (q_row[:, None] == k_row[None, :]) & (k_pos[None, :] <= q_pos[:, None])
+    allowed = allowed[None, None].to(device)
+    if impl == "sdpa":
+        return allowed
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+@torch.inference_mode()
+def feed_many(items: Sequence[tuple["CachedSequence", Sequence[int], int]]) -> list[torch.Tensor]:
+    """Run one model over new tokens of several sequences in one forward pass, caching them.
+
+    The sequences' caches stay separate (ragged lengths, batch size 1 each); the new tokens are
+    packed into one row of ``M = Σ len(tokens_i)`` positions with per-token position ids and a
+    block mask (each token sees only its own sequence's past and earlier new tokens), so no
+    position is padded and a forward costs what its M positions cost. Logits are computed only
+    for the positions asked for. One item is exactly :meth:`CachedSequence.feed` (the unbatched
+    path). All sequences must belong to the same model.
+
+    Args:
+        items: ``(sequence, tokens, keep)``: ids to append after ``sequence.cached`` (at least
+            one) and how many final positions' logits to return (0: none, e.g. a prefill chunk).
+
+    Returns:
+        per item, ``[keep, V]`` float32 logits (``[0, V]`` for keep 0), row r predicting the token
+        after the corresponding input token.
+
+    Raises:
+        ValueError: an item without tokens, keep outside 0..len(tokens), a closed sequence, or
+            sequences of different models.
+        NotImplementedError: see :func:`_packed_mask`.
+    """
+    if not items:
+        return []
+    for seq, tokens, keep in items:
+        if not tokens:
+            raise ValueError("feed_many needs at least one token per sequence")
+        if not 0 <= keep <= len(tokens):
+            raise ValueError(f"keep={keep} outside 0..{len(tokens)}")
+        if seq.cache is None:
+            raise RuntimeError("sequence is closed")
+    model = items[0][0].model
+    if any(seq.model is not model for seq, _, _ in items):
+        raise ValueError("feed_many: all sequences must belong to the same model")
+    if len(items) == 1:
+        seq, tokens, keep = items[0]
+        logits = seq.feed(tokens, keep=max(keep, 1))
+        return [logits[logits.shape[0] - keep :]]
+    past = [len(seq.cached) for seq, _, _ in items]
+    new = [len(tokens) for _, tokens, _ in items]
+    device = items[0][0].device
+    ids = torch.tensor([[int(t) for _, tokens, _ in items for t in tokens]], dtype=torch.long, device=device)
+    pos = torch.tensor([[p + j for p, n in zip(past, new) for j in range(n)]], dtype=torch.long, device=device)
+    keep_idx: list[int] = []
+    off = 0
+    for n, (_, _, keep) in zip(new, items):
+        keep_idx.extend(range(off + n - keep, off + n))
+        off += n
+    # at least one position reaches the output layer (an empty index list would mean "all")
+    idx = torch.tensor(keep_idx or [off - 1], dtype=torch.long, device=device)
+    view = _PackedCacheView([seq.cache for seq, _, _ in items], new)
+    out = model(
+        input_ids=ids,
+        position_ids=pos,
+        attention_mask={"full_attention": _packed_mask(past, new, model, device)},
+        cache=view,
+        use_cache=True,
+        logits_to_keep=idx,
+    )
+    logits = out.logits[0].float()  # [Σ keep, V]
+    results: list[torch.Tensor] = []
+    off = 0
+    for seq, tokens, keep in items:
+        seq.cached.extend(int(t) for t in tokens)
+        results.append(logits[off : off + keep])
+        off += keep
+    return results

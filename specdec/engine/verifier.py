@@ -31,7 +31,7 @@ from typing import Sequence
 import torch
 
 from specdec.errors import InvalidRequestError
-from specdec.engine.kv_cache import CachedSequence
+from specdec.engine.kv_cache import CachedSequence, feed_many
 from specdec.models.loaded import LoadedModel
 from specdec.engine.processors import LogitProcessing
 from specdec.request import SamplingParams
@@ -190,8 +190,8 @@ def rejection_sample(
 class TargetSession:
     """Per-sequence target state: committed tokens, KV cache, sampling parameters, generator.
 
-    Known limits: batch size 1 per session (sessions are independent; a serving replica runs
-    several sessions side by side, not batched into one forward pass).
+    Sessions are independent; :meth:`TargetVerifier.verify_batch` verifies several of them in
+    one forward pass over their own caches.
     """
 
     def __init__(
@@ -222,15 +222,8 @@ class TargetSession:
         """Length of the committed sequence, in tokens."""
         return len(self.seq.token_ids)
 
-    def verify(self, block: DraftBlock) -> VerifyResult:
-        """Score ``block`` with one target forward pass, decide, and commit the emitted tokens.
-
-        Args:
-            block: K proposed tokens (K may be 0: plain decoding of one token).
-
-        Returns:
-            The :class:`VerifyResult`; the session's committed sequence grows by
-            ``result.accepted + 1`` tokens and its cache is cut back to the accepted prefix.
+    def check(self, block: DraftBlock) -> None:
+        """Refuse a block this session cannot verify.
 
         Raises:
             InvalidBlockError: a malformed block (:func:`validate_block`).
@@ -244,7 +237,30 @@ class TargetSession:
                 f"block of K={k} after {self.committed_len} tokens exceeds the target's "
                 f"{target.max_positions} positions"
             )
-        logits = self.seq.forward_with(block.token_ids.tolist(), last=k + 1)  # [K+1, V] float32
+
+    def pending(self, block: DraftBlock) -> list[int]:
+        """Cut the cache back for ``block`` and return the ids a forward must feed.
+
+        Returns:
+            the uncached committed tail followed by the K drafts (at least K + 1 ids).
+        """
+        upcoming = self.seq.token_ids + [int(t) for t in block.token_ids]
+        kept = self.seq.sync(upcoming)
+        return upcoming[kept:]
+
+    def decide(self, block: DraftBlock, logits: torch.Tensor) -> VerifyResult:
+        """Accept or reject ``block`` from the target's logits and commit the emitted tokens.
+
+        Args:
+            block: the verified block (K drafts).
+            logits: ``[K + 1, V]`` float32, the target's logits at the positions predicting each
+                draft and the one after the last (the cache must hold committed + all K drafts).
+
+        Returns:
+            The :class:`VerifyResult`; the committed sequence grows by ``accepted + 1`` tokens
+            and the cache is cut back to the accepted prefix.
+        """
+        target = self._verifier.target
         logits = mask_unemittable(logits, target.emittable_vocab)
         raw = logits
         if self.processing is not None:  # row i sees the committed tokens and drafts 0..i-1
@@ -267,6 +283,26 @@ class TargetSession:
         return VerifyResult(accepted=n, token_ids=tokens, logprobs=logprobs, committed_len=self.committed_len,
                             top_logprobs=top)
 
+    def verify(self, block: DraftBlock) -> VerifyResult:
+        """Score ``block`` with one target forward pass, decide, and commit the emitted tokens.
+
+        This is the unbatched path (batch size 1); :meth:`TargetVerifier.verify_batch` verifies
+        the blocks of many sessions in one forward with the same :meth:`check` and :meth:`decide`.
+
+        Args:
+            block: K proposed tokens (K may be 0: plain decoding of one token).
+
+        Returns:
+            The :class:`VerifyResult`; the session's committed sequence grows by
+            ``result.accepted + 1`` tokens and its cache is cut back to the accepted prefix.
+
+        Raises:
+            InvalidBlockError, ValueError: see :meth:`check`.
+        """
+        self.check(block)
+        logits = self.seq.forward_with(block.token_ids.tolist(), last=block.k + 1)  # [K+1, V] float32
+        return self.decide(block, logits)
+
     def close(self) -> None:
         """Free the KV cache. Idempotent."""
         self.seq.close()
@@ -277,6 +313,8 @@ class TargetVerifier:
 
     def __init__(self, target: LoadedModel):
         self.target = target
+        #: positions fed by the last :meth:`verify_batch` forward (for cost models and tests)
+        self.last_positions = 0
 
     def open_session(
         self, token_ids: Sequence[int], sampling: SamplingParams, seed: int, logprobs: bool = False,
@@ -298,3 +336,76 @@ class TargetVerifier:
         if min(ids) < 0 or max(ids) >= self.target.vocab_rows:
             raise ValueError(f"token id outside 0..{self.target.vocab_rows - 1}")
         return TargetSession(self, ids, sampling, seed, logprobs, processing, top_logprobs)
+
+    def verify_batch(
+        self,
+        items: Sequence[tuple[TargetSession, DraftBlock]],
+        max_positions: int | None = None,
+    ) -> list[VerifyResult | Exception | None]:
+        """Verify the blocks of several sessions in one target forward pass (continuous batching).
+
+        Each session keeps its own KV cache (ragged lengths) and its block its own K; the
+        positions every session must feed (its uncached committed tail, e.g. a prompt, plus its
+        K drafts) are packed into one forward (:func:`specdec.kv_cache.feed_many`), then each row
+        is decided on its own exactly as :meth:`TargetSession.verify` does (greedy, or rejection
+        sampling with the session's own seeded generator) and its cache cut back to its accepted
+        prefix. One item runs the unbatched path.
+
+        ``max_positions`` bounds the positions of the forward (the positions budget). Items are
+        taken in the given order (the caller orders them by fairness); an item that does not fit
+        is either *chunked* (its committed tail, a prompt, is fed partly and the rest waits) or
+        *deferred*; both answer None and the caller offers the same block again next time. The
+        first item always runs (whole, or as a chunk of at least one position), so every call
+        makes progress. Without a budget every item runs whole.
+
+        Args:
+            items: ``(session, block)`` pairs, at most one per session.
+            max_positions: positions budget of the forward (None: unbounded).
+
+        Returns:
+            per item: its :class:`VerifyResult`; an exception (:class:`InvalidBlockError` or
+            ``ValueError`` from :meth:`TargetSession.check`, the session untouched); or None
+            (chunked or deferred).
+
+        Raises:
+            ValueError: a session given twice, or ``max_positions < 1``.
+            Whatever the forward raised (then every session fed in it may be half-advanced and
+            should be closed by the caller).
+        """
+        if max_positions is not None and max_positions < 1:
+            raise ValueError(f"max_positions must be >= 1, got {max_positions}")
+        if len({id(s) for s, _ in items}) != len(items):
+            raise ValueError("verify_batch: a session appears twice")
+        results: list[VerifyResult | Exception | None] = [None] * len(items)
+        feeds: list[tuple[CachedSequence, list[int], int]] = []
+        whole: list[int] = []  # indices of items fed whole (decided after the forward)
+        budget = max_positions if max_positions is not None else float("inf")
+        for i, (session, block) in enumerate(items):
+            try:
+                session.check(block)
+            except (ValueError, InvalidRequestError) as e:
+                results[i] = e
+                continue
+            if budget <= 0:
+                continue  # deferred
+            tokens = session.pending(block)
+            last = block.k + 1
+            if len(tokens) <= budget or not feeds and len(tokens) - last < 1:
+                feeds.append((session.seq, tokens, last))
+                whole.append(i)
+                budget -= len(tokens)
+            elif len(tokens) - last >= 1:  # chunk the committed tail; the block waits
+                chunk = int(min(budget, len(tokens) - last))
+                feeds.append((session.seq, tokens[:chunk], 0))
+                budget -= chunk
+        logits = feed_many(feeds)
+        self.last_positions = sum(len(tokens) for _, tokens, _ in feeds)
+        j = 0
+        for seq_tokens_keep, out in zip(feeds, logits):
+            if seq_tokens_keep[2] == 0:
+                continue
+            i = whole[j]
+            j += 1
+            session, block = items[i]
+            results[i] = session.decide(block, out)
+        return results

@@ -25,11 +25,12 @@ session rebuilt from a token history simply starts with an empty cache.
 
 from __future__ import annotations
 
-from typing import Sequence
+import time
+from typing import Generator, Sequence
 
 import torch
 
-from specdec.engine.kv_cache import CachedSequence
+from specdec.engine.kv_cache import CachedSequence, feed_many
 from specdec.models.loaded import LoadedModel
 from specdec.engine.processors import LogitProcessing
 from specdec.request import SamplingParams
@@ -75,13 +76,30 @@ class DraftModelSession:
             ``[k', M]`` (ids below the draft's emittable vocabulary; all on the CPU);
             :meth:`DraftBlock.empty` when ``k' == 0``.
         """
+        steps = self.drafting(k)
+        try:
+            tokens, keep = next(steps)
+            while True:
+                tokens, keep = steps.send(self.seq.feed(tokens, keep=keep))
+        except StopIteration as done:
+            return done.value
+
+    def drafting(self, k: int) -> Generator[tuple[list[int], int], torch.Tensor, DraftBlock]:
+        """The drafting of one block as a coroutine, so a driver can batch the forwards.
+
+        :meth:`propose` drives it alone (the unbatched path, one forward per draft position);
+        :meth:`DraftModelProposer.propose_batch` drives many at once. Yields ``(tokens, keep)``:
+        ids to feed after ``self.seq.cached`` and how many final logits are wanted (1); is sent
+        the ``[1, V]`` float32 logits back; returns the :class:`DraftBlock` (as
+        ``StopIteration.value``).
+        """
         draft = self._proposer.draft
         # Drafting token j (1-based) feeds position len + j - 2: stay below the draft's limit.
         k = min(k, draft.max_positions - len(self.seq.token_ids) + 1)
         if k <= 0:
             return DraftBlock.empty()
         keep = self.seq.sync(self.seq.token_ids)
-        logits = self.seq.feed(self.seq.token_ids[keep:], keep=1)  # [1, V]
+        logits = yield self.seq.token_ids[keep:], 1  # [1, V]
         generator = step_generator(self.seed, len(self.seq.token_ids), DRAFT)
         tokens: list[int] = []
         q_ids: list[torch.Tensor] = []
@@ -110,7 +128,7 @@ class DraftModelSession:
             tokens.append(token)
             if token in eos or j == k - 1 or not confident:
                 break  # never propose past an EOS or an unsure token; the last draft need not be fed
-            logits = self.seq.feed([token])  # [1, V]
+            logits = yield [token], 1  # [1, V]
         ids_t = torch.tensor(tokens, dtype=torch.long, device="cpu")
         if self.sampling.greedy:
             return DraftBlock(token_ids=ids_t)
@@ -168,3 +186,50 @@ class DraftModelProposer:
             ValueError: ``min_confidence`` outside [0, 1].
         """
         return DraftModelSession(self, token_ids, sampling, seed, min_confidence, processing)
+
+    def propose_batch(self, sessions: Sequence[DraftModelSession], ks: Sequence[int],
+                      timings: list[tuple[int, float]] | None = None) -> list[DraftBlock]:
+        """Draft for several sessions at once: one batched forward per draft position.
+
+        Every session drafts exactly as :meth:`DraftModelSession.propose` would (its own cache,
+        sampling parameters, seeded generator and early stop); the forwards of all sessions
+        still drafting at a position are packed into one (:func:`specdec.kv_cache.feed_many`),
+        the first one carrying each session's uncached tail (after a rejection, or a new prompt).
+
+        Args:
+            sessions: sessions of this proposer, each at most once.
+            ks: the largest K per session.
+            timings: when given, ``(rows, seconds)`` of every batched draft forward is appended.
+
+        Returns:
+            one :class:`DraftBlock` per session, in order.
+
+        Raises:
+            ValueError: lengths differ or a session appears twice.
+        """
+        if len(sessions) != len(ks):
+            raise ValueError("propose_batch: one K per session")
+        if len({id(s) for s in sessions}) != len(sessions):
+            raise ValueError("propose_batch: a session appears twice")
+        blocks: list[DraftBlock | None] = [None] * len(sessions)
+        running: dict[int, tuple[Generator, tuple[list[int], int]]] = {}
+        for i, (session, k) in enumerate(zip(sessions, ks)):
+            steps = session.drafting(k)
+            try:
+                running[i] = (steps, next(steps))
+            except StopIteration as done:
+                blocks[i] = done.value
+        while running:
+            order = list(running)
+            t0 = time.perf_counter()
+            outs = feed_many([(sessions[i].seq, *running[i][1]) for i in order])
+            if timings is not None:
+                timings.append((len(order), time.perf_counter() - t0))
+            for i, logits in zip(order, outs):
+                steps = running[i][0]
+                try:
+                    running[i] = (steps, steps.send(logits))
+                except StopIteration as done:
+                    blocks[i] = done.value
+                    del running[i]
+        return blocks  # type: ignore[return-value]

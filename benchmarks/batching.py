@@ -1,0 +1,206 @@
+"""Benchmark: continuous batching against the unbatched path, in one run, in process.
+
+    python -m benchmarks.batching --clients 1,2,4,8 --max-tokens 32 --k 4 --out docs/bench/batching
+
+For each number of concurrent clients c, c chat requests (different prompts, code and creative
+mixed, greedy) start together and run to the end under a :class:`specdec.engine.batch.BatchScheduler`,
+once batched and once with ``batched=False`` (every draft and verify alone, as sessions queued
+behind each other were served before); the two arms alternate per client count. Aggregate
+tokens/s = all completion tokens / wall seconds of the whole group. Outputs of both arms are
+compared token for token (they must be identical).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.adaptive_k import CODE_PROMPTS, CREATIVE_PROMPTS
+
+
+def _prompts(n: int) -> list[tuple[str, str]]:
+    mixed = [p for pair in zip(CODE_PROMPTS, CREATIVE_PROMPTS) for p in pair]
+    tenants = [t for _ in zip(CODE_PROMPTS, CREATIVE_PROMPTS) for t in ("code", "creative")]
+    return [(tenants[i % len(mixed)], mixed[i % len(mixed)]) for i in range(n)]
+
+
+def run_group(engine, prompts, *, batched: bool, k: int, proposer: str, max_tokens: int, budget: int,
+              controller=None) -> dict:
+    """Run the requests of one group together; wall seconds, tokens, outputs, batch shape.
+
+    With a ``controller`` the requests are adaptive (K per tenant under load, at most ``k``).
+    """
+    from specdec.engine.batch import BatchScheduler
+    from specdec.request import GenerationRequest
+
+    sched = BatchScheduler(engine, batched=batched, max_batch_positions=budget, controller=controller)
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    handles = [
+        sched.submit(GenerationRequest(messages=[{"role": "user", "content": c}], max_tokens=max_tokens,
+                                       speculation={"proposer": proposer, "k": k}), tenant=t,
+                     adaptive=controller is not None)
+        for t, c in prompts
+    ]
+    sched.run_until_idle()
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    results = [h.result() for h in handles]
+    tokens = sum(len(r.token_ids) for r in results)
+    rows = [len(t.answered) for t in sched.trace if t.answered]
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "tokens": tokens,
+        "tok_per_s": tokens / wall,
+        "tok_per_cpu_s": tokens / cpu if cpu > 0 else None,
+        "ticks": len(sched.trace),
+        "mean_rows_per_forward": sum(rows) / len(rows) if rows else 0.0,
+        "mean_positions_per_forward": sum(t.positions_fed for t in sched.trace) / max(1, len(sched.trace)),
+        "acceptance_rate": (sum(r.stats.accepted for r in results) / max(1, sum(r.stats.proposed for r in results))),
+        "outputs": [r.token_ids for r in results],
+        "tok_per_s_by_tenant": {
+            t: sum(len(r.token_ids) for (tt, _), r in zip(prompts, results) if tt == t) / wall
+            for t in sorted({t for t, _ in prompts})
+        },
+        "k_counts": _merge_counts([r.stats.k_counts for r in results]),
+    }
+
+
+def _merge_counts(counts: list[dict]) -> dict:
+    out: dict[int, int] = {}
+    for c in counts:
+        for k, n in c.items():
+            out[int(k)] = out.get(int(k), 0) + n
+    return dict(sorted(out.items()))
+
+
+def run_tenants(engine, a) -> dict:
+    """Two tenants (code, creative) at ``a.tenant_clients`` clients: adaptive K under load vs
+    fixed K (``a.fixed_ks``, K=0 included), batched, one run; the adaptive arm learns on a
+    warm-up group first (costs and α̂), like a server that has been running."""
+    from specdec.control.batch_k import BatchKController
+
+    prompts = _prompts(a.tenant_clients)
+    ctl = BatchKController(budget=a.budget, weights={"code": 1.0, "creative": 1.0},
+                           k_ranges={"code": (0, a.k_max), "creative": (0, a.k_max)})
+    warm = _prompts(a.tenant_clients + 2)[2:]
+    run_group(engine, warm, batched=True, k=a.k_max, proposer=a.proposer, max_tokens=a.max_tokens // 2,
+              budget=a.budget, controller=ctl)
+    arms = {}
+    for k in a.fixed_ks:
+        arms[f"K={k}"] = run_group(engine, prompts, batched=True, k=k, proposer=a.proposer,
+                                   max_tokens=a.max_tokens, budget=a.budget)
+        print(f"tenants K={k}: {arms[f'K={k}']['tok_per_s']:.2f} tok/s", file=sys.stderr, flush=True)
+    arms["adaptive"] = run_group(engine, prompts, batched=True, k=a.k_max, proposer=a.proposer,
+                                 max_tokens=a.max_tokens, budget=a.budget, controller=ctl)
+    arms["adaptive"]["controller"] = {k: v for k, v in ctl.stats().items() if k != "cost"}
+    print(f"tenants adaptive: {arms['adaptive']['tok_per_s']:.2f} tok/s, K {ctl.stats()['k_by_tenant']}",
+          file=sys.stderr, flush=True)
+    ref = arms["K=0"]["outputs"] if "K=0" in arms else None
+    for r in arms.values():
+        r["identical_to_k0"] = None if ref is None else r["outputs"] == ref
+        del r["outputs"]
+    return arms
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="demo:target")
+    p.add_argument("--draft", default="demo:draft")
+    p.add_argument("--clients", default="1,2,4,8")
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--proposer", default="draft")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--budget", type=int, default=128, help="positions budget of a batched forward")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=None, help="folder for batching.json / batching.md")
+    p.add_argument("--tenants", action="store_true", help="also the two-tenant adaptive-K-under-load comparison")
+    p.add_argument("--tenant-clients", type=int, default=8)
+    p.add_argument("--fixed-ks", default="0,1,2,4")
+    p.add_argument("--k-max", type=int, default=8)
+    p.add_argument("--skip-clients", action="store_true", help="only the two-tenant comparison")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    from specdec.engine.engine import SpeculativeEngine
+    from specdec.models.loader import load_pair
+    from specdec.models.spec import ModelPairSpec, parse_model_spec
+
+    t0 = time.perf_counter()
+    target, draft = load_pair(ModelPairSpec(target=parse_model_spec(a.target), draft=parse_model_spec(a.draft)))
+    engine = SpeculativeEngine(target, draft)
+    print(f"loaded in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
+    # warm-up (allocator, kernels): one short batched and unbatched group
+    for batched in (True, False):
+        run_group(engine, _prompts(2), batched=batched, k=a.k, proposer=a.proposer, max_tokens=4, budget=a.budget)
+    a.fixed_ks = [int(x) for x in a.fixed_ks.split(",")]
+    rows = []
+    for c in ([] if a.skip_clients else [int(x) for x in a.clients.split(",")]):
+        arms = {}
+        for batched in ((False, True) if c % 2 else (True, False)):
+            r = run_group(engine, _prompts(c), batched=batched, k=a.k, proposer=a.proposer,
+                          max_tokens=a.max_tokens, budget=a.budget)
+            arms["batched" if batched else "unbatched"] = r
+            print(f"clients={c} {'batched' if batched else 'unbatched'}: {r['tok_per_s']:.2f} tok/s "
+                  f"({r['tokens']} tokens in {r['wall_s']:.1f}s, {r['mean_rows_per_forward']:.1f} rows/forward)",
+                  file=sys.stderr, flush=True)
+        same = arms["batched"]["outputs"] == arms["unbatched"]["outputs"]
+        rows.append({"clients": c, "identical_outputs": same,
+                     **{f"{arm}_{key}": v for arm, r in arms.items() for key, v in r.items() if key != "outputs"}})
+        if a.out:  # partial results survive a timeout
+            Path(a.out).mkdir(parents=True, exist_ok=True)
+            (Path(a.out) / "batching.partial.json").write_text(json.dumps(rows, indent=2))
+    base = {arm: rows[0][f"{arm}_tok_per_s"] for arm in ("batched", "unbatched")} if rows else {}
+    for r in rows:
+        r["batched_vs_unbatched"] = r["batched_tok_per_s"] / r["unbatched_tok_per_s"]
+        r["batched_vs_1_client"] = r["batched_tok_per_s"] / base["batched"]
+        r["unbatched_vs_1_client"] = r["unbatched_tok_per_s"] / base["unbatched"]
+    tenants = run_tenants(engine, a) if a.tenants else None
+    report = {"settings": {k: v for k, v in vars(a).items() if k != "out"},
+              "torch_threads": torch.get_num_threads(), "rows": rows, "tenants": tenants}
+    lines = [
+        f"In-process, demo pair, greedy, {a.proposer} K={a.k}, {a.max_tokens} tokens per request, positions budget "
+        f"{a.budget}, {a.threads} torch threads; one run, arms alternating per client count.",
+        "",
+        "| clients | unbatched tok/s | batched tok/s | batched / unbatched | batched vs 1 client | "
+        "tok per CPU s unbatched / batched | rows per forward | identical |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['clients']} | {r['unbatched_tok_per_s']:.2f} | {r['batched_tok_per_s']:.2f} | "
+                     f"{r['batched_vs_unbatched']:.2f}x | {r['batched_vs_1_client']:.2f}x | "
+                     f"{r['unbatched_tok_per_cpu_s']:.2f} / {r['batched_tok_per_cpu_s']:.2f} | "
+                     f"{r['batched_mean_rows_per_forward']:.1f} | {'yes' if r['identical_outputs'] else 'NO'} |")
+    if tenants:
+        lines += [
+            "",
+            f"Two tenants (code, creative), {a.tenant_clients} clients, batched, {a.proposer}, greedy, "
+            f"{a.max_tokens} tokens each; adaptive = K per tenant under load (at most {a.k_max}).",
+            "",
+            "| arm | total tok/s | code tok/s | creative tok/s | K steps (K: count) | identical to K=0 |",
+            "|---|---:|---:|---:|---|---|",
+        ]
+        for name, r in tenants.items():
+            by = r["tok_per_s_by_tenant"]
+            lines.append(f"| {name} | {r['tok_per_s']:.2f} | {by.get('code', 0):.2f} | {by.get('creative', 0):.2f} | "
+                         f"{r['k_counts']} | {'yes' if r['identical_to_k0'] else 'NO'} |")
+        if "controller" in tenants["adaptive"]:
+            lines.append("")
+            lines.append(f"Controller at the end: {json.dumps(tenants['adaptive']['controller'])}")
+    text = "\n".join(lines)
+    print(text)
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "batching.json").write_text(json.dumps(report, indent=2))
+        (out / "batching.md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

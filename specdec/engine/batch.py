@@ -1,0 +1,518 @@
+"""Continuous batching of speculation steps: one scheduler steps many generations at once.
+
+Each *tick* of :class:`BatchScheduler`:
+
+1. admits the generations submitted since the last tick (a request whose block "arrives" while
+   a forward runs joins the next tick) and ends the cancelled ones (their caches are freed);
+2. asks every running generation for its K (:meth:`specdec.engine.decoder.Generation.plan`);
+3. drafts: the draft-model sessions of all generations with one batched draft forward per
+   draft position (:meth:`specdec.engine.proposers.draft_model.DraftModelProposer.propose_batch`),
+   prompt lookup for all the others in the same tick;
+4. verifies every block in one target forward over the sessions' own KV caches (ragged cache
+   lengths, ragged K; :meth:`specdec.engine.verifier.TargetVerifier.verify_batch`), bounded by a
+   positions budget Σ(K_i + 1): a new prompt is prefilled in chunks within the budget, so it
+   stalls the running generations by at most one budget's worth of positions;
+5. applies each row's result to its generation (:meth:`specdec.engine.decoder.Generation.apply`) and
+   delivers the chunks.
+
+Every row is decided exactly as alone (its own seeded generator per position), so each output
+is the output of the same request run alone, whatever the batch composition.
+``batched=False`` is the batch-size-1 switch: the same ticks, but every draft and every verify
+runs alone (the unbatched path), for benchmarks that compare both in one run.
+
+Fairness: rows are ordered for the budget by tenant in weighted round robin (weights from the
+tenant policy), rotating the first tenant every tick; prefills come after all decode rows,
+shorter prompts first (the first row always makes progress, so a long prompt advances by at
+least one chunk per tick while it is first).
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+from specdec.engine.decoder import Generation
+from specdec.errors import GenerationCancelledError, InvalidRequestError
+from specdec.engine.proposers.draft_model import DraftModelSession
+from specdec.request import GenerationRequest
+from specdec.types import DraftBlock, FinishReason, GenerationChunk, GenerationResult
+
+#: Default positions budget of one batched target forward (Σ over rows of fed positions).
+DEFAULT_MAX_BATCH_POSITIONS = 64
+
+#: ``verify(items, max_positions) -> results``: see :meth:`specdec.engine.verifier.TargetVerifier.verify_batch`.
+VerifyFn = Callable[[Sequence[tuple[Any, DraftBlock]], "int | None"], list]
+
+
+@dataclass
+class TickRecord:
+    """What one tick did (for tests and the cost model).
+
+    Attributes:
+        rows: request ids offered to the target forward, in budget order.
+        answered: request ids whose block was decided in it.
+        positions: positions the rows' next forwards need (uncached tail + K each).
+        positions_fed: positions the target forward fed (≤ the budget unless one row alone).
+        draft_s, verify_s: seconds spent drafting and in the target forward.
+    """
+
+    rows: list[int]
+    answered: list[int]
+    positions: int
+    positions_fed: int
+    draft_s: float
+    verify_s: float
+
+
+@dataclass
+class BatchedRequest:
+    """A request running under a :class:`BatchScheduler`; its chunks arrive in :attr:`chunks`.
+
+    Attributes:
+        id: scheduler-wide request id (submission order).
+        tenant: the tenant it counts against.
+        generation: its decoding loop.
+    """
+
+    id: int
+    tenant: str
+    generation: Generation
+    proposer: str = "none"
+    chunks: "queue.Queue[GenerationChunk | BaseException | None]" = field(default_factory=queue.Queue)
+    error: BaseException | None = None
+    block: DraftBlock | None = None
+    draft_s: float = 0.0
+    _cancel: bool = False
+    _done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        """Ask the scheduler to stop this generation at the next tick boundary (thread-safe).
+
+        Its caches are freed then; the other rows of the batch are not disturbed.
+        """
+        self._cancel = True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the generation ended; whether it did within ``timeout`` seconds."""
+        return self._done.wait(timeout)
+
+    def result(self) -> GenerationResult:
+        """The finished generation.
+
+        Raises:
+            the error that ended it (e.g. :class:`specdec.errors.InvalidRequestError`), or
+            RuntimeError when it has not ended.
+        """
+        if self.error is not None:
+            raise self.error
+        if not self.done:
+            raise RuntimeError("the generation has not finished")
+        return self.generation.result()
+
+    def stream(self, timeout: float | None = None) -> Iterator[GenerationChunk]:
+        """Yield the chunks as the scheduler produces them (needs a running scheduler thread)."""
+        while True:
+            item = self.chunks.get(timeout=timeout)
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+def fair_order(items: list, tenant_of: Callable[[Any], str], weights: dict[str, float], tick: int) -> list:
+    """Items in weighted round robin over their tenants, the first tenant rotating with ``tick``.
+
+    Within a tenant items keep their given order. A tenant of weight w gets w turns per round
+    (weights rounded, at least 1). Used to order the rows of a batched forward for its
+    positions budget, in process and on the target replica.
+    """
+    by_tenant: dict[str, list] = {}
+    for r in items:
+        by_tenant.setdefault(tenant_of(r), []).append(r)
+    tenants = sorted(by_tenant)
+    if tenants:
+        shift = tick % len(tenants)
+        tenants = tenants[shift:] + tenants[:shift]
+    out: list = []
+    while any(by_tenant.values()):
+        for t in tenants:
+            turns = max(1, int(round(weights.get(t, 1.0))))
+            for _ in range(turns):
+                if by_tenant[t]:
+                    out.append(by_tenant[t].pop(0))
+    return out
+
+
+class BatchScheduler:
+    """Steps many generations of one :class:`specdec.engine.engine.SpeculativeEngine` together.
+
+    Args:
+        engine: the engine whose verifier (and draft proposer) run the batched forwards.
+        batched: False runs every draft and verify alone (the batch-size-1 path).
+        max_batch_positions: positions budget of one target forward (≥ 1); chunked prefill
+            keeps a new prompt within it.
+        tenant_weights: tenant -> weight for the fair order of rows (default 1 each).
+        verify: replaces the in-process verifier (a serving layer's remote target); same
+            contract as :meth:`specdec.engine.verifier.TargetVerifier.verify_batch`.
+        on_forward: called with the request ids of each tick's target forward just before it
+            runs (tests use it to submit work "during" a forward).
+        controller: a :class:`specdec.control.batch_k.BatchKController`: chooses K per tenant
+            under the current load for requests submitted with ``adaptive=True``, and learns
+            from every tick.
+        clock: seconds clock.
+
+    Raises:
+        ValueError: ``max_batch_positions < 1``.
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        batched: bool = True,
+        max_batch_positions: int = DEFAULT_MAX_BATCH_POSITIONS,
+        tenant_weights: dict[str, float] | None = None,
+        verify: VerifyFn | None = None,
+        on_forward: Callable[[list[int]], None] | None = None,
+        controller: Any = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        if max_batch_positions < 1:
+            raise ValueError(f"max_batch_positions must be >= 1, got {max_batch_positions}")
+        self.engine = engine
+        self.batched = batched
+        self.max_batch_positions = max_batch_positions
+        self.tenant_weights = dict(tenant_weights or {})
+        self._verify = verify or engine.verifier.verify_batch
+        self.on_forward = on_forward
+        self.controller = controller
+        self._clock = clock
+        self._draft_timings: list[tuple[int, float]] = []
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._incoming: list[BatchedRequest] = []
+        self.running: list[BatchedRequest] = []
+        self.trace: list[TickRecord] = []
+        self._ticks = 0
+        self._thread: threading.Thread | None = None
+        self._stop = False
+
+    # --- submitting ------------------------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest, *, tenant: str = "default", k=None,
+               adaptive: bool = False) -> BatchedRequest:
+        """Open a request's sessions and queue it for the next tick (thread-safe).
+
+        Args:
+            request: the validated request.
+            tenant: tenant name (fair order, statistics).
+            k: override of the largest K (an int or a callable asked before each step).
+            adaptive: take K from the scheduler's controller (the tenant's K under the current
+                load, at most the request's K).
+
+        Raises:
+            InvalidRequestError, PromptTooLongError: as :meth:`specdec.engine.engine.SpeculativeEngine.start`.
+            ValueError: ``adaptive`` without a controller.
+        """
+        if adaptive:
+            if self.controller is None:
+                raise ValueError("adaptive K needs a scheduler with a controller")
+            cap = request.speculation.k
+            ctl = self.controller
+
+            def k(tenant=tenant, cap=cap):
+                chosen = ctl.k_for(tenant)
+                return cap if chosen is None else min(cap, chosen)
+
+        gen = self.engine.start(request, k=k)
+        return self.add(gen, tenant=tenant, proposer=request.speculation.proposer)
+
+    def add(self, generation: Generation, *, tenant: str = "default", proposer: str = "none") -> BatchedRequest:
+        """Queue an already started generation for the next tick (thread-safe)."""
+        req = BatchedRequest(id=next(self._ids), tenant=tenant, generation=generation, proposer=proposer)
+        with self._lock:
+            self._incoming.append(req)
+            self._wake.notify_all()
+        return req
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._incoming and not self.running
+
+    # --- one tick --------------------------------------------------------------------------------
+
+    def _finish(self, r: BatchedRequest, chunk: GenerationChunk | None) -> None:
+        if chunk is not None:
+            r.chunks.put(chunk)
+        r.chunks.put(None)
+        r._done.set()
+
+    def _fail(self, r: BatchedRequest, error: BaseException) -> None:
+        r.error = error
+        try:
+            r.generation.close()
+        finally:
+            r.chunks.put(error)
+            r._done.set()
+
+    def _end_cancelled(self, rows: list[BatchedRequest]) -> list[BatchedRequest]:
+        keep = []
+        for r in rows:
+            if r._cancel:
+                r.generation.assembler.finish(FinishReason.CANCELLED)
+                self._finish(r, r.generation.finish_chunk())  # both sessions' caches freed
+            else:
+                keep.append(r)
+        return keep
+
+    def step(self) -> TickRecord | None:
+        """Run one tick (see the module docstring); None when there was nothing to do."""
+        with self._lock:
+            self.running.extend(self._incoming)
+            self._incoming = []
+        tick = self._ticks
+        self._ticks += 1
+        self.running = self._end_cancelled(self.running)
+        if self.controller is not None and self.running:
+            counts: dict[tuple[str, str], int] = {}
+            for r in self.running:
+                counts[(r.tenant, r.proposer)] = counts.get((r.tenant, r.proposer), 0) + 1
+            self.controller.decide(counts)
+        # plan: K for each generation that needs a new block
+        need: list[tuple[BatchedRequest, int]] = []
+        alive: list[BatchedRequest] = []
+        for r in self.running:
+            if r.block is None:
+                k = r.generation.plan()
+                if k is None:
+                    self._finish(r, r.generation.finish_chunk())
+                    continue
+                need.append((r, k))
+            alive.append(r)
+        self.running = alive
+        if not alive:
+            return None
+        # draft
+        t0 = self._clock()
+        self._draft(need)
+        t1 = self._clock()
+        for r, _ in need:
+            r.draft_s = t1 - t0
+        # verify
+        order = fair_order(sorted(alive, key=lambda r: r.id), lambda r: r.tenant, self.tenant_weights, tick)
+        # decode rows first, then prefills (an uncached prompt tail), shorter first
+        order.sort(key=lambda r: self._uncached(r) if self._uncached(r) > r.block.k + 1 else 0)
+        items = [(r.generation.target, r.block) for r in order]
+        if self.on_forward is not None:
+            self.on_forward([r.id for r in order])
+        positions = sum(self._uncached(r) for r in order)
+        t2 = self._clock()
+        try:
+            if self.batched:
+                results = self._verify(items, self.max_batch_positions)
+            else:
+                results = [self._verify([item], None)[0] for item in items]
+        except Exception as e:  # the forward failed: every row in it may be half-advanced
+            for r in order:
+                self._fail(r, e)
+            self.running = []
+            return TickRecord([r.id for r in order], [], positions, 0, t1 - t0, self._clock() - t2)
+        t3 = self._clock()
+        answered = []
+        for r, res in zip(order, results):
+            if res is None:
+                continue  # chunked or deferred: the block waits for the next tick
+            block, r.block = r.block, None
+            if isinstance(res, BaseException):
+                self._fail(r, res if isinstance(res, InvalidRequestError) or not isinstance(res, ValueError)
+                           else InvalidRequestError(str(res)))
+                continue
+            answered.append(r.id)
+            if self.controller is not None and block.k > 0:
+                self.controller.observe_row(r.tenant, r.proposer, block.k, res.accepted)
+            if r._cancel:
+                continue  # ended at the top of the next tick
+            chunk = r.generation.apply(block, res, r.draft_s, t3 - t2)
+            if r.generation.finished:
+                self._finish(r, chunk)
+            elif chunk is not None:
+                r.chunks.put(chunk)
+        self.running = [r for r in self.running if not r.done]
+        fed = getattr(getattr(self._verify, "__self__", None), "last_positions", positions)
+        rec = TickRecord([r.id for r in order], answered, positions, fed, t1 - t0, t3 - t2)
+        if self.controller is not None and self.batched:
+            fed_rows = sum(1 for res in results if res is not None) or 1
+            self.controller.observe_tick(fed_rows, max(fed, fed_rows), t3 - t2, self._draft_timings)
+        self._draft_timings = []
+        self.trace.append(rec)
+        return rec
+
+    @staticmethod
+    def _uncached(r: BatchedRequest) -> int:
+        """Positions the row's next forward feeds: uncached committed tail + K drafts."""
+        target = r.generation.target
+        seq = getattr(target, "seq", None)
+        if seq is None:  # a remote target: only the block is known here
+            return r.block.k + 1
+        tail = target.committed_len - min(len(seq.cached), target.committed_len)
+        return max(tail, 1) + r.block.k
+
+    def _draft(self, need: list[tuple[BatchedRequest, int]]) -> None:
+        """Draft the blocks of ``need``: batched per draft proposer, prompt lookup alone."""
+        groups: dict[int, list[tuple[BatchedRequest, int]]] = {}
+        for r, k in need:
+            proposer = r.generation.proposer
+            if proposer is None or k <= 0:
+                r.block = DraftBlock.empty()
+            elif self.batched and isinstance(proposer, DraftModelSession):
+                groups.setdefault(id(proposer._proposer), []).append((r, k))
+            else:
+                r.block = proposer.propose(k)
+        for rows in groups.values():
+            sessions = [r.generation.proposer for r, _ in rows]
+            blocks = sessions[0]._proposer.propose_batch(sessions, [k for _, k in rows], timings=self._draft_timings)
+            for (r, _), block in zip(rows, blocks):
+                r.block = block
+
+    # --- driving ---------------------------------------------------------------------------------
+
+    def run_until_idle(self) -> None:
+        """Tick in this thread until every submitted generation has ended."""
+        while not self.idle:
+            self.step()
+
+    def start(self) -> None:
+        """Tick in a background thread (idle waits for work) until :meth:`shutdown`."""
+        if self._thread is not None:
+            return
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="specdec-batch", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stop and not self._incoming and not self.running:
+                    self._wake.wait()
+                if self._stop:
+                    return
+            self.step()
+
+    def shutdown(self) -> None:
+        """Stop the background thread after its tick; cancel and free what still runs."""
+        with self._lock:
+            self._stop = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        with self._lock:
+            rest, self._incoming = self.running + self._incoming, []
+            self.running = []
+        for r in rest:
+            self._fail(r, GenerationCancelledError("the scheduler shut down"))
+
+
+class _Waiting:
+    __slots__ = ("session", "k", "block", "error")
+
+    def __init__(self, session: DraftModelSession, k: int):
+        self.session, self.k = session, k
+        self.block: DraftBlock | None = None
+        self.error: BaseException | None = None
+
+
+class DraftCombiner:
+    """Batches the drafting of generations that are stepped by separate threads.
+
+    A serving replica steps each generation in its own thread (its verify is a remote call that
+    waits). :meth:`step` is :meth:`specdec.engine.decoder.Generation.step` with the drafting combined:
+    the draft-model sessions that ask to draft while another batch is drafting (or within
+    ``window_s`` of the first) draft together, one batched forward per draft position
+    (:meth:`specdec.engine.proposers.draft_model.DraftModelProposer.propose_batch`). Prompt lookup and
+    plain decoding need no forward and run in the caller's thread.
+
+    Args:
+        batched: False drafts every session alone (the unbatched path).
+        window_s: seconds the first caller waits for others before drafting.
+        clock: seconds clock.
+    """
+
+    def __init__(self, batched: bool = True, window_s: float = 0.002, clock: Callable[[], float] = time.perf_counter):
+        self.batched = batched
+        self.window_s = window_s
+        self._clock = clock
+        self._cv = threading.Condition()
+        self._queue: list[_Waiting] = []
+        self._busy = False
+        #: sizes of the draft batches run (for tests and statistics)
+        self.batch_sizes: list[int] = []
+
+    def propose(self, session: Any, k: int) -> DraftBlock:
+        """Draft up to ``k`` tokens for ``session``, batched with concurrent callers (blocking)."""
+        if session is None or k <= 0:
+            return DraftBlock.empty()
+        if not self.batched or not isinstance(session, DraftModelSession):
+            return session.propose(k)
+        me = _Waiting(session, k)
+        with self._cv:
+            self._queue.append(me)
+            while me.block is None and me.error is None:
+                if self._busy:
+                    self._cv.wait()
+                    continue
+                self._busy = True
+                self._cv.release()
+                try:
+                    if self.window_s > 0:
+                        time.sleep(self.window_s)
+                    with self._cv:
+                        batch, self._queue = self._queue, []
+                    self._run(batch)
+                finally:
+                    self._cv.acquire()
+                    self._busy = False
+                    self._cv.notify_all()
+        if me.error is not None:
+            raise me.error
+        return me.block
+
+    def _run(self, batch: list[_Waiting]) -> None:
+        self.batch_sizes.append(len(batch))
+        groups: dict[int, list[_Waiting]] = {}
+        for w in batch:
+            groups.setdefault(id(w.session._proposer), []).append(w)
+        for rows in groups.values():
+            try:
+                blocks = rows[0].session._proposer.propose_batch([w.session for w in rows], [w.k for w in rows])
+            except BaseException as e:  # every session of the batch fails alike
+                for w in rows:
+                    w.error = e
+                continue
+            for w, block in zip(rows, blocks):
+                w.block = block
+
+    def step(self, gen: Generation) -> GenerationChunk | None:
+        """One speculation step of ``gen`` (as ``gen.step()``), its drafting batched."""
+        if gen.finished:
+            return gen.assembler.take_chunk()
+        k = gen.plan()
+        if k is None:
+            return gen.finish_chunk()
+        t0 = self._clock()
+        block = self.propose(gen.proposer, k)
+        t1 = self._clock()
+        result = gen.target.verify(block)
+        t2 = self._clock()
+        return gen.apply(block, result, t1 - t0, t2 - t1)

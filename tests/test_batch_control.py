@@ -1,0 +1,95 @@
+"""K under load: the batch cost model and the per-tenant K that maximises the batch's tokens/s."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.engine.batch import BatchScheduler
+from specdec.control.batch_k import BatchCostModel, BatchKController, TenantLoad, choose_batch_ks
+from specdec.control.objective import expected_tokens_per_step
+from specdec.engine.engine import SpeculativeEngine
+from specdec.request import GenerationRequest
+
+
+def _cost(per_position: float, base: float = 1.0, draft: float = 0.05) -> BatchCostModel:
+    """A measured cost model: verify = base + per_position * (P - 1); draft forward = draft s."""
+    c = BatchCostModel(max_positions=256)
+    for p in (1, 8, 64, 128):
+        c.observe_verify(1, p, base + per_position * (p - 1))
+    for rows in (1, 8):
+        c.observe_draft(rows, draft)
+    return c
+
+
+def test_cost_model_terms():
+    c = _cost(0.1)
+    assert c.verify_s(1, 8) == pytest.approx(1.7)
+    assert c.verify_s(1, 36) == pytest.approx(1.0 + 0.1 * 35)  # interpolated between 8 and 64
+    c.observe_verify(4, 8, 1.7 + 3 * 0.02)  # 20 ms per extra row
+    assert c.verify_s(4, 8) > c.verify_s(1, 8)  # rows cost something beyond their positions
+    # step: two drafting sessions at K=3 and K=1, one plain: 3 draft forwards + verify of 4+2+1
+    assert c.step_s([3, 1, 0], [True, True, False]) == pytest.approx(3 * 0.05 + c.verify_s(3, 7))
+    with pytest.raises(ValueError, match="rows <= positions"):
+        c.observe_verify(3, 2, 1.0)
+
+
+def test_expensive_positions_drop_the_low_acceptance_tenant_to_k0():
+    """Verify cost steep in positions: speculation by the creative tenant (α 0.3) costs the
+    batch more than it gains, the code tenant (α 0.95) keeps speculating."""
+    cost = _cost(0.05)
+    loads = {"code": TenantLoad(sessions=4, alpha=0.95), "creative": TenantLoad(sessions=4, alpha=0.3)}
+    d = choose_batch_ks(loads, cost, budget=128)
+    assert d.ks["creative"] == 0 and d.ks["code"] >= 2
+    # the choice is the best over the grid (brute force check)
+    def tps(kc, kr):
+        per = [kc] * 4 + [kr] * 4
+        tokens = 4 * expected_tokens_per_step(0.95, kc) + 4 * expected_tokens_per_step(0.3, kr)
+        return tokens / cost.step_s(per, [True] * 8)
+    best = max((tps(a, b), a, b) for a in range(9) for b in range(9))
+    assert (d.ks["code"], d.ks["creative"]) == best[1:]
+    assert d.tokens_per_s == pytest.approx(best[0])
+
+
+def test_flat_verify_cost_lets_both_tenants_speculate():
+    cost = _cost(0.0005, draft=0.005)
+    d = choose_batch_ks({"code": TenantLoad(4, 0.95), "creative": TenantLoad(4, 0.6)}, cost, budget=128)
+    assert d.ks["code"] >= 4 and d.ks["creative"] >= 1
+
+
+def test_fair_share_of_the_positions_budget():
+    """Budget 16, equal weights, 4 sessions each: at most 8 positions per tenant, so K <= 1."""
+    cost = _cost(0.0, draft=0.0)
+    d = choose_batch_ks({"a": TenantLoad(4, 0.99), "b": TenantLoad(4, 0.99)}, cost, budget=16)
+    assert d.ks == {"a": 1, "b": 1} and d.positions == 16
+    # weight 3:1 -> a may use 12 positions (K = 2), b 4 (K = 0)
+    d = choose_batch_ks({"a": TenantLoad(4, 0.99, weight=3), "b": TenantLoad(4, 0.99, weight=1)}, cost, budget=16)
+    assert d.ks == {"a": 2, "b": 0} and d.by_tenant_share == {"a": 12, "b": 4}
+    # a pinned K and a K range are respected
+    d = choose_batch_ks({"a": TenantLoad(1, 0.99, fixed_k=3), "b": TenantLoad(1, 0.99, k_min=1, k_max=2)}, cost, 64)
+    assert d.ks == {"a": 3, "b": 2}
+
+
+def test_scheduler_with_controller_adapts_and_outputs_stay_exact(tiny_target, tiny_draft_close, tiny_draft_far):
+    """Adaptive requests under the batch controller: greedy outputs equal the requests alone,
+    the controller learns α per tenant and reports K per tenant and the batch shape."""
+    engine = SpeculativeEngine(tiny_target, tiny_draft_close)
+    prompts = [[5, 17, 42, 9, 100, 7, 23][: 2 + i] for i in range(6)]
+    reqs = [GenerationRequest(prompt_token_ids=p, max_tokens=24, ignore_eos=True,
+                              speculation={"proposer": "draft", "k": 6}) for p in prompts]
+    alone = [engine.generate(r).token_ids for r in reqs]
+    ctl = BatchKController(budget=64, weights={"code": 1, "creative": 1})
+    sched = BatchScheduler(engine, max_batch_positions=64, controller=ctl)
+    hs = [sched.submit(r, tenant=["code", "creative"][i % 2], adaptive=True) for i, r in enumerate(reqs)]
+    sched.run_until_idle()
+    assert [h.result().token_ids for h in hs] == alone
+    stats = ctl.stats()
+    assert set(stats["k_by_tenant"]) == {"code", "creative"}
+    assert all(0 <= k <= 8 for k in stats["k_by_tenant"].values())
+    assert stats["mean_rows_per_forward"] > 1
+    # α̂ is learned from the tenants' speculative steps (a tenant held at K = 0 teaches nothing)
+    spec_tenants = {t for h, t in zip(hs, ["code", "creative"] * 3) if h.result().stats.proposed}
+    assert set(stats["alpha"]) == {f"{t}/draft" for t in spec_tenants}
+    # every step's K was at most the tenant's decision at that time and the request's cap
+    assert all(max(h.result().stats.k_counts) <= 6 for h in hs)
+    with pytest.raises(ValueError, match="needs a scheduler with a controller"):
+        BatchScheduler(engine).submit(reqs[0], adaptive=True)
