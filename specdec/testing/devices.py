@@ -26,6 +26,9 @@ A violation raises :class:`DeviceMismatch` at once (and is recorded in ``violati
 rules are those of CUDA, a little stricter (CUDA also lets a CPU index tensor index a CUDA
 tensor); code that passes the audit keeps every tensor where it says.
 
+Limits: what happens inside a tracked model is not audited (transformers' own code, which runs
+on CUDA as is); nor are CUDA-only failures that are not about devices (dtype support of a kernel,
+memory, numerics). Those need a GPU: ``tests/test_gpu.py`` through ``scripts/gpu-check.sh``.
 """
 
 from __future__ import annotations
