@@ -211,6 +211,8 @@ class BatchKController:
         self.estimator = estimator or AcceptanceEstimator()
         self.cost = cost or BatchCostModel(max_positions=max(4096, budget * 4))
         self.last: BatchKDecision | None = None
+        #: tenant -> the K chosen for it at the last decision that included it
+        self.k_by_tenant: dict[str, int] = {}
         #: (rows, positions) of every verify forward seen, for statistics
         self.batches: list[tuple[int, int]] = []
 
@@ -238,6 +240,7 @@ class BatchKController:
                 weight=self.weights.get(tenant, 1.0), k_min=lo, k_max=hi, drafted=proposer == "draft",
             )
         self.last = choose_batch_ks(loads, self.cost, self.budget)
+        self.k_by_tenant.update(self.last.ks)
         return self.last
 
     def k_for(self, tenant: str) -> int | None:
@@ -248,7 +251,7 @@ class BatchKController:
         """Plain data for tenant stats / metrics: K per tenant, batch shape seen, cost terms, α̂."""
         recent = self.batches[-50:]
         return {
-            "k_by_tenant": dict(self.last.ks) if self.last else {},
+            "k_by_tenant": dict(self.k_by_tenant),
             "predicted_tokens_per_s": self.last.tokens_per_s if self.last else None,
             "mean_rows_per_forward": sum(r for r, _ in recent) / len(recent) if recent else None,
             "mean_positions_per_forward": sum(p for _, p in recent) / len(recent) if recent else None,

@@ -132,10 +132,12 @@ class _PackedCacheView:
     The new tokens of all sequences are packed into one row (``[1, M]``, M = Σ new tokens). Per
     layer, :meth:`update` receives their keys/values ``[1, H_kv, M, D]``, appends each
     sequence's slice to that sequence's own :class:`DynamicCache` (exactly as a forward of that
-    sequence alone would), and returns every sequence's past followed by the packed new
-    keys/values, ``[1, H_kv, Σ L_i + M, D]``; the attention mask built by :func:`feed_many`
-    lets each token see only its own sequence. Only ``update`` is called by the model because
-    position ids and a ready 4-D mask are passed in.
+    sequence alone would), and returns the sequences' whole caches one after the other,
+    ``[1, H_kv, Σ (L_i + n_i), D]``: each sequence's keys are contiguous, its cached keys then its
+    new ones, and the attention mask of :func:`feed_many` lets each token see only its own
+    sequence's range (so attention that runs row by row over a contiguous key range, as a
+    shape-invariant forward does, gets exactly the keys plain decoding would give it). Only
+    ``update`` is called by the model because position ids and a ready 4-D mask are passed in.
     """
 
     def __init__(self, caches: Sequence[DynamicCache], new_lens: Sequence[int]):
@@ -143,46 +145,44 @@ class _PackedCacheView:
         self.new_lens = list(new_lens)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        pasts_k: list[torch.Tensor] = []
-        pasts_v: list[torch.Tensor] = []
+        parts_k: list[torch.Tensor] = []
+        parts_v: list[torch.Tensor] = []
         off = 0
         for cache, n in zip(self.caches, self.new_lens):
-            if layer_idx < len(cache.layers):
-                layer = cache.layers[layer_idx]
-                if layer.is_initialized and layer.keys is not None and layer.keys.numel():
-                    pasts_k.append(layer.keys)
-                    pasts_v.append(layer.values)
-            cache.update(key_states[:, :, off : off + n], value_states[:, :, off : off + n], layer_idx)
+            k, v = cache.update(key_states[:, :, off : off + n], value_states[:, :, off : off + n], layer_idx)
+            parts_k.append(k)
+            parts_v.append(v)
             off += n
-        if not pasts_k:
-            return key_states, value_states
-        return torch.cat(pasts_k + [key_states], dim=-2), torch.cat(pasts_v + [value_states], dim=-2)
+        return torch.cat(parts_k, dim=-2), torch.cat(parts_v, dim=-2)
 
 
 def _packed_mask(past_lens: list[int], new_lens: list[int], model: PreTrainedModel, device: torch.device) -> torch.Tensor:
-    """``[1, 1, M, Σ L_i + M]`` attention mask of a packed forward (see :func:`feed_many`).
+    """``[1, 1, M, Σ (L_i + n_i)]`` attention mask of a packed forward (see :func:`feed_many`).
 
-    Query j of sequence i sees sequence i's L_i cached keys and its own new keys up to j. The
-    form follows the model's attention implementation: boolean (True = attend) for ``sdpa``,
-    additive float (0 / dtype min) for ``eager``.
+    Keys are laid out sequence after sequence (each one's L_i cached keys, then its n_i new
+    ones); query j of sequence i sees its own sequence's first L_i + j + 1 keys, one contiguous
+    range. The form follows the model's attention implementation: additive float (0 / dtype
+    min) for ``eager``, boolean (True = attend) otherwise (``sdpa`` and implementations that take
+    sdpa's masks).
 
     Raises:
-        NotImplementedError: another attention implementation, or a model with sliding-window
-            layers (the mask would ignore the window).
+        NotImplementedError: flash or flex attention (they take no 4-D mask), or a model with
+            sliding-window layers (the mask would ignore the window).
     """
     impl = getattr(model.config, "_attn_implementation", "sdpa") or "sdpa"
-    if impl not in ("sdpa", "eager"):
-        raise NotImplementedError(f"batched forward supports sdpa and eager attention, not {impl!r}")
+    if "flash" in impl or "flex" in impl:
+        raise NotImplementedError(f"batched forward needs a 4-D attention mask, which {impl!r} does not take")
     if getattr(getattr(model, "model", model), "has_sliding_layers", False):
         raise NotImplementedError("batched forward does not support sliding-window attention layers")
     rows = torch.arange(len(new_lens))
+    totals = torch.tensor([lp + n for lp, n in zip(past_lens, new_lens)])
     q_row = torch.repeat_interleave(rows, torch.tensor(new_lens))  # [M]
     q_pos = torch.cat([torch.arange(n) + lp for n, lp in zip(new_lens, past_lens)])  # [M]
-    k_row = torch.cat([torch.repeat_interleave(rows, torch.tensor(past_lens)), q_row])  # [ΣL + M]
-    k_pos = torch.cat([torch.arange(lp) for lp in past_lens] + [q_pos])  # [ΣL + M]
+    k_row = torch.repeat_interleave(rows, totals)  # [Σ (L + n)]
+    k_pos = torch.cat([torch.arange(int(t)) for t in totals])  # [Σ (L + n)]
     allowed = (q_row[:, None] == k_row[None, :]) & (k_pos[None, :] <= q_pos[:, None])
     allowed = allowed[None, None].to(device)
-    if impl == "sdpa":
+    if impl != "eager":
         return allowed
     dtype = next(model.parameters()).dtype
     return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
@@ -195,7 +195,8 @@ def feed_many(items: Sequence[tuple["CachedSequence", Sequence[int], int]]) -> l
     The sequences' caches stay separate (ragged lengths, batch size 1 each); the new tokens are
     packed into one row of ``M = Σ len(tokens_i)`` positions with per-token position ids and a
     block mask (each token sees only its own sequence's past and earlier new tokens), so no
-    position is padded and a forward costs what its M positions cost. Logits are computed only
+    position is padded and a forward costs what its M positions cost (keys: each sequence's
+    cache then its new keys, sequence after sequence). Logits are computed only
     for the positions asked for. One item is exactly :meth:`CachedSequence.feed` (the unbatched
     path). All sequences must belong to the same model.
 
