@@ -55,6 +55,7 @@ import math
 import secrets
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Mapping, Sequence
 
@@ -116,6 +117,10 @@ class Router:
         self.gate = gate if gate is not None else TenancyGate.from_config(cfg)
         self._ready = False
         self.resumes = 0
+        #: tokenizes prompts off the event loop: one thread per request the replica may run at
+        #: once (Serve's max_ongoing_requests), not the loop's default pool sized by the host's cores
+        self.encode_executor = ThreadPoolExecutor(max_workers=cfg.router.max_ongoing_requests,
+                                                  thread_name_prefix="specdec-tokenize")
         #: longest vocabulary entry, in characters: a text of n characters is at least
         #: n / this many tokens (byte-level and SentencePiece vocabularies spell every decoded
         #: character with at least one character of the entry)
@@ -250,7 +255,7 @@ class Router:
         req = req.model_copy(update={"speculation": req.speculation.model_copy(update=spec_update)})
         self._refuse_surely_too_long(req)
         # tokenizing a long prompt takes a while: off the event loop, so other requests go on
-        prompt = await asyncio.get_running_loop().run_in_executor(None, self._encode, req)
+        prompt = await asyncio.get_running_loop().run_in_executor(self.encode_executor, self._encode, req)
         deadline = self._deadline(metadata)
         named = spec_given.get("proposer") is not None
         adm = await self.gate.admit(metadata, req, prompt_tokens=len(prompt),

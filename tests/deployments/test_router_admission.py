@@ -4,11 +4,12 @@ the request's own timeout as the lease's TTL (Router built without Serve, tiny t
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
 
-from deployments.config import AppConfig
+from deployments.config import AppConfig, Scaling
 from deployments.controller_actor import LEASE_GRACE_S, ControllerClient
 from deployments.metrics import SpecDecMetrics
 from deployments.router import TIMEOUT_KEY, Router
@@ -50,7 +51,7 @@ def router(tmp_path, tiny_model_folder):
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(f"tenants:\n  - id: acme\n    api_key_hashes: [{hash_api_key(KEY)}]\n")
     cfg = AppConfig(target_model=str(tiny_model_folder), draft_model=None, tenants_file=str(tenants),
-                    request_timeout_s=600)
+                    request_timeout_s=600, router=Scaling(max_ongoing_requests=8))
     clock = Clock()
     gate = TenancyGate(cfg.tenants_file, ControllerClient.local(clock=clock), SpecDecMetrics(backend=None))
     r = Router(cfg, info=TargetInfo.load(cfg.target_model), gate=gate)
@@ -58,7 +59,7 @@ def router(tmp_path, tiny_model_folder):
     encode = r._encode
 
     def spy(req):
-        calls.append(req)
+        calls.append(threading.current_thread().name)
         return encode(req)
 
     r._encode = spy
@@ -96,7 +97,10 @@ def test_authenticated_request_is_tokenized_once_and_its_lease_lives_as_long_as_
         return job, adm, expires, t0
 
     job, adm, expires, t0 = asyncio.run(main())
-    assert len(calls) == 1 and adm.tenant_id == "acme"
+    assert adm.tenant_id == "acme"
+    # tokenized once, on the router's own pool (sized by its max_ongoing_requests, not the host)
+    assert len(calls) == 1 and calls[0].startswith("specdec-tokenize")
+    assert r.encode_executor._max_workers == r.cfg.router.max_ongoing_requests == 8
     assert job.deadline_unix_s == pytest.approx(t0 + 450, abs=2)
     # the lease expires LEASE_GRACE_S after the request's own 450 s (not the 300 s default)
     assert expires == pytest.approx(clock.t + 450 + LEASE_GRACE_S, abs=2)
