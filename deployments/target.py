@@ -52,6 +52,8 @@ class Target:
         from deployments.target_sessions import SessionActivity
 
         self.cfg = cfg
+        #: each TP rank's setup facts (empty for injected workers)
+        self.infos: list[dict] = []
         if workers is None:
             workers = self._start_workers(cfg)
         self.workers = workers
@@ -59,8 +61,8 @@ class Target:
         self.metrics = metrics if metrics is not None else SpecDecMetrics()
         self._sweeping = False
 
-    @staticmethod
-    def _start_workers(cfg: AppConfig) -> list:
+    def _start_workers(self, cfg: AppConfig) -> list:
+        """Start the TP ranks in this replica's placement group; sets :attr:`infos`."""
         import ray
 
         from deployments.tp_worker import start_tp_workers

@@ -85,3 +85,29 @@ def test_idle_timeout_is_validated():
     with pytest.raises(ValueError, match="target_session_idle_timeout_s\n  Input should be greater than 0"):
         AppConfig(target_session_idle_timeout_s=0)
     assert AppConfig().target_session_idle_timeout_s == 600
+
+
+def test_target_starts_its_workers_through_ray_start_path(monkeypatch, tiny_target):
+    """The replica's own start path (TP workers in its placement group) sets the rank infos
+    that ``Info`` returns; exercised with ``start_tp_workers`` replaced (no Ray cluster)."""
+    import types
+
+    import deployments.tp_worker as tp
+    import specdec.models.loader as loader
+
+    ranks = [Rank(tiny_target)]
+    fake_ray = types.SimpleNamespace(util=types.SimpleNamespace(get_current_placement_group=lambda: None))
+    monkeypatch.setitem(__import__("sys").modules, "ray", fake_ray)
+    monkeypatch.setattr(loader, "resolve_folder", lambda spec: "/models/target")
+    seen = {}
+
+    def start(path, tp_size, pg, first_bundle, num_gpus, threads):
+        seen.update(path=path, tp_size=tp_size, threads=threads)
+        return ranks, [{"rank": 0, "device": "cpu"}]
+
+    monkeypatch.setattr(tp, "start_tp_workers", start)
+    target = Target(AppConfig(target_model="demo:target", target_tp=1, target_cpus_per_worker=2),
+                    metrics=SpecDecMetrics(backend=None))
+    assert seen == {"path": "/models/target", "tp_size": 1, "threads": 2}
+    assert target.workers is ranks
+    assert asyncio.run(target.Info()) == [{"rank": 0, "device": "cpu"}]
