@@ -127,11 +127,14 @@ def run_concurrent(address: str, app: str, requests: list[dict], clients: int) -
     tokens = [0] * clients
     errors: list[str] = []
 
+    outputs: list = [None] * clients
+
     def worker(i: int) -> None:
         try:
             with SpecDecClient(address, application=app, api_key=API_KEY) as client:
                 resp, _ = _served_one(client, requests[i % len(requests)])
                 tokens[i] = len(resp.token_ids)
+                outputs[i] = list(resp.token_ids)
         except Exception as e:  # reported, not raised
             errors.append(repr(e))
 
@@ -143,7 +146,7 @@ def run_concurrent(address: str, app: str, requests: list[dict], clients: int) -
         t.join()
     wall = time.perf_counter() - t0
     return {"clients": clients, "requests": clients, "tokens": sum(tokens), "wall_s": wall,
-            "aggregate_tokens_per_s": sum(tokens) / wall, "errors": errors}
+            "aggregate_tokens_per_s": sum(tokens) / wall, "errors": errors, "outputs": outputs}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,7 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=3, help="prompts in the served-vs-in-process comparison")
     parser.add_argument("--clients", default="1,4,8", help="concurrency levels")
     parser.add_argument("--out", default=None, help="also write the JSON here")
+    parser.add_argument("--modes", default="batched",
+                        help="comma list of unbatched/batched: the concurrency runs are repeated per mode in this run "
+                        "(the app is redeployed with target_batching/draft_batching set); the in-process comparison "
+                        "runs with the first mode only")
+    parser.add_argument("--skip-in-process", action="store_true", help="only the concurrency runs")
     args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in ("batched", "unbatched") for m in modes):
+        parser.error("--modes takes batched and/or unbatched")
 
     import ray
     from ray import serve
@@ -192,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         over["draft_model"] = args.draft
     if args.tp:
         over["target_tp"] = args.tp
-    cfg = AppConfig.model_validate({**PRESETS["local-cpu.yaml"].model_dump(), **over})
+    batching = {"target_batching": modes[0] == "batched", "draft_batching": modes[0] == "batched"}
+    cfg = AppConfig.model_validate({**PRESETS["local-cpu.yaml"].model_dump(), **over, **batching})
     requests = _requests(PROMPTS[: args.prompts], args.tokens, args.k)
     out: dict = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
@@ -200,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"target": cfg.target_model, "draft": cfg.draft_model, "target_tp": cfg.target_tp,
                    "tokens_per_request": args.tokens, "k": args.k, "prompts": PROMPTS[: args.prompts]},
     }
-    print("[bench_serving] loading the in-process engine ...", file=sys.stderr, flush=True)
-    engine = build_engine(cfg)
+    engine = None
+    if not args.skip_in_process:
+        print("[bench_serving] loading the in-process engine ...", file=sys.stderr, flush=True)
+        engine = build_engine(cfg)
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options=HTTPOptions(port=cfg.http_port),
@@ -211,23 +225,42 @@ def main(argv: list[str] | None = None) -> int:
         serve.run(build_app(cfg), name=cfg.app_name, route_prefix=f"/{cfg.app_name}")
         out["deploy_s"] = time.perf_counter() - t0
         address = f"localhost:{cfg.grpc_port}"
-        print("[bench_serving] in-process vs served (one client), interleaved ...", file=sys.stderr, flush=True)
-        inproc, served = run_interleaved(engine, address, cfg.app_name, requests)
-        del engine
-        gc.collect()
-        out["identical_outputs"] = served["outputs"] == inproc["outputs"]
-        out["in_process"] = {k: v for k, v in inproc.items() if k != "outputs"}
-        out["served_one_client"] = {k: v for k, v in served.items() if k != "outputs"}
-        out["served_over_in_process"] = served["tokens_per_s"] / inproc["tokens_per_s"]
+        if engine is not None:
+            print("[bench_serving] in-process vs served (one client), interleaved ...", file=sys.stderr, flush=True)
+            inproc, served = run_interleaved(engine, address, cfg.app_name, requests)
+            del engine
+            gc.collect()
+            out["identical_outputs"] = served["outputs"] == inproc["outputs"]
+            out["in_process"] = {k: v for k, v in inproc.items() if k != "outputs"}
+            out["served_one_client"] = {k: v for k, v in served.items() if k != "outputs"}
+            out["served_over_in_process"] = served["tokens_per_s"] / inproc["tokens_per_s"]
         out["concurrency"] = []
-        for n in [int(x) for x in args.clients.split(",") if x]:
-            print(f"[bench_serving] {n} concurrent clients ...", file=sys.stderr, flush=True)
-            out["concurrency"].append(run_concurrent(address, cfg.app_name, requests, n))
+        out["modes"] = {}
+        for i, mode in enumerate(modes):
+            if i > 0:  # redeploy with the other batching setting
+                cfg = cfg.model_copy(update={"target_batching": mode == "batched", "draft_batching": mode == "batched"})
+                t0 = time.perf_counter()
+                serve.run(build_app(cfg), name=cfg.app_name, route_prefix=f"/{cfg.app_name}")
+                out.setdefault("redeploy_s", []).append(time.perf_counter() - t0)
+            runs = []
+            for n in [int(x) for x in args.clients.split(",") if x]:
+                print(f"[bench_serving] {mode}: {n} concurrent clients ...", file=sys.stderr, flush=True)
+                runs.append(run_concurrent(address, cfg.app_name, requests, n))
+                print(f"[bench_serving]   {runs[-1]['aggregate_tokens_per_s']:.2f} tok/s", file=sys.stderr, flush=True)
+            out["modes"][mode] = runs
+            if i == 0:
+                out["concurrency"] = runs
     finally:
         try:
             serve.shutdown()
         finally:
             ray.shutdown()
+    if len(out.get("modes", {})) > 1:
+        per_mode = [[r["outputs"] for r in runs] for runs in out["modes"].values()]
+        out["modes_identical_outputs"] = all(p == per_mode[0] for p in per_mode)
+    for runs in out.get("modes", {}).values():
+        for r in runs:
+            r.pop("outputs", None)
     out["machine"]["load_avg_at_end"] = os.getloadavg()
     text = json.dumps(out, indent=2)
     print(text)

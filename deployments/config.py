@@ -86,6 +86,21 @@ class AppConfig(BaseModel):
     http_port: int = Field(8000, ge=1, le=65535)
     request_timeout_s: float = Field(300, gt=0)
     default_max_k: int = Field(4, ge=0, le=MAX_SPECULATION_LENGTH)
+    # continuous batching (issue 10)
+    target_batching: bool = Field(
+        True, description="verify the blocks of concurrent sessions in one batched target forward; "
+        "False: every block alone (batch size 1)",
+    )
+    draft_batching: bool = Field(
+        True, description="draft for all sessions of a draft replica in one batched forward per draft position",
+    )
+    max_batch_positions: int = Field(
+        64, ge=1, le=65536, description="positions budget of one batched target forward, sum of (K_i + 1) plus "
+        "prefill chunks; a new prompt is prefilled in chunks within it",
+    )
+    batch_window_s: float = Field(
+        0.002, ge=0, le=1, description="seconds the target waits after a block arrives for others to join its forward",
+    )
     draft_min_confidence: float = Field(
         0.0, ge=0.0, le=1.0,
         description="default early stop of drafting (requests may set their own): end a block after "

@@ -129,6 +129,8 @@ class RemoteTargetSession:
         self._sent = False  # a Verify went out: the target may hold this session
         self.closed = False
         self.wire = WireStats()
+        #: tenant and batch weight sent with ``open`` (fair order of the target's batched forwards)
+        self.tenant, self.tenant_weight = "", 1.0
 
     @property
     def committed_len(self) -> int:
@@ -139,8 +141,10 @@ class RemoteTargetSession:
         return self._history
 
     def _open_msg(self) -> xpb.SessionOpen:
-        return convert.session_open_to_proto(self._history, self.sampling, self.seed, self.want_logprobs,
-                                             self.processing, self.top_logprobs)
+        msg = convert.session_open_to_proto(self._history, self.sampling, self.seed, self.want_logprobs,
+                                            self.processing, self.top_logprobs)
+        msg.tenant, msg.tenant_weight = self.tenant, self.tenant_weight
+        return msg
 
     def verify(self, block: DraftBlock) -> VerifyResult:
         """Send one block, get its verification (rebuilding the remote session when asked).
@@ -281,6 +285,10 @@ class Draft:
         #: generation id -> its Generation (the sessions whose draft caches live here)
         self.sessions: dict[str, Any] = {}
         self._lock = threading.Lock()
+        from specdec.engine.batch import DraftCombiner
+
+        #: batches the drafting of the generations stepped concurrently (continuous batching)
+        self.combiner = DraftCombiner(batched=cfg.draft_batching, window_s=cfg.batch_window_s)
 
     # --- building one generation -------------------------------------------------------------
 
@@ -298,10 +306,12 @@ class Draft:
         send = self._send_factory(job.session_id)
 
         def open_target(history, sampling, seed, *, logprobs, processing, top_logprobs):
-            return RemoteTargetSession(
+            target = RemoteTargetSession(
                 job.session_id, history, sampling, seed, logprobs, send,
                 processing=processing if processing.active else None, top_logprobs=top_logprobs,
             )
+            target.tenant, target.tenant_weight = job.tenant, (job.tenant_weight or 1.0)
+            return target
 
         gen = open_generation(
             req, self.info, prompt, seed=seed, draft_proposer=self.draft_proposer, open_target=open_target,
@@ -346,7 +356,7 @@ class Draft:
             while True:
                 if job.deadline_unix_s and time.time() > job.deadline_unix_s:
                     raise DeadlineExceededError("the request's deadline passed during generation")
-                fut = loop.run_in_executor(self.step_executor, gen.step)
+                fut = loop.run_in_executor(self.step_executor, self.combiner.step, gen)
                 chunk = await asyncio.shield(fut)
                 fut = None
                 costs.after_step(skip=target.wire.rebuilds != rebuilds)  # a rebuild re-ran the prefill

@@ -60,6 +60,12 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...], list[float] | None]] = {
         "gauge", "Target sessions (KV caches) held by the replica after its last sweep.", (), None),
     "specdec_target_sessions_swept": (
         "counter", "Target sessions freed because nobody used them for target_session_idle_timeout_s.", (), None),
+    "specdec_batch_rows": (
+        "histogram", "Sessions whose blocks one batched target forward verified (continuous batching).", (),
+        [1.5, 2.5, 4.5, 8.5, 16.5, 32.5, 64.5]),
+    "specdec_batch_positions": (
+        "histogram", "Positions one batched target forward scored (sum of K + 1, plus prefill chunks).", (),
+        [1.5, 4.5, 8.5, 16.5, 32.5, 64.5, 128.5, 256.5, 512.5]),
     "specdec_exchange_bytes": (
         "histogram", "Draft<->target bytes per speculation step.", (),
         [256, 1024, 4096, 16384, 65536, 262144, 1048576]),

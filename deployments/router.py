@@ -230,7 +230,8 @@ class Router:
         seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
         msg.sampling.seed = seed
         probe = int(adm.decision.get("probe_steps") or 0) if adm.decision.get("probe") else 0
-        return xpb.DraftJob(session_id=session_id, request=msg, deadline_unix_s=deadline, probe_steps=probe)
+        return xpb.DraftJob(session_id=session_id, request=msg, deadline_unix_s=deadline, probe_steps=probe,
+                            tenant=adm.tenant_id, tenant_weight=getattr(adm, "batch_weight", 1.0))
 
     async def _prepare(self, data: Mapping[str, Any], metadata: Mapping[str, str]) -> tuple[xpb.DraftJob, str, Any]:
         """Validate, tokenize, admit (tenancy) and build the draft job; returns the admission too.
@@ -390,9 +391,18 @@ class Router:
         try:
             _refuse_undecodable(request)
             stats = await self.gate.tenant_stats(metadata_dict(grpc_context))
-            return tenant_stats_to_proto(stats, proposer_name(request.proposer))
+            msg = tenant_stats_to_proto(stats, proposer_name(request.proposer))
         except Exception as e:
             return abort_with(grpc_context, unwrap(e), pb.GetTenantStatsResponse)
+        try:  # the batch shape the target sees (best effort: stats must not fail on it)
+            load = await asyncio.wait_for(self.target.BatchStats.remote(), timeout=5)
+            msg.batch.forwards = int(load["forwards"])
+            msg.batch.mean_rows = float(load["mean_rows"])
+            msg.batch.mean_positions = float(load["mean_positions"])
+            msg.batch.max_rows = int(load["max_rows"])
+        except Exception:
+            log.debug("target BatchStats unavailable", exc_info=True)
+        return msg
 
     def __serve_build_asgi_app__(self):
         """The OpenAI-compatible HTTP API of this replica (Serve calls it once, after __init__)."""

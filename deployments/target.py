@@ -17,6 +17,8 @@ replica.
 from __future__ import annotations
 
 import asyncio
+import collections
+import itertools
 import logging
 import time
 
@@ -60,6 +62,15 @@ class Target:
         self.activity = SessionActivity(cfg.target_session_idle_timeout_s, clock)
         self.metrics = metrics if metrics is not None else SpecDecMetrics()
         self._sweeping = False
+        # continuous batching: blocks waiting for the next batched forward (see _batch_loop)
+        self._tickets = itertools.count()
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._queue: list[tuple[int, bytes]] = []
+        self._in_flight: set[int] = set()
+        self._kick = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+        #: (rows verified, positions fed) per batched forward (most recent 1000), for BatchStats
+        self._rows: collections.deque = collections.deque(maxlen=1000)
 
     def _start_workers(self, cfg: AppConfig) -> list:
         """Start the TP ranks in this replica's placement group; sets :attr:`infos`."""
@@ -83,9 +94,78 @@ class Target:
         return outs[0]
 
     async def Verify(self, candidate_block: bytes) -> bytes:
-        """Verify one serialized CandidateBlock; a serialized VerificationResult."""
+        """Verify one serialized CandidateBlock; a serialized VerificationResult.
+
+        With ``target_batching`` (default) the block joins the next batched forward of this
+        replica (:meth:`_batch_loop`); otherwise it is verified alone (batch size 1).
+
+        Raises:
+            InvalidRequestError: a malformed block or ``open``.
+            GenerationCancelledError: its session was closed while the block waited.
+        """
         self.activity.touch(xpb.CandidateBlock.FromString(candidate_block).session_id)
-        return await self._all("verify", candidate_block)
+        if not self.cfg.target_batching:
+            return await self._all("verify", candidate_block)
+        fut = asyncio.get_running_loop().create_future()
+        ticket = next(self._tickets)
+        self._waiting[ticket] = fut
+        self._queue.append((ticket, candidate_block))
+        self._kick.set()
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.create_task(self._batch_loop())
+        return await fut
+
+    async def _batch_loop(self) -> None:
+        """Gather the blocks that arrive within ``batch_window_s`` and verify them in one forward.
+
+        One forward at a time (every TP rank runs it); blocks arriving meanwhile join the next.
+        A prefill chunked over several forwards keeps the loop going until it is answered.
+        """
+        from specdec.engine.verifier import InvalidBlockError
+        from specdec.errors import GenerationCancelledError, InvalidRequestError
+
+        errors = {"InvalidRequestError": InvalidRequestError, "InvalidBlockError": InvalidBlockError,
+                  "PromptTooLongError": InvalidRequestError, "GenerationCancelledError": GenerationCancelledError}
+        while True:
+            await self._kick.wait()
+            if self.cfg.batch_window_s > 0:
+                await asyncio.sleep(self.cfg.batch_window_s)
+            self._kick.clear()
+            new, self._queue = self._queue, []
+            self._in_flight.update(t for t, _ in new)
+            try:
+                out = await self._all("verify_batch", new, self.cfg.max_batch_positions)
+                answers = out["answers"]
+                if out["positions"]:
+                    self._rows.append((out["rows"], out["positions"]))
+                    self.metrics.observe("specdec_batch_rows", out["rows"])
+                    self.metrics.observe("specdec_batch_positions", out["positions"])
+            except Exception as e:  # the forward failed: its sessions are closed on every rank
+                for t in list(self._in_flight):
+                    fut = self._waiting.pop(t, None)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(e)
+                self._in_flight.clear()
+                answers = []
+            for ticket, raw, kind, message in answers:
+                self._in_flight.discard(ticket)
+                fut = self._waiting.pop(ticket, None)
+                if fut is None or fut.done():  # the caller went away
+                    continue
+                if raw is not None:
+                    fut.set_result(raw)
+                else:
+                    fut.set_exception(errors.get(kind, RuntimeError)(message))
+            if self._in_flight or self._queue:
+                self._kick.set()
+
+    async def BatchStats(self) -> dict:
+        """Rows (sessions verified) and positions per batched forward, over the last 1000 forwards."""
+        rows = [r for r, _ in self._rows]
+        pos = [p for _, p in self._rows]
+        n = len(rows)
+        return {"forwards": n, "max_rows": max(rows, default=0), "mean_rows": sum(rows) / n if n else 0.0,
+                "mean_positions": sum(pos) / n if n else 0.0, "max_positions": max(pos, default=0)}
 
     async def CloseSession(self, request: bytes) -> bytes:
         """Free a session on every rank; a serialized CloseSessionResponse."""
@@ -133,8 +213,24 @@ class Target:
 
     async def check_health(self) -> None:
         """Serve health check (periodic): fails the replica when a TP worker died; sweeps idle
-        sessions (:meth:`sweep_idle`)."""
-        await asyncio.gather(*[w.num_sessions.remote() for w in self.workers])
+        sessions (:meth:`sweep_idle`).
+
+        The probe runs in the workers' "health" concurrency group, so a loaded replica (a long
+        prefill or verify in progress) answers at once; while blocks wait for a forward the
+        sweep (which queues behind the forwards) runs in the background instead of being awaited.
+        """
+        probes = []
+        for w in self.workers:
+            method = w.num_sessions
+            probes.append((method.options(concurrency_group="health") if hasattr(method, "options") else method).remote())
+        await asyncio.gather(*probes)
+        if self._in_flight or self._queue:
+            if not self._sweeping:
+                asyncio.create_task(self._sweep_logged())
+            return
+        await self._sweep_logged()
+
+    async def _sweep_logged(self) -> None:
         try:
             await self.sweep_idle()
         except Exception:  # a failed sweep is retried at the next check; the ranks answered

@@ -73,6 +73,13 @@ class TargetSessionTable:
         self.verifier = verifier
         self.clock = clock
         self.sessions: dict = {}
+        #: ticket -> (session id, block, arrival time): admitted blocks waiting for a forward
+        self.pending: dict[int, tuple[str, object, float]] = {}
+        #: tickets dropped since the last step (their session was closed or superseded)
+        self._dropped: list[tuple[int, str]] = []
+        #: session id -> (tenant, weight) from its ``open`` (fair order of batched forwards)
+        self.tenants: dict[str, tuple[str, float]] = {}
+        self._steps = 0
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -115,9 +122,127 @@ class TargetSessionTable:
             raise
         return convert.verify_result_to_proto(result, target_time_s=self.clock() - t0)
 
+    # --- batched path (continuous batching) ---------------------------------------------------
+
+    def _open_or_check(self, msg: xpb.CandidateBlock):
+        """The status part of :meth:`handle`: the session to verify with, or a status reply."""
+        session = self.sessions.get(msg.session_id)
+        if msg.HasField("open"):
+            ids, sampling, seed, logprobs = convert.session_open_from_proto(msg.open)
+            if len(ids) != msg.position:
+                raise InvalidRequestError(f"open carries {len(ids)} tokens but the block follows position {msg.position}")
+            if session is not None:
+                self.close(msg.session_id)
+            try:
+                session = self.verifier.open_session(ids, sampling, seed, logprobs)
+            except ValueError as e:
+                raise InvalidRequestError(str(e)) from None
+            self.sessions[msg.session_id] = session
+            self.tenants[msg.session_id] = (msg.open.tenant, msg.open.tenant_weight or 1.0)
+            return session
+        if session is None:
+            return xpb.VerificationResult(status=xpb.VERIFY_STATUS_SESSION_MISSING)
+        if session.committed_len != msg.position:
+            return xpb.VerificationResult(
+                status=xpb.VERIFY_STATUS_POSITION_MISMATCH, target_position=session.committed_len
+            )
+        return session
+
+    def admit(self, ticket: int, msg: xpb.CandidateBlock) -> xpb.VerificationResult | None:
+        """Take one block for the next batched forward (:meth:`step`).
+
+        Returns:
+            a status reply to send now (SESSION_MISSING, POSITION_MISMATCH), or None when the
+            block waits for :meth:`step`.
+
+        Raises:
+            InvalidRequestError: as :meth:`handle` (bad ``open``, a malformed block); the session
+                is then not kept.
+        """
+        for t, (sid, _, _) in list(self.pending.items()):
+            if sid == msg.session_id:  # a retried step supersedes the one still waiting
+                del self.pending[t]
+                self._dropped.append((t, "superseded by a newer block of the same session"))
+        got = self._open_or_check(msg)
+        if isinstance(got, xpb.VerificationResult):
+            return got
+        try:
+            block = convert.draft_block_from_proto(msg)
+            got.check(block)
+        except ValueError as e:
+            self.close(msg.session_id)
+            if isinstance(e, InvalidRequestError):
+                raise
+            raise InvalidRequestError(str(e)) from None
+        self.pending[ticket] = (msg.session_id, block, self.clock())
+        return None
+
+    def step(self, max_positions: int | None) -> list[tuple[int, xpb.VerificationResult | Exception]]:
+        """Verify the waiting blocks in one batched forward (positions budget ``max_positions``).
+
+        Blocks are offered by tenant in weighted round robin (tenant and weight from each
+        session's ``open``; arrival order within a tenant), decode rows before prefills (an uncached prompt
+        tail), shorter prefills first; a prefill is chunked within the budget and its block answered when its last
+        chunk runs (:meth:`specdec.verifier.TargetVerifier.verify_batch`).
+
+        Returns:
+            ``(ticket, reply or exception)`` for every ticket decided (and every ticket dropped
+            since the last step, as :class:`specdec.errors.GenerationCancelledError`).
+
+        Raises:
+            Whatever the forward raised; every session in it is closed and its ticket dropped.
+        """
+        from specdec.errors import GenerationCancelledError
+
+        out: list[tuple[int, xpb.VerificationResult | Exception]] = [
+            (t, GenerationCancelledError(why)) for t, why in self._dropped
+        ]
+        self._dropped = []
+        from specdec.engine.batch import fair_order
+
+        tickets = fair_order(
+            list(self.pending), lambda t: self.tenants.get(self.pending[t][0], ("", 1.0))[0],
+            {ten: w for ten, w in self.tenants.values()}, self._steps,
+        )
+        self._steps += 1
+
+        def prefill_len(t: int) -> int:  # 0 for a decode row
+            seq = self.sessions[self.pending[t][0]].seq
+            tail = len(seq.token_ids) - min(len(seq.cached), len(seq.token_ids))
+            return tail if tail > 1 else 0
+
+        tickets.sort(key=prefill_len)
+        items = [(self.sessions[self.pending[t][0]], self.pending[t][1]) for t in tickets]
+        try:
+            results = self.verifier.verify_batch(items, max_positions) if items else []
+        except BaseException:
+            for t in tickets:
+                self.close(self.pending[t][0])
+            raise
+        now = self.clock()
+        for t, res in zip(tickets, results):
+            if res is None:
+                continue
+            sid, _, t0 = self.pending.pop(t)
+            if isinstance(res, Exception):
+                self.close(sid)
+                out.append((t, InvalidRequestError(str(res)) if not isinstance(res, InvalidRequestError) else res))
+            else:
+                out.append((t, convert.verify_result_to_proto(res, target_time_s=now - t0)))
+        return out
+
     def close(self, session_id: str) -> bool:
-        """Free one session's caches; returns whether it existed. Idempotent."""
+        """Free one session's caches; returns whether it existed. Idempotent.
+
+        A block of the session still waiting for a batched forward is dropped (answered as
+        cancelled by the next :meth:`step`).
+        """
+        for t, (sid, _, _) in list(self.pending.items()):
+            if sid == session_id:
+                del self.pending[t]
+                self._dropped.append((t, "the session was closed"))
         session = self.sessions.pop(session_id, None)
+        self.tenants.pop(session_id, None)
         if session is not None:
             session.close()
         return session is not None

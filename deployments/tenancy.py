@@ -140,6 +140,7 @@ class Admission:
     clipped: tuple[str, ...] = ()
     queued_s: float = 0.0
     lease_id: str | None = None
+    batch_weight: float = 1.0
     started: float = field(default_factory=time.perf_counter)
     _slot: bool = False
     _done: bool = False
@@ -279,6 +280,7 @@ class TenancyGate:
             self._refused(tid, proposer, e)
             raise e
         adm = Admission(
+            batch_weight=float(getattr(pol, "batch_weight", 1.0)),
             tenant_id=tid,
             request=request,
             proposer=checked.proposer,

@@ -12,8 +12,12 @@ Rank 0's answer is the one returned. See ``deployments/NOTES-tp.md`` for what wa
 The owner (the target replica, or a test) calls every method on *all* ranks at once
 (:func:`call_all`): a collective op on one rank alone blocks until the gloo timeout.
 
-Known limits: HF-folder models only (GGUF specs must be converted to a folder first); batch
-size 1 per session; ``tp_size`` must divide the attention and KV heads.
+Continuous batching: :meth:`TPWorker.verify_batch` admits the blocks that arrived and verifies
+all waiting blocks in one batched forward (every rank the same). Health probes run in their own
+concurrency group ("health"), never behind a forward.
+
+Known limits: HF-folder models only (GGUF specs must be converted to a folder first);
+``tp_size`` must divide the attention and KV heads.
 """
 
 from __future__ import annotations
@@ -189,6 +193,53 @@ class TPWorker:
         reply = self.table.handle(xpb.CandidateBlock.FromString(candidate_block))
         return reply.SerializeToString() if self.rank == 0 else None
 
+    def verify_batch(self, new: list[tuple[int, bytes]], max_positions: int | None) -> list | None:
+        """Admit serialized ``CandidateBlock`` s and run one batched forward over all waiting blocks.
+
+        Every rank admits the same blocks in the same order and runs the same forward, so the
+        ranks' cache shards and waiting lists stay in lockstep.
+
+        Args:
+            new: ``(ticket, CandidateBlock bytes)`` arrived since the last call, in arrival order.
+            max_positions: positions budget of the forward.
+
+        Returns:
+            on rank 0: ``{"answers": [...], "rows": r, "positions": p}`` with
+            ``(ticket, VerificationResult bytes, None, None)`` or ``(ticket, None, error class
+            name, message)`` for every ticket answered now (a status reply, a verified block, or
+            an error: an invalid block or a dropped one), and the forward's verified rows and
+            positions fed; None on the other ranks.
+        """
+        from protos.specdec.v1 import exchange_pb2 as xpb
+        from specdec.errors import InvalidRequestError
+
+        answers: list[tuple[int, object]] = []
+        for ticket, raw in new:
+            try:
+                reply = self.table.admit(ticket, xpb.CandidateBlock.FromString(raw))
+            except InvalidRequestError as e:
+                answers.append((ticket, e))
+                continue
+            if reply is not None:
+                answers.append((ticket, reply))
+        self.table.verifier.last_positions = 0
+        stepped = self.table.step(max_positions)
+        answers.extend(stepped)
+        if self.rank != 0:
+            return None
+        verified = sum(1 for _, res in stepped if isinstance(res, xpb.VerificationResult))
+        out = []
+        for ticket, res in answers:
+            if isinstance(res, Exception):
+                out.append((ticket, None, type(res).__name__, str(res)))
+            else:
+                out.append((ticket, res.SerializeToString(), None, None))
+        return {"answers": out, "rows": verified, "positions": self.table.verifier.last_positions}
+
+    def pending_count(self) -> int:
+        """Blocks admitted and still waiting for a forward (a prefill in chunks)."""
+        return len(self.table.pending)
+
     def close_session(self, session_id: str) -> bool:
         """Free a session's cache shard; whether it existed."""
         return self.table.close(session_id)
@@ -235,7 +286,8 @@ def start_tp_workers(
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    actor_cls = ray.remote(TPWorker)
+    # "health": a thread of its own, so a health probe never waits behind a forward
+    actor_cls = ray.remote(concurrency_groups={"health": 1})(TPWorker)
     workers = []
     for rank in range(tp_size):
         opts: dict[str, Any] = {"num_cpus": 0, "num_gpus": num_gpus}

@@ -550,8 +550,10 @@ def test_target_deployment_verifies_serialized_blocks(served):
 
 
 def test_concurrent_streams_are_independent(served, target_alone):
+    """Concurrent requests share batched target forwards and each equals the target alone."""
     client = _client(served)
     results: dict[str, list[int]] = {}
+    before = _handle("Target").BatchStats.remote().result(timeout_s=30)
 
     def run(prompt):
         results[prompt] = client.generate(prompt=prompt, max_tokens=16).token_ids
@@ -565,6 +567,10 @@ def test_concurrent_streams_are_independent(served, target_alone):
         ref = target_greedy(target_alone, target_alone.tokenizer.encode(p), 16)
         assert results[p] == ref[: len(results[p])]
     client.close()
+    after = _handle("Target").BatchStats.remote().result(timeout_s=30)
+    assert after["forwards"] > before["forwards"] and after["max_rows"] >= 2  # blocks of 2+ sessions in one forward
+    stats = _client(served).tenant_stats()  # the batch shape is in GetTenantStats too
+    assert stats.batch.forwards >= 1 and stats.batch.max_rows >= 2 and stats.batch.mean_positions >= stats.batch.mean_rows
 
 
 def test_specdec_client_command(served, capsys):

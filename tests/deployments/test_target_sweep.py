@@ -47,6 +47,12 @@ class Rank:
         self.close_session = _Method(self.table.close)
         self.session_ids = _Method(lambda: sorted(self.table.sessions))
         self.num_sessions = _Method(lambda: len(self.table))
+        # the batched path (target_batching, the default): TPWorker's own method over this table
+        from deployments.tp_worker import TPWorker
+
+        worker = TPWorker(0, 1)
+        worker.table = self.table
+        self.verify_batch = _Method(worker.verify_batch)
 
 
 def _open_block(sid: str, prompt: list[int]) -> bytes:

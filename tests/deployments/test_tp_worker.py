@@ -109,3 +109,40 @@ def test_missing_session_and_position_mismatch(tp2):
     assert call_all(workers, "close_session", "s2") is True
     counts = ray.get([w.num_sessions.remote() for w in workers])
     assert counts[0] == counts[1]
+
+
+def test_batched_verification_over_tp_equals_in_process(tiny, tp2):
+    """Three sessions in one batched forward on both ranks: rank 0's replies equal handle()."""
+    workers, _ = tp2
+    local = TargetSessionTable(TargetVerifier(load_tp_model(tiny, 0, 1)))
+    prompts = {"b1": PROMPT, "b2": PROMPT[:3], "b3": PROMPT * 5}
+    msgs = [convert.draft_block_to_proto(DraftBlock(token_ids=torch.tensor([5, 6][: i])), sid, len(p),
+                                         open=convert.session_open_to_proto(p, SamplingParams(), seed=1, logprobs=False))
+            for i, (sid, p) in enumerate(prompts.items())]
+    out = call_all(workers, "verify_batch", [(i, m.SerializeToString()) for i, m in enumerate(msgs)], 16)
+    assert out["positions"] == 16
+    answered = {t: raw for t, raw, _, _ in out["answers"]}
+    while len(answered) < 3:  # the 50-token prompt is prefilled in chunks of <= 16 positions
+        answered.update({t: raw for t, raw, _, _ in call_all(workers, "verify_batch", [], 16)["answers"]})
+    for t, m in enumerate(msgs):
+        got, exp = xpb.VerificationResult.FromString(answered[t]), local.handle(m)
+        assert (got.accepted, list(got.token_ids), got.committed_len) == (exp.accepted, list(exp.token_ids), exp.committed_len)
+    for sid in prompts:
+        states = ray.get([w.session_state.remote(sid) for w in workers])
+        assert states[0] == states[1]
+        call_all(workers, "close_session", sid)
+
+
+def test_health_probe_does_not_wait_behind_a_forward(tp2):
+    workers, _ = tp2
+    msgs = [convert.draft_block_to_proto(DraftBlock.empty(), f"h{i}", 240,
+                                         open=convert.session_open_to_proto([3 + (i + j) % 200 for j in range(240)],
+                                                                            SamplingParams(), seed=1, logprobs=False))
+            for i in range(24)]
+    busy = [w.verify_batch.remote([(i, m.SerializeToString()) for i, m in enumerate(msgs)], None) for w in workers]
+    probes = [w.num_sessions.options(concurrency_group="health").remote() for w in workers]
+    ready, _ = ray.wait(probes + busy, num_returns=2, timeout=120)
+    assert set(ready) == set(probes)  # both probes answered while the forward still ran
+    ray.get(busy)
+    for i in range(24):
+        call_all(workers, "close_session", f"h{i}")

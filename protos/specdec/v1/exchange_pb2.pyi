@@ -20,7 +20,7 @@ VERIFY_STATUS_SESSION_MISSING: VerifyStatus
 VERIFY_STATUS_POSITION_MISMATCH: VerifyStatus
 
 class SessionOpen(_message.Message):
-    __slots__ = ("token_ids", "sampling", "seed", "logprobs", "prompt_len", "min_tokens", "suppress_token_ids", "top_logprobs")
+    __slots__ = ("token_ids", "sampling", "seed", "logprobs", "prompt_len", "min_tokens", "suppress_token_ids", "top_logprobs", "tenant", "tenant_weight")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,8 @@ class SessionOpen(_message.Message):
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SUPPRESS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _specdec_pb2.SamplingParams
     seed: int
@@ -37,7 +39,9 @@ class SessionOpen(_message.Message):
     min_tokens: int
     suppress_token_ids: _containers.RepeatedScalarFieldContainer[int]
     top_logprobs: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_specdec_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., logprobs: _Optional[bool] = ..., prompt_len: _Optional[int] = ..., min_tokens: _Optional[int] = ..., suppress_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+    tenant: str
+    tenant_weight: float
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_specdec_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., logprobs: _Optional[bool] = ..., prompt_len: _Optional[int] = ..., min_tokens: _Optional[int] = ..., suppress_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[int] = ..., tenant: _Optional[str] = ..., tenant_weight: _Optional[float] = ...) -> None: ...
 
 class SparseDistribution(_message.Message):
     __slots__ = ("width", "ids", "probs")
@@ -96,17 +100,21 @@ class CloseSessionResponse(_message.Message):
     def __init__(self, existed: _Optional[bool] = ...) -> None: ...
 
 class DraftJob(_message.Message):
-    __slots__ = ("session_id", "request", "deadline_unix_s", "resume_token_ids", "resume_text_chars", "probe_steps")
+    __slots__ = ("session_id", "request", "deadline_unix_s", "resume_token_ids", "resume_text_chars", "probe_steps", "tenant", "tenant_weight")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RESUME_TEXT_CHARS_FIELD_NUMBER: _ClassVar[int]
     PROBE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     request: _specdec_pb2.GenerateRequest
     deadline_unix_s: float
     resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
     resume_text_chars: int
     probe_steps: int
-    def __init__(self, session_id: _Optional[str] = ..., request: _Optional[_Union[_specdec_pb2.GenerateRequest, _Mapping]] = ..., deadline_unix_s: _Optional[float] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., resume_text_chars: _Optional[int] = ..., probe_steps: _Optional[int] = ...) -> None: ...
+    tenant: str
+    tenant_weight: float
+    def __init__(self, session_id: _Optional[str] = ..., request: _Optional[_Union[_specdec_pb2.GenerateRequest, _Mapping]] = ..., deadline_unix_s: _Optional[float] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., resume_text_chars: _Optional[int] = ..., probe_steps: _Optional[int] = ..., tenant: _Optional[str] = ..., tenant_weight: _Optional[float] = ...) -> None: ...

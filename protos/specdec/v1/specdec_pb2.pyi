@@ -260,7 +260,7 @@ class TenantUsage(_message.Message):
     def __init__(self, requests: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class GetTenantStatsResponse(_message.Message):
-    __slots__ = ("tenant_id", "proposer", "acceptance_rate", "current_k", "predicted_speedup", "cost", "usage", "stats")
+    __slots__ = ("tenant_id", "proposer", "acceptance_rate", "current_k", "predicted_speedup", "cost", "usage", "stats", "batch")
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     PROPOSER_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +269,7 @@ class GetTenantStatsResponse(_message.Message):
     COST_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     proposer: Proposer
     acceptance_rate: float
@@ -277,4 +278,17 @@ class GetTenantStatsResponse(_message.Message):
     cost: CostTerms
     usage: TenantUsage
     stats: SpeculationStats
-    def __init__(self, tenant_id: _Optional[str] = ..., proposer: _Optional[_Union[Proposer, str]] = ..., acceptance_rate: _Optional[float] = ..., current_k: _Optional[int] = ..., predicted_speedup: _Optional[float] = ..., cost: _Optional[_Union[CostTerms, _Mapping]] = ..., usage: _Optional[_Union[TenantUsage, _Mapping]] = ..., stats: _Optional[_Union[SpeculationStats, _Mapping]] = ...) -> None: ...
+    batch: BatchLoad
+    def __init__(self, tenant_id: _Optional[str] = ..., proposer: _Optional[_Union[Proposer, str]] = ..., acceptance_rate: _Optional[float] = ..., current_k: _Optional[int] = ..., predicted_speedup: _Optional[float] = ..., cost: _Optional[_Union[CostTerms, _Mapping]] = ..., usage: _Optional[_Union[TenantUsage, _Mapping]] = ..., stats: _Optional[_Union[SpeculationStats, _Mapping]] = ..., batch: _Optional[_Union[BatchLoad, _Mapping]] = ...) -> None: ...
+
+class BatchLoad(_message.Message):
+    __slots__ = ("forwards", "mean_rows", "mean_positions", "max_rows")
+    FORWARDS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_ROWS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
+    forwards: int
+    mean_rows: float
+    mean_positions: float
+    max_rows: int
+    def __init__(self, forwards: _Optional[int] = ..., mean_rows: _Optional[float] = ..., mean_positions: _Optional[float] = ..., max_rows: _Optional[int] = ...) -> None: ...

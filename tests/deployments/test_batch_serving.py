@@ -1,0 +1,201 @@
+"""Continuous batching on the serving side, without Ray: the target's session table and TP worker
+verify many sessions' blocks in one forward; the draft replica's combiner batches drafting."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+
+from deployments import convert
+from deployments.target_sessions import TargetSessionTable
+from deployments.tp_worker import TPWorker
+from protos.specdec.v1 import exchange_pb2 as xpb
+from specdec.engine.batch import DraftCombiner
+from specdec.engine.engine import SpeculativeEngine
+from specdec.errors import GenerationCancelledError, InvalidRequestError
+from specdec.request import GenerationRequest, SamplingParams
+from specdec.testing.tiny import build_tiny_model
+from specdec.types import DraftBlock
+from specdec.engine.verifier import TargetVerifier
+from tests.conftest import load_tiny
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("batchserve") / "t", seed=0, max_positions=1024)
+
+
+@pytest.fixture(scope="module")
+def target(folder):
+    return load_tiny(folder)
+
+
+def _sessions(n: int):
+    """(session id, prompt, sampling) of n sessions: prompt lengths 1..300, greedy and sampled."""
+    rng = random.Random(5)
+    lens = [1, 40, 300, 7, 120, 2][:n]
+    return [
+        (f"s{i}", [rng.randrange(3, 300) for _ in range(n_)],
+         SamplingParams(temperature=[0.0, 0.9][i % 2], top_k=20, seed=i))
+        for i, n_ in enumerate(lens)
+    ]
+
+
+def _block(rng: random.Random, k: int) -> DraftBlock:
+    return DraftBlock(token_ids=torch.tensor([rng.randrange(3, 300) for _ in range(k)], dtype=torch.long))
+
+
+def _run_batched(table: TargetSessionTable, msgs: list[xpb.CandidateBlock], budget: int | None):
+    """Admit msgs as tickets 0.., step until every ticket is answered; replies by ticket, steps."""
+    answers, steps = {}, 0
+    for t, m in enumerate(msgs):
+        reply = table.admit(t, m)
+        if reply is not None:
+            answers[t] = reply
+    while len(answers) < len(msgs):
+        for t, res in table.step(budget):
+            answers[t] = res
+        steps += 1
+    return answers, steps
+
+
+@pytest.mark.parametrize("budget", [None, 32])
+def test_table_step_equals_handle_alone(target, budget):
+    """Six sessions (prompts 1..300, K 0..8, greedy and sampled) over four rounds: each reply of
+    the batched step equals the unbatched handle() of the same block."""
+    sessions = _sessions(6)
+    alone = TargetSessionTable(TargetVerifier(target))
+    batched = TargetSessionTable(TargetVerifier(target))
+    rng = random.Random(9)
+    positions = {sid: len(p) for sid, p, _ in sessions}
+    total_steps = 0
+    for rnd in range(4):
+        msgs = []
+        for i, (sid, prompt, sampling) in enumerate(sessions):
+            block = _block(rng, [0, 1, 4, 8, 2, 5][(i + rnd) % 6])
+            if not sampling.greedy and block.k:  # a sampled block carries its q
+                q = torch.full((block.k, 1), 1.0)
+                block = DraftBlock(token_ids=block.token_ids, q_ids=block.token_ids[:, None], q_probs=q)
+            open_ = convert.session_open_to_proto(prompt, sampling, 7, True) if rnd == 0 else None
+            msgs.append(convert.draft_block_to_proto(block, sid, positions[sid], open=open_))
+        expected = [alone.handle(m) for m in msgs]
+        got, steps = _run_batched(batched, msgs, budget)
+        total_steps += steps
+        for t, exp in enumerate(expected):
+            g = got[t]
+            assert (g.status, g.accepted, list(g.token_ids), g.committed_len) == \
+                   (exp.status, exp.accepted, list(exp.token_ids), exp.committed_len)
+            assert list(g.logprobs) == pytest.approx(list(exp.logprobs), abs=1e-4)
+            positions[msgs[t].session_id] = g.committed_len
+    if budget is None:
+        assert total_steps == 4  # one forward per round for all six sessions
+    else:
+        assert total_steps > 4  # the 300-token prompt was prefilled in chunks of <= 32 positions
+    assert batched.pending == {}
+
+
+def test_table_statuses_close_and_superseded(target):
+    table = TargetSessionTable(TargetVerifier(target))
+    sp = SamplingParams()
+    assert table.admit(0, convert.draft_block_to_proto(DraftBlock.empty(), "ghost", 4)).status == \
+        xpb.VERIFY_STATUS_SESSION_MISSING
+    open_ = convert.session_open_to_proto(list(range(3, 203)), sp, 1, False)
+    assert table.admit(1, convert.draft_block_to_proto(DraftBlock.empty(), "a", 200, open=open_)) is None
+    assert table.admit(2, convert.draft_block_to_proto(DraftBlock.empty(), "b", 3,
+                                                       open=convert.session_open_to_proto([5, 6, 7], sp, 1, False))) is None
+    out = dict(table.step(16))  # b answered; a's prompt partly prefilled
+    assert set(out) == {2} and out[2].committed_len == 4
+    assert 1 in table.pending and len(table.sessions["a"].seq.cached) == 13
+    assert table.close("a") is True
+    out = dict(table.step(16))
+    assert isinstance(out[1], GenerationCancelledError) and str(out[1]) == "the session was closed"
+    assert "a" not in table.sessions and table.pending == {}
+    # a retried block supersedes the one still waiting; a malformed block is refused at once
+    table.admit(3, convert.draft_block_to_proto(DraftBlock.empty(), "b", 4))
+    table.admit(4, convert.draft_block_to_proto(DraftBlock.empty(), "b", 4))
+    out = dict(table.step(None))
+    assert isinstance(out[3], GenerationCancelledError) and out[4].committed_len == 5
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        table.admit(5, convert.draft_block_to_proto(DraftBlock(token_ids=torch.tensor([9999])), "b", 5))
+    assert "b" not in table.sessions  # a refused block drops its session, as handle() does
+
+
+def test_tp_worker_verify_batch_rank0_answers(folder, target):
+    worker = TPWorker(0, 1)
+    worker.setup(str(folder), "127.0.0.1", 0)
+    alone = TargetSessionTable(TargetVerifier(target))
+    sessions = _sessions(3)
+    msgs = [convert.draft_block_to_proto(DraftBlock.empty(), sid, len(p),
+                                         open=convert.session_open_to_proto(p, sp, 3, False))
+            for sid, p, sp in sessions]
+    bad = convert.draft_block_to_proto(DraftBlock(token_ids=torch.tensor([5000])), "s0", len(sessions[0][1]) + 1)
+    res = worker.verify_batch([(10 + i, m.SerializeToString()) for i, m in enumerate(msgs)], None)
+    out = res["answers"]
+    assert sorted(t for t, *_ in out) == [10, 11, 12]
+    assert res["rows"] == 3 and res["positions"] == sum(len(p) for _, p, _ in sessions)
+    for (t, raw, kind, message), m in zip(sorted(out), msgs):
+        assert kind is None and list(xpb.VerificationResult.FromString(raw).token_ids) == list(alone.handle(m).token_ids)
+    out = worker.verify_batch([(13, bad.SerializeToString())], None)["answers"]
+    assert out == [(13, None, "InvalidBlockError",
+                    f"block token_ids[0] = 5000 is outside the vocabulary 0..{target.emittable_vocab - 1}")]
+    assert worker.pending_count() == 0 and worker.num_sessions() == 2
+
+
+def test_draft_combiner_batches_concurrent_steps(target, tmp_path):
+    """Generations stepped by their own threads: drafting is batched, outputs equal alone."""
+    draft = load_tiny(build_tiny_model(tmp_path / "d", seed=1, base=target.model, noise=0.03, max_positions=1024))
+    engine = SpeculativeEngine(target, draft)
+    rng = random.Random(2)
+    reqs = [
+        GenerationRequest(prompt_token_ids=[rng.randrange(3, 300) for _ in range(n)], max_tokens=16, ignore_eos=True,
+                          sampling={"temperature": t, "seed": i, "top_k": 20}, speculation={"proposer": p, "k": k})
+        for i, (n, k, t, p) in enumerate([(3, 4, 0.0, "draft"), (80, 2, 0.8, "draft"), (20, 6, 0.0, "draft"),
+                                          (9, 3, 0.0, "ngram"), (150, 1, 1.0, "draft")])
+    ]
+    alone = [engine.generate(r).token_ids for r in reqs]
+    combiner = DraftCombiner(window_s=0.02)
+    gens = [engine.start(r) for r in reqs]
+    barrier = threading.Barrier(len(gens))
+
+    def run(gen):
+        barrier.wait()
+        while not gen.finished:
+            combiner.step(gen)
+
+    threads = [threading.Thread(target=run, args=(g,)) for g in gens]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=300)
+    assert [g.result().token_ids for g in gens] == alone
+    assert max(combiner.batch_sizes) >= 3  # draft-model sessions drafted together
+    unbatched = DraftCombiner(batched=False)
+    gen = engine.start(reqs[0])
+    while not gen.finished:
+        unbatched.step(gen)
+    assert gen.result().token_ids == alone[0] and unbatched.batch_sizes == []
+
+
+def test_table_orders_rows_fairly_by_tenant(target):
+    """A burst of one tenant does not push another tenant's block out of the next forward."""
+    table = TargetSessionTable(TargetVerifier(target))
+    sp = SamplingParams()
+    sids = ["a1", "a2", "a3", "a4", "b1"]
+    pos = {}
+    for t, sid in enumerate(sids):  # open every session (prefill) in one unbounded forward
+        open_ = convert.session_open_to_proto([5, 6, 7 + t], sp, 1, False)
+        open_.tenant, open_.tenant_weight = sid[0], 1.0
+        table.admit(t, convert.draft_block_to_proto(DraftBlock.empty(), sid, 3, open=open_))
+    for t, reply in table.step(None):
+        pos[sids[t]] = reply.committed_len
+    # decode steps: tenant a's four blocks arrive first, then b's; budget 4 positions
+    for t, sid in enumerate(sids):
+        table.admit(10 + t, convert.draft_block_to_proto(DraftBlock.empty(), sid, pos[sid]))
+    answered = sorted(t for t, _ in table.step(4))
+    assert 14 in answered and len(answered) == 4  # b1 made it; one of tenant a's blocks waits
+    assert sorted(t for t, _ in table.step(4)) == sorted(set(range(10, 15)) - set(answered))
+    # a heavier weight gives more turns per round
+    assert table.tenants["b1"] == ("b", 1.0)
