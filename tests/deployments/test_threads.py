@@ -51,13 +51,13 @@ def test_draft_replica_threads_and_step_executor(many_host_cores, tiny_model_fol
                     draft_num_cpus=2, draft=Scaling(max_ongoing_requests=3))
     wire = Wire(load_tiny(tiny_model_folder))
     names = []
-    step = Generation.step
+    plan = Generation.plan  # every step plans first (batched or not), in the thread that steps
 
     def spy(self):
         names.append(threading.current_thread().name)
-        return step(self)
+        return plan(self)
 
-    monkeypatch.setattr(Generation, "step", spy)
+    monkeypatch.setattr(Generation, "plan", spy)
     try:
         rep = Draft(cfg, send_factory=lambda key: wire.send)
         assert torch.get_num_threads() == 2  # draft_num_cpus outside Ray, not the 64 host cores
