@@ -199,3 +199,37 @@ def test_table_orders_rows_fairly_by_tenant(target):
     assert sorted(t for t, _ in table.step(4)) == sorted(set(range(10, 15)) - set(answered))
     # a heavier weight gives more turns per round
     assert table.tenants["b1"] == ("b", 1.0)
+
+
+def test_target_replica_batches_concurrent_verifies(target):
+    """The Target replica's batching loop (TP ranks as in-process tables): blocks of concurrent
+    sessions share one forward, each reply equals the unbatched one, stats and metrics see it."""
+    import asyncio
+
+    from deployments.config import AppConfig
+    from deployments.metrics import SpecDecMetrics
+    from deployments.target import Target
+    from tests.deployments.test_target_sweep import Rank
+
+    ranks = [Rank(target), Rank(target)]
+    metrics = SpecDecMetrics(backend=None)
+    replica = Target(AppConfig(target_model="unused", batch_window_s=0.01, max_batch_positions=1024),
+                     workers=ranks, metrics=metrics)
+    alone = TargetSessionTable(TargetVerifier(target))
+    sessions = _sessions(4)
+    msgs = [convert.draft_block_to_proto(DraftBlock.empty(), sid, len(p),
+                                         open=convert.session_open_to_proto(p, sp, 3, False))
+            for sid, p, sp in sessions]
+
+    async def main():
+        replies = await asyncio.gather(*[replica.Verify(m.SerializeToString()) for m in msgs])
+        return [xpb.VerificationResult.FromString(r) for r in replies], await replica.BatchStats()
+
+    replies, stats = asyncio.run(main())
+    for got, m in zip(replies, msgs):
+        exp = alone.handle(m)
+        assert (got.accepted, list(got.token_ids), got.committed_len) == (exp.accepted, list(exp.token_ids), exp.committed_len)
+    assert stats["forwards"] == 1 and stats["max_rows"] == 4  # all four in one batched forward
+    assert stats["mean_positions"] == sum(len(p) for _, p, _ in sessions)
+    assert metrics.count("specdec_batch_rows") == 1
+    assert [sorted(r.table.sessions) for r in ranks] == [["s0", "s1", "s2", "s3"]] * 2  # ranks in lockstep
