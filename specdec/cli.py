@@ -86,18 +86,41 @@ def _add_generate(sub) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below MIN_P x the top probability")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="over prompt and output (1: off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, over the output")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, over the output")
+    p.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                   help="add BIAS to the logit of token ID (repeatable)")
+    p.add_argument("--min-tokens", type=int, default=0, help="no EOS or stop token before this many tokens")
     p.add_argument("--stop", action="append", default=[], help="stop string, repeatable")
     p.add_argument("--logprobs", action="store_true")
+    p.add_argument("--top-logprobs", type=int, default=0, metavar="N",
+                   help="with --logprobs: the target's N most likely tokens per position (--json shows them)")
     p.add_argument("--stream", action="store_true", help="print text as it is generated")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
 
 
 def _request_from_args(args) -> dict:
+    bias: dict[int, float] = {}
+    for item in args.logit_bias:
+        tid, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            bias[int(tid)] = float(value)
+        except ValueError:
+            raise SpecDecError(f"--logit-bias must be ID=BIAS, got {item!r}") from None
     data: dict = {
         "max_tokens": args.max_tokens,
+        "min_tokens": args.min_tokens,
         "stop": args.stop,
         "logprobs": args.logprobs,
-        "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed},
+        "top_logprobs": args.top_logprobs,
+        "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
+                     "min_p": args.min_p, "repetition_penalty": args.repetition_penalty,
+                     "presence_penalty": args.presence_penalty, "frequency_penalty": args.frequency_penalty,
+                     "logit_bias": bias},
         "speculation": {"proposer": args.proposer, "k": args.k, "draft_min_confidence": args.draft_min_confidence},
     }
     if args.message:

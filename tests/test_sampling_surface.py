@@ -229,3 +229,22 @@ def test_bad_sampling_values_are_refused(data, message):
 def test_logit_bias_outside_the_vocabulary_is_refused(engine):
     with pytest.raises(InvalidRequestError, match=r"logit_bias: id 99999 is outside the vocabulary 0\.\.319"):
         engine.generate(GenerationRequest(prompt="x", sampling={"logit_bias": {99999: 1.0}}))
+
+
+def test_generate_command_flags_carry_the_sampling_surface():
+    import argparse
+
+    from specdec import cli
+    from specdec.errors import SpecDecError
+
+    parser = argparse.ArgumentParser()
+    cli._add_generate(parser.add_subparsers(dest="cmd"))
+    args = parser.parse_args(["generate", "x", "--min-p", "0.1", "--repetition-penalty", "1.2", "--presence-penalty",
+                              "0.5", "--frequency-penalty", "0.25", "--logit-bias", "7=2.5", "--min-tokens", "3",
+                              "--logprobs", "--top-logprobs", "4", "--temperature", "0.7"])
+    req = parse_request(cli._request_from_args(args))
+    s = req.sampling
+    assert (s.min_p, s.repetition_penalty, s.presence_penalty, s.frequency_penalty) == (0.1, 1.2, 0.5, 0.25)
+    assert (s.logit_bias, req.min_tokens, req.top_logprobs) == ({7: 2.5}, 3, 4)
+    with pytest.raises(SpecDecError, match="--logit-bias must be ID=BIAS, got '7'"):
+        cli._request_from_args(parser.parse_args(["generate", "x", "--logit-bias", "7"]))
