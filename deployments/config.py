@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from specdec.models.spec import WeightFormat
 from specdec.request import MAX_SPECULATION_LENGTH
 
 #: Import path of the public servicer, registered in Ray Serve's gRPC proxy (the generated
@@ -107,6 +108,13 @@ class AppConfig(BaseModel):
                     "a drafted token whose draft probability is below this; 0 = off",
     )
     tenants_file: str | None = Field(None, description="tenants YAML (issue 4); None: no auth")
+    target_dtype: WeightFormat | None = Field(
+        None, description="weight format of the target: float32, bfloat16, float16, int8 or int4 "
+                          "(int8/int4 need target_tp=1); None: the device's default (specdec.models.formats)",
+    )
+    draft_dtype: WeightFormat | None = Field(
+        None, description="weight format of the draft; None: the device's default",
+    )
     cpu_threads: int = Field(
         0, ge=0, le=256,
         description="torch CPU threads per model process (draft, each TP rank); 0: the whole CPUs Ray "
@@ -138,6 +146,19 @@ class AppConfig(BaseModel):
         description="custom Ray resources of each target replica's placement group (in its first bundle; "
                     "STRICT_PACK keeps the TP ranks on the same node)",
     )
+
+    def target_format(self) -> str:
+        """The target's weight format: ``target_dtype``, else the default of its device."""
+        from specdec.models.formats import default_format
+
+        device = "cuda" if self.target_gpus_per_worker > 0 else "cpu"
+        return self.target_dtype or default_format(device)
+
+    def draft_format(self, device: str = "cpu") -> str:
+        """The draft's weight format: ``draft_dtype``, else the default of ``device``."""
+        from specdec.models.formats import default_format
+
+        return self.draft_dtype or default_format(device)
 
     def target_bundles(self) -> list[dict[str, float]]:
         """Placement group of one target replica: bundle 0 = replica, then one per TP rank."""

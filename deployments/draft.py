@@ -279,7 +279,9 @@ class Draft:
 
             # the GPU Ray gave this replica (cuda:0 in its view); a clear error, not a silent CPU
             # run, when it holds one but this torch cannot use it
-            draft = load_model(parse_model_spec(cfg.draft_model), device=worker_device(cfg.draft_num_gpus))
+            device = worker_device(cfg.draft_num_gpus)
+            draft = load_model(parse_model_spec(cfg.draft_model), device=device,
+                               weight_format=cfg.draft_format(device.type))
             check_vocab_compatible(VocabSide.of(draft), self.info.vocab_side())
             self.draft_proposer = DraftModelProposer(draft, eos_ids=self.info.eos_token_ids)
         #: generation id -> its Generation (the sessions whose draft caches live here)

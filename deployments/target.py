@@ -81,7 +81,8 @@ class Target:
 
         pg = ray.util.get_current_placement_group()
         workers, infos = start_tp_workers(
-            resolve_folder(cfg.target_model), cfg.target_tp, pg, first_bundle=1,
+            resolve_folder(cfg.target_model, cfg.target_format()), cfg.target_tp, pg, first_bundle=1,
+            dtype=cfg.target_format(),
             num_gpus=cfg.target_gpus_per_worker,
             threads=rank_threads(cfg, pg.bundle_specs if pg is not None else None),
         )

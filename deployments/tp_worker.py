@@ -60,8 +60,8 @@ def worker_device(num_gpus: float) -> torch.device:
     return torch.device("cuda", 0)
 
 
-def load_tp_model(path: str, rank: int, tp_size: int, dtype: torch.dtype = torch.float32,
-                  device: torch.device | str = "cpu"):
+def load_tp_model(path: str, rank: int, tp_size: int, dtype: str | torch.dtype = "float32",
+                  device: torch.device | str = "cpu", invariant: bool | None = None):
     """Load an HF-folder causal LM as TP shard ``rank`` of ``tp_size`` (plain load when 1).
 
     ``torch.distributed`` must already be initialised when ``tp_size > 1``; transformers then
@@ -69,14 +69,29 @@ def load_tp_model(path: str, rank: int, tp_size: int, dtype: torch.dtype = torch
     At ``tp_size == 1`` the model is moved to ``device`` explicitly (a TP=1 worker holding a GPU
     computes on it).
 
+    Args:
+        dtype: the weight format (:mod:`specdec.models.formats`; a torch float dtype is accepted
+            too); int8 and int4 need ``tp_size == 1``.
+        invariant: make the forward shape-invariant (:mod:`specdec.engine.invariant`); None: for
+            every format but float32 (see :func:`specdec.models.loader.load_model`). Invariance
+            holds per TP degree: TP=2 sums two partial products per row, so its rows may differ
+            in the last bits from TP=1's.
+
     Returns:
         a :class:`specdec.models.loaded.LoadedModel` whose ``model`` returns full logits.
+
+    Raises:
+        ValueError: an unknown format, or int8/int4 with ``tp_size > 1``.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specdec.models import formats
     from specdec.models.loaded import LoadedModel
 
-    kwargs: dict[str, Any] = {"dtype": dtype}
+    fmt = formats.check_format(str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else dtype)
+    if tp_size > 1 and fmt in ("int8", "int4"):
+        raise ValueError(f"weight format {fmt} needs target_tp=1 (got {tp_size}); use bfloat16 for tensor parallelism")
+    kwargs: dict[str, Any] = {"dtype": formats.compute_dtype(fmt)}
     if tp_size > 1:
         from transformers.distributed import DistributedConfig
 
@@ -84,6 +99,13 @@ def load_tp_model(path: str, rank: int, tp_size: int, dtype: torch.dtype = torch
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
     if tp_size == 1:
         model = model.to(device)
+    formats.quantize(model, fmt)
+    if invariant is None:
+        invariant = fmt != "float32"
+    if invariant:
+        from specdec.engine.invariant import make_invariant
+
+        make_invariant(model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     cfg = model.config
     return LoadedModel(
@@ -92,6 +114,8 @@ def load_tp_model(path: str, rank: int, tp_size: int, dtype: torch.dtype = torch
         tokenizer=tokenizer,
         max_positions=int(cfg.max_position_embeddings),
         vocab_rows=int(cfg.vocab_size),
+        weight_format=fmt,
+        invariant=invariant,
     )
 
 
@@ -154,7 +178,7 @@ class TPWorker:
                     timeout=datetime.timedelta(seconds=DIST_TIMEOUT_S),
                 )
         device = worker_device(num_gpus)
-        self.loaded = load_tp_model(model_path, self.rank, self.world_size, getattr(torch, dtype), device)
+        self.loaded = load_tp_model(model_path, self.rank, self.world_size, dtype, device)
         self.table = TargetSessionTable(TargetVerifier(self.loaded))
         w = self.loaded.model.model.layers[0].self_attn.q_proj.weight
         local = w.to_local() if hasattr(w, "to_local") else w

@@ -69,6 +69,10 @@ def registered_commands() -> dict[str, Command]:
     return found
 
 
+#: ``--target-format`` / ``--draft-format`` choices (specdec.models.formats.WEIGHT_FORMATS)
+WEIGHT_FORMAT_CHOICES = ("float32", "bfloat16", "float16", "int8", "int4")
+
+
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="one completion in this process")
     p.add_argument("prompt", nargs="?", help="prompt text (or use --message)")
@@ -76,6 +80,10 @@ def _add_generate(sub) -> None:
                    help="chat message, repeatable, e.g. --message 'user:Write a sort function'")
     p.add_argument("--target", default="demo:target", help="model spec: demo:target, an HF folder or a .gguf file")
     p.add_argument("--draft", default="demo:draft", help="draft model spec, or 'none'")
+    p.add_argument("--target-format", choices=WEIGHT_FORMAT_CHOICES, default=None,
+                   help="target weight format (default: the device's, see README 'Weight formats')")
+    p.add_argument("--draft-format", choices=WEIGHT_FORMAT_CHOICES, default=None,
+                   help="draft weight format (default: the target's)")
     p.add_argument("--proposer", choices=["draft", "ngram", "none"], default="draft")
     p.add_argument("-k", "--k", type=int, default=4, help="speculation length K (draft tokens per step)")
     p.add_argument("--draft-min-confidence", type=float, default=0.0, metavar="C",
@@ -145,9 +153,10 @@ def run_generate(args) -> int:
     request = parse_request(_request_from_args(args))
     target_spec = parse_model_spec(args.target)
     if args.draft == "none" or args.proposer != "draft":
-        target, draft = load_model(target_spec), None
+        target, draft = load_model(target_spec, weight_format=args.target_format), None
     else:
-        target, draft = load_pair(ModelPairSpec(target=target_spec, draft=parse_model_spec(args.draft)))
+        target, draft = load_pair(ModelPairSpec(target=target_spec, draft=parse_model_spec(args.draft)),
+                                  weight_format=args.target_format, draft_format=args.draft_format)
     engine = SpeculativeEngine(target, draft)
     t0 = time.perf_counter()
     if args.stream:

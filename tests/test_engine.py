@@ -130,7 +130,7 @@ def test_seed_reproducible_and_requests_independent(tiny_target, tiny_draft_clos
 
 
 @pytest.mark.parametrize("proposer", ["draft", "ngram"])
-def test_speculative_samples_follow_target_distribution(tiny_target, tiny_draft_close, proposer):
+def test_speculative_samples_follow_target_distribution(tiny_target, tiny_draft_close, proposer, n=1500):
     """The joint distribution of the first two sampled tokens equals the target's own.
 
     With max_tokens=2 the step uses K=1: the first token is an accepted draft or a correction,
@@ -162,7 +162,6 @@ def test_speculative_samples_follow_target_distribution(tiny_target, tiny_draft_
                 cells.append((a, b))
                 probs.append(float(p0[a]) * float(p1[b]))
     engine = SpeculativeEngine(tiny_target, tiny_draft_close)
-    n = 1500
     counts = {c: 0 for c in cells}
     proposed = accepted = 0
     for seed in range(n):

@@ -89,7 +89,7 @@ def test_pair_spec_discriminated_union():
 
 
 def test_load_hf_folder_round_trip(tiny_model_folder):
-    m = load_model(HFModelSpec(path=tiny_model_folder))
+    m = load_model(HFModelSpec(path=tiny_model_folder), weight_format="float32", invariant=False)
     assert m.name == str(tiny_model_folder)
     assert (m.max_positions, m.vocab_rows, m.emittable_vocab) == (256, 320, 320)
     assert m.eos_token_ids == [2] and not m.model.training
@@ -168,7 +168,7 @@ def test_concurrent_builds_convert_once(tmp_path, monkeypatch):
     one, sha = _first_draft_part()
     calls = []
 
-    def fake_convert(gguf, dest, *, sha256, name, eos_token_ids):
+    def fake_convert(gguf, dest, *, sha256, name, eos_token_ids, dtype):
         calls.append(gguf)
         assert cache.sha256_file(gguf) == sha256 == sha
         time.sleep(0.5)  # the other thread waits on the lock meanwhile

@@ -32,11 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import torch
 from tqdm.auto import tqdm
 
 from specdec.errors import ModelLoadError
 from specdec.models import cache
-from specdec.models.convert import convert_gguf
+from specdec.models.convert import convert_gguf, folder_suffix
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,8 @@ def assemble(model: DemoModel, dest: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def ensure_demo_folder(role: str, *, root: Path | None = None, keep_gguf: bool | None = None) -> Path:
+def ensure_demo_folder(role: str, *, root: Path | None = None, keep_gguf: bool | None = None,
+                       dtype: torch.dtype = torch.float32) -> Path:
     """Build (once) and return the fast-loading HF folder of the demo ``role``.
 
     Args:
@@ -187,37 +189,43 @@ def ensure_demo_folder(role: str, *, root: Path | None = None, keep_gguf: bool |
         root: cache folder; defaults to :func:`specdec.models.cache.cache_root`.
         keep_gguf: keep ``<root>/demo/<role>.gguf`` after conversion; defaults to the
             environment variable ``SPECDEC_KEEP_GGUF=1``, else False.
+        dtype: dtype of the cached weights: float32 (``<root>/demo/<role>``) or bfloat16
+            (``<root>/demo/<role>-bfloat16``, converted straight from the GGUF, tensor by tensor:
+            no float32 copy of the model is built).
 
     Returns:
-        ``<root>/demo/<role>``, loadable with ``AutoModelForCausalLM.from_pretrained``.
+        The folder, loadable with ``AutoModelForCausalLM.from_pretrained``.
 
     Raises:
         ModelLoadError: a part package is missing, the sha256 does not match, or conversion failed.
     """
-    return ensure_model_folder(demo_model(role), root=root, keep_gguf=keep_gguf)
+    return ensure_model_folder(demo_model(role), root=root, keep_gguf=keep_gguf, dtype=dtype)
 
 
-def ensure_model_folder(model: DemoModel, *, root: Path | None = None, keep_gguf: bool | None = None) -> Path:
+def ensure_model_folder(model: DemoModel, *, root: Path | None = None, keep_gguf: bool | None = None,
+                        dtype: torch.dtype = torch.float32) -> Path:
     """:func:`ensure_demo_folder` for any :class:`DemoModel` (the folder is named by its role)."""
     root = root or cache.cache_root()
-    dest = root / "demo" / model.role
+    dest = root / "demo" / (model.role + folder_suffix(dtype))
     if cache.is_complete(dest, model.sha256):  # warm start: one small file read, no lock
         return dest
     if keep_gguf is None:
         keep_gguf = os.environ.get("SPECDEC_KEEP_GGUF") == "1"
-    with cache.file_lock(root / "locks" / f"demo-{model.role}.lock"):
+    with cache.file_lock(root / "locks" / f"demo-{dest.name}.lock"):
         if cache.is_complete(dest, model.sha256):  # another process built it while we waited
             return dest
         cache.remove_stale_temps(dest)
         gguf = dest.with_name(f"{model.role}.gguf")
-        cache.remove_stale_temps(gguf)
-        if gguf.is_file() and cache.sha256_file(gguf) == model.sha256:
-            log.info("reusing assembled %s", gguf)
-        else:
-            log.info("assembling demo %s (%s) into %s", model.role, model.model_name, gguf)
-            assemble(model, gguf)
-        convert_gguf(gguf, dest, sha256=model.sha256, name=model.model_name,
-                     eos_token_ids=model.eos_token_ids)
-        if not keep_gguf:
-            gguf.unlink(missing_ok=True)
+        # the float32 and bfloat16 folders of one role are built from the same assembled file
+        with cache.file_lock(root / "locks" / f"demo-{model.role}.gguf.lock"):
+            cache.remove_stale_temps(gguf)
+            if gguf.is_file() and cache.sha256_file(gguf) == model.sha256:
+                log.info("reusing assembled %s", gguf)
+            else:
+                log.info("assembling demo %s (%s) into %s", model.role, model.model_name, gguf)
+                assemble(model, gguf)
+            convert_gguf(gguf, dest, sha256=model.sha256, name=model.model_name,
+                         eos_token_ids=model.eos_token_ids, dtype=dtype)
+            if not keep_gguf:
+                gguf.unlink(missing_ok=True)
     return dest

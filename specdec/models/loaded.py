@@ -42,6 +42,9 @@ class LoadedModel:
             at or beyond it is ever fed to the model.
         vocab_rows: rows of the output embedding (logits width); may exceed ``len(tokenizer)``
             when the matrix is padded (151936 vs 152064 for Qwen).
+        weight_format: how the weights are stored and multiplied (:mod:`specdec.models.formats`).
+        invariant: whether the forward is shape-invariant (:mod:`specdec.engine.invariant`): a
+            position's logits do not depend on how many positions one forward scores.
     """
 
     name: str
@@ -49,6 +52,8 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     max_positions: int
     vocab_rows: int
+    weight_format: str = "float32"
+    invariant: bool = False
 
     @property
     def device(self) -> torch.device:

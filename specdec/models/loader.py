@@ -12,6 +12,7 @@ Every kind ends in the same code path, ``from_pretrained(folder)`` on a Hugging 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -19,7 +20,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.errors import ModelLoadError
-from specdec.models import cache, convert, demo
+from specdec.request import MAX_SPECULATION_LENGTH
+from specdec.models import cache, convert, demo, formats
 from specdec.models.loaded import LoadedModel
 from specdec.models.spec import (
     DemoModelSpec,
@@ -37,17 +39,31 @@ log = logging.getLogger(__name__)
 def load_model(
     spec: ModelSpec,
     *,
-    dtype: torch.dtype = torch.float32,
+    weight_format: str | None = None,
+    dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
     cache_gguf: bool = True,
+    invariant: bool | None = None,
+    need_rows: int = MAX_SPECULATION_LENGTH + 1,
 ) -> LoadedModel:
-    """Load the model and tokenizer a spec names, in eval mode, on ``device``.
+    """Load the model and tokenizer a spec names, in eval mode, on ``device``, in a weight format.
 
     Args:
         spec: what to load.
-        dtype: parameter dtype (default float32; GGUF weights are dequantized to it).
+        weight_format: ``float32``, ``bfloat16``, ``float16``, ``int8`` or ``int4``
+            (:mod:`specdec.models.formats`); None: the spec's ``format``, else
+            ``$SPECDEC_WEIGHT_FORMAT``, else :func:`specdec.models.formats.default_format`.
+        dtype: older spelling of a float format (``torch.bfloat16`` = ``"bfloat16"``); ignored
+            when ``weight_format`` is given.
         device: torch device for the parameters.
         cache_gguf: for a GGUF spec, convert once and load the cached HF folder (see module doc).
+        invariant: make the forward shape-invariant (:func:`specdec.engine.invariant.make_invariant`):
+            what a target needs for exact speculation in reduced precision, and a draft for seeded
+            sampled output that survives a session rebuilt from its history. None: on for every
+            format but float32, where rows differ by about 1e-6 between block sizes (greedy
+            flips are rare) and the invariant plan (fixed 8-row calls, MKL) would make plain
+            decoding several times slower.
+        need_rows: rows one forward must take unchunked (K_max + 1 positions).
 
     Returns:
         A :class:`LoadedModel`; ``name`` is e.g. ``"demo target (Qwen2.5-Coder-1.5B-Instruct)"``,
@@ -55,56 +71,99 @@ def load_model(
 
     Raises:
         ModelLoadError: the path is missing or unreadable, a demo package is missing, a sha256 does
-            not match, or transformers cannot load the model.
+            not match, transformers cannot load the model, or the format is unknown.
     """
     t0 = time.perf_counter()
+    fmt = resolve_format(spec, weight_format, dtype, device)
+    store, act = formats.storage_dtype(fmt), formats.compute_dtype(fmt)
     if isinstance(spec, DemoModelSpec):
         info = demo.demo_model(spec.role)
-        loaded = _load_folder(demo.ensure_demo_folder(spec.role), f"demo {spec.role} ({info.model_name})",
-                              dtype, device)
+        loaded = _load_folder(demo.ensure_demo_folder(spec.role, dtype=store), f"demo {spec.role} ({info.model_name})",
+                              act, device)
     elif isinstance(spec, GGUFModelSpec):
         path = Path(spec.path).expanduser()
         if cache_gguf:
-            loaded = _load_folder(convert.cached_gguf_folder(path), path.name, dtype, device)
+            loaded = _load_folder(convert.cached_gguf_folder(path, dtype=store), path.name, act, device)
         else:
             if not path.is_file():
                 raise ModelLoadError(f"GGUF file {path} does not exist")
-            model, tokenizer = convert.load_gguf(path, dtype)
+            model, tokenizer = convert.load_gguf(path, act)
             loaded = _wrap(path.name, model.to(device), tokenizer)
     elif isinstance(spec, HFModelSpec):
         folder = Path(spec.path).expanduser()
         marker = cache.read_marker(folder)
         name = f"{marker['name']} ({folder})" if marker and marker.get("name") else str(folder)
-        loaded = _load_folder(folder, name, dtype, device)
+        loaded = _load_folder(folder, name, act, device)
     else:
         raise TypeError(f"not a model spec: {spec!r}")
-    log.info("loaded %s in %.1f s (%d positions, %d vocab rows)", loaded.name, time.perf_counter() - t0,
-             loaded.max_positions, loaded.vocab_rows)
+    t_load = time.perf_counter() - t0
+    formats.quantize(loaded.model, fmt)
+    loaded.weight_format = fmt
+    t_quant = time.perf_counter() - t0 - t_load
+    if invariant is None:
+        invariant = fmt != "float32"
+    if invariant:
+        from specdec.engine.invariant import make_invariant
+
+        make_invariant(loaded.model, need_rows=need_rows)
+        loaded.invariant = True
+    log.info("loaded %s as %s in %.1f s (read %.1f s, quantize %.1f s, invariance plan %.1f s; "
+             "%d positions, %d vocab rows)", loaded.name, fmt, time.perf_counter() - t0, t_load, t_quant,
+             time.perf_counter() - t0 - t_load - t_quant, loaded.max_positions, loaded.vocab_rows)
     return loaded
+
+
+def resolve_format(spec: ModelSpec | None, weight_format: str | None = None, dtype: torch.dtype | None = None,
+                   device: str | torch.device = "cpu") -> str:
+    """The weight format a load uses: argument, else ``dtype``, else the spec's, else
+    ``$SPECDEC_WEIGHT_FORMAT``, else the device default.
+
+    Raises:
+        ModelLoadError: an unknown format or an unsupported dtype.
+    """
+    fmt = weight_format
+    if fmt is None and dtype is not None:
+        fmt = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype)
+        if fmt is None:
+            raise ModelLoadError(f"unsupported dtype {dtype}; give a weight format instead")
+    if fmt is None and spec is not None:
+        fmt = getattr(spec, "format", None)
+    try:
+        return formats.check_format(fmt or formats.default_format(device))
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
 
 
 def load_pair(
     pair: ModelPairSpec,
     *,
-    dtype: torch.dtype = torch.float32,
+    weight_format: str | None = None,
+    draft_format: str | None = None,
+    dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load ``(target, draft)`` (draft None when the pair has none) and check they fit together.
+
+    Both forwards are made shape-invariant: the target's for exact speculation, the draft's so
+    that a seeded sampled request gives the same output when a session is rebuilt from its
+    token history (one prefill instead of many decode steps). Formats: ``weight_format`` for the target (and the draft when
+    ``draft_format`` is None), else each spec's own (see :func:`load_model`).
 
     Raises:
         ModelLoadError: either model cannot be loaded.
         ModelCompatibilityError: the draft's vocabulary or special ids differ from the target's.
     """
-    target = load_model(pair.target, dtype=dtype, device=device)
+    target = load_model(pair.target, weight_format=weight_format, dtype=dtype, device=device)
     if pair.draft is None:
         return target, None
-    draft = load_model(pair.draft, dtype=dtype, device=device)
+    draft = load_model(pair.draft, weight_format=draft_format or weight_format, dtype=dtype, device=device)
     check_pair_compatible(draft, target)
     return target, draft
 
 
-def resolve_folder(spec_text: str) -> str:
-    """The Hugging Face folder model spec ``spec_text`` loads from, without loading weights.
+def resolve_folder(spec_text: str, weight_format: str = "float32") -> str:
+    """The Hugging Face folder model spec ``spec_text`` loads from in ``weight_format``, without
+    loading weights (the cache keeps float32 and bfloat16 copies: :func:`formats.storage_dtype`).
 
     A demo role is assembled into the cache once, a GGUF file converted once and cached (the
     folder :func:`load_model` would load); an HF folder is itself. Tensor-parallel loading and
@@ -115,10 +174,11 @@ def resolve_folder(spec_text: str) -> str:
             cannot be converted.
     """
     spec = parse_model_spec(spec_text)
+    store = formats.storage_dtype(weight_format)
     if isinstance(spec, DemoModelSpec):
-        return str(demo.ensure_demo_folder(spec.role))
+        return str(demo.ensure_demo_folder(spec.role, dtype=store))
     if isinstance(spec, GGUFModelSpec):
-        return str(convert.cached_gguf_folder(Path(spec.path).expanduser()))
+        return str(convert.cached_gguf_folder(Path(spec.path).expanduser(), dtype=store))
     return str(Path(spec.path).expanduser())
 
 

@@ -13,11 +13,17 @@ command-line string into a spec and does check that the path exists.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from specdec.errors import InvalidRequestError, ModelLoadError
+
+
+#: How a model's weights are stored and multiplied (see :mod:`specdec.models.formats`).
+WeightFormat = Literal["float32", "bfloat16", "float16", "int8", "int4"]
+
+_FORMAT_DOC = "weight format; None: the device's default (specdec.models.formats.default_format)"
 
 
 class HFModelSpec(BaseModel):
@@ -26,6 +32,7 @@ class HFModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["hf"] = "hf"
     path: Path
+    format: Optional[WeightFormat] = Field(None, description=_FORMAT_DOC)
 
 
 class GGUFModelSpec(BaseModel):
@@ -34,6 +41,7 @@ class GGUFModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["gguf"] = "gguf"
     path: Path
+    format: Optional[WeightFormat] = Field(None, description=_FORMAT_DOC)
 
 
 class DemoModelSpec(BaseModel):
@@ -42,6 +50,7 @@ class DemoModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["demo"] = "demo"
     role: Literal["draft", "target"]
+    format: Optional[WeightFormat] = Field(None, description=_FORMAT_DOC)
 
 
 ModelSpec = Annotated[Union[HFModelSpec, GGUFModelSpec, DemoModelSpec], Field(discriminator="kind")]

@@ -1,0 +1,229 @@
+"""Shape-invariant forward: a position's logits do not depend on how many positions, or rows of
+a batch, one forward pass scores.
+
+Why: greedy speculative decoding is exact only if the target's logits at a position are the
+same whether the position is decoded alone (the target-alone path, K = 0), verified inside a
+block of K + 1 positions, or computed in a prefill. Kernels pick their blocking and reduction
+order from the shape of the call, so in reduced precision the same row can round differently
+(bfloat16 flips near-ties within a few dozen tokens; float32 differs by about 1e-6). Batch
+invariance (Thinking Machines, "Defeating Nondeterminism in LLM Inference", 2025; SGLang's
+deterministic mode, vLLM's batch-invariant mode) fixes the reduction order per row. Here, without
+writing kernels, the engine only feeds kernels shapes that it has measured to give the same
+rows:
+
+1. **Linear layers** (every ``nn.Linear``, torchao-quantized ones and the output projection
+   included): the rows of one call (``batch * positions``) are computed in chunks of
+   ``min_rows..max_rows`` rows (zero rows pad a short chunk). The plan is measured per weight
+   shape and format when the model is loaded (:func:`plan_linear`): the largest row count up to
+   which every probed size gives the plain-decoding (one-row) result; failing that, the same with
+   two-row calls as the reference (one-row calls padded to two); failing that, a fixed row count
+   for every call. Measured on a Sapphire Rapids CPU: bfloat16 (oneDNN/AMX) 1..32 rows give the
+   one-row result; float16 every count >= 2 agrees; float32 (MKL) differs between most counts and
+   gets fixed 8-row calls; torch's int8 and int4 weight-only kernels agree for every count.
+2. **Attention**: :func:`rowwise_attention` runs one scaled-dot-product call per query row over
+   exactly the keys that row may see, the call plain decoding makes, so neither the number of
+   query rows nor left padding of a batch changes a row's result.
+
+Everything else in a decoder layer (embedding, RMSNorm, rotary embedding, activations, residual
+adds) works row by row. Tests check the property end to end: logits of every position equal
+bitwise across block sizes, and greedy speculative output equal to the target alone for every
+weight format (tests/test_formats.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+#: Attention implementation name registered with transformers.
+ATTENTION_NAME = "specdec_rowwise"
+#: Row counts probed by :func:`plan_linear`.
+PROBE_ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 24, 31, 32, 33, 40)
+#: Rows of every call when no row count range gives invariant results (float32 on MKL).
+FIXED_ROWS = 8
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """How one linear layer's rows are fed to its kernel.
+
+    Attributes:
+        min_rows: a chunk with fewer rows is padded with zero rows to this many (>= 1).
+        max_rows: no chunk has more rows (>= min_rows).
+    """
+
+    min_rows: int
+    max_rows: int
+
+
+def plan_linear(linear_rows, in_features: int, dtype: torch.dtype, device, need_rows: int,
+                seed: int = 0) -> RowPlan:
+    """Measure a :class:`RowPlan` for one linear kernel.
+
+    Args:
+        linear_rows: ``f(x: [M, in] dtype) -> [M, out]``, the layer's kernel call.
+        in_features: input width.
+        dtype, device: of the activations.
+        need_rows: the plan must accept at least this many rows per chunk without padding
+            beyond ``min_rows`` (one verify block: K_max + 1).
+        seed: seed of the random probe activations.
+
+    Returns:
+        ``RowPlan(1, T)`` when every probed size up to T >= need_rows gives the one-row result;
+        else ``RowPlan(2, T)`` when every probed size from 2 up to T agrees with two-row calls;
+        else ``RowPlan(FIXED_ROWS, FIXED_ROWS)`` after checking that a row's result does not
+        depend on its slot in a fixed-size call.
+
+    Raises:
+        RuntimeError: no plan found (a row's result depends on its slot even at a fixed size).
+    """
+    g = torch.Generator().manual_seed(seed)
+    n = max(PROBE_ROWS)
+    x = torch.randn(n, in_features, generator=g).to(dtype=dtype, device=device)
+    with torch.inference_mode():
+        for lo in (1, 2):
+            # every row computed alone (lo = 1) or next to one zero row (lo = 2)
+            rows = []
+            for r in range(n):
+                row = x[r:r + 1]
+                if lo == 2:
+                    row = torch.cat([row, torch.zeros_like(row)])
+                rows.append(linear_rows(row)[:1])
+            ref = torch.cat(rows)
+            top = 0
+            for m in PROBE_ROWS:
+                if m < lo:
+                    continue
+                if not torch.equal(linear_rows(x[:m]), ref[:m]):
+                    break
+                top = m
+            if top >= need_rows:
+                return RowPlan(lo, top)
+        r = FIXED_ROWS
+        base = linear_rows(x[:r])
+        for s in range(1, r):
+            z = torch.randn(r, in_features, generator=g).to(dtype=dtype, device=device)
+            z[s] = x[0]
+            if not torch.equal(linear_rows(z)[s], base[0]):
+                raise RuntimeError(
+                    f"no shape-invariant plan for a {dtype} linear of width {in_features} on {device}: "
+                    f"a row's result depends on its slot in a {r}-row call"
+                )
+    return RowPlan(r, r)
+
+
+def run_rows(linear_rows, x2: torch.Tensor, plan: RowPlan) -> torch.Tensor:
+    """Apply ``linear_rows`` to ``x2 [N, in]`` in chunks that follow ``plan``; returns ``[N, out]``."""
+    n = x2.shape[0]
+    if plan.min_rows <= n <= plan.max_rows:
+        return linear_rows(x2.contiguous())
+    outs = []
+    for s in range(0, n, plan.max_rows):
+        c = x2[s:s + plan.max_rows]
+        k = c.shape[0]
+        if k < plan.min_rows:
+            c = torch.cat([c, c.new_zeros(plan.min_rows - k, c.shape[1])])
+        outs.append(linear_rows(c.contiguous())[:k])
+    return torch.cat(outs)
+
+
+def _linear_rows_of(module: nn.Module):
+    if isinstance(module, nn.Linear):
+        return lambda x: F.linear(x, module.weight, module.bias)
+    return module.forward_rows  # quantized modules of specdec.models.formats
+
+
+def _invariant_forward(self, x: torch.Tensor) -> torch.Tensor:
+    shape = x.shape
+    y = run_rows(self._specdec_rows, x.reshape(-1, shape[-1]), self._specdec_plan)
+    return y.reshape(*shape[:-1], y.shape[-1])
+
+
+def rowwise_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention computed one query row at a time (transformers ``AttentionInterface`` signature).
+
+    Args:
+        query: ``[B, H, q, d]``; key, value: ``[B, Hkv, L, d]`` (cache included).
+        attention_mask: None (causal: row i sees the first ``L - q + i + 1`` keys) or a boolean
+            ``[B, 1, q, L]`` mask (True = visible) whose visible keys per row are contiguous.
+
+    Returns:
+        ``([B, q, H, d], None)``.
+
+    Raises:
+        ValueError: a row whose visible keys are not one contiguous range.
+    """
+    b_size, heads, q_len, _ = query.shape
+    kv_len = key.shape[2]
+    out = query.new_empty(b_size, q_len, heads, value.shape[-1])
+    gqa = key.shape[1] != heads
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        attention_mask = attention_mask == 0
+    for b in range(b_size):
+        for i in range(q_len):
+            if attention_mask is None:
+                lo, hi = 0, kv_len - q_len + i + 1
+            else:
+                visible = attention_mask[b, 0, i].nonzero()
+                lo, hi = int(visible[0]), int(visible[-1]) + 1
+                if hi - lo != visible.shape[0]:
+                    raise ValueError("rowwise attention needs each row's visible keys to be contiguous")
+            o = F.scaled_dot_product_attention(
+                query[b:b + 1, :, i:i + 1], key[b:b + 1, :, lo:hi], value[b:b + 1, :, lo:hi],
+                scale=scaling, enable_gqa=gqa,
+            )
+            out[b, i] = o[0, :, 0]
+    return out, None
+
+
+_registered = False
+
+
+def register_attention() -> str:
+    """Register :func:`rowwise_attention` (and sdpa's boolean masks) with transformers; returns its name."""
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+        AttentionInterface.register(ATTENTION_NAME, rowwise_attention)
+        AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+        _registered = True
+    return ATTENTION_NAME
+
+
+def make_invariant(model: nn.Module, need_rows: int = 17) -> dict[tuple, RowPlan]:
+    """Make ``model``'s forward shape-invariant in place (see module docstring).
+
+    Args:
+        model: a transformers causal LM (any weight format of :mod:`specdec.models.formats`).
+        need_rows: rows one chunk must take unpadded (K_max + 1).
+
+    Returns:
+        The row plan per ``(kind, in_features, out_features, dtype)`` of the linear layers.
+    """
+    plans: dict[tuple, RowPlan] = {}
+    device = next(model.parameters()).device
+    for module in model.modules():
+        if getattr(module, "_specdec_plan", None) is not None:
+            continue
+        if isinstance(module, nn.Linear) or hasattr(module, "forward_rows"):
+            rows = _linear_rows_of(module)
+            w = module.weight
+            act_dtype = getattr(module, "act_dtype", w.dtype)
+            key = (type(w).__name__, module.in_features, module.out_features, act_dtype, module.bias is not None)
+            if key not in plans:
+                plans[key] = plan_linear(rows, module.in_features, act_dtype, device, need_rows)
+            module._specdec_rows = rows
+            module._specdec_plan = plans[key]
+            module.forward = types.MethodType(_invariant_forward, module)
+    model.set_attn_implementation(register_attention())
+    log.info("shape-invariant forward: %s", {k[1:3]: (p.min_rows, p.max_rows) for k, p in plans.items()})
+    return plans

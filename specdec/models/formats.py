@@ -1,0 +1,221 @@
+"""Weight formats: how a model's weights are stored and multiplied.
+
+=========== ============================================ ============ ==================================
+format      weights                                      activations  kernel on CPU
+=========== ============================================ ============ ==================================
+float32     float32                                      float32      ``nn.Linear`` (MKL)
+bfloat16    bfloat16                                     bfloat16     ``nn.Linear`` (oneDNN; AMX where present)
+float16     float16                                      float16      ``nn.Linear`` (oneDNN)
+int8        int8, symmetric, one scale per output row    bfloat16     ``aten._weight_int8pack_mm``
+int4        int4, asymmetric, groups of 128 (or 64, 32)  bfloat16     ``aten._weight_int4pack_mm_for_cpu``
+=========== ============================================ ============ ==================================
+
+int8 and int4 are weight-only and quantized with torchao (``Int8WeightOnlyConfig``;
+``PrototypeInt4WeightOnlyConfig``, the CPU packing of ``Int4WeightOnlyConfig``) from the bfloat16
+weights, every ``nn.Linear`` including the output projection (embeddings and norms stay
+bfloat16). On CPU, torchao 0.18's int8 tensor multiplies by converting the whole weight to
+bfloat16 on every call; the int8 layers therefore run torch's own int8 weight-only kernel
+(``aten._weight_int8pack_mm``, the one gpt-fast uses) on torchao's quantized data and scales.
+On a GPU the int8/int4 layers stay torchao tensors (untested here: no GPU on this machine).
+
+:func:`default_format` picks the format when a spec names none: ``$SPECDEC_WEIGHT_FORMAT``, else
+bfloat16 on a GPU, float32 on a CPU. On this Sapphire Rapids VM bfloat16 is the faster choice (the
+demo target's forward is about flat from 1 to 16 positions, at a third or less of float32's
+time), but it is not the CPU default yet: with bfloat16 weights a seeded *sampled* request resumed
+on a new draft replica (tests/deployments/test_draft.py::test_resume_on_a_new_replica_gives_the_same_output)
+does not reproduce its first run; greedy output and exactness are not affected.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import get_args
+
+import torch
+from torch import nn
+
+from specdec.models.spec import WeightFormat
+
+log = logging.getLogger(__name__)
+
+#: Every weight format, in README order.
+WEIGHT_FORMATS: tuple[str, ...] = get_args(WeightFormat)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+           "int8": torch.bfloat16, "int4": torch.bfloat16}
+
+
+def check_format(fmt: str) -> str:
+    """Return ``fmt`` if it is a weight format, else raise ValueError naming the choices."""
+    if fmt not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}; expected one of {', '.join(WEIGHT_FORMATS)}")
+    return fmt
+
+
+def compute_dtype(fmt: str) -> torch.dtype:
+    """Activation (and unquantized parameter) dtype of a format: bfloat16 for int8/int4."""
+    return _DTYPES[check_format(fmt)]
+
+
+def storage_dtype(fmt: str) -> torch.dtype:
+    """Dtype of the cached weights a format loads from: float32 for float32/float16 (float16 is
+    cast on load), bfloat16 for bfloat16/int8/int4 (half the bytes; no float32 copy is built)."""
+    return torch.float32 if check_format(fmt) in ("float32", "float16") else torch.bfloat16
+
+
+def cpu_supports_bf16() -> bool:
+    """Whether this CPU has native bfloat16 matrix instructions (AVX512-BF16 or AMX) for oneDNN."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def default_format(device: str | torch.device = "cpu") -> str:
+    """The format used when none is named: ``$SPECDEC_WEIGHT_FORMAT`` if set, else bfloat16 on
+    CUDA, else float32 (bfloat16 is faster on a bf16-capable CPU but not yet the CPU default:
+    see the module docstring).
+
+    Raises:
+        ValueError: ``$SPECDEC_WEIGHT_FORMAT`` is not a weight format.
+    """
+    env = os.environ.get("SPECDEC_WEIGHT_FORMAT")
+    if env:
+        return check_format(env)
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "bfloat16"
+    return "float32"
+
+
+class Int8WeightOnlyLinear(nn.Module):
+    """A linear layer with int8 weights and one scale per output row, bf16 activations (CPU).
+
+    ``y = (x @ qweight.T) * scale + bias`` computed by ``aten._weight_int8pack_mm``, which reduces
+    every output element on its own: a row's result does not depend on how many rows a call has
+    (see :mod:`specdec.engine.invariant`).
+
+    Args:
+        qweight: ``[out, in]`` int8.
+        scale: ``[out]`` float (stored in the activation dtype).
+        bias: ``[out]`` or None.
+        act_dtype: activation dtype (bfloat16).
+    """
+
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                 act_dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.out_features, self.in_features = qweight.shape
+        self.act_dtype = act_dtype
+        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("scale", scale.reshape(-1).to(act_dtype).contiguous())
+        self.bias = nn.Parameter(bias.detach(), requires_grad=False) if bias is not None else None
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.qweight
+
+    def forward_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``[M, in]`` -> ``[M, out]`` in ``act_dtype``."""
+        y = torch.ops.aten._weight_int8pack_mm(x.to(self.act_dtype), self.qweight, self.scale)
+        return y + self.bias if self.bias is not None else y
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = self.forward_rows(x.reshape(-1, shape[-1]))
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weight-only"
+
+
+def _swap_int8_for_cpu(model: nn.Module) -> int:
+    from torchao.quantization.quantize_.workflows.int8.int8_tensor import Int8Tensor
+
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and isinstance(child.weight, Int8Tensor):
+                w = child.weight
+                setattr(parent, name, Int8WeightOnlyLinear(w.qdata, w.scale, child.bias, compute_dtype("int8")))
+                swapped += 1
+    return swapped
+
+
+def _int4_group_size(in_features: int) -> int | None:
+    for g in (128, 64, 32):
+        if in_features % g == 0:
+            return g
+    return None
+
+
+def quantize(model: nn.Module, fmt: str) -> nn.Module:
+    """Quantize ``model``'s linear layers in place to ``fmt`` (no-op for float formats).
+
+    The model must already hold bfloat16 weights (load it with :func:`compute_dtype`).
+
+    Returns:
+        the same model.
+
+    Raises:
+        ValueError: unknown format.
+        ModelLoadError: torchao is missing.
+    """
+    check_format(fmt)
+    if fmt not in ("int8", "int4"):
+        return model
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    except ImportError as e:  # pragma: no cover - torchao is a dependency
+        from specdec.errors import ModelLoadError
+
+        raise ModelLoadError(f"weight format {fmt} needs torchao: {e}") from e
+    device = next(model.parameters()).device
+    if fmt == "int8":
+        quantize_(model, Int8WeightOnlyConfig())
+        if device.type == "cpu":
+            _swap_int8_for_cpu(model)
+        return model
+    if device.type == "cpu":
+        from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig as Int4Config
+
+        make = lambda g: Int4Config(group_size=g)  # noqa: E731
+    else:
+        from torchao.quantization import Int4WeightOnlyConfig as Int4Config
+
+        make = lambda g: Int4Config(group_size=g)  # noqa: E731
+    by_group: dict[int, list[str]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            g = _int4_group_size(module.in_features)
+            if g is not None:
+                by_group.setdefault(g, []).append(name)
+    for g, names in by_group.items():
+        wanted = set(names)
+        quantize_(model, make(g), filter_fn=lambda m, fqn, w=wanted: fqn in w)
+    return model
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes held by the model's parameters and buffers (quantized data included; a tied tensor once)."""
+    seen: set[int] = set()
+    total = 0
+
+    def add(t: torch.Tensor) -> None:
+        nonlocal total
+        inner = [getattr(t, n) for n in getattr(t, "tensor_data_names", [])]
+        for x in inner or [t]:
+            if x is None:
+                continue
+            key = x.untyped_storage().data_ptr() if x.device.type != "meta" else id(x)
+            if key in seen:
+                continue
+            seen.add(key)
+            total += x.untyped_storage().nbytes()
+
+    for p in model.parameters():
+        add(p)
+    for b in model.buffers():
+        add(b)
+    return total

@@ -1,0 +1,153 @@
+"""Weight formats (float32, bfloat16, float16, int8, int4) and the shape-invariant forward.
+
+For every format the README offers: loading gives the right layers; a position's logits are
+bitwise the same whether it is decoded alone, verified inside a block or computed in a prefill;
+greedy speculative output equals the target alone in the same format; sampled output follows the
+target's distribution (chi-square). Tiny models (hidden size 64), so every format runs in seconds.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from specdec.engine.engine import SpeculativeEngine
+from specdec.engine.invariant import ATTENTION_NAME, RowPlan, plan_linear, run_rows
+from specdec.errors import ModelLoadError
+from specdec.models.formats import WEIGHT_FORMATS, Int8WeightOnlyLinear, compute_dtype, weight_bytes
+from specdec.models.loader import load_model
+from specdec.models.spec import HFModelSpec
+from specdec.request import GenerationRequest
+from specdec.testing.tiny import build_tiny_model
+from tests.conftest import target_greedy
+from tests.test_engine import test_speculative_samples_follow_target_distribution as chi_square_check
+
+MAX_NEW = 20
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    d = tmp_path_factory.mktemp("formats")
+    target = build_tiny_model(d / "target", seed=0)
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(target)
+    draft = build_tiny_model(d / "draft", seed=1, base=base, noise=0.03)
+    return target, draft
+
+
+_pairs: dict = {}
+
+
+def pair(folders, fmt):
+    if fmt not in _pairs:
+        # invariant forced on: float32 too (it is off there by default)
+        target = load_model(HFModelSpec(path=folders[0]), weight_format=fmt, invariant=True)
+        draft = load_model(HFModelSpec(path=folders[1]), weight_format=fmt, invariant=True)
+        _pairs[fmt] = (target, draft)
+    return _pairs[fmt]
+
+
+def _prompts(vocab):
+    rng = random.Random(99)
+    # 45 tokens: a prefill longer than the 32 rows bfloat16 kernels keep invariant
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in (1, 6, 45)]
+
+
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
+def test_load_in_format(folders, fmt):
+    target, draft = pair(folders, fmt)
+    assert (target.weight_format, target.invariant) == (fmt, True)
+    assert (draft.weight_format, draft.invariant) == (fmt, True)
+    assert target.model.config._attn_implementation == ATTENTION_NAME
+    proj = target.model.model.layers[0].mlp.up_proj
+    if fmt == "int8":
+        assert isinstance(proj, Int8WeightOnlyLinear) and proj.qweight.dtype == torch.int8
+    elif fmt == "int4":
+        assert type(proj.weight).__name__ == "Int4OpaqueTensor"
+    else:
+        assert isinstance(proj, nn.Linear) and proj.weight.dtype == compute_dtype(fmt)
+    assert target.model.model.embed_tokens.weight.dtype == compute_dtype(fmt)
+    fp32 = weight_bytes(pair(folders, "float32")[0].model)
+    expected = {"float32": 1.0, "bfloat16": 0.51, "float16": 0.51, "int8": 0.51, "int4": 0.51}[fmt]
+    assert weight_bytes(target.model) <= expected * fp32
+    assert target.vocab_rows == 320
+
+
+def test_float32_is_not_made_invariant_by_default(folders):
+    m = load_model(HFModelSpec(path=folders[0]), weight_format="float32")
+    assert not m.invariant and m.model.config._attn_implementation != ATTENTION_NAME
+    assert load_model(HFModelSpec(path=folders[0]), weight_format="bfloat16").invariant
+
+
+def test_unknown_format_is_refused(folders):
+    with pytest.raises(ModelLoadError, match="unknown weight format 'int3'; expected one of float32, bfloat16, float16, int8, int4"):
+        load_model(HFModelSpec(path=folders[0]), weight_format="int3")
+    with pytest.raises(ValueError, match="format"):
+        HFModelSpec(path=folders[0], format="int3")
+
+
+def _logits_by_chunks(model, ids, first, chunk):
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([ids[:first]]), cache=cache, use_cache=True)
+        rows = [out.logits[0].float()]
+        pos = first
+        while pos < len(ids):
+            out = model(input_ids=torch.tensor([ids[pos:pos + chunk]]), cache=cache, use_cache=True)
+            rows.append(out.logits[0].float())
+            pos += chunk
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
+def test_logits_do_not_depend_on_positions_per_forward(folders, fmt):
+    """Plain decoding, blocks of 2..17 positions and one 70-position prefill give equal logits."""
+    target, _ = pair(folders, fmt)
+    ids = [random.Random(5).randrange(3, 320) for _ in range(70)]
+    ref = _logits_by_chunks(target.model, ids, 4, 1)
+    for first, chunk in ((4, 2), (4, 5), (4, 17), (40, 3), (70, 1)):
+        got = _logits_by_chunks(target.model, ids, first, chunk)
+        assert torch.equal(got, ref), (fmt, first, chunk, (got - ref).abs().max().item())
+
+
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
+@pytest.mark.parametrize("k", [1, 4, 16])
+def test_greedy_speculation_equals_target_alone(folders, fmt, k):
+    target, draft = pair(folders, fmt)
+    engine = SpeculativeEngine(target, draft)
+    for prompt in _prompts(target.emittable_vocab):
+        ref = target_greedy(target, prompt, MAX_NEW)
+        for proposer in ("draft", "ngram"):
+            res = engine.generate(GenerationRequest(prompt_token_ids=prompt, max_tokens=MAX_NEW,
+                                                    speculation={"proposer": proposer, "k": k}))
+            assert res.token_ids == ref, (fmt, k, proposer, len(prompt))
+        plain = engine.generate(GenerationRequest(prompt_token_ids=prompt, max_tokens=MAX_NEW,
+                                                  speculation={"proposer": "none", "k": 0}))
+        assert plain.token_ids == ref
+
+
+@pytest.mark.parametrize("fmt", [f for f in WEIGHT_FORMATS if f != "float32"])  # float32: tests/test_engine.py
+def test_sampling_follows_target_distribution(folders, fmt):
+    """The chi-square test of tests/test_engine.py on 600 seeded requests per format."""
+    target, draft = pair(folders, fmt)
+    chi_square_check(target, draft, "draft", n=600)
+
+
+def test_row_plans_follow_the_kernels():
+    """float32 (MKL) rows depend on the row count, so it gets fixed-size calls; int8 does not."""
+    lin = nn.Linear(64, 96)
+    plan32 = plan_linear(lambda x: nn.functional.linear(x, lin.weight, lin.bias), 64, torch.float32, "cpu", 17)
+    q = Int8WeightOnlyLinear(torch.randint(-127, 127, (96, 64), dtype=torch.int8), torch.rand(96) / 100, None)
+    plan8 = plan_linear(q.forward_rows, 64, torch.bfloat16, "cpu", 17)
+    assert plan8 == RowPlan(1, 40)
+    assert plan32.max_rows >= 17 or plan32 == RowPlan(8, 8)
+    x = torch.randn(21, 64)
+    f = lambda t: nn.functional.linear(t, lin.weight, lin.bias)  # noqa: E731
+    y = run_rows(f, x, RowPlan(8, 8))  # 8 + 8 + 5 (padded to 8) rows
+    assert y.shape == (21, 96)
+    assert torch.equal(y[16:], f(torch.cat([x[16:], torch.zeros(3, 64)]))[:5])
