@@ -129,6 +129,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g.add_argument("--draft", default="demo:draft",
                    help="draft model spec, or 'none' to skip the draft proposer and assisted generation "
                         "(default demo:draft)")
+    g.add_argument("--formats", type=_name_list, default=None, metavar="F[,F...]",
+                   help="weight formats to compare (float32, bfloat16, float16, int8, int4): the whole "
+                        "benchmark runs once per format, draft and target in that format, into <out>/<format>/, "
+                        "and <out>/formats.md compares them (default: one run in the default format)")
     g.add_argument("--tokens", type=int, default=None, help="new tokens per generation (default 64; --quick 12)")
     g.add_argument("--ks", type=_int_list, default=None,
                    help="K values of the draft proposer, e.g. '1-8' or '1,2,4' (default 1-8)")
@@ -409,16 +413,81 @@ def _resolve(args) -> argparse.Namespace:
     return a
 
 
-def _load(args):
+def _load(args, weight_format: str | None = None):
     from specdec.models.loader import load_model, load_pair
     from specdec.models.spec import ModelPairSpec, parse_model_spec
 
     target_spec = parse_model_spec(args.target)
     device = getattr(args, "device", "cpu") or "cpu"
     if str(args.draft).strip().lower() in ("", "none"):
-        return load_model(target_spec, device=device), None
+        return load_model(target_spec, device=device, weight_format=weight_format), None
     pair = ModelPairSpec(target=target_spec, draft=parse_model_spec(args.draft))
-    return load_pair(pair, device=device)
+    return load_pair(pair, device=device, weight_format=weight_format)
+
+
+def run_formats(args: argparse.Namespace) -> dict:
+    """``--formats``: the benchmark once per weight format (models loaded in it, one after the
+    other, in one process), then ``<out>/formats.md`` and ``formats.json``: per format the
+    weights in memory, target-alone tokens/s, and per method tokens/s with its speedup over the
+    same format's target alone and over the first format's target alone (per prompt type,
+    geometric mean; CPU-time ratios, see the per-format tables for wall clock).
+
+    Raises:
+        ValueError: an unknown format.
+    """
+    import gc
+    import math
+
+    from specdec.models.formats import check_format, weight_bytes
+
+    formats = [check_format(f) for f in args.formats]
+    base_out = Path(args.out)
+    results = {}
+    for fmt in formats:
+        sub = argparse.Namespace(**vars(args))
+        sub.formats, sub.out = None, str(base_out / fmt)
+        models = _load(sub, fmt)
+        mem = {"target_weight_gb": weight_bytes(models[0].model) / 2**30,
+               "draft_weight_gb": weight_bytes(models[1].model) / 2**30 if models[1] is not None else None}
+        report = run_bench(sub, models=models)
+        results[fmt] = {"memory": mem, "rows": report["rows"], "meta": report["meta"]}
+        del models, report
+        gc.collect()
+    first = formats[0]
+
+    def gmean(xs):
+        xs = [x for x in xs if x]
+        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+    types = sorted({r["type"] for r in results[first]["rows"]})
+    base_cpu = {t: {r["prompt"]: r["new_tokens"] / r["cpu_s"] for r in results[first]["rows"]
+                    if r["type"] == t and r["family"] == "target"} for t in types}
+    lines = [f"# Weight formats ({', '.join(formats)}), one run", "",
+             "Per prompt type, geometric mean over its prompts, CPU-time ratios. `x own` = speedup over the "
+             f"same format's target alone; `x {first}` = over {first}'s target alone (the first format of the run). "
+             "Every row's output is identical to its own format's target alone (column `identical`).", ""]
+    lines.append("| format | target weights GB | draft weights GB | method | " +
+                 " | ".join(f"{t}: tok/s (cpu), x own, x {first}" for t in types) + " | identical |")
+    lines.append("|---|---:|---:|---|" + "---|" * len(types) + "---|")
+    for fmt in formats:
+        rows, mem = results[fmt]["rows"], results[fmt]["memory"]
+        for label in dict.fromkeys(r["method"] for r in rows):
+            cells = []
+            for t in types:
+                rs = [r for r in rows if r["type"] == t and r["method"] == label]
+                tps = gmean([r["new_tokens"] / r["cpu_s"] for r in rs])
+                own = gmean([r["cpu_speedup"] for r in rs])
+                vs_first = gmean([r["new_tokens"] / r["cpu_s"] / base_cpu[t][r["prompt"]] for r in rs
+                                  if r["prompt"] in base_cpu[t]])
+                cells.append(f"{tps:.2f}, {own:.2f}x, {vs_first:.2f}x")
+            ident = all(r["identical"] for r in rows if r["method"] == label)
+            lines.append(f"| {fmt} | {mem['target_weight_gb']:.2f} | "
+                         f"{(mem['draft_weight_gb'] or 0):.2f} | {label} | " + " | ".join(cells) + f" | {ident} |")
+    text = "\n".join(lines) + "\n"
+    (base_out / "formats.md").write_text(text)
+    (base_out / "formats.json").write_text(json.dumps(results, indent=1, default=str))
+    print(text)
+    return results
 
 
 def _log(msg: str) -> None:
@@ -570,7 +639,10 @@ def _meta(a, target, draft, load_s: float) -> dict:
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    run_bench(args)
+    if getattr(args, "formats", None):
+        run_formats(args)
+    else:
+        run_bench(args)
     return 0
 
 
@@ -582,8 +654,7 @@ BENCH = Command(help="benchmark against transformers on the demo pair", add_argu
 def main(argv: list[str] | None = None) -> int:
     """``python -m benchmarks.inprocess`` (``specdec bench`` runs :data:`BENCH`)."""
     parser = add_bench_arguments(argparse.ArgumentParser(prog="specdec bench", description=__doc__.split("\n")[0]))
-    run_bench(parser.parse_args(argv))
-    return 0
+    return _run_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -86,3 +86,22 @@ def test_quick_bench_rows_cover_every_method_and_match_target(quick_report):
     for t, per in report["summary"].items():
         assert per["target"]["speedup"] == pytest.approx(1.0)
         assert all(v["identical"] for v in per.values()), t
+
+
+def test_format_axis_runs_each_format_and_compares(tiny_pair_folders, tmp_path):
+    """``--formats``: one benchmark per weight format into <out>/<format>/, and formats.md."""
+    from benchmarks.inprocess import run_formats
+
+    target, draft = tiny_pair_folders
+    out = tmp_path / "fmt"
+    args = _parse(["--quick", "--threads", "1", "--target", str(target), "--draft", str(draft), "--out", str(out),
+                   "--formats", "float32,int8", "--skip-hf", "--no-plot", "--proposers", "draft,none"])
+    results = run_formats(args)
+    assert list(results) == ["float32", "int8"]
+    assert (out / "float32" / "bench.json").is_file() and (out / "int8" / "bench.json").is_file()
+    text = (out / "formats.md").read_text()
+    assert text.startswith("# Weight formats (float32, int8), one run")
+    assert "| int8 |" in text and "| float32 |" in text
+    assert results["int8"]["memory"]["target_weight_gb"] < results["float32"]["memory"]["target_weight_gb"]
+    for fmt in results:  # every method's output equals its own format's target alone
+        assert all(r["identical"] for r in results[fmt]["rows"])

@@ -104,16 +104,16 @@ def test_target_starts_its_workers_through_ray_start_path(monkeypatch, tiny_targ
     ranks = [Rank(tiny_target)]
     fake_ray = types.SimpleNamespace(util=types.SimpleNamespace(get_current_placement_group=lambda: None))
     monkeypatch.setitem(__import__("sys").modules, "ray", fake_ray)
-    monkeypatch.setattr(loader, "resolve_folder", lambda spec: "/models/target")
+    monkeypatch.setattr(loader, "resolve_folder", lambda spec, fmt: f"/models/target-{fmt}")
     seen = {}
 
-    def start(path, tp_size, pg, first_bundle, num_gpus, threads):
-        seen.update(path=path, tp_size=tp_size, threads=threads)
+    def start(path, tp_size, pg, first_bundle, num_gpus, threads, dtype):
+        seen.update(path=path, tp_size=tp_size, threads=threads, dtype=dtype)
         return ranks, [{"rank": 0, "device": "cpu"}]
 
     monkeypatch.setattr(tp, "start_tp_workers", start)
-    target = Target(AppConfig(target_model="demo:target", target_tp=1, target_cpus_per_worker=2),
-                    metrics=SpecDecMetrics(backend=None))
-    assert seen == {"path": "/models/target", "tp_size": 1, "threads": 2}
+    target = Target(AppConfig(target_model="demo:target", target_tp=1, target_cpus_per_worker=2,
+                              target_dtype="int8"), metrics=SpecDecMetrics(backend=None))
+    assert seen == {"path": "/models/target-int8", "tp_size": 1, "threads": 2, "dtype": "int8"}
     assert target.workers is ranks
     assert asyncio.run(target.Info()) == [{"rank": 0, "device": "cpu"}]
