@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Every test loads models in float32 unless it names a format: the default format depends on the
+# machine (specdec.models.formats.default_format), and the engine tests must not. The weight
+# formats themselves are tested format by format in tests/test_formats.py.
+os.environ.setdefault("SPECDEC_WEIGHT_FORMAT", "float32")
 
 from specdec.testing.tiny import build_tiny_model
 
