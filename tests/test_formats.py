@@ -151,3 +151,22 @@ def test_row_plans_follow_the_kernels():
     y = run_rows(f, x, RowPlan(8, 8))  # 8 + 8 + 5 (padded to 8) rows
     assert y.shape == (21, 96)
     assert torch.equal(y[16:], f(torch.cat([x[16:], torch.zeros(3, 64)]))[:5])
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
+def test_left_padded_batch_rows_equal_each_sequence_alone(folders, fmt):
+    """Row-wise attention slices each row's visible keys, so padding a sequence into a batch
+    (issue 10) does not change its logits."""
+    target, _ = pair(folders, fmt)
+    rng = random.Random(11)
+    a = [rng.randrange(3, 320) for _ in range(5)]
+    b = [rng.randrange(3, 320) for _ in range(9)]
+    ids = torch.tensor([[0] * 4 + a, b])
+    mask = torch.tensor([[0] * 4 + [1] * 5, [1] * 9])
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    with torch.inference_mode():
+        both = target.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float()
+        alone_a = target.model(input_ids=torch.tensor([a])).logits[0].float()
+        alone_b = target.model(input_ids=torch.tensor([b])).logits[0].float()
+    assert torch.equal(both[0, 4:], alone_a)
+    assert torch.equal(both[1], alone_b)

@@ -156,7 +156,8 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     Args:
         query: ``[B, H, q, d]``; key, value: ``[B, Hkv, L, d]`` (cache included).
         attention_mask: None (causal: row i sees the first ``L - q + i + 1`` keys) or a boolean
-            ``[B, 1, q, L]`` mask (True = visible) whose visible keys per row are contiguous.
+            ``[B, 1, q, L]`` mask (True = visible) whose visible keys per row are contiguous; a
+            row that sees no key (a padding position) gets zeros.
 
     Returns:
         ``([B, q, H, d], None)``.
@@ -176,6 +177,9 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
                 lo, hi = 0, kv_len - q_len + i + 1
             else:
                 visible = attention_mask[b, 0, i].nonzero()
+                if visible.shape[0] == 0:  # a padding query row sees nothing: its output is unused
+                    out[b, i] = 0
+                    continue
                 lo, hi = int(visible[0]), int(visible[-1]) + 1
                 if hi - lo != visible.shape[0]:
                     raise ValueError("rowwise attention needs each row's visible keys to be contiguous")
