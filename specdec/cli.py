@@ -189,16 +189,21 @@ def run_generate(args) -> int:
 def _add_prefetch(sub) -> None:
     p = sub.add_parser("prefetch", help="assemble the demo pair into the model cache")
     p.add_argument("roles", nargs="*", metavar="{target,draft}", help="default: both")
+    p.add_argument("--format", choices=WEIGHT_FORMAT_CHOICES, default=None, dest="weight_format",
+                   help="build the cache a weight format loads from (float32/float16: the float32 folder; "
+                        "bfloat16/int8/int4: the bfloat16 folder); default: the device's default format")
 
 
 def run_prefetch(args) -> int:
     from specdec.models.demo import ensure_demo_folder
+    from specdec.models.formats import default_format, storage_dtype
 
     bad = [r for r in args.roles if r not in ("target", "draft")]
     if bad:
         raise SpecDecError(f"prefetch: unknown role {bad[0]!r}; choose from 'target', 'draft'")
+    dtype = storage_dtype(getattr(args, "weight_format", None) or default_format("cpu"))
     for role in args.roles or ["target", "draft"]:
-        print(f"demo {role}: {ensure_demo_folder(role)}")
+        print(f"demo {role}: {ensure_demo_folder(role, dtype=dtype)}")
     return 0
 
 

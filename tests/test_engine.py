@@ -288,3 +288,6 @@ def test_cli_prefetch_arguments():
     assert parser.parse_args(["prefetch", "target", "draft"]).roles == ["target", "draft"]
     with pytest.raises(cli.SpecDecError, match="prefetch: unknown role 'everything'"):
         cli.run_prefetch(parser.parse_args(["prefetch", "everything"]))
+    assert parser.parse_args(["prefetch", "--format", "int4"]).weight_format == "int4"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["prefetch", "--format", "int3"])
