@@ -241,7 +241,10 @@ class Target:
         try:
             import ray
 
+            if not ray.is_initialized():  # ray.kill would start a local Ray just to fail
+                return
             for w in getattr(self, "workers", []):
-                ray.kill(w)
+                if isinstance(w, ray.actor.ActorHandle):
+                    ray.kill(w)
         except Exception:
             pass

@@ -117,3 +117,23 @@ def test_target_starts_its_workers_through_ray_start_path(monkeypatch, tiny_targ
     assert seen == {"path": "/models/target-int8", "tp_size": 1, "threads": 2, "dtype": "int8"}
     assert target.workers is ranks
     assert asyncio.run(target.Info()) == [{"rank": 0, "device": "cpu"}]
+
+
+def test_dropping_a_replica_with_in_process_ranks_starts_no_ray():
+    """Garbage-collecting a Target whose ranks are in-process objects must not start a local Ray
+    (``ray.kill`` auto-initialises Ray): a later test's ``ray.init`` then failed with "called
+    ray.init twice" and every served test of the suite errored."""
+    import gc
+
+    import ray
+
+    from deployments.config import AppConfig
+    from deployments.metrics import SpecDecMetrics
+    from deployments.target import Target
+
+    assert not ray.is_initialized(), "precondition: an earlier test left Ray running"
+    replica = Target(AppConfig(target_model="unused"), workers=[object(), object()],
+                     metrics=SpecDecMetrics(backend=None))
+    del replica
+    gc.collect()
+    assert not ray.is_initialized()
