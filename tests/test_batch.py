@@ -397,3 +397,23 @@ def test_batched_path_on_the_accelerator_equals_alone(tiny_target, tiny_draft_cl
     assert audit.violations == []
     assert max(len(t.answered) for t in sched.trace) == 4
     assert [h.result().token_ids for h in hs] == on_cpu
+
+
+@pytest.mark.parametrize("impl,sliding,needle", [
+    ("flash_attention_2", False, "attention implementation 'flash_attention_2' does not take"),
+    ("flex_attention", False, "attention implementation 'flex_attention' does not take"),
+    ("sdpa", True, "sliding-window attention layers"),
+])
+def test_packed_forward_refuses_unsupported_attention_with_a_clear_error(impl, sliding, needle):
+    """A model the packed mask cannot serve is refused with ModelLoadError (a SpecDecError the
+    serving layer maps to a status), naming the cause and the way out, not a bare crash."""
+    from types import SimpleNamespace
+
+    from specdec.engine.kv_cache import _packed_mask
+    from specdec.errors import ModelLoadError
+
+    model = SimpleNamespace(config=SimpleNamespace(_attn_implementation=impl),
+                            model=SimpleNamespace(has_sliding_layers=sliding))
+    with pytest.raises(ModelLoadError, match=needle) as e:
+        _packed_mask([3, 0], [1, 2], model, torch.device("cpu"))
+    assert "batching" in str(e.value)

@@ -14,6 +14,8 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specdec.errors import ModelLoadError
+
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
@@ -166,14 +168,20 @@ def _packed_mask(past_lens: list[int], new_lens: list[int], model: PreTrainedMod
     sdpa's masks).
 
     Raises:
-        NotImplementedError: flash or flex attention (they take no 4-D mask), or a model with
-            sliding-window layers (the mask would ignore the window).
+        specdec.errors.ModelLoadError: flash or flex attention (they take no 4-D mask), or a model
+            with sliding-window layers (the mask would ignore the window); the message says how to
+            load the model instead (``sdpa``/``eager``) or to turn batching off.
     """
     impl = getattr(model.config, "_attn_implementation", "sdpa") or "sdpa"
     if "flash" in impl or "flex" in impl:
-        raise NotImplementedError(f"batched forward needs a 4-D attention mask, which {impl!r} does not take")
+        raise ModelLoadError(
+            f"batched forward needs a 4-D attention mask, which attention implementation {impl!r} does not "
+            "take: load the model with attn_implementation='sdpa' or 'eager', or turn batching off "
+            "(target_batching / draft_batching: false)")
     if getattr(getattr(model, "model", model), "has_sliding_layers", False):
-        raise NotImplementedError("batched forward does not support sliding-window attention layers")
+        raise ModelLoadError(
+            "batched forward does not support models with sliding-window attention layers (the packed "
+            "mask would ignore the window): turn batching off (target_batching / draft_batching: false)")
     rows = torch.arange(len(new_lens))
     totals = torch.tensor([lp + n for lp, n in zip(past_lens, new_lens)])
     q_row = torch.repeat_interleave(rows, torch.tensor(new_lens))  # [M]
@@ -211,7 +219,7 @@ def feed_many(items: Sequence[tuple["CachedSequence", Sequence[int], int]]) -> l
     Raises:
         ValueError: an item without tokens, keep outside 0..len(tokens), a closed sequence, or
             sequences of different models.
-        NotImplementedError: see :func:`_packed_mask`.
+        specdec.errors.ModelLoadError: see :func:`_packed_mask`.
     """
     if not items:
         return []
