@@ -48,6 +48,31 @@ import torch
 from benchmarks.report import PROMPT_TYPES, format_tables, summarize, tabulate, write_report
 from specdec.cli import Command
 
+#: The code block the copy-heavy prompt asks to rewrite with one rename.
+RENAME_SOURCE = """from dataclasses import dataclass
+
+
+@dataclass
+class Item:
+    name: str
+    price: float
+    quantity: int
+
+
+def total_price(items: list[Item], discount: float = 0.0) -> float:
+    \"\"\"Sum of price times quantity over the items, less a fractional discount.\"\"\"
+    if not 0.0 <= discount < 1.0:
+        raise ValueError(f"discount must be in [0, 1), got {discount}")
+    subtotal = sum(item.price * item.quantity for item in items)
+    return round(subtotal * (1.0 - discount), 2)
+
+
+def print_receipt(items: list[Item]) -> None:
+    for item in items:
+        print(f"{item.name:20s} {item.quantity:3d} x {item.price:8.2f}")
+    print(f"{'total':20s} {total_price(items):16.2f}")
+"""
+
 #: The prompts: name, type, one user message (rendered with the target's chat template).
 PROMPTS: list[dict] = [
     {
@@ -77,6 +102,14 @@ PROMPTS: list[dict] = [
         "created_at). Show the customer name, country and total.",
     },
     {
+        # copy-heavy: the answer repeats the prompt's code with one identifier renamed, the case
+        # prompt lookup (n-gram drafting) is made for
+        "name": "code-rename",
+        "type": "copy",
+        "content": "Rewrite this Python code with the function `total_price` renamed to `order_total` "
+        "everywhere. Return only the code.\n\n```python\n" + RENAME_SOURCE + "```",
+    },
+    {
         "name": "poem-sea",
         "type": "creative",
         "content": "Write a short poem about the sea at night, with vivid images of the moon, the waves and a "
@@ -85,7 +118,7 @@ PROMPTS: list[dict] = [
 ]
 
 #: ``--quick``: tiny smoke run settings
-QUICK = {"tokens": 12, "ks": [1, 2, 3], "ngram_ks": [1, 3], "repeats": 1, "prompts": ["code-prime", "json-book", "poem-sea"]}
+QUICK = {"tokens": 12, "ks": [1, 2, 3], "ngram_ks": [1, 3], "repeats": 1, "prompts": ["code-prime", "json-book", "code-rename", "poem-sea"]}
 
 
 # --- arguments ----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 
 #: prompt types, in table/plot order
-PROMPT_TYPES = ("code", "sql_json", "creative")
+PROMPT_TYPES = ("code", "sql_json", "copy", "creative")
 
 
 def median(xs: list[float]) -> float | None:

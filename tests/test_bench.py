@@ -17,9 +17,10 @@ def tiny_pair_folders(tmp_path_factory):
     from transformers import Qwen2ForCausalLM
 
     root = tmp_path_factory.mktemp("benchpair")
-    target = build_tiny_model(root / "target", seed=0)
+    # 1024 positions: the copy-heavy prompt (a code block to rewrite) is ~700 tiny-tokenizer tokens
+    target = build_tiny_model(root / "target", seed=0, max_positions=1024)
     base = Qwen2ForCausalLM.from_pretrained(target)
-    draft = build_tiny_model(root / "draft", seed=1, base=base, noise=0.03)
+    draft = build_tiny_model(root / "draft", seed=1, base=base, noise=0.03, max_positions=1024)
     return target, draft
 
 
