@@ -49,7 +49,7 @@ K8S_OVERRIDES: dict[str, Any] = {"tenants_file": TENANTS_FILE}
 #: placement group needs whole. Routers run on the draft pool (CPU-only work, small GPU nodes).
 DRAFT_NODE_RESOURCE = "specdec_draft_node"
 TARGET_NODE_RESOURCE = "specdec_target_node"
-#: Pinning per overlay: AppConfig fields on top of the preset (pinning only: validate.py checks
+#: Pinning per overlay: AppConfig fields on top of the preset (pinning only: specdec_checks.py checks
 #: that nothing else differs from the local preset). cpu-dev has one worker group: no pinning.
 OVERLAY_OVERRIDES: dict[str, dict[str, Any]] = {
     "gpu": {

@@ -32,7 +32,10 @@ def _load(path: Path, name: str):
     return mod
 
 
-val = _load(K8S / "validate.py", "specdec_k8s_validate")
+val = _load(K8S / "validate.py", "specdec_k8s_validate")  # rendering, validate_overlay (the CLI)
+# The modules validate.py imports, under the names it imports them by (one copy each):
+schemas = _load(K8S / "schema_check.py", "schema_check")  # generic schema validation
+checks = _load(K8S / "specdec_checks.py", "specdec_checks")  # what specdec needs of its manifests
 rsc = val.rsc  # the render_serve_config module validate.py uses (one copy)
 
 OVERLAYS = sorted(rsc.OVERLAY_PRESETS)
@@ -72,14 +75,14 @@ def test_every_overlay_directory_has_a_profile():
 def test_overlay_renders_and_validates(rendered, overlay):
     docs = rendered[overlay]
     kinds = sorted(d["kind"] for d in docs)
-    assert val.REQUIRED_KINDS <= set(kinds), kinds
+    assert checks.REQUIRED_KINDS <= set(kinds), kinds
     assert val.validate_overlay(overlay, docs) == []
 
 
 def test_gpu_overlay_has_servicemonitor_and_it_selects_metrics(rendered):
     (sm,) = [d for d in rendered["gpu"] if d["kind"] == "ServiceMonitor"]
     assert sm["apiVersion"] == "monitoring.coreos.com/v1"
-    assert val.validate_servicemonitor(sm) == []
+    assert schemas.validate_servicemonitor(sm) == []
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
 
 
@@ -94,7 +97,7 @@ def test_patch_drift_is_detected(monkeypatch, rendered):
 
     monkeypatch.setitem(PRESETS, "gpu.yaml", PRESETS["gpu.yaml"].model_copy(update={"target_tp": 4}))
     assert rsc.stale_patches() == ["gpu"]
-    errors = val.check_specdec("gpu", rendered["gpu"])
+    errors = checks.check_specdec("gpu", rendered["gpu"])
     assert any("not the Serve config of AppConfig profile 'gpu'" in e for e in errors), errors
     assert any("target_tp x target_gpus_per_worker = 4 x 1" in e for e in errors), errors
 
@@ -149,7 +152,7 @@ def test_gpu_counts_match_tensor_parallel_degree(rendered):
     assert target["requests"][GPU] == target["limits"][GPU]
     draft = _container(groups["draft"])["resources"]
     assert float(draft["limits"][GPU]) >= cfg.draft_num_gpus > 0
-    assert float(val.parse_quantity(target["limits"]["cpu"])) >= sum(b["CPU"] for b in cfg.target_bundles())
+    assert float(checks.parse_quantity(target["limits"]["cpu"])) >= sum(b["CPU"] for b in cfg.target_bundles())
     for name in ("draft", "target"):
         pod = groups[name]["template"]["spec"]
         assert {"key": GPU, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
@@ -169,10 +172,10 @@ def test_head_runs_no_replicas_and_ports_are_named(rendered, overlay):
     head = rc["headGroupSpec"]
     assert head["rayStartParams"]["num-cpus"] == "0"
     ports = {p["name"]: p["containerPort"] for p in _container(head)["ports"]}
-    assert ports | val.HEAD_PORTS == ports
+    assert ports | checks.HEAD_PORTS == ports
     for g in rc["workerGroupSpecs"]:
         c = _container(g)
-        assert {p["name"]: p["containerPort"] for p in c["ports"]} == val.WORKER_PORTS
+        assert {p["name"]: p["containerPort"] for p in c["ports"]} == checks.WORKER_PORTS
         assert c["readinessProbe"]["httpGet"] == {"path": "/-/healthz", "port": 8000}
     svc = _rayservice(rendered[overlay])["spec"]["serveService"]
     # only "serve": KubeRay before kuberay#4558 drops every other port of a custom serveService
@@ -195,14 +198,14 @@ def test_tenants_secret_holds_only_hashes(rendered, overlay):
     text = base64.b64decode(secret["data"]["tenants.yaml"]).decode()
     cfg = parse_tenants_config(text)
     assert all(re.fullmatch(r"[0-9a-f]{64}", h) for t in cfg.tenants for h in t.api_key_hashes)
-    assert not val.PLAINTEXT_KEY.search(text)
+    assert not checks.PLAINTEXT_KEY.search(text)
 
 
 def test_no_plaintext_key_committed_under_k8s():
     files = subprocess.run(["git", "ls-files", "k8s"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     files = files or [str(p.relative_to(ROOT)) for p in K8S.rglob("*") if p.is_file()]
     for f in files:
-        assert not val.PLAINTEXT_KEY.search((ROOT / f).read_text(errors="replace")), f
+        assert not checks.PLAINTEXT_KEY.search((ROOT / f).read_text(errors="replace")), f
     assert subprocess.run(["git", "check-ignore", "-q", "k8s/overlays/prod/tenants.local.yaml"], cwd=ROOT).returncode == 0
 
 
@@ -320,7 +323,7 @@ def test_broken_manifest_fails(rendered, overlay, mutate, expected):
 def test_crd_conversion_handles_kubernetes_extensions():
     import jsonschema
 
-    schema = val.crd_to_json_schema({
+    schema = schemas.crd_to_json_schema({
         "type": "object",
         "properties": {
             "q": {"x-kubernetes-int-or-string": True},
@@ -344,11 +347,11 @@ def test_missing_kubectl_fails_clearly(monkeypatch):
 
 
 def test_parse_quantity():
-    assert val.parse_quantity("500m") == 0.5
-    assert val.parse_quantity("8Gi") == 8 * 2**30
-    assert val.parse_quantity(2) == 2
+    assert checks.parse_quantity("500m") == 0.5
+    assert checks.parse_quantity("8Gi") == 8 * 2**30
+    assert checks.parse_quantity(2) == 2
     with pytest.raises(ValueError):
-        val.parse_quantity("lots")
+        checks.parse_quantity("lots")
 
 
 # --- Grafana dashboard ------------------------------------------------------------------------------
@@ -421,12 +424,12 @@ def test_vendored_crd_is_the_release_the_readme_installs(monkeypatch):
     import hashlib
 
     monkeypatch.delenv("KUBERAY_RAYSERVICE_CRD", raising=False)
-    path = val.crd_path()
+    path = schemas.crd_path()
     assert path == K8S / "schemas" / "ray.io_rayservices.yaml"
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == val.CRD_SHA256
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == schemas.CRD_SHA256
     readme = (K8S / "README.md").read_text()
     (helm_version,) = re.findall(r"kuberay/kuberay-operator \\\n.*--version (\S+)", readme)
-    assert "v" + helm_version == val.CRD_VERSION == "v1.5.1"
+    assert "v" + helm_version == schemas.CRD_VERSION == "v1.5.1"
     notes = (K8S / "schemas" / "README.md").read_text()
-    assert "KubeRay v1.5.1" in notes and val.CRD_SHA256 in notes
+    assert "KubeRay v1.5.1" in notes and schemas.CRD_SHA256 in notes
     assert "github.com/ray-project/kuberay/blob/v1.5.1/ray-operator/config/crd/bases/ray.io_rayservices.yaml" in notes

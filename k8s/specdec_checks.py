@@ -1,0 +1,482 @@
+"""What specdec needs of a rendered overlay, checked against the overlay's AppConfig.
+
+:func:`check_specdec` checks the deployment against its AppConfig
+(``k8s/render_serve_config.py``): serveConfigV2 equal to the Serve config of the profile and,
+apart from :data:`K8S_OVERRIDES`, to the committed ``deployments/*.yaml`` (and valid for Ray
+Serve's own schema); GPUs and CPUs per worker group enough for the tensor-parallel placement
+group and every deployment at max_replicas; custom resources that pin each deployment to its
+pool; head ``num-cpus: "0"``; container port names; readiness on Serve's ``/-/healthz``; the
+tenants Secret mounted where the router reads it and holding only hashes; the model cache;
+Services, monitors and budgets whose selectors match the pods; one tagged image.
+
+Schema validity is :mod:`schema_check`'s job; ``k8s/validate.py`` runs both. Every check returns
+a list of error strings (empty: valid), so a test can break a rendered object and assert that
+the check notices.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import math
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+K8S_DIR = Path(__file__).resolve().parent
+if str(K8S_DIR) not in sys.path:
+    sys.path.insert(0, str(K8S_DIR))
+
+import render_serve_config as rsc  # noqa: E402  (adds the repository root to sys.path)
+from render_serve_config import (  # noqa: E402
+    K8S_OVERRIDES,
+    MODEL_CACHE_DIR,
+    OVERLAY_PRESETS,
+    TENANTS_FILE,
+)
+from schema_check import pod_templates  # noqa: E402
+
+GPU = "nvidia.com/gpu"
+#: Container ports every Ray node declares (name -> port); the head also has gcs-server and dashboard.
+WORKER_PORTS = {"serve": 8000, "serve-grpc": 9000, "metrics": 8080}
+HEAD_PORTS = {**WORKER_PORTS, "gcs-server": 6379, "dashboard": 8265}
+#: Kinds every overlay must render (the ServiceMonitor only where the Prometheus Operator is used).
+REQUIRED_KINDS = {"RayService", "Secret", "Service", "PersistentVolumeClaim", "PodDisruptionBudget"}
+#: Shape of generate_api_key() (specdec/control/tenants.py): a plaintext key must never be rendered.
+PLAINTEXT_KEY = re.compile(r"sk-[A-Za-z0-9_-]{20,}")
+
+
+def _ray_container(template: dict) -> dict:
+    """The Ray container of a pod template (KubeRay: index 0 unless RAY_CONTAINER_INDEX)."""
+    containers = (template.get("spec") or {}).get("containers") or [{}]
+    return containers[0]
+
+
+def parse_quantity(q: Any) -> float:
+    """A Kubernetes quantity (``"500m"``, ``2``, ``"8Gi"``) as a number."""
+    if isinstance(q, (int, float)):
+        return float(q)
+    m = re.fullmatch(r"([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)", str(q).strip())
+    if not m:
+        raise ValueError(f"not a quantity: {q!r}")
+    num, suffix = float(m.group(1)), m.group(2)
+    factors = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+               "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "n": 1e-9, "u": 1e-6}
+    if suffix not in factors:
+        raise ValueError(f"unknown quantity suffix in {q!r}")
+    return num * factors[suffix]
+
+
+def _limit(container: dict, name: str) -> float:
+    """A container's limit of resource ``name`` (0 when absent): Ray's count comes from it."""
+    limits = (container.get("resources") or {}).get("limits") or {}
+    return parse_quantity(limits[name]) if name in limits else 0.0
+
+
+def _labels_of(template: dict, node_type: str, group: str) -> dict:
+    """Labels the pod will carry: the template's plus those KubeRay adds."""
+    labels = dict(((template.get("metadata") or {}).get("labels")) or {})
+    labels.update({"ray.io/node-type": node_type, "ray.io/group": group})
+    if node_type == "worker":  # KubeRay marks pods whose Serve proxy is healthy
+        labels["ray.io/serve"] = "true"
+    return labels
+
+
+def _matches(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in (selector or {}).items())
+
+
+def _demo_roles(cfg) -> set[str]:
+    return {m.split(":", 1)[1] or "target" for m in (cfg.target_model, cfg.draft_model) if m and m.startswith("demo")}
+
+
+def _compare_to_local(serve: dict, local: dict) -> list[str]:
+    """Differences between the rendered Serve config and the committed local file, ignoring
+    only the args in K8S_OVERRIDES."""
+    a, b = copy.deepcopy(serve), copy.deepcopy(local)
+    pins = {k for d in rsc.OVERLAY_OVERRIDES.values() for field in d.values() for k in field}
+    for cfg in (a, b):
+        for app in cfg.get("applications", []):
+            for key in (*K8S_OVERRIDES, *rsc.PINNING_FIELDS):
+                (app.get("args") or {}).pop(key, None)
+            for dep in app.get("deployments", []):  # the pool pinning resources only
+                (dep.get("ray_actor_options") or {}).pop("resources", None)
+                for bundle in dep.get("placement_group_bundles") or []:
+                    for key in pins:
+                        bundle.pop(key, None)
+    if a == b:
+        return []
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            diffs.append(key)
+    return [f"serveConfigV2 differs from the local Serve config beyond {sorted(K8S_OVERRIDES)} in: {', '.join(diffs)}"]
+
+
+def check_specdec(overlay: str, docs: list[dict]) -> list[str]:
+    """What specdec needs of a rendered overlay, checked against the overlay's AppConfig."""
+    from deployments.write_configs import HERE as DEPLOYMENTS_DIR
+
+    cfg = rsc.profile(overlay)
+    errors: list[str] = []
+    kinds = {d.get("kind") for d in docs}
+    if missing := REQUIRED_KINDS - kinds:
+        errors.append(f"missing objects: {sorted(missing)}")
+    rss = [d for d in docs if d.get("kind") == "RayService"]
+    if len(rss) != 1:
+        return errors + [f"expected one RayService, got {len(rss)}"]
+    rs = rss[0]
+    spec = rs.get("spec") or {}
+    rc = spec.get("rayClusterConfig") or {}
+
+    # Serve config: generated from the AppConfig, equal to the local preset apart from overrides.
+    text = spec.get("serveConfigV2")
+    if not isinstance(text, str):
+        errors.append("spec.serveConfigV2 is missing (the overlay must patch in serve-config.yaml)")
+        serve = None
+    else:
+        serve = yaml.safe_load(text)
+        if serve != rsc.serve_config(overlay):
+            errors.append(f"spec.serveConfigV2 is not the Serve config of AppConfig profile {overlay!r} "
+                          "(run python k8s/render_serve_config.py)")
+        local = yaml.safe_load((DEPLOYMENTS_DIR / OVERLAY_PRESETS[overlay]).read_text())
+        errors += _compare_to_local(serve, local)
+        try:
+            from ray.serve.config import AutoscalingConfig
+            from ray.serve.schema import ServeDeploySchema
+
+            ServeDeploySchema.model_validate(serve)
+            for app in serve.get("applications", []):
+                for dep in app.get("deployments", []):
+                    if "autoscaling_config" in dep:
+                        AutoscalingConfig(**dep["autoscaling_config"])
+        except Exception as e:  # pydantic or ValueError: report, don't crash
+            errors.append(f"serveConfigV2 fails Ray Serve's schema: {e}")
+        if serve.get("grpc_options", {}).get("port") != WORKER_PORTS["serve-grpc"]:
+            errors.append("serveConfigV2 grpc port is not the serve-grpc container port 9000")
+        if serve.get("http_options", {}).get("port") != WORKER_PORTS["serve"]:
+            errors.append("serveConfigV2 http port is not the serve container port 8000 (readiness uses it)")
+        if serve.get("proxy_location") not in (None, "EveryNode"):
+            errors.append("serveConfigV2 proxy_location must be EveryNode (workers' readiness needs their proxy)")
+
+    # Autoscaling.
+    if rc.get("enableInTreeAutoscaling") is not True:
+        errors.append("rayClusterConfig.enableInTreeAutoscaling must be true")
+
+    # Head: no replicas, no GPU, all ports.
+    head = rc.get("headGroupSpec") or {}
+    if (head.get("rayStartParams") or {}).get("num-cpus") != "0":
+        errors.append('headGroupSpec.rayStartParams.num-cpus must be "0" (no replica on the head)')
+    head_c = _ray_container(head.get("template") or {})
+    if _limit(head_c, GPU):
+        errors.append("the head must not request GPUs")
+    errors += _check_ports("head", head_c, HEAD_PORTS)
+
+    groups = rc.get("workerGroupSpecs") or []
+    if not groups:
+        errors.append("no workerGroupSpecs")
+    by_name = {g.get("groupName"): g for g in groups}
+
+    # Per worker group: ports, readiness, replicas, GPU scheduling, mounts.
+    tenants_dir, tenants_key = os.path.dirname(cfg.tenants_file or TENANTS_FILE), os.path.basename(cfg.tenants_file or TENANTS_FILE)
+    for g in groups:
+        name = g.get("groupName")
+        tmpl = g.get("template") or {}
+        pod = tmpl.get("spec") or {}
+        c = _ray_container(tmpl)
+        errors += _check_ports(f"workerGroup {name}", c, WORKER_PORTS)
+        probe = (c.get("readinessProbe") or {}).get("httpGet") or {}
+        if probe.get("path") != "/-/healthz" or probe.get("port") not in (8000, "serve"):
+            errors.append(f"workerGroup {name}: readinessProbe must be httpGet /-/healthz on port 8000 (Serve's health)")
+        lo, n, hi = g.get("minReplicas", 0), g.get("replicas", g.get("minReplicas", 0)), g.get("maxReplicas", 0)
+        if not lo <= n <= hi or hi < 1:
+            errors.append(f"workerGroup {name}: need minReplicas <= replicas <= maxReplicas, maxReplicas >= 1")
+        for key in ("cpu", "memory", GPU):
+            req = ((c.get("resources") or {}).get("requests") or {}).get(key)
+            lim = ((c.get("resources") or {}).get("limits") or {}).get(key)
+            if key != GPU and lim is None:
+                errors.append(f"workerGroup {name}: no {key} limit (Ray counts its resources from limits)")
+            if key == GPU and (req is not None or lim is not None) and (req is None or lim is None or parse_quantity(req) != parse_quantity(lim)):
+                errors.append(f"workerGroup {name}: {GPU} requests must equal limits")
+        if _limit(c, GPU):
+            tol = pod.get("tolerations") or []
+            if not any(t.get("key") == GPU for t in tol):
+                errors.append(f"workerGroup {name}: GPU pods need a toleration for the {GPU} taint")
+            if not pod.get("nodeSelector") and not pod.get("affinity"):
+                errors.append(f"workerGroup {name}: GPU pods need a nodeSelector (or affinity) for their node pool")
+            if _limit(c, GPU) != int(_limit(c, GPU)):
+                errors.append(f"workerGroup {name}: {GPU} must be a whole number")
+        errors += _check_mounts(f"workerGroup {name}", tmpl, docs, tenants_dir, tenants_key, cfg)
+    errors += _check_mounts("head", head.get("template") or {}, docs, tenants_dir, tenants_key, cfg, models=False)
+
+    # GPUs per group match the AppConfig.
+    errors += _check_capacity(cfg, by_name)
+
+    # Secret: tenants hashes only.
+    errors += _check_tenants_secret(docs, tenants_key)
+
+    # Services, monitors and budgets select the pods they mean.
+    pods = [("head", _labels_of(head.get("template") or {}, "head", "headgroup"))] + [
+        (g.get("groupName"), _labels_of(g.get("template") or {}, "worker", g.get("groupName"))) for g in groups
+    ]
+    errors += _check_selectors(spec, docs, pods)
+
+    # Images: one image everywhere, not the bare placeholder.
+    images = {c.get("image") for _, t in pod_templates(rs)
+              for c in ((t.get("spec") or {}).get("containers") or []) + ((t.get("spec") or {}).get("initContainers") or [])}
+    if len(images) != 1:
+        errors.append(f"all Ray containers should run the same image, got {sorted(map(str, images))}")
+    elif not all(i and ":" in i.rsplit("/", 1)[-1] for i in images):
+        errors.append(f"image {images} has no tag (set one with kustomize edit set image specdec=REGISTRY/specdec:TAG)")
+    return errors
+
+
+def _check_ports(where: str, container: dict, want: dict[str, int]) -> list[str]:
+    have = {p.get("name"): p.get("containerPort") for p in container.get("ports") or []}
+    return [f"{where}: container port {name!r} must be {port} (has {have.get(name)})"
+            for name, port in want.items() if have.get(name) != port]
+
+
+def _volume_sources(pod: dict) -> dict[str, dict]:
+    return {v.get("name"): v for v in pod.get("volumes") or []}
+
+
+def _check_mounts(where, tmpl, docs, tenants_dir, tenants_key, cfg, models=True) -> list[str]:
+    errors = []
+    pod = tmpl.get("spec") or {}
+    c = _ray_container(tmpl)
+    vols = _volume_sources(pod)
+    secret_names = {d["metadata"]["name"] for d in docs if d.get("kind") == "Secret"}
+    pvc_names = {d["metadata"]["name"] for d in docs if d.get("kind") == "PersistentVolumeClaim"}
+
+    def mount_of(container, path):
+        return next((m for m in container.get("volumeMounts") or [] if m.get("mountPath") == path), None)
+
+    m = mount_of(c, tenants_dir)
+    src = vols.get(m.get("name")) if m else None
+    if not m or not src or "secret" not in src:
+        errors.append(f"{where}: the tenants Secret must be mounted at {tenants_dir} (AppConfig.tenants_file)")
+    else:
+        if src["secret"].get("secretName") not in secret_names:
+            errors.append(f"{where}: volume {m.get('name')} refers to Secret {src['secret'].get('secretName')!r}, not rendered")
+        items = src["secret"].get("items")
+        if items and not any(i.get("path") == tenants_key for i in items):
+            errors.append(f"{where}: the tenants Secret volume does not project {tenants_key}")
+    if not models:
+        return errors
+    env = {e.get("name"): e.get("value") for e in c.get("env") or []}
+    if env.get("SPECDEC_CACHE") != MODEL_CACHE_DIR:
+        errors.append(f"{where}: env SPECDEC_CACHE must be {MODEL_CACHE_DIR}")
+    m = mount_of(c, MODEL_CACHE_DIR)
+    src = vols.get(m.get("name")) if m else None
+    if not m or not src or "persistentVolumeClaim" not in src:
+        errors.append(f"{where}: the model cache PVC must be mounted at {MODEL_CACHE_DIR}")
+    elif src["persistentVolumeClaim"].get("claimName") not in pvc_names:
+        errors.append(f"{where}: claim {src['persistentVolumeClaim'].get('claimName')!r} is not rendered")
+    roles = _demo_roles(cfg)
+    if roles:
+        inits = pod.get("initContainers") or []
+        words = [str(w) for i in inits for w in (i.get("command") or []) + (i.get("args") or [])]
+        text = " ".join(words)
+        init_env_ok = any({e.get("name"): e.get("value") for e in i.get("env") or []}.get("SPECDEC_CACHE") == MODEL_CACHE_DIR
+                          and mount_of(i, MODEL_CACHE_DIR) for i in inits)
+        if "specdec prefetch" not in text or not all(r in words for r in roles) or not init_env_ok:
+            errors.append(f"{where}: an init container must assemble the demo models {sorted(roles)} into {MODEL_CACHE_DIR}")
+    return errors
+
+
+def _check_capacity(cfg, groups: dict[str, dict]) -> list[str]:
+    """GPU/CPU counts of the worker groups against the AppConfig."""
+    errors = []
+    cont = {name: _ray_container(g.get("template") or {}) for name, g in groups.items()}
+    gpu = {name: _limit(c, GPU) for name, c in cont.items()}
+    cpu = {name: _limit(c, "cpu") for name, c in cont.items()}
+    pg_cpu = sum(b["CPU"] for b in cfg.target_bundles())
+    tp_gpus = cfg.target_tp * cfg.target_gpus_per_worker
+    if tp_gpus:
+        if "target" not in groups:
+            errors.append("the AppConfig's target uses GPUs: a worker group named 'target' is needed")
+        else:
+            if gpu["target"] != math.ceil(tp_gpus):
+                errors.append(f"workerGroup target: {GPU} limit {gpu['target']:g} != target_tp x target_gpus_per_worker "
+                              f"= {cfg.target_tp} x {cfg.target_gpus_per_worker:g}")
+            if cpu["target"] < pg_cpu:
+                errors.append(f"workerGroup target: cpu limit {cpu['target']:g} < the placement group's {pg_cpu:g} CPUs (STRICT_PACK)")
+            if groups["target"].get("maxReplicas", 0) < cfg.target.max_replicas:
+                errors.append(f"workerGroup target: maxReplicas < the Target deployment's max_replicas {cfg.target.max_replicas}")
+    if cfg.draft_num_gpus:
+        if "draft" not in groups:
+            errors.append("the AppConfig's draft uses a GPU: a worker group named 'draft' is needed")
+        else:
+            if gpu["draft"] < max(cfg.draft_num_gpus, 1):
+                errors.append(f"workerGroup draft: {GPU} limit {gpu['draft']:g} < draft_num_gpus {cfg.draft_num_gpus:g}")
+            if cpu["draft"] < cfg.draft_num_cpus:
+                errors.append(f"workerGroup draft: cpu limit {cpu['draft']:g} < draft_num_cpus {cfg.draft_num_cpus:g}")
+            per_pod = min(math.floor(gpu["draft"] / cfg.draft_num_gpus + 1e-9), math.floor(cpu["draft"] / cfg.draft_num_cpus + 1e-9))
+            if groups["draft"].get("maxReplicas", 0) * per_pod < cfg.draft.max_replicas:
+                errors.append("workerGroup draft: maxReplicas x drafts per pod < the Draft deployment's max_replicas")
+    if not tp_gpus and not cfg.draft_num_gpus and any(gpu.values()):
+        errors.append(f"the AppConfig uses no GPU but worker groups {sorted(n for n, v in gpu.items() if v)} request {GPU}")
+    # Some pod must hold a whole target placement group; the whole cluster at maxReplicas must hold
+    # every deployment at max_replicas.
+    fits = [n for n in groups if cpu[n] >= pg_cpu and gpu[n] >= math.ceil(tp_gpus)]
+    if not fits:
+        errors.append(f"no worker group can hold the target's placement group ({pg_cpu:g} CPU, {tp_gpus:g} GPU, STRICT_PACK)")
+    need_cpu = (cfg.target.max_replicas * pg_cpu + cfg.router.max_replicas * cfg.router_num_cpus
+                + cfg.draft.max_replicas * cfg.draft_num_cpus)
+    need_gpu = cfg.target.max_replicas * tp_gpus + cfg.draft.max_replicas * cfg.draft_num_gpus
+    have_cpu = sum(groups[n].get("maxReplicas", 0) * cpu[n] for n in groups)
+    have_gpu = sum(groups[n].get("maxReplicas", 0) * gpu[n] for n in groups)
+    if have_cpu < need_cpu or have_gpu < need_gpu:
+        errors.append(f"worker groups at maxReplicas give {have_cpu:g} CPU / {have_gpu:g} GPU < the "
+                      f"{need_cpu:g} CPU / {need_gpu:g} GPU of every deployment at max_replicas")
+    errors += _check_pinning(cfg, groups)
+    return errors
+
+
+def group_custom_resources(group: dict) -> dict[str, float]:
+    """The custom Ray resources a worker group advertises (``rayStartParams.resources``, the
+    shell-quoted JSON KubeRay passes to ``ray start --resources``)."""
+    raw = (group.get("rayStartParams") or {}).get("resources")
+    if not raw:
+        return {}
+    text = raw.strip()
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        text = text[1:-1].replace('\\"', '"')
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {"<unparseable>": 0.0}
+    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {"<unparseable>": 0.0}
+
+
+def _check_pinning(cfg, groups: dict[str, dict]) -> list[str]:
+    """Each deployment's custom resources are advertised by the worker group meant for it: the
+    Target's by the group that holds its GPUs, the Draft's and Router's by another one."""
+    errors = []
+    adv = {name: group_custom_resources(g) for name, g in groups.items()}
+    for name, res in adv.items():
+        if "<unparseable>" in res:
+            errors.append(f"workerGroup {name}: rayStartParams.resources is not the quoted JSON KubeRay expects")
+    wants = {"Router": cfg.router_resources, "Draft": cfg.draft_resources, "Target": cfg.target_resources}
+    homes: dict[str, set[str]] = {}
+    for dep, res in wants.items():
+        for key, amount in res.items():
+            have = [n for n, r in adv.items() if r.get(key, 0.0) >= amount]
+            if not have:
+                errors.append(f"{dep} needs custom resource {key!r} that no worker group advertises: it would never be placed")
+            homes[dep] = homes.get(dep, set()) | set(have)
+    tp_gpus = cfg.target_tp * cfg.target_gpus_per_worker
+    if tp_gpus and "target" in groups:
+        if cfg.draft_num_gpus and not cfg.draft_resources:
+            errors.append("the Draft uses a GPU slice but is not pinned to its pool (draft_resources): "
+                          "it may land on a target pod and break the Target's STRICT_PACK GPU placement")
+        for dep in ("Router", "Draft"):
+            if "target" in homes.get(dep, set()):
+                errors.append(f"{dep} is pinned to a resource the target group advertises")
+        if "Target" in homes and homes["Target"] != {"target"}:
+            errors.append(f"Target is pinned to groups {sorted(homes['Target'])}, not only 'target'")
+    return errors
+
+
+def _strings(node: Any) -> Iterable[str]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield str(k)
+            yield from _strings(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _strings(v)
+    elif isinstance(node, str):
+        yield node
+
+
+def _check_tenants_secret(docs: list[dict], tenants_key: str) -> list[str]:
+    from specdec.control.tenants import TenantConfigError, parse_tenants_config
+
+    errors = []
+    secrets = [d for d in docs if d.get("kind") == "Secret" and d["metadata"]["name"].startswith("specdec-tenants")]
+    if len(secrets) != 1:
+        return [f"expected one specdec-tenants Secret, got {len(secrets)}"]
+    s = secrets[0]
+    files = {k: base64.b64decode(v).decode("utf-8", "replace") for k, v in (s.get("data") or {}).items()}
+    files.update(s.get("stringData") or {})
+    if tenants_key not in files:
+        return [f"Secret {s['metadata']['name']} has no key {tenants_key!r}"]
+    for key, text in files.items():
+        if PLAINTEXT_KEY.search(text):
+            errors.append(f"Secret {s['metadata']['name']}/{key} holds something shaped like a plaintext API key")
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            errors.append(f"Secret {s['metadata']['name']}/{key} is not YAML: {e}")
+            continue
+        if isinstance(data, dict) and any(re.fullmatch(r"api_?keys?", k, re.I) for k in _strings(data)):
+            errors.append(f"Secret {s['metadata']['name']}/{key} has an api_key field: store sha256 hashes only")
+    try:
+        parse_tenants_config(files[tenants_key], source=f"Secret {s['metadata']['name']}/{tenants_key}")
+    except (TenantConfigError, ValueError) as e:
+        errors.append(str(e))
+    for d in docs:  # a key must not hide anywhere else either (ConfigMaps, env, args, ...)
+        if d is not s and any(PLAINTEXT_KEY.search(t) for t in _strings(d)):
+            errors.append(f"{d.get('kind')} {d['metadata'].get('name')} holds something shaped like a plaintext API key")
+    return errors
+
+
+def _check_selectors(spec: dict, docs: list[dict], pods: list[tuple[str, dict]]) -> list[str]:
+    errors = []
+    svc = spec.get("serveService")
+    if not svc:
+        errors.append("spec.serveService (the Service exposing gRPC) is missing")
+    else:
+        ports = {p.get("name"): p for p in (svc.get("spec") or {}).get("ports") or []}
+        if (ports.get("serve") or {}).get("port") != 8000:
+            errors.append("spec.serveService must expose port 'serve' 8000")
+        if set(ports) - {"serve"}:
+            errors.append(f"spec.serveService ports {sorted(set(ports) - {'serve'})} are dropped by KubeRay "
+                          "before kuberay#4558 (only 'serve' is kept): expose them with a Service of your own")
+    services = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "Service"}
+    workers = [(n, labels) for n, labels in pods if labels.get("ray.io/node-type") == "worker"]
+    grpc_svcs = [s for s in services.values()
+                 if any(p.get("name") == "serve-grpc" for p in s["spec"].get("ports") or [])]
+    if not grpc_svcs:
+        errors.append("no Service exposes the gRPC port 'serve-grpc' 9000")
+    for g in grpc_svcs:
+        port = next(p for p in g["spec"]["ports"] if p.get("name") == "serve-grpc")
+        if port.get("port") != 9000 or port.get("targetPort") not in (9000, "serve-grpc"):
+            errors.append(f"Service {g['metadata']['name']}: 'serve-grpc' must be port 9000 to the serve-grpc container port")
+        sel = g["spec"].get("selector") or {}
+        missed = [n for n, labels in workers if not _matches(sel, labels)]
+        if not sel or missed or any(_matches(sel, labels) for n, labels in pods if (n, labels) not in workers):
+            errors.append(f"Service {g['metadata']['name']} must select every worker pod (and no head): missed {missed}")
+    metrics = [d for d in services.values() if any(p.get("name") == "metrics" for p in d["spec"].get("ports") or [])]
+    if not metrics:
+        errors.append("no Service exposes the metrics port")
+    for m in metrics:
+        sel = m["spec"].get("selector") or {}
+        missed = [n for n, labels in pods if not _matches(sel, labels)]
+        if not sel or missed:
+            errors.append(f"Service {m['metadata']['name']} does not select the pods of {missed or 'any group'}")
+        if (next(p for p in m["spec"]["ports"] if p.get("name") == "metrics")).get("port") != 8080:
+            errors.append(f"Service {m['metadata']['name']}: metrics port must be 8080")
+    for sm in (d for d in docs if d.get("kind") == "ServiceMonitor"):
+        sel = ((sm.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        targets = [s for s in services.values() if _matches(sel, s["metadata"].get("labels") or {})]
+        if not sel or not targets:
+            errors.append(f"ServiceMonitor {sm['metadata']['name']} selects no rendered Service")
+        for ep in (sm.get("spec") or {}).get("endpoints") or []:
+            if not any(p.get("name") == ep.get("port") for s in targets for p in s["spec"].get("ports") or []):
+                errors.append(f"ServiceMonitor {sm['metadata']['name']}: endpoint port {ep.get('port')!r} not on its Services")
+    for pdb in (d for d in docs if d.get("kind") == "PodDisruptionBudget"):
+        sel = ((pdb.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        if not sel or not any(_matches(sel, labels) for _, labels in pods):
+            errors.append(f"PodDisruptionBudget {pdb['metadata']['name']} selects no Ray pod")
+    for _, labels in pods:
+        if labels.get("app.kubernetes.io/name") == "kuberay":
+            errors.append("pod label app.kubernetes.io/name is overwritten by KubeRay; select on part-of")
+    return errors
