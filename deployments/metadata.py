@@ -1,7 +1,7 @@
 """Request metadata keys of the serving layer, shared by the gRPC and HTTP ingress and the client.
 
 The HTTP API maps its headers onto these gRPC metadata keys
-(:func:`deployments.openai_api.metadata_from_headers`). No Ray or gRPC import here: the client
+(:func:`deployments.openai_requests.metadata_from_headers`). No Ray or gRPC import here: the client
 library uses them too.
 """
 

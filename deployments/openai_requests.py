@@ -1,0 +1,267 @@
+"""OpenAI request bodies -> the core request dict: the request half of the HTTP API
+(:mod:`deployments.openai_api` serves it; :mod:`deployments.openai_responses` shapes the answers).
+
+One code path behind both APIs: the HTTP API only *translates*. :func:`translate` turns an
+OpenAI body into the plain request dict that :func:`specdec.request.parse_request` validates
+(the same dict the gRPC API builds from its proto with ``convert.request_to_dict``), and
+:meth:`deployments.router.Router.generate_stream` runs it: validation, tokenizing, tenancy
+(the API key comes as ``Authorization: Bearer <key>``), K, the draft replica's stream. A bad
+value of a field both APIs have is refused by the core with the same message on both.
+Only what gRPC has no field for is checked here (``model``, ``n``, ``stream``, the shapes of
+``prompt``, ``messages``, ``stop`` and ``logprobs``), with :class:`InvalidRequestError`.
+
+Field mapping (OpenAI -> core request): ``prompt`` (string, or a list of token ids) ->
+``prompt`` / ``prompt_token_ids``; ``messages`` -> ``messages`` (``developer`` is ``system``;
+content parts of type ``text`` are joined); ``max_tokens`` / ``max_completion_tokens`` ->
+``max_tokens`` (completions default 16 as OpenAI's, chat the server's 128); ``temperature``
+(default 1.0, as OpenAI: send 0 for greedy), ``top_p``, ``seed`` and the non-OpenAI ``top_k``
+(``-1`` = off, as vLLM) -> ``sampling``; ``stop`` (a string or a list) -> ``stop``;
+``min_p``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` ->
+``sampling``; ``stop_token_ids``, ``ignore_eos``, ``min_tokens`` as is; ``logprobs`` (chat:
+``true`` with ``top_logprobs`` N; completions: the integer N) -> ``logprobs`` + ``top_logprobs``;
+``speculation: {proposer, max_k, draft_min_confidence}`` -> ``speculation``. ``n`` runs n independent generations (each admitted
+as one request; with a ``seed``, choice i uses ``seed + i``). ``user`` is accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from specdec.errors import InvalidRequestError, ModelNotFoundError
+
+#: Most independent generations (``n``) per request.
+MAX_N = 16
+#: Most alternatives per position in ``top_logprobs`` / completions ``logprobs``.
+MAX_TOP_LOGPROBS = 20
+#: Header of the session id (sticky routing; Serve's HTTP proxy reads the same header).
+SESSION_HEADER = "x-session-id"
+
+# Fields each endpoint takes (anything else is refused, naming the field: silently ignoring a
+# parameter would give a wrong answer). Values of the shared ones are the core's to check.
+_COMMON = {
+    "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed", "user",
+    "presence_penalty", "frequency_penalty", "logit_bias",
+    # not OpenAI's, as vLLM / SGLang take them
+    "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids", "speculation",
+}
+_FIELDS = {
+    "completions": _COMMON | {"prompt", "logprobs", "echo", "suffix", "best_of"},
+    "chat": _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+                       "response_format", "parallel_tool_calls"},
+}
+#: Body fields that go into the core request's ``sampling`` as they are.
+_SAMPLING = ("top_p", "seed", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias")
+
+
+@dataclass
+class OpenAIRequest:
+    """One translated OpenAI request.
+
+    Attributes:
+        endpoint: ``"completions"`` or ``"chat"``.
+        model: the model id the caller named.
+        data: the core request dict (:func:`specdec.request.parse_request`'s input) of choice 0.
+        n: independent generations.
+        stream: answer with server-sent events.
+        include_usage: streaming: a last chunk carries ``usage``.
+        top_logprobs: None (no logprobs), else alternatives per position (0..20).
+    """
+
+    endpoint: str
+    model: str
+    data: dict
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    top_logprobs: int | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    id: str = ""
+
+    def choice_data(self, i: int) -> dict:
+        """The core request dict of choice ``i`` (a seeded request: seed + i)."""
+        data = json.loads(json.dumps(self.data))  # a deep copy of plain JSON data
+        seed = (data.get("sampling") or {}).get("seed")
+        if i and isinstance(seed, int) and not isinstance(seed, bool):
+            data["sampling"]["seed"] = (seed + i) % 2**63
+        return data
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _token_id_list(x: Any) -> bool:
+    return isinstance(x, list) and len(x) > 0 and all(_is_int(t) for t in x)
+
+
+def _prompt(value: Any, data: dict) -> None:
+    if isinstance(value, list) and len(value) == 1 and (isinstance(value[0], str) or _token_id_list(value[0])):
+        value = value[0]  # a batch of one
+    if isinstance(value, str):
+        data["prompt"] = value
+    elif _token_id_list(value):
+        data["prompt_token_ids"] = value
+    elif isinstance(value, list) and value == []:
+        data["prompt_token_ids"] = []  # the core refuses it: "prompt_token_ids is empty"
+    elif isinstance(value, list) and len(value) > 1 and all(isinstance(v, (str, list)) for v in value):
+        raise InvalidRequestError("prompt: a batch of several prompts is not supported; send one prompt per request")
+    else:
+        raise InvalidRequestError("prompt must be a string or a list of token ids")
+
+
+def _content(i: int, content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise InvalidRequestError(f"messages.{i}.content: only text parts are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise InvalidRequestError(f"messages.{i}.content must be a string or a list of text parts")
+
+
+def _messages(value: Any) -> list[dict]:
+    if not isinstance(value, list):
+        raise InvalidRequestError("messages must be a list of messages")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, Mapping):
+            raise InvalidRequestError(f"messages.{i} must be an object with 'role' and 'content'")
+        role = m.get("role")
+        if m.get("tool_calls"):
+            raise InvalidRequestError(f"messages.{i}.tool_calls: tool calls are not supported")
+        # the core checks the role (same message as gRPC's); 'developer' is OpenAI's new 'system'
+        out.append({"role": "system" if role == "developer" else role, "content": _content(i, m.get("content"))})
+    return out
+
+
+def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIRequest:
+    """An OpenAI request body -> :class:`OpenAIRequest` (the core dict, n, stream, logprobs).
+
+    Args:
+        body: the parsed JSON body.
+        endpoint: ``"completions"`` or ``"chat"``.
+        model_ids: the model ids this server answers to.
+
+    Raises:
+        InvalidRequestError: a field gRPC does not have is malformed, an unknown or unsupported
+            field (HTTP 400).
+        ModelNotFoundError: ``model`` is not served (HTTP 404).
+    """
+    if not isinstance(body, Mapping):
+        raise InvalidRequestError("the request body must be a JSON object")
+    body = {k: v for k, v in body.items() if v is not None}  # JSON null = not set
+    unknown = sorted(set(body) - _FIELDS[endpoint])
+    if unknown:
+        raise InvalidRequestError(f"unsupported field(s): {', '.join(unknown)}")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequestError("model is required: one of " + ", ".join(repr(m) for m in model_ids))
+    if model not in model_ids:
+        raise ModelNotFoundError(f"the model '{model}' does not exist; this server serves "
+                                 + ", ".join(repr(m) for m in model_ids))
+    n = body.get("n", 1)
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise InvalidRequestError(f"n must be a whole number in 1..{MAX_N}, got {n!r}")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequestError(f"stream must be true or false, got {stream!r}")
+    include_usage = False
+    if "stream_options" in body:
+        opts = body["stream_options"]
+        if not stream:
+            raise InvalidRequestError("stream_options is only allowed with stream: true")
+        if not isinstance(opts, Mapping) or set(opts) - {"include_usage"} or not isinstance(
+                opts.get("include_usage", False), bool):
+            raise InvalidRequestError("stream_options must be {\"include_usage\": true|false}")
+        include_usage = bool(opts.get("include_usage", False))
+
+    data: dict = {}
+    if endpoint == "completions":
+        if "prompt" not in body:
+            raise InvalidRequestError("prompt is required")
+        _prompt(body["prompt"], data)
+        if body.get("echo"):
+            raise InvalidRequestError("echo is not supported")
+        if body.get("suffix"):
+            raise InvalidRequestError("suffix is not supported")
+        best_of = body.get("best_of", n)
+        if best_of != n:
+            raise InvalidRequestError("best_of other than n is not supported")
+        top = body.get("logprobs")
+        if top is not None and (not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS):
+            raise InvalidRequestError(f"logprobs must be a whole number in 0..{MAX_TOP_LOGPROBS}, got {top!r}")
+        data["max_tokens"] = body.get("max_tokens", 16)  # OpenAI's default for completions
+    else:
+        if "messages" not in body:
+            raise InvalidRequestError("messages is required")
+        data["messages"] = _messages(body["messages"])
+        for name in ("tools", "tool_choice"):
+            if body.get(name) not in (None, [], "none"):
+                raise InvalidRequestError(f"{name}: tool calls are not supported")
+        fmt = body.get("response_format")
+        if fmt is not None and fmt != {"type": "text"}:
+            raise InvalidRequestError("response_format: only {\"type\": \"text\"} is supported")
+        if "max_tokens" in body and "max_completion_tokens" in body and body["max_tokens"] != body["max_completion_tokens"]:
+            raise InvalidRequestError("give max_tokens or max_completion_tokens, not two different values")
+        if "max_completion_tokens" in body:
+            data["max_tokens"] = body["max_completion_tokens"]
+        elif "max_tokens" in body:
+            data["max_tokens"] = body["max_tokens"]
+        want = body.get("logprobs", False)
+        if not isinstance(want, bool):
+            raise InvalidRequestError(f"logprobs must be true or false, got {want!r}")
+        top = body.get("top_logprobs")
+        if top is not None:
+            if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+                raise InvalidRequestError(f"top_logprobs must be a whole number in 0..{MAX_TOP_LOGPROBS}, got {top!r}")
+            if not want:
+                raise InvalidRequestError("top_logprobs needs logprobs: true")
+        top = (top or 0) if want else None
+
+    sampling: dict = {"temperature": body.get("temperature", 1.0)}  # OpenAI's default
+    for name in _SAMPLING:
+        if name in body:
+            sampling[name] = body[name]
+    if "top_k" in body:
+        sampling["top_k"] = 0 if body["top_k"] == -1 else body["top_k"]
+    data["sampling"] = sampling
+    if "stop" in body:
+        stop = body["stop"]
+        data["stop"] = [stop] if isinstance(stop, str) else stop
+    for name in ("stop_token_ids", "ignore_eos", "min_tokens"):
+        if name in body:
+            data[name] = body[name]
+    if top is not None:
+        data["logprobs"] = True
+        if top:
+            data["top_logprobs"] = top
+    if "speculation" in body:
+        spec = body["speculation"]
+        if not isinstance(spec, Mapping):
+            raise InvalidRequestError("speculation must be an object {proposer, max_k, draft_min_confidence}")
+        data["speculation"] = {("k" if k == "max_k" else k): v for k, v in spec.items() if v is not None}
+    kind = "cmpl" if endpoint == "completions" else "chatcmpl"
+    return OpenAIRequest(endpoint=endpoint, model=model, data=data, n=n, stream=stream,
+                         include_usage=include_usage, top_logprobs=top, id=f"{kind}-{uuid.uuid4().hex}")
+
+
+def metadata_from_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The router's metadata from HTTP headers: ``authorization``, ``x-session-id`` as
+    ``session_id``, ``specdec-timeout-s``."""
+    from deployments.metadata import SESSION_KEY, TIMEOUT_KEY
+
+    out: dict[str, str] = {}
+    for src, dst in (("authorization", "authorization"), (SESSION_HEADER, SESSION_KEY), (TIMEOUT_KEY, TIMEOUT_KEY)):
+        v = headers.get(src)
+        if v is not None:
+            out[dst] = v
+    return out
