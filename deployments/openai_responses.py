@@ -192,6 +192,17 @@ def chat_logprobs(ids: Sequence[int], logprobs: Sequence[float], text: TokenText
     return {"content": content}
 
 
+def _logprobs(req: OpenAIRequest, ids: Sequence[int], logprobs: Sequence[float], text: TokenText,
+              top: Sequence[pb.TopLogprobs], offset: int = 0) -> dict | None:
+    """A choice's ``logprobs`` in the shape of ``req``'s endpoint; None when not asked for.
+    ``offset``: completions' ``text_offset`` of the first token (characters before it)."""
+    if req.top_logprobs is None:
+        return None
+    if req.endpoint == "completions":
+        return completion_logprobs(ids, logprobs, text, offset, top)
+    return chat_logprobs(ids, logprobs, text, top)
+
+
 def usage_dict(finals: Sequence[pb.GenerateResponse | pb.GenerateStreamChunk]) -> dict:
     prompt = int(finals[0].usage.prompt_tokens) if finals else 0
     completion = sum(int(f.usage.completion_tokens) for f in finals)
@@ -204,10 +215,7 @@ def unary_response(req: OpenAIRequest, results: Sequence[pb.GenerateResponse], t
     for i, r in enumerate(results):
         reason, detail = _FINISH.get(r.finish_reason, ("stop", "unknown"))
         choice: dict = {"index": i}
-        lp = None
-        if req.top_logprobs is not None:
-            lp = (completion_logprobs(r.token_ids, r.logprobs, text, top=r.top_logprobs) if req.endpoint == "completions"
-                  else chat_logprobs(r.token_ids, r.logprobs, text, top=r.top_logprobs))
+        lp = _logprobs(req, r.token_ids, r.logprobs, text, r.top_logprobs)
         if req.endpoint == "completions":
             choice["text"] = r.text
         else:
@@ -216,35 +224,26 @@ def unary_response(req: OpenAIRequest, results: Sequence[pb.GenerateResponse], t
                        "token_ids": list(r.token_ids), "speculation_stats": stats_dict(r.stats, r.elapsed_s)})
         choices.append(choice)
     return {
-        "id": req.id,
-        "object": "text_completion" if req.endpoint == "completions" else "chat.completion",
-        "created": req.created,
-        "model": req.model,
-        "choices": choices,
+        **_envelope(req, "text_completion" if req.endpoint == "completions" else "chat.completion", choices),
         "usage": usage_dict(results),
         "speculation_stats": pooled_stats([r.stats for r in results]),
     }
 
 
+def _envelope(req: OpenAIRequest, obj: str, choices: list) -> dict:
+    return {"id": req.id, "object": obj, "created": req.created, "model": req.model, "choices": choices}
+
+
 def chunk_envelope(req: OpenAIRequest, choices: list) -> dict:
     """A streamed chunk of ``req`` around ``choices`` (id, object, created, model)."""
-    return {
-        "id": req.id,
-        "object": "text_completion" if req.endpoint == "completions" else "chat.completion.chunk",
-        "created": req.created,
-        "model": req.model,
-        "choices": choices,
-    }
+    return _envelope(req, "text_completion" if req.endpoint == "completions" else "chat.completion.chunk", choices)
 
 
 def stream_chunk(req: OpenAIRequest, index: int, chunk: pb.GenerateStreamChunk, text: TokenText,
                  offset: int, first: bool) -> dict:
     """One SSE chunk of choice ``index`` from one relayed stream chunk."""
     last = chunk.finish_reason != pb.FINISH_REASON_UNSPECIFIED
-    lp = None
-    if req.top_logprobs is not None:
-        lp = (completion_logprobs(chunk.token_ids, chunk.logprobs, text, offset, chunk.top_logprobs)
-              if req.endpoint == "completions" else chat_logprobs(chunk.token_ids, chunk.logprobs, text, chunk.top_logprobs))
+    lp = _logprobs(req, chunk.token_ids, chunk.logprobs, text, chunk.top_logprobs, offset)
     choice: dict = {"index": index}
     if req.endpoint == "completions":
         choice["text"] = chunk.text
