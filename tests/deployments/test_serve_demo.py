@@ -9,23 +9,17 @@ besides the served shards.
 from __future__ import annotations
 
 import gc
-import socket
 
 import pytest
 
 from tests.conftest import target_greedy
+from tests.deployments.serving import free_port
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.serve, pytest.mark.demo]
 
 MESSAGES = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
 NEW_TOKENS = 16
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def test_served_demo_pair_equals_target_alone(demo_pair_folders):
@@ -46,8 +40,8 @@ def test_served_demo_pair_equals_target_alone(demo_pair_folders):
     del target
     gc.collect()
 
-    cfg = AppConfig.model_validate({**PRESETS["local-cpu.yaml"].model_dump(), "grpc_port": _free_port(),
-                                    "http_port": _free_port()})
+    cfg = AppConfig.model_validate({**PRESETS["local-cpu.yaml"].model_dump(), "grpc_port": free_port(),
+                                    "http_port": free_port()})
     assert cfg.target_tp == 2 and cfg.target_model == "demo:target" and cfg.draft_model == "demo:draft"
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:

@@ -7,34 +7,33 @@ through the real gRPC port; the error codes come from real bad requests.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import pytest
 
 from deployments import convert
 from deployments.client import SpecDecClient, SpecDecError as ClientError
-from deployments.config import HEALTH_SERVICER, SPECDEC_SERVICER, AppConfig
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
 from protos.specdec.v1 import specdec_pb2_grpc as pb_grpc
 from specdec.request import SamplingParams
-from specdec.testing.tiny import build_tiny_model
 from specdec.types import DraftBlock
 from tests.conftest import load_tiny, target_greedy
+from tests.deployments.serving import (
+    APP,
+    KEYS,
+    MD,
+    deployment_handle,
+    serve_tiny_app,
+    sessions,
+    wait_no_sessions,
+    wait_running,
+)
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.serve
-
-APP = "specdec"
-#: API keys of the test tenants (the tenants file holds only their sha256 hashes).
-KEYS = {"alpha": "sk-test-alpha-0001", "beta": "sk-test-beta-0002", "small": "sk-test-small-0003",
-        "lookup": "sk-test-lookup-0004"}
-#: Requests run as tenant alpha (fixed K = the request's own K, so tests control speculation).
-MD = (("application", APP), ("authorization", f"Bearer {KEYS['alpha']}"))
 
 
 def _md(tenant: str | None) -> tuple:
@@ -42,82 +41,17 @@ def _md(tenant: str | None) -> tuple:
     return (("application", APP),) + auth
 
 
-def _write_tenants(path) -> str:
-    import yaml
-
-    from specdec.control.tenants import hash_api_key
-
-    any_proposer = {"allowed_proposers": ["draft", "ngram", "none"], "k_min": 0, "k_max": 8}
-    tenants = [
-        {"id": "alpha", "api_key_hashes": [hash_api_key(KEYS["alpha"])],
-         "limits": {"max_concurrent_requests": 16, "max_tokens": 1024, "max_prompt_tokens": 4096},
-         "speculation": {**any_proposer, "adaptive": False, "fixed_k": 8}},
-        {"id": "beta", "api_key_hashes": [hash_api_key(KEYS["beta"])],
-         "limits": {"max_concurrent_requests": 4, "max_tokens": 256, "max_prompt_tokens": 256},
-         "speculation": {**any_proposer, "adaptive": True}},
-        {"id": "small", "api_key_hashes": [hash_api_key(KEYS["small"])],
-         "limits": {"max_concurrent_requests": 1, "tokens_per_minute": 40, "max_tokens": 8, "max_prompt_tokens": 64},
-         "speculation": {"allowed_proposers": ["ngram"], "k_min": 0, "k_max": 2, "adaptive": False}},
-        {"id": "lookup", "api_key_hashes": [hash_api_key(KEYS["lookup"])],
-         "speculation": {"allowed_proposers": ["ngram"], "k_min": 0, "k_max": 4}},
-    ]
-    path.write_text(yaml.safe_dump({"tenants": tenants}))
-    return str(path)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("serve")
-    target = build_tiny_model(root / "target", seed=0)
-    draft = build_tiny_model(root / "draft", seed=1, base=load_tiny(target).model, noise=0.03)
-    return str(target), str(draft)
-
-
 @pytest.fixture(scope="module")
 def target_alone(models):
     return load_tiny(models[0])
-
-
-def _wait_running(serve, app: str, timeout_s: float = 120) -> None:
-    from ray.serve.schema import ApplicationStatus
-
-    end = time.time() + timeout_s
-    while time.time() < end:
-        status = serve.status().applications.get(app)
-        if status is not None and status.status == ApplicationStatus.RUNNING:
-            return
-        if status is not None and status.status == ApplicationStatus.DEPLOY_FAILED:
-            raise RuntimeError(f"deploy failed: {status.message}")
-        time.sleep(0.2)
-    raise TimeoutError(f"application {app} not RUNNING after {timeout_s} s")
 
 
 @pytest.fixture(scope="module")
 def served(models):
     """(cfg, channel, observed_while_loading): the app deployed without blocking, then ready."""
     from ray import serve
-    from ray.serve.api import _run
-    from ray.serve.config import HTTPOptions, gRPCOptions
 
-    from deployments.app import build_app
-
-    target, draft = models
-    tenants = _write_tenants(Path(target).parent / "tenants.yaml")
-    cfg = AppConfig(target_model=target, draft_model=draft, target_tp=2, grpc_port=_free_port(),
-                    http_port=_free_port(), cpu_threads=1, ready_timeout_s=1.0, tenants_file=tenants)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(
-            http_options=HTTPOptions(port=cfg.http_port),
-            grpc_options=gRPCOptions(port=cfg.grpc_port, grpc_servicer_functions=[SPECDEC_SERVICER, HEALTH_SERVICER]),
-        )
-        _run(build_app(cfg), _blocking=False, name=APP, route_prefix=f"/{APP}")
+    with serve_tiny_app(models, target_tp=2) as cfg:
         channel = grpc.insecure_channel(f"localhost:{cfg.grpc_port}")
         stub = pb_grpc.SpecDecStub(channel)
         observed: list[tuple[grpc.StatusCode, str]] = []
@@ -129,38 +63,14 @@ def served(models):
             except grpc.RpcError as e:
                 observed.append((e.code(), e.details() or ""))
                 time.sleep(0.3)
-        _wait_running(serve, APP)
+        wait_running(serve, APP)
         yield cfg, channel, observed
         channel.close()
-    finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
 
 
 def _client(served) -> SpecDecClient:
     cfg, _, _ = served
     return SpecDecClient(f"localhost:{cfg.grpc_port}", application=APP, api_key=KEYS["alpha"])
-
-
-def _handle(name: str):
-    from ray import serve
-
-    return serve.get_deployment_handle(name, app_name=APP)
-
-
-def _sessions() -> tuple[list[str], list[str]]:
-    return _handle("Draft").Sessions.remote().result(timeout_s=30), _handle("Target").Sessions.remote().result(timeout_s=30)
-
-
-def _wait_no_sessions(timeout_s: float = 20) -> tuple[list[str], list[str]]:
-    end = time.time() + timeout_s
-    while True:
-        d, t = _sessions()
-        if (not d and not t) or time.time() > end:
-            return d, t
-        time.sleep(0.1)
 
 
 # --- readiness -------------------------------------------------------------------------------
@@ -314,7 +224,7 @@ def test_deadline_exceeded_and_caches_freed(served, where):
         list(stub.GenerateStream(pb.GenerateRequest(**LONG), **kwargs))
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, info.value.details()
     assert time.time() - t0 < 10
-    assert _wait_no_sessions() == ([], [])
+    assert wait_no_sessions() == ([], [])
 
 
 @pytest.mark.parametrize("raw", ["nan", "inf", "1e400", "soon"])
@@ -333,22 +243,22 @@ def test_client_library_maps_deadline(served):
         client.generate(prompt="def add(a, b):", max_tokens=220, ignore_eos=True, proposer="none", timeout=0.3)
     assert info.value.code == "DEADLINE_EXCEEDED"
     client.close()
-    assert _wait_no_sessions() == ([], [])
+    assert wait_no_sessions() == ([], [])
 
 
 def test_cancelled_stream_stops_and_frees_both_caches(served):
     _, channel, _ = served
-    assert _wait_no_sessions() == ([], [])  # nothing left over from earlier tests
+    assert wait_no_sessions() == ([], [])  # nothing left over from earlier tests
     call = pb_grpc.SpecDecStub(channel).GenerateStream(pb.GenerateRequest(**LONG), metadata=MD, timeout=60)
     first = next(call)
     assert first.token_ids
-    draft_sessions, target_sessions = _sessions()
+    draft_sessions, target_sessions = sessions()
     assert len(draft_sessions) == 1 and draft_sessions == target_sessions  # held while streaming
     call.cancel()
     with pytest.raises(grpc.RpcError) as info:
         list(call)
     assert info.value.code() == grpc.StatusCode.CANCELLED
-    assert _wait_no_sessions() == ([], [])
+    assert wait_no_sessions() == ([], [])
 
 
 def _call(channel, req, tenant, streaming=False):
@@ -483,7 +393,7 @@ def test_killed_draft_replica_does_not_fail_its_stream(served, sampling):
     if sampling is not None:
         req.sampling.CopyFrom(sampling)
     expected = stub.Generate(req, metadata=MD, timeout=120)  # uninterrupted
-    resumes_before = _handle("Router").Debug.remote().result(timeout_s=30)["resumes"]
+    resumes_before = deployment_handle("Router").Debug.remote().result(timeout_s=30)["resumes"]
     name, actor = _replica("Draft")
     chunks = []
     call = stub.GenerateStream(req, metadata=MD + (("session_id", "kill-me"),), timeout=180)
@@ -492,9 +402,9 @@ def test_killed_draft_replica_does_not_fail_its_stream(served, sampling):
     chunks.extend(call)
     got = convert.join_chunks(chunks)
     assert (got.text, list(got.token_ids), got.finish_reason) == (expected.text, list(expected.token_ids), expected.finish_reason)
-    assert _handle("Router").Debug.remote().result(timeout_s=30)["resumes"] > resumes_before
+    assert deployment_handle("Router").Debug.remote().result(timeout_s=30)["resumes"] > resumes_before
     assert _replica("Draft")[0] != name  # Serve replaced the replica
-    assert _wait_no_sessions() == ([], [])
+    assert wait_no_sessions() == ([], [])
 
 
 def test_killed_target_replica_is_rebuilt_from_the_token_history(served):
@@ -511,7 +421,7 @@ def test_killed_target_replica_is_rebuilt_from_the_token_history(served):
     got = convert.join_chunks(chunks)
     assert (got.text, list(got.token_ids)) == (expected.text, list(expected.token_ids))
     assert _replica("Target")[0] != name
-    assert _wait_no_sessions() == ([], [])
+    assert wait_no_sessions() == ([], [])
 
 
 # --- plumbing ----------------------------------------------------------------------------------
@@ -538,7 +448,7 @@ def test_reflection_lists_the_service(served):
 def test_target_deployment_verifies_serialized_blocks(served):
     import torch
 
-    handle = _handle("Target").options(session_id="s-handle")
+    handle = deployment_handle("Target").options(session_id="s-handle")
     open_msg = convert.session_open_to_proto([1, 5, 9, 33], SamplingParams(), seed=0, logprobs=False)
     block = convert.draft_block_to_proto(DraftBlock(token_ids=torch.tensor([7, 7])), "s-handle", 4, open_msg)
     reply = xpb.VerificationResult.FromString(handle.Verify.remote(block.SerializeToString()).result(timeout_s=60))
@@ -553,7 +463,7 @@ def test_concurrent_streams_are_independent(served, target_alone):
     """Concurrent requests share batched target forwards and each equals the target alone."""
     client = _client(served)
     results: dict[str, list[int]] = {}
-    before = _handle("Target").BatchStats.remote().result(timeout_s=30)
+    before = deployment_handle("Target").BatchStats.remote().result(timeout_s=30)
 
     def run(prompt):
         results[prompt] = client.generate(prompt=prompt, max_tokens=16).token_ids
@@ -567,7 +477,7 @@ def test_concurrent_streams_are_independent(served, target_alone):
         ref = target_greedy(target_alone, target_alone.tokenizer.encode(p), 16)
         assert results[p] == ref[: len(results[p])]
     client.close()
-    after = _handle("Target").BatchStats.remote().result(timeout_s=30)
+    after = deployment_handle("Target").BatchStats.remote().result(timeout_s=30)
     assert after["forwards"] > before["forwards"] and after["max_rows"] >= 2  # blocks of 2+ sessions in one forward
     stats = _client(served).tenant_stats()  # the batch shape is in GetTenantStats too
     assert stats.batch.forwards >= 1 and stats.batch.max_rows >= 2 and stats.batch.mean_positions >= stats.batch.mean_rows

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import grpc
 import httpx2
@@ -14,50 +13,23 @@ import openai
 import pytest
 
 from deployments import convert
-from deployments.config import HEALTH_SERVICER, SPECDEC_SERVICER, AppConfig
 from protos.specdec.v1 import specdec_pb2 as pb
 from protos.specdec.v1 import specdec_pb2_grpc as pb_grpc
 from tests.conftest import load_tiny, target_greedy
-from tests.deployments.test_serve_grpc import KEYS, _free_port, _wait_running, _write_tenants
+from tests.deployments.serving import APP, KEYS, MD, serve_tiny_app, sessions, wait_no_sessions, wait_running
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.serve
 
-APP = "specdec"
-MD = (("application", APP), ("authorization", f"Bearer {KEYS['alpha']}"))
 PROMPT = "def add(a, b):"
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    from specdec.testing.tiny import build_tiny_model
-
-    root = tmp_path_factory.mktemp("servehttp")
-    target = build_tiny_model(root / "target", seed=0)
-    draft = build_tiny_model(root / "draft", seed=1, base=load_tiny(target).model, noise=0.03)
-    return str(target), str(draft)
 
 
 @pytest.fixture(scope="module")
 def served(models):
     """(cfg, grpc channel, HTTP statuses seen while the models loaded)."""
     from ray import serve
-    from ray.serve.api import _run
-    from ray.serve.config import HTTPOptions, gRPCOptions
 
-    from deployments.app import build_app
-
-    target, draft = models
-    tenants = _write_tenants(Path(target).parent / "tenants.yaml")
-    cfg = AppConfig(target_model=target, draft_model=draft, target_tp=1, grpc_port=_free_port(),
-                    http_port=_free_port(), cpu_threads=1, ready_timeout_s=1.0, tenants_file=tenants)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(
-            http_options=HTTPOptions(port=cfg.http_port),
-            grpc_options=gRPCOptions(port=cfg.grpc_port, grpc_servicer_functions=[SPECDEC_SERVICER, HEALTH_SERVICER]),
-        )
-        _run(build_app(cfg), _blocking=False, name=APP, route_prefix=f"/{APP}")
+    with serve_tiny_app(models, target_tp=1) as cfg:
         observed: list[tuple[int, str]] = []
         url = f"http://localhost:{cfg.http_port}/{APP}/v1/completions"
         body = {"model": APP, "prompt": "x", "max_tokens": 1}
@@ -73,15 +45,10 @@ def served(models):
                 break
             observed.append((r.status_code, r.text))
             time.sleep(0.3)
-        _wait_running(serve, APP)
+        wait_running(serve, APP)
         channel = grpc.insecure_channel(f"localhost:{cfg.grpc_port}")
         yield cfg, channel, observed
         channel.close()
-    finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
 
 
 def _base(cfg) -> str:
@@ -92,23 +59,6 @@ def _client(served, key: str | None = KEYS["alpha"]) -> openai.OpenAI:
     cfg = served[0]
     return openai.OpenAI(api_key=key or "none", base_url=_base(cfg) + "/v1", max_retries=0, timeout=120,
                          default_headers=None if key else {"Authorization": ""})
-
-
-def _sessions() -> tuple[list[str], list[str]]:
-    from ray import serve
-
-    d = serve.get_deployment_handle("Draft", app_name=APP).Sessions.remote().result(timeout_s=30)
-    t = serve.get_deployment_handle("Target", app_name=APP).Sessions.remote().result(timeout_s=30)
-    return d, t
-
-
-def _wait_no_sessions(timeout_s: float = 20) -> tuple[list[str], list[str]]:
-    end = time.time() + timeout_s
-    while True:
-        d, t = _sessions()
-        if (not d and not t) or time.time() > end:
-            return d, t
-        time.sleep(0.1)
 
 
 def test_loading_answers_503_in_openai_shape(served):
@@ -187,7 +137,7 @@ def test_grpc_and_http_give_the_same_message_for_the_same_bad_request(served):
 
 def test_disconnect_cancels_the_generation_and_frees_both_caches(served):
     cfg = served[0]
-    assert _wait_no_sessions() == ([], [])
+    assert wait_no_sessions() == ([], [])
     body = {"model": APP, "prompt": PROMPT, "max_tokens": 220, "temperature": 0, "stream": True, "ignore_eos": True,
             "speculation": {"proposer": "none"}}
     with httpx2.Client(timeout=60) as http:
@@ -197,10 +147,10 @@ def test_disconnect_cancels_the_generation_and_frees_both_caches(served):
             lines = resp.iter_lines()
             first = next(line for line in lines if line.startswith("data: "))
             assert json.loads(first[6:])["choices"][0]["token_ids"]
-            d, t = _sessions()
+            d, t = sessions()
             assert len(d) == 1 and d == t  # held while streaming
         # leaving the block closes the connection mid-stream
-    assert _wait_no_sessions() == ([], [])
+    assert wait_no_sessions() == ([], [])
 
 
 def test_every_http_path_answers(served):
