@@ -23,6 +23,7 @@ from protos.specdec.v1 import specdec_pb2 as pb
 from specdec.engine.processors import LogitProcessing
 from specdec.request import GenerationRequest, SamplingParams, parse_request
 from specdec.types import (
+    Checkpoint,
     DraftBlock,
     FinishReason,
     GenerationChunk,
@@ -238,6 +239,40 @@ def top_logprobs_to_proto(top: Sequence[Sequence[tuple[int, float]]] | None) -> 
 def top_logprobs_from_proto(msgs) -> list[list[tuple[int, float]]]:
     """TopLogprobs messages -> per token ``[(id, logprob), ...]``."""
     return [list(zip((int(i) for i in m.ids), (float(v) for v in m.logprobs))) for m in msgs]
+
+
+def checkpoint_trailer(cp: Checkpoint) -> xpb.DraftChunkTrailer:
+    """A generation's checkpoint -> the trailer of the chunk streamed at it (its held tokens)."""
+    sent = cp.sent_ids
+    msg = xpb.DraftChunkTrailer(held_token_ids=cp.token_ids[sent:], steps=cp.steps)
+    if cp.logprobs is not None:
+        msg.held_logprobs.extend(cp.logprobs[sent:])
+    if cp.top_logprobs is not None:
+        msg.held_top_logprobs.extend(top_logprobs_to_proto(cp.top_logprobs[sent:]))
+    return msg
+
+
+def checkpoint_from_job(job: xpb.DraftJob, seed: int) -> Checkpoint | None:
+    """The resume fields of a DraftJob -> the Checkpoint to continue from (None: a fresh job).
+
+    The client holds ``resume_token_ids`` (their logprobs are placeholders: never sent again)
+    and ``resume_text_chars`` characters; ``resume_held_*`` follow them in the history.
+    """
+    sent = [int(t) for t in job.resume_token_ids]
+    held = [int(t) for t in job.resume_held_token_ids]
+    if not sent and not held and not job.resume_text_chars and not job.resume_steps:
+        return None
+    logprobs = [0.0] * len(sent) + [float(v) for v in job.resume_held_logprobs]
+    top = [[] for _ in sent] + top_logprobs_from_proto(job.resume_held_top_logprobs)
+    return Checkpoint(
+        token_ids=sent + held,
+        logprobs=logprobs if len(logprobs) == len(sent) + len(held) else None,
+        top_logprobs=top if len(top) == len(sent) + len(held) else None,
+        steps=int(job.resume_steps),
+        seed=seed,
+        sent_ids=len(sent),
+        sent_text_chars=int(job.resume_text_chars),
+    )
 
 
 def result_to_proto(result: GenerationResult) -> pb.GenerateResponse:

@@ -17,9 +17,12 @@ Rebuilding instead of failing:
   answers SESSION_MISSING / POSITION_MISMATCH and the block is resent with ``open`` built from
   the full token history;
 - this replica died mid-stream: the router resumes the generation on a (new) draft replica with
-  a ``DraftJob`` carrying what the client already received; the draft cache is rebuilt from the
-  token history. Every step's randomness is seeded from (seed, position), so the resumed
-  generation produces the same output, token for token, also under seeded sampling.
+  a ``DraftJob`` carrying what the client already received and the checkpoint this replica
+  reported with the last chunk the router got (a ``DraftChunkTrailer`` after each chunk's bytes:
+  the tokens the step committed but the chunk held back, and the step count); the draft cache is
+  rebuilt from that token history. Every step's randomness is seeded from (seed, the position
+  the step starts from), and the history ends where a step ended, so the resumed generation
+  produces the same output, token for token, also under seeded sampling.
 
 Cancellation and deadlines: a cancelled stream (the client cancelled, or the router's request
 was cancelled) stops between steps, waits for the step in flight, and frees both caches (draft
@@ -295,7 +298,7 @@ class Draft:
     # --- building one generation -------------------------------------------------------------
 
     def _start(self, job: xpb.DraftJob):
-        """Open the proposer and remote target sessions of ``job``; returns (Generation, target, skip)."""
+        """Open the proposer and remote target sessions of ``job``; returns (Generation, target)."""
         from specdec.control.controller import k_schedule
         from specdec.engine.sessions import open_generation
 
@@ -303,8 +306,11 @@ class Draft:
         prompt = list(req.prompt_token_ids or [])
         if not prompt:
             raise InvalidRequestError("the draft replica needs a tokenized prompt")
-        resumed = [int(t) for t in job.resume_token_ids]
         seed = req.sampling.seed if req.sampling.seed is not None else 0
+        resume = convert.checkpoint_from_job(job, seed)
+        probe = job.probe_steps or None  # a probe's schedule continues after the steps already run
+        if probe is not None and resume is not None:
+            probe = max(0, probe - resume.steps)
         send = self._send_factory(job.session_id)
 
         def open_target(history, sampling, seed, *, logprobs, processing, top_logprobs):
@@ -317,15 +323,9 @@ class Draft:
 
         gen = open_generation(
             req, self.info, prompt, seed=seed, draft_proposer=self.draft_proposer, open_target=open_target,
-            k=k_schedule(req.speculation.k, job.probe_steps or None), resumed=resumed,
+            k=k_schedule(req.speculation.k, probe), resume=resume,
         )
-        skip = 0
-        if resumed:
-            # open_generation re-fed what the client already has; its text may run ahead of these
-            # ids' text (held-back stop-string prefix), so drop that many more characters later.
-            baseline = gen.assembler.take_chunk()
-            skip = max(0, job.resume_text_chars - len(baseline.text if baseline else ""))
-        return gen, gen.target, skip
+        return gen, gen.target
 
     # --- the streaming method ----------------------------------------------------------------
 
@@ -344,7 +344,7 @@ class Draft:
         t0 = time.perf_counter()
         start = loop.run_in_executor(self.step_executor, self._start, job)
         try:
-            gen, target, skip = await asyncio.shield(start)
+            gen, target = await asyncio.shield(start)
         except asyncio.CancelledError:  # cancelled while opening: free what _start builds
             start.add_done_callback(_close_started)
             raise
@@ -370,9 +370,6 @@ class Draft:
                     chunk = GenerationChunk("", [], [] if gen.assembler.want_logprobs else None,
                                             gen.assembler.finish_reason)
                 text = chunk.text
-                if skip:
-                    cut = min(skip, len(text))
-                    text, skip = text[cut:], skip - cut
                 last = chunk.finish_reason is not None
                 msg = pb.GenerateStreamChunk(text=text, token_ids=chunk.token_ids, logprobs=chunk.logprobs or [],
                                              top_logprobs=convert.top_logprobs_to_proto(chunk.top_logprobs))
@@ -382,8 +379,10 @@ class Draft:
                     msg.text = text
                     set_wire_stats(msg.stats, target.wire)
                     convert.set_step_costs(msg.stats, costs.costs.as_dict())
-                if msg.text or msg.token_ids or last:
+                if last:
                     yield msg.SerializeToString()
+                elif msg.text or msg.token_ids:  # with the checkpoint of this step's end (a resume point)
+                    yield msg.SerializeToString() + convert.checkpoint_trailer(gen.checkpoint()).SerializeToString()
                 if last:
                     return
         finally:

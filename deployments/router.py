@@ -96,6 +96,47 @@ def _refuse_undecodable(request: Any) -> None:
         raise InvalidRequestError(request.describe())
 
 
+class RelayProgress:
+    """What the router holds of a generation it relays, to resume it on another draft replica.
+
+    The ids and characters the client received, and the checkpoint the draft replica reported
+    with the last chunk (``DraftChunkTrailer``: the tokens that step committed but the chunk held
+    back, and the step count). Together they end where a speculation step ended, the only place
+    a seeded sampled generation can resume from and continue as it would have (each step's
+    random streams are keyed by the position the step starts from).
+    """
+
+    def __init__(self) -> None:
+        self.sent_ids: list[int] = []
+        self.sent_chars = 0
+        self.trailer = xpb.DraftChunkTrailer()
+
+    def see(self, raw: bytes) -> pb.GenerateStreamChunk:
+        """Record one chunk's bytes from the draft replica; return the chunk for the client.
+
+        The trailer (fields unknown to GenerateStreamChunk) is read and dropped; a chunk without
+        one (the last, or from an older draft replica) leaves nothing held.
+        """
+        chunk = pb.GenerateStreamChunk.FromString(raw)
+        chunk.DiscardUnknownFields()
+        self.trailer = xpb.DraftChunkTrailer.FromString(raw)
+        self.trailer.DiscardUnknownFields()
+        self.sent_ids.extend(chunk.token_ids)
+        self.sent_chars += len(chunk.text)
+        return chunk
+
+    def fill(self, job: xpb.DraftJob) -> None:
+        """Set ``job``'s resume fields to continue after what was relayed (nothing at first)."""
+        for name in ("resume_token_ids", "resume_held_token_ids", "resume_held_logprobs", "resume_held_top_logprobs"):
+            job.ClearField(name)
+        job.resume_token_ids.extend(self.sent_ids)
+        job.resume_text_chars = self.sent_chars
+        job.resume_held_token_ids.extend(self.trailer.held_token_ids)
+        job.resume_held_logprobs.extend(self.trailer.held_logprobs)
+        job.resume_held_top_logprobs.extend(self.trailer.held_top_logprobs)
+        job.resume_steps = self.trailer.steps
+
+
 class Router:
     """Ingress of the SpecDec service.
 
@@ -323,20 +364,15 @@ class Router:
 
     async def _relay(self, job: xpb.DraftJob, routing_key: str) -> AsyncIterator[pb.GenerateStreamChunk]:
         """Stream ``job``'s chunks from the draft deployment, resuming after a replica death."""
-        sent_ids: list[int] = []
-        sent_chars = 0
+        progress = RelayProgress()
         resumes = 0
         while True:
-            del job.resume_token_ids[:]
-            job.resume_token_ids.extend(sent_ids)
-            job.resume_text_chars = sent_chars
+            progress.fill(job)
             stream = self.draft.options(session_id=routing_key, stream=True).Generate.remote(job.SerializeToString())
             finished = False
             try:
                 async for raw in stream:
-                    chunk = pb.GenerateStreamChunk.FromString(raw)
-                    sent_ids.extend(chunk.token_ids)
-                    sent_chars += len(chunk.text)
+                    chunk = progress.see(raw)
                     finished = chunk.finish_reason != pb.FINISH_REASON_UNSPECIFIED
                     yield chunk
                 if not finished:
@@ -350,7 +386,7 @@ class Router:
                 resumes += 1
                 self.resumes += 1
                 log.warning("draft replica died during %s after %d tokens (%s); resuming (%d)",
-                            job.session_id, len(sent_ids), type(e).__name__, resumes)
+                            job.session_id, len(progress.sent_ids), type(e).__name__, resumes)
                 await asyncio.sleep(0.2 * resumes)
             finally:
                 if not finished:

@@ -235,3 +235,40 @@ class GenerationResult:
             "top_logprobs": self.top_logprobs,
             "elapsed_s": self.elapsed_s,
         }
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A generation between two speculation steps: what continues it elsewhere exactly.
+
+    Every step draws its randomness from streams keyed by (seed, the committed length the step
+    starts from) (:func:`specdec.engine.sampling.step_generator`), and a sampled step's output
+    depends on where its block starts. So a generation resumed from a checkpoint, which is
+    always taken at the end of a step, continues token for token as the uninterrupted one (same
+    request, seed and K schedule); resumed from a point inside a step's emitted tokens, it
+    would start a block where the uninterrupted run never did and diverge under sampling.
+
+    Attributes:
+        token_ids: every completion token committed so far, in order (the target's committed
+            sequence is the prompt followed by these).
+        logprobs: their target log-probabilities, or None when not requested.
+        top_logprobs: per token its N most likely ``(id, logprob)`` pairs, or None.
+        steps: speculation steps run so far (a K schedule that counts steps continues from it).
+        seed: the request's seed (the draft's and the target's streams derive from it).
+        sent_ids: how many of ``token_ids`` have been streamed (the rest was held back: a
+            partial UTF-8 character or text that may become a stop string).
+        sent_text_chars: characters of text streamed so far.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    steps: int = 0
+    seed: int = 0
+    sent_ids: int = 0
+    sent_text_chars: int = 0
+
+    @property
+    def held_ids(self) -> list[int]:
+        """The committed tokens not streamed yet."""
+        return self.token_ids[self.sent_ids:]

@@ -13,6 +13,7 @@ from typing import Callable, Iterator, Protocol
 from specdec.engine.proposers.base import ProposerSession
 from specdec.engine.stopping import OutputAssembler
 from specdec.types import (
+    Checkpoint,
     DraftBlock,
     FinishReason,
     GenerationChunk,
@@ -61,6 +62,10 @@ class Generation:
         k: the largest K per step, or a callable returning it before each step (an adaptive
             controller); it is then shrunk by :func:`speculation_length`.
         clock: seconds counter (injected for tests).
+        seed: the request's seed (recorded in :meth:`checkpoint`; the sessions already hold
+            the seeds derived from it).
+        steps_done: steps run before this loop started (a resumed generation), for
+            :meth:`checkpoint` and :attr:`steps`.
     """
 
     def __init__(
@@ -73,8 +78,12 @@ class Generation:
         max_total_len: int,
         k: int | Callable[[], int],
         clock: Callable[[], float] = time.perf_counter,
+        seed: int = 0,
+        steps_done: int = 0,
     ):
         self.target = target
+        self.seed = seed
+        self.steps_done = steps_done
         self.proposer = proposer
         self.assembler = assembler
         self.prompt_len = prompt_len
@@ -89,6 +98,36 @@ class Generation:
     @property
     def finished(self) -> bool:
         return self.assembler.finished
+
+    @property
+    def steps(self) -> int:
+        """Speculation steps run so far, those before a resume included."""
+        return self.steps_done + self.stats.steps
+
+    def checkpoint(self) -> Checkpoint:
+        """Where this generation stands: always the end of a step (see :class:`Checkpoint`).
+
+        ``open_generation(..., resume=checkpoint)`` (or ``SpeculativeEngine.start``) continues
+        it, elsewhere or later, token for token as this one would have gone on.
+
+        Raises:
+            RuntimeError: the generation has finished (nothing is left to continue).
+        """
+        if self.finished:
+            raise RuntimeError("a finished generation has no checkpoint")
+        a = self.assembler
+        if self.prompt_len + len(a.token_ids) != self.target.committed_len:  # pragma: no cover - a bug
+            raise RuntimeError(f"output holds {len(a.token_ids)} tokens after a {self.prompt_len}-token prompt, "
+                               f"the target committed {self.target.committed_len}")
+        return Checkpoint(
+            token_ids=list(a.token_ids),
+            logprobs=list(a.logprobs) if a.want_logprobs else None,
+            top_logprobs=[list(t) for t in a.top_logprobs] if a.want_top else None,
+            steps=self.steps,
+            seed=self.seed,
+            sent_ids=a.sent_ids,
+            sent_text_chars=a.sent_text_chars,
+        )
 
     def _wanted_k(self) -> int:
         if self.proposer is None:

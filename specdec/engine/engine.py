@@ -16,7 +16,7 @@ from specdec.engine.verifier import TargetVerifier
 from specdec.errors import InvalidRequestError
 from specdec.models.loaded import LoadedModel
 from specdec.request import GenerationRequest
-from specdec.types import GenerationChunk, GenerationResult
+from specdec.types import Checkpoint, GenerationChunk, GenerationResult
 
 
 def encode_prompt(tokenizer, request: GenerationRequest, emittable: int) -> list[int]:
@@ -74,23 +74,35 @@ class SpeculativeEngine:
         """Prompt token ids of ``request`` (see :func:`encode_prompt`)."""
         return encode_prompt(self.target.tokenizer, request, self.target.emittable_vocab)
 
-    def start(self, request: GenerationRequest, k: int | Callable[[], int] | None = None) -> Generation:
+    def start(self, request: GenerationRequest, k: int | Callable[[], int] | None = None,
+              resume: Checkpoint | None = None) -> Generation:
         """Open the sessions of one request and return its (not yet run) :class:`Generation`.
 
         Args:
             request: the validated request.
             k: override of the largest K per step (an int or a callable asked before each step);
                 defaults to ``request.speculation.k``.
+            resume: continue an earlier run of the same request from its
+                :meth:`Generation.checkpoint` (its seed too, also for a request without one): the
+                output is token for token what that run would have produced, and the stream
+                continues after what it had streamed.
 
         Raises:
-            InvalidRequestError: the proposer is ``draft`` but no draft model is loaded; bad ids.
+            InvalidRequestError: the proposer is ``draft`` but no draft model is loaded; bad ids;
+                a checkpoint whose seed differs from the request's.
             PromptTooLongError: the prompt leaves no room for one token in the target's context.
         """
         prompt = self.encode(request)
-        seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(63)
+        seed = request.sampling.seed
+        if resume is not None:
+            if seed is not None and seed != resume.seed:
+                raise InvalidRequestError(f"the checkpoint was taken with seed {resume.seed}, the request has {seed}")
+            seed = resume.seed
+        if seed is None:
+            seed = secrets.randbits(63)
         return open_generation(
             request, self.target, prompt, seed=seed, draft_proposer=self.draft_proposer,
-            open_target=self.verifier.open_session, k=request.speculation.k if k is None else k,
+            open_target=self.verifier.open_session, k=request.speculation.k if k is None else k, resume=resume,
         )
 
     def generate(self, request: GenerationRequest) -> GenerationResult:

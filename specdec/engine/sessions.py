@@ -19,6 +19,7 @@ from specdec.engine.sampling import derive_seeds
 from specdec.engine.stopping import OutputAssembler
 from specdec.errors import InvalidRequestError, PromptTooLongError
 from specdec.request import GenerationRequest
+from specdec.types import Checkpoint
 
 
 class TargetFacts(Protocol):
@@ -48,7 +49,7 @@ def open_generation(
     draft_proposer: DraftModelProposer | None,
     open_target: OpenTarget,
     k,
-    resumed: Sequence[int] = (),
+    resume: Checkpoint | None = None,
 ) -> Generation:
     """Open the sessions of one request and return its (not yet run) :class:`Generation`.
 
@@ -56,9 +57,9 @@ def open_generation(
     ``request.speculation.k > 0``, else none (plain decoding). The request's logit processing
     (penalties, logit bias, min-p, min_tokens) is applied identically by the draft and the target
     side. Both sessions start from the
-    prompt followed by ``resumed``, and get the draft and target seeds
+    prompt followed by the checkpoint's tokens (``resume``), and get the draft and target seeds
     :func:`specdec.engine.sampling.derive_seeds` gives for ``seed``, so a generation resumed from
-    its token history continues exactly as it would have.
+    a :class:`~specdec.types.Checkpoint` (the end of a step) continues exactly as it would have.
 
     Args:
         request: the validated request.
@@ -67,9 +68,14 @@ def open_generation(
         seed: the request's seed (the caller picks one when the request has none).
         draft_proposer: the draft model's proposer, or None when no draft is loaded.
         open_target: opens the target session (see :data:`OpenTarget`).
-        k: the loop's largest K per step: an int or a callable asked before each step.
-        resumed: tokens already emitted (a resumed generation): they extend both sessions'
-            history and are re-fed to the output assembler, whose chunk the caller takes.
+        k: the loop's largest K per step: an int or a callable asked before each step (for a
+            resumed generation, one that continues from ``resume.steps`` steps).
+        resume: where an earlier run of this request stopped (:meth:`Generation.checkpoint`,
+            or one the serving layer rebuilt from what it streamed): its tokens extend both
+            sessions' history and are re-fed to the output assembler (their logprobs too), and
+            the first ``resume.sent_ids`` ids and ``resume.sent_text_chars`` characters count as
+            streamed, so the first chunk continues after them. Its ``seed`` is not used:
+            ``seed`` is (the caller checks they agree).
 
     Raises:
         PromptTooLongError: the prompt leaves no room for one token in the target's context.
@@ -78,7 +84,8 @@ def open_generation(
     limit = target.max_positions
     if len(prompt) >= limit:
         raise PromptTooLongError(len(prompt), limit, f"the target '{target.name}'")
-    history = [int(t) for t in prompt] + [int(t) for t in resumed]
+    resumed = [int(t) for t in resume.token_ids] if resume is not None else []
+    history = [int(t) for t in prompt] + resumed
     draft_seed, target_seed = derive_seeds(seed)
     spec = request.speculation
     processing = LogitProcessing.for_request(request, len(prompt), target.eos_token_ids)
@@ -103,7 +110,13 @@ def open_generation(
         top_logprobs=request.top_logprobs,
     )
     if resumed:
-        assembler.add(list(resumed), [0.0] * len(resumed) if request.logprobs else None)
+        logprobs = top = None
+        if request.logprobs:  # placeholders where the checkpoint has none (already streamed, never resent)
+            logprobs = list(resume.logprobs) if resume.logprobs is not None else [0.0] * len(resumed)
+            if request.top_logprobs:
+                top = [list(t) for t in resume.top_logprobs] if resume.top_logprobs is not None else [[]] * len(resumed)
+        assembler.add(resumed, logprobs, top)
+        assembler.mark_sent(min(resume.sent_ids, len(assembler.token_ids)), resume.sent_text_chars)
     return Generation(
         target=target_session,
         proposer=proposer,
@@ -111,5 +124,7 @@ def open_generation(
         prompt_len=len(prompt),
         max_total_len=limit,
         k=k,
+        seed=seed,
+        steps_done=resume.steps if resume is not None else 0,
     )
 

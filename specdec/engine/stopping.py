@@ -234,6 +234,31 @@ class OutputAssembler:
                     self._finish(FinishReason.MAX_TOKENS)
         return self.finish_reason
 
+    @property
+    def sent_ids(self) -> int:
+        """How many of ``token_ids`` the chunks taken so far carried."""
+        return self._sent_ids
+
+    @property
+    def sent_text_chars(self) -> int:
+        """How many characters of text the chunks taken so far carried."""
+        return self._sent_text
+
+    def mark_sent(self, ids: int, text_chars: int) -> None:
+        """Record that the first ``ids`` tokens and ``text_chars`` characters were already
+        streamed (by an earlier run of a resumed generation): the next chunk starts after them.
+
+        ``text_chars`` may run ahead of the text of those ids (the text of a held-back token
+        may be partly sent) and of the text so far (then the next chunks start there).
+
+        Raises:
+            ValueError: more ids than were added, or negative counts.
+        """
+        if not 0 <= ids <= len(self.token_ids) or text_chars < 0:
+            raise ValueError(f"cannot mark {ids} ids / {text_chars} characters sent of {len(self.token_ids)} ids")
+        self._sent_ids = max(self._sent_ids, ids)
+        self._sent_text = max(self._sent_text, text_chars)
+
     def finish(self, reason: FinishReason) -> None:
         """End the generation for a reason outside the tokens (context limit, cancellation)."""
         if not self.finished:

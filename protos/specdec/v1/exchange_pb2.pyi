@@ -100,7 +100,7 @@ class CloseSessionResponse(_message.Message):
     def __init__(self, existed: _Optional[bool] = ...) -> None: ...
 
 class DraftJob(_message.Message):
-    __slots__ = ("session_id", "request", "deadline_unix_s", "resume_token_ids", "resume_text_chars", "probe_steps", "tenant", "tenant_weight")
+    __slots__ = ("session_id", "request", "deadline_unix_s", "resume_token_ids", "resume_text_chars", "probe_steps", "tenant", "tenant_weight", "resume_held_token_ids", "resume_held_logprobs", "resume_held_top_logprobs", "resume_steps")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,10 @@ class DraftJob(_message.Message):
     PROBE_STEPS_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TENANT_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    RESUME_HELD_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_HELD_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_HELD_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_STEPS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     request: _specdec_pb2.GenerateRequest
     deadline_unix_s: float
@@ -117,4 +121,20 @@ class DraftJob(_message.Message):
     probe_steps: int
     tenant: str
     tenant_weight: float
-    def __init__(self, session_id: _Optional[str] = ..., request: _Optional[_Union[_specdec_pb2.GenerateRequest, _Mapping]] = ..., deadline_unix_s: _Optional[float] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., resume_text_chars: _Optional[int] = ..., probe_steps: _Optional[int] = ..., tenant: _Optional[str] = ..., tenant_weight: _Optional[float] = ...) -> None: ...
+    resume_held_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    resume_held_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    resume_held_top_logprobs: _containers.RepeatedCompositeFieldContainer[_specdec_pb2.TopLogprobs]
+    resume_steps: int
+    def __init__(self, session_id: _Optional[str] = ..., request: _Optional[_Union[_specdec_pb2.GenerateRequest, _Mapping]] = ..., deadline_unix_s: _Optional[float] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., resume_text_chars: _Optional[int] = ..., probe_steps: _Optional[int] = ..., tenant: _Optional[str] = ..., tenant_weight: _Optional[float] = ..., resume_held_token_ids: _Optional[_Iterable[int]] = ..., resume_held_logprobs: _Optional[_Iterable[float]] = ..., resume_held_top_logprobs: _Optional[_Iterable[_Union[_specdec_pb2.TopLogprobs, _Mapping]]] = ..., resume_steps: _Optional[int] = ...) -> None: ...
+
+class DraftChunkTrailer(_message.Message):
+    __slots__ = ("held_token_ids", "held_logprobs", "held_top_logprobs", "steps")
+    HELD_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    HELD_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    HELD_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    held_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    held_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    held_top_logprobs: _containers.RepeatedCompositeFieldContainer[_specdec_pb2.TopLogprobs]
+    steps: int
+    def __init__(self, held_token_ids: _Optional[_Iterable[int]] = ..., held_logprobs: _Optional[_Iterable[float]] = ..., held_top_logprobs: _Optional[_Iterable[_Union[_specdec_pb2.TopLogprobs, _Mapping]]] = ..., steps: _Optional[int] = ...) -> None: ...
