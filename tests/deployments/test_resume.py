@@ -186,3 +186,53 @@ def test_resume_after_a_replica_death_gives_the_uninterrupted_output(stack, prop
         if sampling is not None:
             assert list(got.logprobs) == pytest.approx(list(full.logprobs), abs=1e-4)
             assert [list(row.ids) for row in got.top_logprobs] == [list(row.ids) for row in full.top_logprobs]
+
+
+def _served_concurrently(cfg: AppConfig, target, jobs: list[xpb.DraftJob], batching: bool):
+    """Run ``jobs`` at once on one draft replica (drafting batched) against a Target replica with
+    ``target_batching`` on or off (its TP rank in process); the joined responses and BatchStats."""
+    from deployments.target import Target
+    from tests.deployments.test_target_sweep import Rank
+
+    replica = Target(AppConfig(target_model="unused", target_batching=batching, batch_window_s=0.01,
+                               max_batch_positions=64), workers=[Rank(target)])
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        def send(method: str, payload: bytes) -> bytes:  # from the draft replica's step threads
+            call = replica.Verify(payload) if method == "Verify" else replica.CloseSession(payload)
+            return asyncio.run_coroutine_threadsafe(call, loop).result(timeout=300)
+
+        draft = Draft(cfg, send_factory=lambda key: send)
+
+        async def one(job):
+            raws = [raw async for raw in draft.Generate(job.SerializeToString())]
+            return convert.join_chunks([pb.GenerateStreamChunk.FromString(r) for r in raws])
+
+        return await asyncio.gather(*[one(j) for j in jobs]), await replica.BatchStats()
+
+    return asyncio.run(main())
+
+
+def test_seeded_sampled_outputs_do_not_depend_on_target_batching(stack):
+    """Four seeded sampled requests at once (draft and prompt lookup, K 1..4, prompts of 4..30
+    tokens): the same tokens with the target's batching on and off, and as each alone in process."""
+    cfg, target = stack
+    prompts = [PROMPT, PROMPT * 3, PROMPT[:4], PROMPT[::-1] * 2]
+    specs = [(pb.PROPOSER_DRAFT, 4, 0.9), (pb.PROPOSER_DRAFT, 2, 1.0), (pb.PROPOSER_NGRAM, 4, 0.9),
+             (pb.PROPOSER_DRAFT, 1, 0.7)]
+    jobs = []
+    for i, (prompt, (proposer, k, temp)) in enumerate(zip(prompts, specs)):
+        req = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=prompt), max_tokens=24, ignore_eos=True,
+                                 speculation=pb.SpeculationHints(proposer=proposer, max_k=k),
+                                 sampling=pb.SamplingParams(temperature=temp, top_k=40, seed=11 + i))
+        jobs.append(xpb.DraftJob(session_id=f"b{i}", request=req))
+    batched, stats = _served_concurrently(cfg, target, jobs, batching=True)
+    unbatched, none = _served_concurrently(cfg, target, jobs, batching=False)
+    assert stats["max_rows"] >= 2 and none["forwards"] == 0  # really batched, really not
+    draft = load_model(HFModelSpec(kind="hf", path=cfg.draft_model), weight_format=cfg.draft_dtype)
+    engine = SpeculativeEngine(target, draft)
+    alone = [engine.generate(convert.request_from_proto(j.request)).token_ids for j in jobs]
+    assert [list(r.token_ids) for r in batched] == alone
+    assert [list(r.token_ids) for r in unbatched] == alone
