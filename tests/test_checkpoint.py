@@ -132,3 +132,53 @@ def test_a_probe_schedule_continues_from_the_checkpoints_step_count(engine):
     assert out.stats.proposed == first.stats.proposed - proposed
     speculated = [sum(n for k, n in s.k_counts.items() if k > 0) for s in (first.stats, out.stats)]
     assert speculated == [5, 2]
+
+
+def test_a_resumed_stream_never_repeats_or_drops_tokens():
+    """Streaming resumed after any chunk, from the ids the client holds only (a resume job from
+    an older router, nothing held back known): the new assembler counts what was streamed
+    (``mark_sent``) and the concatenated stream is the uninterrupted one. Re-sending what the
+    re-fed assembler held back again (a token ending in the first character of the stop string)
+    used to repeat ids."""
+    import random
+
+    from specdec.engine.stopping import OutputAssembler
+    from specdec.testing.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    ends_in_z = [i for i in range(3, len(tok)) if tok.decode([i]).endswith("z")]
+    assert ends_in_z
+    rng = random.Random(0)
+    checked = 0
+    for _ in range(40):
+        ids = [rng.choice(ends_in_z) if rng.random() < 0.3 else rng.randrange(3, len(tok)) for _ in range(30)]
+        steps = []
+        while sum(map(len, steps)) < len(ids):
+            at = sum(map(len, steps))
+            steps.append(ids[at:at + rng.randrange(1, 4)])
+        full = OutputAssembler(tok, max_tokens=len(ids), stop=["zz"])
+        chunks = []
+        for s in steps:
+            full.add(s)
+            chunks.append(full.take_chunk())
+        whole_ids = [t for c in chunks if c for t in c.token_ids]
+        whole_text = "".join(c.text for c in chunks if c)
+        for n in range(1, len(steps)):
+            head = [c for c in chunks[:n] if c]
+            sent = [t for c in head for t in c.token_ids]
+            resumed = OutputAssembler(tok, max_tokens=len(ids), stop=["zz"])
+            resumed.add(sent)
+            resumed.mark_sent(len(sent), sum(len(c.text) for c in head))
+            rest = ids[len(sent):]
+            tail = []
+            for s in [rest[i:i + 2] for i in range(0, len(rest), 2)]:
+                if resumed.finished:
+                    break
+                resumed.add(s)
+                tail.append(resumed.take_chunk())
+            tail.append(resumed.take_chunk())
+            tail = [c for c in tail if c]
+            assert sent + [t for c in tail for t in c.token_ids] == whole_ids
+            assert "".join(c.text for c in head + tail) == whole_text
+            checked += 1
+    assert checked > 300

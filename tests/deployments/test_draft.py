@@ -11,6 +11,7 @@ import pytest
 from deployments import convert
 from deployments.config import AppConfig
 from deployments.draft import Draft, RemoteTargetSession
+from deployments.router import RelayProgress
 from deployments.target_sessions import TargetSessionTable
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
@@ -186,12 +187,17 @@ def test_resume_on_a_new_replica_gives_the_same_output(pair, sampling):
         kw["sampling"] = sampling
     job = _job(PROMPT, **kw)
     full = convert.join_chunks(asyncio.run(_collect(Draft(cfg, send_factory=lambda k: wire.send).Generate(job.SerializeToString()))))
-    # first replica: stream a few chunks, then "die" (the generator is dropped, no cleanup)
+    # first replica: stream a few chunks, then "die" (the generator is dropped, no cleanup); the
+    # router's bookkeeping builds the resume job (sent ids and characters, held-back tokens)
     first = Draft(cfg, send_factory=lambda k: wire.send)
-    agen = first.Generate(job.SerializeToString())
-    head = asyncio.run(_collect(agen, 3))
-    job.resume_token_ids.extend(i for c in head for i in c.token_ids)
-    job.resume_text_chars = sum(len(c.text) for c in head)
+    progress = RelayProgress()
+
+    async def head_of(agen, n):
+        return [progress.see(raw) for raw in [await agen.__anext__() for _ in range(n)]]
+
+    head = asyncio.run(head_of(first.Generate(job.SerializeToString()), 3))
+    progress.fill(job)
+    assert list(job.resume_token_ids) == [i for c in head for i in c.token_ids]
     tail = asyncio.run(_collect(Draft(cfg, send_factory=lambda k: wire.send).Generate(job.SerializeToString())))
     got = convert.join_chunks(head + tail)
     assert (got.text, list(got.token_ids)) == (full.text, list(full.token_ids))
