@@ -122,7 +122,7 @@ class Generation:
         return Checkpoint(
             token_ids=list(a.token_ids),
             logprobs=list(a.logprobs) if a.want_logprobs else None,
-            top_logprobs=[list(t) for t in a.top_logprobs] if a.want_top else None,
+            top_logprobs=list(a.top_logprobs) if a.want_top else None,  # rows are never changed once added
             steps=self.steps,
             seed=self.seed,
             sent_ids=a.sent_ids,

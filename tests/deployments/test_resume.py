@@ -75,6 +75,7 @@ class DraftDeployment:
         self.cfg, self.wire, self.die_after = cfg, wire, die_after
         self.replicas = 0
         self.chunk_steps: list[tuple[int, int]] = []
+        self.raws: list[bytes] = []  # every chunk's bytes as the replicas streamed them
 
     def options(self, **_):
         return self
@@ -96,6 +97,7 @@ class DraftDeployment:
         replica = Draft(self.cfg, send_factory=lambda key: self.wire.send)
         start, sent = len(self.wire.steps), 0
         async for raw in replica.Generate(payload):
+            self.raws.append(raw)
             yield raw
             steps = len(self.wire.steps) - start
             sent += len(pb.GenerateStreamChunk.FromString(raw).token_ids)
@@ -137,6 +139,14 @@ def _relay(cfg: AppConfig, deployment: DraftDeployment, job: xpb.DraftJob) -> pb
 
     chunks = asyncio.run(run())
     assert router.resumes == (0 if deployment.die_after is None else 1)
+    # the draft replica's checkpoint trailer never reaches the client
+    def trailer(raw: bytes) -> xpb.DraftChunkTrailer:
+        msg = xpb.DraftChunkTrailer.FromString(raw)
+        msg.DiscardUnknownFields()  # the chunk's own fields
+        return msg
+
+    assert all(trailer(c.SerializeToString()).ByteSize() == 0 for c in chunks)
+    assert all(trailer(raw).steps > 0 for raw in deployment.raws[:-1])  # every chunk but the last has one
     return convert.join_chunks(chunks)
 
 
