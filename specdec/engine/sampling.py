@@ -67,7 +67,11 @@ def step_generator(seed: int, position: int, side: str) -> torch.Generator:
 
     Seeding per step from the committed length (tokens) instead of carrying one generator
     through the request makes a seeded request reproducible even when a session is rebuilt from
-    its token history on another replica: the same position gives the same random stream. The
+    its token history on another replica: the same position gives the same random stream. That
+    holds when the rebuilt history ends where a step ended (a :class:`specdec.types.Checkpoint`):
+    a step's tokens are not a function of per-token streams (a drafted position and a bonus
+    position draw differently), so resuming inside a step's emitted tokens would start a block
+    where the uninterrupted run never did. The
     generator is always on :data:`RANDOM_DEVICE` (CPU), so draws do not depend on the model's
     device; see :func:`sample_from` for drawing a token from a distribution on any device.
     """
