@@ -180,10 +180,11 @@ class TargetSessionTable:
     def step(self, max_positions: int | None) -> list[tuple[int, xpb.VerificationResult | Exception]]:
         """Verify the waiting blocks in one batched forward (positions budget ``max_positions``).
 
-        Blocks are offered by tenant in weighted round robin (tenant and weight from each
-        session's ``open``; arrival order within a tenant), decode rows before prefills (an uncached prompt
-        tail), shorter prefills first; a prefill is chunked within the budget and its block answered when its last
-        chunk runs (:meth:`specdec.verifier.TargetVerifier.verify_batch`).
+        Blocks are offered by tenant within each tenant's fair share of the budget
+        (:func:`specdec.engine.batch.fair_budget_plan`; tenant and weight from each session's
+        ``open``; arrival order within a tenant), decode rows before prefills (an uncached prompt
+        tail), shorter prefills first; a prefill is chunked within its tenant's share and its
+        block answered when its last chunk runs (:meth:`specdec.verifier.TargetVerifier.verify_batch`).
 
         Returns:
             ``(ticket, reply or exception)`` for every ticket decided (and every ticket dropped
@@ -198,23 +199,24 @@ class TargetSessionTable:
             (t, GenerationCancelledError(why)) for t, why in self._dropped
         ]
         self._dropped = []
-        from specdec.engine.batch import fair_order
+        from specdec.engine.batch import fair_budget_plan
 
-        tickets = fair_order(
-            list(self.pending), lambda t: self.tenants.get(self.pending[t][0], ("", 1.0))[0],
-            {ten: w for ten, w in self.tenants.values()}, self._steps,
-        )
-        self._steps += 1
+        def tail(t: int) -> int:
+            seq = self.sessions[self.pending[t][0]].seq
+            return len(seq.token_ids) - min(len(seq.cached), len(seq.token_ids))
 
         def prefill_len(t: int) -> int:  # 0 for a decode row
-            seq = self.sessions[self.pending[t][0]].seq
-            tail = len(seq.token_ids) - min(len(seq.cached), len(seq.token_ids))
-            return tail if tail > 1 else 0
+            return tail(t) if tail(t) > 1 else 0
 
-        tickets.sort(key=prefill_len)
+        tickets, caps = fair_budget_plan(
+            list(self.pending), lambda t: self.tenants.get(self.pending[t][0], ("", 1.0))[0],
+            lambda t: max(tail(t), 1) + self.pending[t][1].k, prefill_len,
+            {ten: w for ten, w in self.tenants.values()}, max_positions, self._steps,
+        )
+        self._steps += 1
         items = [(self.sessions[self.pending[t][0]], self.pending[t][1]) for t in tickets]
         try:
-            results = self.verifier.verify_batch(items, max_positions) if items else []
+            results = self.verifier.verify_batch(items, max_positions, caps) if items else []
         except BaseException:
             for t in tickets:
                 self.close(self.pending[t][0])

@@ -417,3 +417,51 @@ def test_packed_forward_refuses_unsupported_attention_with_a_clear_error(impl, s
     with pytest.raises(ModelLoadError, match=needle) as e:
         _packed_mask([3, 0], [1, 2], model, torch.device("cpu"))
     assert "batching" in str(e.value)
+
+
+# --- fairness where requests wait --------------------------------------------------------------
+
+
+def test_weighted_shares_water_filling():
+    from specdec.engine.batch import weighted_shares
+
+    assert weighted_shares({"a": 40, "b": 60}, {}, 16) == {"a": 8, "b": 8}
+    assert weighted_shares({"a": 40, "b": 3}, {}, 16) == {"a": 13, "b": 3}  # b's unused share goes to a
+    assert weighted_shares({"a": 40, "b": 60}, {"a": 3.0}, 16) == {"a": 12, "b": 4}
+    assert weighted_shares({"a": 5, "b": 6}, {}, 64) == {"a": 5, "b": 6}
+    assert weighted_shares({"a": 10, "b": 10, "c": 10}, {}, 16) == {"a": 6, "b": 5, "c": 5}
+    assert weighted_shares({"a": 10, "b": 0}, {}, 4) == {"a": 4, "b": 0}
+
+
+def test_burst_of_one_tenant_does_not_starve_another(long_pair):
+    """Tenant A bursts 8 requests at K = 4 (40 positions per tick) into a 16-position budget;
+    tenant B's single request with a 96-token prompt arrives after them. B's prefill gets its
+    half of every forward (8 positions per tick, 12 ticks), its decode rows fit its share, so B
+    completes within 12 + 10 ticks of arriving, long before A's burst is through; every output
+    equals the request alone. Before fair shares, B's prefill went after all of A's decode rows
+    and waited for A's burst to end."""
+    target, draft = long_pair
+    engine = SpeculativeEngine(target, draft)
+    rng = random.Random(4)
+    a_reqs = [GenerationRequest(prompt_token_ids=_prompt(rng, 6), max_tokens=40, ignore_eos=True,
+                                speculation={"proposer": "draft", "k": 4}) for _ in range(8)]
+    b_req = GenerationRequest(prompt_token_ids=_prompt(rng, 96), max_tokens=10, ignore_eos=True,
+                              speculation={"proposer": "draft", "k": 4})
+    alone = [engine.generate(r).token_ids for r in a_reqs + [b_req]]
+    sched = BatchScheduler(engine, max_batch_positions=16)
+    a = [sched.submit(r, tenant="A") for r in a_reqs]
+    for _ in range(3):  # A's burst is prefilled and decoding
+        sched.step()
+    b = sched.submit(b_req, tenant="B")
+    arrived = len(sched.trace)
+    while not b.done:
+        sched.step()
+    b_ticks = len(sched.trace) - arrived
+    b_steps = b.result().stats.steps
+    assert b_ticks <= 12 + b_steps and b_steps <= 10
+    # B was offered in every forward after it arrived, and got positions in each until done
+    assert all(b.id in t.rows for t in sched.trace[arrived:])
+    assert not any(h.done for h in a)  # A's burst is still running
+    assert all(t.positions_fed <= 16 for t in sched.trace)
+    sched.run_until_idle()
+    assert [h.result().token_ids for h in a + [b]] == alone

@@ -20,10 +20,12 @@ is the output of the same request run alone, whatever the batch composition.
 ``batched=False`` is the batch-size-1 switch: the same ticks, but every draft and every verify
 runs alone (the unbatched path), for benchmarks that compare both in one run.
 
-Fairness: rows are ordered for the budget by tenant in weighted round robin (weights from the
-tenant policy), rotating the first tenant every tick; prefills come after all decode rows,
-shorter prompts first (the first row always makes progress, so a long prompt advances by at
-least one chunk per tick while it is first).
+Fairness: each tenant gets its weighted max-min fair share of the positions budget
+(:func:`fair_budget_plan`, weights from the tenant policy): its rows within that share go first
+(decode rows in weighted round robin rotating the first tenant every tick, then prefills shorter
+first, a prefill chunked to what is left of its tenant's share), the rest only on leftover
+budget. So a burst from one tenant cannot push another tenant's steps, or its new prompt's
+prefill, out of the forwards: the other tenant progresses by its share every tick.
 """
 
 from __future__ import annotations
@@ -150,6 +152,110 @@ def fair_order(items: list, tenant_of: Callable[[Any], str], weights: dict[str, 
                 if by_tenant[t]:
                     out.append(by_tenant[t].pop(0))
     return out
+
+
+def weighted_shares(demand: dict[str, int], weights: dict[str, float], budget: int) -> dict[str, int]:
+    """Weighted max-min fair ("water-filling") split of ``budget`` positions over tenants.
+
+    A tenant asking for less than its weighted share gets what it asks for, and the rest is
+    split again among the others by weight; integer shares, leftover positions go one by one to
+    the tenants still short, in name order. Σ shares = min(budget, Σ demand).
+
+    Args:
+        demand: tenant -> positions its waiting rows need (≥ 0).
+        weights: tenant -> weight (> 0; missing: 1).
+        budget: positions to split (≥ 0).
+    """
+    share = {t: 0 for t in demand}
+    open_ = {t for t, d in demand.items() if d > 0}
+    left = max(0, int(budget))
+    while open_ and left > 0:
+        total_w = sum(max(weights.get(t, 1.0), 1e-9) for t in open_)
+        fair = {t: left * max(weights.get(t, 1.0), 1e-9) / total_w for t in open_}
+        done = [t for t in open_ if demand[t] - share[t] <= fair[t]]
+        if done:
+            for t in done:
+                left -= demand[t] - share[t]
+                share[t] = demand[t]
+                open_.discard(t)
+            continue
+        for t in sorted(open_):
+            give = int(fair[t])
+            share[t] += give
+            left -= give
+        for t in sorted(open_):
+            if left <= 0:
+                break
+            share[t] += 1
+            left -= 1
+        break
+    return share
+
+
+def fair_budget_plan(items: list, tenant_of: Callable[[Any], str], cost_of: Callable[[Any], int],
+                     prefill_of: Callable[[Any], int], weights: dict[str, float], budget: int | None,
+                     tick: int) -> tuple[list, list[int | None]]:
+    """Order the rows of one batched forward and cap them so each tenant gets its fair share.
+
+    Each tenant's share of the positions budget is its weighted max-min fair share of what its
+    rows need (:func:`weighted_shares`). A tenant's rows (decode rows in the given order, then
+    prefills shorter first) are *in share* while they fit in it; a prefill that straddles the
+    share's end is in share with a cap of what is left of it (it is chunked to that). In-share
+    rows go first (decode rows in weighted round robin, :func:`fair_order`, then prefills shorter
+    first), then the rest in the same order, which runs only on leftover budget. So a burst
+    from one tenant can neither push another tenant's decode rows out of a forward nor stall its
+    new prompt: that prompt is prefilled by at least its tenant's share per forward. A tenant
+    none of whose rows fits its share still gets its first row in share (progress).
+
+    Without a budget: every row, :func:`fair_order`, then decode rows before prefills, no caps.
+
+    Args:
+        items: the rows waiting (given order = arrival order within a tenant).
+        tenant_of, cost_of, prefill_of: a row's tenant, positions it feeds, and prompt tail
+            still to prefill (0 for a decode row).
+        weights: tenant -> weight (policy ``batch_weight``).
+        budget: positions budget of the forward, or None.
+        tick: forward counter (rotates the round robin's first tenant).
+
+    Returns:
+        ``(order, caps)``: the rows in budget order, and per row its positions cap or None.
+    """
+    def within(rows: list) -> list:
+        order = fair_order(rows, tenant_of, weights, tick)
+        order.sort(key=lambda r: prefill_of(r))  # stable: decode rows (0) keep the fair order
+        return order
+
+    if budget is None:
+        return within(list(items)), [None] * len(items)
+    by_tenant: dict[str, list] = {}
+    for r in items:
+        by_tenant.setdefault(tenant_of(r), []).append(r)
+    shares = weighted_shares({t: sum(cost_of(r) for r in rows) for t, rows in by_tenant.items()}, weights, budget)
+    first: list = []
+    rest: list = []
+    caps: dict[int, int] = {}
+    for t, rows in by_tenant.items():
+        rows = sorted(rows, key=lambda r: prefill_of(r))  # stable
+        used, open_ = 0, True
+        for r in rows:
+            c = cost_of(r)
+            if open_ and used + c <= shares[t]:
+                first.append(r)
+                used += c
+            elif open_ and prefill_of(r) > 0 and shares[t] - used >= 1:
+                first.append(r)
+                caps[id(r)] = shares[t] - used
+                used = shares[t]
+                open_ = False
+            elif open_ and used == 0:  # nothing fits its share: its first row still goes
+                first.append(r)
+                used = c
+                open_ = False
+            else:
+                open_ = False
+                rest.append(r)
+    order = within(first) + within(rest)
+    return order, [caps.get(id(r)) for r in order]
 
 
 class BatchScheduler:
@@ -310,9 +416,11 @@ class BatchScheduler:
         for r, _ in need:
             r.draft_s = t1 - t0
         # verify
-        order = fair_order(sorted(alive, key=lambda r: r.id), lambda r: r.tenant, self.tenant_weights, tick)
-        # decode rows first, then prefills (an uncached prompt tail), shorter first
-        order.sort(key=lambda r: self._uncached(r) if self._uncached(r) > r.block.k + 1 else 0)
+        # fair shares of the budget by tenant; decode rows first, then prefills, shorter first
+        order, caps = fair_budget_plan(
+            sorted(alive, key=lambda r: r.id), lambda r: r.tenant, self._uncached,
+            lambda r: self._uncached(r) if self._uncached(r) > r.block.k + 1 else 0,
+            self.tenant_weights, self.max_batch_positions if self.batched else None, tick)
         items = [(r.generation.target, r.block) for r in order]
         if self.on_forward is not None:
             self.on_forward([r.id for r in order])
@@ -320,7 +428,8 @@ class BatchScheduler:
         t2 = self._clock()
         try:
             if self.batched:
-                results = self._verify(items, self.max_batch_positions)
+                results = (self._verify(items, self.max_batch_positions, caps) if any(c is not None for c in caps)
+                           else self._verify(items, self.max_batch_positions))
             else:
                 results = [self._verify([item], None)[0] for item in items]
         except Exception as e:  # the forward failed: every row in it may be half-advanced

@@ -341,6 +341,7 @@ class TargetVerifier:
         self,
         items: Sequence[tuple[TargetSession, DraftBlock]],
         max_positions: int | None = None,
+        caps: Sequence[int | None] | None = None,
     ) -> list[VerifyResult | Exception | None]:
         """Verify the blocks of several sessions in one target forward pass (continuous batching).
 
@@ -356,11 +357,15 @@ class TargetVerifier:
         is either *chunked* (its committed tail, a prompt, is fed partly and the rest waits) or
         *deferred*; both answer None and the caller offers the same block again next time. The
         first item always runs (whole, or as a chunk of at least one position), so every call
-        makes progress. Without a budget every item runs whole.
+        makes progress. Without a budget every item runs whole. ``caps`` bounds single items
+        further (a tenant's fair share of the budget, :func:`specdec.engine.batch.fair_budget_plan`):
+        item i feeds at most ``caps[i]`` positions (chunked or deferred beyond), except a first
+        item that cannot be chunked.
 
         Args:
             items: ``(session, block)`` pairs, at most one per session.
             max_positions: positions budget of the forward (None: unbounded).
+            caps: per item, its own positions cap (None: only the budget), or None.
 
         Returns:
             per item: its :class:`VerifyResult`; an exception (:class:`InvalidBlockError` or
@@ -376,6 +381,8 @@ class TargetVerifier:
             raise ValueError(f"max_positions must be >= 1, got {max_positions}")
         if len({id(s) for s, _ in items}) != len(items):
             raise ValueError("verify_batch: a session appears twice")
+        if caps is not None and len(caps) != len(items):
+            raise ValueError(f"verify_batch: {len(caps)} caps for {len(items)} items")
         results: list[VerifyResult | Exception | None] = [None] * len(items)
         feeds: list[tuple[CachedSequence, list[int], int]] = []
         whole: list[int] = []  # indices of items fed whole (decided after the forward)
@@ -390,12 +397,15 @@ class TargetVerifier:
                 continue  # deferred
             tokens = session.pending(block)
             last = block.k + 1
-            if len(tokens) <= budget or not feeds and len(tokens) - last < 1:
+            room = budget if caps is None or caps[i] is None else min(budget, caps[i])
+            if room <= 0:
+                continue  # deferred: its share is spent
+            if len(tokens) <= room or not feeds and len(tokens) - last < 1:
                 feeds.append((session.seq, tokens, last))
                 whole.append(i)
                 budget -= len(tokens)
             elif len(tokens) - last >= 1:  # chunk the committed tail; the block waits
-                chunk = int(min(budget, len(tokens) - last))
+                chunk = int(min(room, len(tokens) - last))
                 feeds.append((session.seq, tokens[:chunk], 0))
                 budget -= chunk
         logits = feed_many(feeds)

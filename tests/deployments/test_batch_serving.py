@@ -233,3 +233,50 @@ def test_target_replica_batches_concurrent_verifies(target):
     assert stats["mean_positions"] == sum(len(p) for _, p, _ in sessions)
     assert metrics.count("specdec_batch_rows") == 1
     assert [sorted(r.table.sessions) for r in ranks] == [["s0", "s1", "s2", "s3"]] * 2  # ranks in lockstep
+
+
+def test_table_burst_of_one_tenant_does_not_stall_another_prefill(target):
+    """Target replica under a burst: tenant a keeps 6 sessions stepping at K = 4 (30 positions
+    per step, each answered block followed at once by the next), tenant b opens one session with
+    a 60-token prompt; budget 12. b's fair share is 6 positions per forward, so its prompt is
+    prefilled in 6-position chunks and answered in exactly the 10th forward, while a's rows
+    keep being answered in every forward; b's reply equals the unbatched one."""
+    table = TargetSessionTable(TargetVerifier(target))
+    alone = TargetSessionTable(TargetVerifier(target))
+    sp = SamplingParams()
+    rng = random.Random(3)
+    pos, ticket = {}, iter(range(10_000))
+    for i in range(6):  # a's sessions, opened and prefilled first
+        open_ = convert.session_open_to_proto([5, 6, 7 + i], sp, 1, False)
+        open_.tenant = "a"
+        table.admit(next(ticket), convert.draft_block_to_proto(DraftBlock.empty(), f"a{i}", 3, open=open_))
+    for _t, reply in table.step(None):
+        pos[f"a{len(pos)}"] = reply.committed_len
+    sid_of = {}
+
+    def admit_a(sid):
+        t = next(ticket)
+        sid_of[t] = sid
+        table.admit(t, convert.draft_block_to_proto(_block(rng, 4), sid, pos[sid]))
+
+    for sid in list(pos):
+        admit_a(sid)
+    prompt = [rng.randrange(3, 300) for _ in range(60)]
+    open_b = convert.session_open_to_proto(prompt, sp, 2, False)
+    open_b.tenant = "b"
+    b_msg = convert.draft_block_to_proto(DraftBlock.empty(), "b", 60, open=open_b)
+    table.admit(9999, b_msg)
+    forwards, b_reply = 0, None
+    while b_reply is None:
+        out = table.step(12)
+        forwards += 1
+        a_answered = [(t, r) for t, r in out if t != 9999]
+        assert a_answered  # a is never starved either
+        for t, r in a_answered:
+            pos[sid_of[t]] = r.committed_len
+            admit_a(sid_of[t])
+        b_reply = dict(out).get(9999)
+        assert table.verifier.last_positions <= 12
+    assert forwards == 10
+    exp = alone.handle(b_msg)
+    assert (list(b_reply.token_ids), b_reply.committed_len) == (list(exp.token_ids), exp.committed_len)
