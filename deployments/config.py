@@ -102,6 +102,10 @@ class AppConfig(BaseModel):
     batch_window_s: float = Field(
         0.002, ge=0, le=1, description="seconds the target waits after a block arrives for others to join its forward",
     )
+    draft_prefill_chunk: int = Field(
+        64, ge=1, le=65536, description="chunked draft prefill: uncached prompt positions the draft replica feeds "
+        "per batched drafting round; a longer new prompt is prefilled in chunks while the other sessions keep drafting",
+    )
     draft_min_confidence: float = Field(
         0.0, ge=0.0, le=1.0,
         description="default early stop of drafting (requests may set their own): end a block after "

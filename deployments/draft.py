@@ -293,7 +293,8 @@ class Draft:
         from specdec.engine.batch import DraftCombiner
 
         #: batches the drafting of the generations stepped concurrently (continuous batching)
-        self.combiner = DraftCombiner(batched=cfg.draft_batching, window_s=cfg.batch_window_s)
+        self.combiner = DraftCombiner(batched=cfg.draft_batching, window_s=cfg.batch_window_s,
+                                      max_prefill=cfg.draft_prefill_chunk)
 
     # --- building one generation -------------------------------------------------------------
 

@@ -6,6 +6,7 @@ whatever the batch composition, arrival order, positions budget or cancellations
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -465,3 +466,44 @@ def test_burst_of_one_tenant_does_not_starve_another(long_pair):
     assert all(t.positions_fed <= 16 for t in sched.trace)
     sched.run_until_idle()
     assert [h.result().token_ids for h in a + [b]] == alone
+
+
+# --- chunked draft prefill -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_draft_prefill_is_chunked_while_others_keep_stepping(long_pair, temperature):
+    """A 200-token prompt arrives while A steps at K = 4; draft prefill budget 16 positions per
+    tick. The draft model prefills it in chunks (every batched draft forward feeds at most 16
+    positions, tails of the running sessions included) over 13..15 ticks, during which A is
+    verified in every tick; then B drafts and decodes; both outputs equal each request alone."""
+    target, draft = long_pair
+    engine = SpeculativeEngine(target, draft)
+    rng = random.Random(8)
+    a_req = GenerationRequest(prompt_token_ids=_prompt(rng, 6), max_tokens=40, ignore_eos=True,
+                              speculation={"proposer": "draft", "k": 4})
+    b_req = GenerationRequest(prompt_token_ids=_prompt(rng, 200), max_tokens=12, ignore_eos=True,
+                              sampling={"temperature": temperature, "top_k": 20, "seed": 3},
+                              speculation={"proposer": "draft", "k": 4})
+    alone = [engine.generate(r).token_ids for r in (a_req, b_req)]
+    sched = BatchScheduler(engine, max_batch_positions=256, draft_prefill_chunk=16)
+    a = sched.submit(a_req, tenant="t")
+    sched.step()
+    b = sched.submit(b_req, tenant="t")
+    start = len(sched.trace)
+    while b.id not in sched.trace[-1].rows:
+        sched.step()
+    waiting = sched.trace[start:-1]  # ticks in which B's draft prefill ran in chunks
+    assert 13 <= len(waiting) <= 15 and math.ceil(200 / 16) == 13
+    assert all(a.id in t.answered for t in waiting)  # A kept stepping
+    assert all(p <= 16 for _, p in sched.draft_trace)  # no draft forward over the budget
+    assert max(p for _, p in sched.draft_trace) == 16
+    sched.run_until_idle()
+    assert [h.result().token_ids for h in (a, b)] == alone
+    # without the bound the whole prompt goes into one draft forward
+    whole = BatchScheduler(engine, max_batch_positions=256, draft_prefill_chunk=10_000)
+    whole.submit(b_req)
+    whole.step()
+    assert whole.draft_trace[0] == (1, 200)
+    with pytest.raises(ValueError, match="draft_prefill_chunk must be >= 1"):
+        BatchScheduler(engine, draft_prefill_chunk=0)

@@ -30,6 +30,7 @@ prefill, out of the forwards: the other tenant progresses by its share every tic
 
 from __future__ import annotations
 
+import collections
 import itertools
 import queue
 import threading
@@ -275,9 +276,14 @@ class BatchScheduler:
             under the current load for requests submitted with ``adaptive=True``, and learns
             from every tick.
         clock: seconds clock.
+        draft_prefill_chunk: chunked draft prefill: the draft model's uncached prompt tails
+            fed per tick total at most this many positions (a longer prompt is prefilled in
+            chunks over several ticks while the other sessions keep drafting and stepping;
+            :meth:`specdec.engine.proposers.draft_model.DraftModelProposer.propose_batch`).
+            Default: ``max_batch_positions``.
 
     Raises:
-        ValueError: ``max_batch_positions < 1``.
+        ValueError: ``max_batch_positions < 1`` or ``draft_prefill_chunk < 1``.
     """
 
     def __init__(
@@ -291,9 +297,16 @@ class BatchScheduler:
         on_forward: Callable[[list[int]], None] | None = None,
         controller: Any = None,
         clock: Callable[[], float] = time.perf_counter,
+        draft_prefill_chunk: int | None = None,
     ):
         if max_batch_positions < 1:
             raise ValueError(f"max_batch_positions must be >= 1, got {max_batch_positions}")
+        if draft_prefill_chunk is not None and draft_prefill_chunk < 1:
+            raise ValueError(f"draft_prefill_chunk must be >= 1, got {draft_prefill_chunk}")
+        #: positions of draft prefill per tick (chunked draft prefill); default the target's budget
+        self.draft_prefill_chunk = draft_prefill_chunk or max_batch_positions
+        #: ``(rows, positions)`` of every batched draft forward (for tests and statistics)
+        self.draft_trace: list[tuple[int, int]] = []
         self.engine = engine
         self.batched = batched
         self.max_batch_positions = max_batch_positions
@@ -415,6 +428,11 @@ class BatchScheduler:
         t1 = self._clock()
         for r, _ in need:
             r.draft_s = t1 - t0
+        alive = [r for r in alive if r.block is not None]  # the others' draft prefill is chunked
+        if not alive:
+            rec = TickRecord([], [], 0, 0, t1 - t0, 0.0)
+            self.trace.append(rec)
+            return rec
         # verify
         # fair shares of the budget by tenant; decode rows first, then prefills, shorter first
         order, caps = fair_budget_plan(
@@ -490,7 +508,8 @@ class BatchScheduler:
                 r.block = proposer.propose(k)
         for rows in groups.values():
             sessions = [r.generation.proposer for r, _ in rows]
-            blocks = sessions[0]._proposer.propose_batch(sessions, [k for _, k in rows], timings=self._draft_timings)
+            blocks = sessions[0]._proposer.propose_batch(sessions, [k for _, k in rows], timings=self._draft_timings,
+                                                         max_prefill=self.draft_prefill_chunk, trace=self.draft_trace)
             for (r, _), block in zip(rows, blocks):
                 r.block = block
 
@@ -556,12 +575,23 @@ class DraftCombiner:
         batched: False drafts every session alone (the unbatched path).
         window_s: seconds the first caller waits for others before drafting.
         clock: seconds clock.
+        max_prefill: chunked draft prefill: uncached prompt positions fed per batch round (a
+            session whose prompt is longer is prefilled in chunks over several rounds, waiting
+            in the queue, while the others get their blocks every round); None: no bound.
     """
 
-    def __init__(self, batched: bool = True, window_s: float = 0.002, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, batched: bool = True, window_s: float = 0.002, clock: Callable[[], float] = time.perf_counter,
+                 max_prefill: int | None = None):
+        if max_prefill is not None and max_prefill < 1:
+            raise ValueError(f"max_prefill must be >= 1, got {max_prefill}")
         self.batched = batched
         self.window_s = window_s
+        self.max_prefill = max_prefill
         self._clock = clock
+        #: ``(rows, positions)`` of every batched draft forward (most recent 1000)
+        self.trace: collections.deque = collections.deque(maxlen=1000)
+        #: ``(rows, seconds)`` of batched draft forwards not yet taken by :meth:`take_timings`
+        self._timings: list[tuple[int, float]] = []
         self._cv = threading.Condition()
         self._queue: list[_Waiting] = []
         self._busy = False
@@ -602,15 +632,36 @@ class DraftCombiner:
         groups: dict[int, list[_Waiting]] = {}
         for w in batch:
             groups.setdefault(id(w.session._proposer), []).append(w)
+        later: list[_Waiting] = []
         for rows in groups.values():
+            timings: list[tuple[int, float]] = []
+            trace: list[tuple[int, int]] = []
             try:
-                blocks = rows[0].session._proposer.propose_batch([w.session for w in rows], [w.k for w in rows])
+                blocks = rows[0].session._proposer.propose_batch(
+                    [w.session for w in rows], [w.k for w in rows], timings,
+                    **({} if self.max_prefill is None else {"max_prefill": self.max_prefill}), trace=trace)
             except BaseException as e:  # every session of the batch fails alike
                 for w in rows:
                     w.error = e
                 continue
+            finally:
+                with self._cv:
+                    self.trace.extend(trace)
+                    self._timings.extend(timings)
             for w, block in zip(rows, blocks):
-                w.block = block
+                if block is None:
+                    later.append(w)  # its prompt is being prefilled in chunks: next round
+                else:
+                    w.block = block
+        if later:
+            with self._cv:
+                self._queue = later + self._queue
+
+    def take_timings(self) -> list[tuple[int, float]]:
+        """``(rows, seconds)`` of the batched draft forwards run since the last call (thread-safe)."""
+        with self._cv:
+            out, self._timings = self._timings, []
+        return out
 
     def step(self, gen: Generation) -> GenerationChunk | None:
         """One speculation step of ``gen`` (as ``gen.step()``), its drafting batched."""

@@ -280,3 +280,34 @@ def test_table_burst_of_one_tenant_does_not_stall_another_prefill(target):
     assert forwards == 10
     exp = alone.handle(b_msg)
     assert (list(b_reply.token_ids), b_reply.committed_len) == (list(exp.token_ids), exp.committed_len)
+
+
+def test_draft_combiner_chunks_a_long_prompt_prefill(target, tmp_path):
+    """The draft replica's combiner with a 16-position prefill budget: a 300-token prompt joins
+    two running generations; no batched draft forward feeds more than 16 positions (the prompt
+    goes in chunks over many rounds), and all three outputs equal each request alone."""
+    draft = load_tiny(build_tiny_model(tmp_path / "d", seed=1, base=target.model, noise=0.03, max_positions=1024))
+    engine = SpeculativeEngine(target, draft)
+    rng = random.Random(6)
+    reqs = [GenerationRequest(prompt_token_ids=[rng.randrange(3, 300) for _ in range(n)], max_tokens=20,
+                              ignore_eos=True, sampling={"temperature": t, "seed": 5, "top_k": 20},
+                              speculation={"proposer": "draft", "k": 4})
+            for n, t in [(4, 0.0), (9, 0.7), (300, 0.0)]]
+    alone = [engine.generate(r).token_ids for r in reqs]
+    combiner = DraftCombiner(window_s=0.005, max_prefill=16)
+    gens = [engine.start(r) for r in reqs]
+
+    def run(gen):
+        while not gen.finished:
+            combiner.step(gen)
+
+    threads = [threading.Thread(target=run, args=(g,)) for g in gens]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=300)
+    assert [g.result().token_ids for g in gens] == alone
+    assert max(p for _, p in combiner.trace) == 16 and len(combiner.trace) >= 300 // 16
+    assert sum(r for r, _ in combiner.take_timings()) >= len(combiner.trace)
+    with pytest.raises(ValueError, match="max_prefill must be >= 1"):
+        DraftCombiner(max_prefill=0)

@@ -30,7 +30,7 @@ from typing import Generator, Sequence
 
 import torch
 
-from specdec.engine.kv_cache import CachedSequence, feed_many
+from specdec.engine.kv_cache import CachedSequence, _common_prefix, feed_many
 from specdec.models.loaded import LoadedModel
 from specdec.engine.processors import LogitProcessing
 from specdec.request import SamplingParams
@@ -188,7 +188,9 @@ class DraftModelProposer:
         return DraftModelSession(self, token_ids, sampling, seed, min_confidence, processing)
 
     def propose_batch(self, sessions: Sequence[DraftModelSession], ks: Sequence[int],
-                      timings: list[tuple[int, float]] | None = None) -> list[DraftBlock]:
+                      timings: list[tuple[int, float]] | None = None, *,
+                      max_prefill: int | None = None,
+                      trace: list[tuple[int, int]] | None = None) -> list[DraftBlock | None]:
         """Draft for several sessions at once: one batched forward per draft position.
 
         Every session drafts exactly as :meth:`DraftModelSession.propose` would (its own cache,
@@ -200,31 +202,65 @@ class DraftModelProposer:
             sessions: sessions of this proposer, each at most once.
             ks: the largest K per session.
             timings: when given, ``(rows, seconds)`` of every batched draft forward is appended.
+            max_prefill: chunked draft prefill: the uncached tails (a new prompt, a rebuilt
+                history) fed in this call's first forward total at most this many positions.
+                Sessions are taken shortest tail first; one whose tail does not fit is fed a
+                chunk of what is left (cached, no logits) and gets None: it drafts in a later
+                call, once its tail fits. The first session always feeds at least a chunk, so
+                every call makes progress, and a long prompt delays the other sessions'
+                drafting by at most ``max_prefill`` positions per call. None: no bound.
+            trace: when given, ``(rows, positions)`` of every batched draft forward is appended.
 
         Returns:
-            one :class:`DraftBlock` per session, in order.
+            one :class:`DraftBlock` per session, in order; None for a session whose prompt is
+            still being prefilled in chunks (only with ``max_prefill``).
 
         Raises:
-            ValueError: lengths differ or a session appears twice.
+            ValueError: lengths differ, a session appears twice, or ``max_prefill < 1``.
         """
+        if max_prefill is not None and max_prefill < 1:
+            raise ValueError(f"max_prefill must be >= 1, got {max_prefill}")
         if len(sessions) != len(ks):
             raise ValueError("propose_batch: one K per session")
         if len({id(s) for s in sessions}) != len(sessions):
             raise ValueError("propose_batch: a session appears twice")
         blocks: list[DraftBlock | None] = [None] * len(sessions)
         running: dict[int, tuple[Generator, tuple[list[int], int]]] = {}
-        for i, (session, k) in enumerate(zip(sessions, ks)):
+        chunks: list[tuple[CachedSequence, list[int], int]] = []  # prefill chunks of this call
+        budget = float("inf") if max_prefill is None else max_prefill
+
+        def tail(i: int) -> int:
+            seq = sessions[i].seq
+            ids = seq.token_ids
+            return len(ids) - min(_common_prefix(seq.cached, ids), len(ids) - 1)
+
+        order0 = range(len(sessions)) if max_prefill is None else sorted(range(len(sessions)), key=tail)
+        for i in order0:
+            session, k = sessions[i], ks[i]
+            if max_prefill is not None and k > 0:
+                n = tail(i)
+                if n > budget:  # prefill a chunk of what is left; draft in a later call
+                    if budget >= 1:
+                        keep = session.seq.sync(session.seq.token_ids)
+                        chunks.append((session.seq, session.seq.token_ids[keep:keep + int(budget)], 0))
+                        budget = 0
+                    continue
+                budget -= n
             steps = session.drafting(k)
             try:
                 running[i] = (steps, next(steps))
             except StopIteration as done:
                 blocks[i] = done.value
-        while running:
+        while running or chunks:
             order = list(running)
+            feeds = [(sessions[i].seq, *running[i][1]) for i in order] + chunks
+            chunks = []
             t0 = time.perf_counter()
-            outs = feed_many([(sessions[i].seq, *running[i][1]) for i in order])
+            outs = feed_many(feeds)
             if timings is not None:
-                timings.append((len(order), time.perf_counter() - t0))
+                timings.append((len(feeds), time.perf_counter() - t0))
+            if trace is not None:
+                trace.append((len(feeds), sum(len(tokens) for _, tokens, _ in feeds)))
             for i, logits in zip(order, outs):
                 steps = running[i][0]
                 try:
