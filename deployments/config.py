@@ -102,6 +102,10 @@ class AppConfig(BaseModel):
     batch_window_s: float = Field(
         0.002, ge=0, le=1, description="seconds the target waits after a block arrives for others to join its forward",
     )
+    served_batch_k: bool = Field(
+        True, description="K under load: the draft replica chooses each adaptive request's K per step from the "
+        "batch it runs in (specdec.control.batch_k); False: the router's per-request K holds for every step",
+    )
     draft_prefill_chunk: int = Field(
         64, ge=1, le=65536, description="chunked draft prefill: uncached prompt positions the draft replica feeds "
         "per batched drafting round; a longer new prompt is prefilled in chunks while the other sessions keep drafting",

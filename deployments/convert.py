@@ -23,6 +23,7 @@ from protos.specdec.v1 import specdec_pb2 as pb
 from specdec.engine.processors import LogitProcessing
 from specdec.request import GenerationRequest, SamplingParams, parse_request
 from specdec.types import (
+    BatchShape,
     Checkpoint,
     DraftBlock,
     FinishReason,
@@ -420,9 +421,10 @@ def draft_block_from_proto(msg: xpb.CandidateBlock) -> DraftBlock:
     return DraftBlock(token_ids=token_ids, q_ids=q_ids, q_probs=q_probs)
 
 
-def verify_result_to_proto(result: VerifyResult, target_time_s: float = 0.0) -> xpb.VerificationResult:
-    """VerifyResult -> VerificationResult with status OK."""
-    return xpb.VerificationResult(
+def verify_result_to_proto(result: VerifyResult, target_time_s: float = 0.0,
+                           batch: "BatchShape | None" = None) -> xpb.VerificationResult:
+    """VerifyResult -> VerificationResult with status OK (``batch``: the forward that answered it)."""
+    msg = xpb.VerificationResult(
         status=xpb.VERIFY_STATUS_OK,
         accepted=result.accepted,
         token_ids=result.token_ids,
@@ -431,6 +433,10 @@ def verify_result_to_proto(result: VerifyResult, target_time_s: float = 0.0) -> 
         target_time_s=target_time_s,
         top_logprobs=top_logprobs_to_proto(result.top_logprobs),
     )
+    if batch is not None:
+        msg.batch_forward, msg.batch_rows = batch.forward, batch.rows
+        msg.batch_positions, msg.batch_forward_s = batch.positions, batch.seconds
+    return msg
 
 
 def verify_result_from_proto(msg: xpb.VerificationResult, want_logprobs: bool) -> VerifyResult:
@@ -448,4 +454,6 @@ def verify_result_from_proto(msg: xpb.VerificationResult, want_logprobs: bool) -
         logprobs=list(msg.logprobs) if want_logprobs else None,
         committed_len=msg.committed_len,
         top_logprobs=top_logprobs_from_proto(msg.top_logprobs) if msg.top_logprobs else None,
+        batch=BatchShape(int(msg.batch_forward), int(msg.batch_rows), int(msg.batch_positions),
+                         float(msg.batch_forward_s)) if msg.batch_rows else None,
     )

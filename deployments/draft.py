@@ -253,9 +253,19 @@ class Draft:
         cfg: the application config.
         target: a Serve handle of the Target deployment.
         send_factory: ``(routing_key) -> Send``; tests inject one, default :func:`handle_send`.
+        metrics: :class:`deployments.metrics.SpecDecMetrics` (default: Ray's metrics API).
+
+    K under load (``cfg.served_batch_k``): :attr:`batch_k` (a
+    :class:`specdec.control.batch_k.BatchKSessions`, next to the draft combiner) chooses the K of
+    every step of a ``batch_adaptive`` job from the batch it runs in. It lives here, not in the
+    shared controller actor, because K is needed before every step of every session: this
+    replica sees its sessions' tenants, measures its own batched draft forwards, and gets the
+    batched verify's rows, positions and seconds back in each verification result, while an
+    actor call per step would put a round trip into every step.
     """
 
-    def __init__(self, cfg: AppConfig, target: Any = None, send_factory: Callable[[str], Send] | None = None):
+    def __init__(self, cfg: AppConfig, target: Any = None, send_factory: Callable[[str], Send] | None = None,
+                 metrics: Any = None):
         import torch
 
         from deployments.target_info import TargetInfo
@@ -289,12 +299,18 @@ class Draft:
             self.draft_proposer = DraftModelProposer(draft, eos_ids=self.info.eos_token_ids)
         #: generation id -> its Generation (the sessions whose draft caches live here)
         self.sessions: dict[str, Any] = {}
+        self._gauged: dict[str, float] = {}  # tenant -> when its batch-K gauges were last set
         self._lock = threading.Lock()
+        from deployments.metrics import SpecDecMetrics
+        from specdec.control.batch_k import BatchKController, BatchKSessions
         from specdec.engine.batch import DraftCombiner
 
+        self.metrics = metrics if metrics is not None else SpecDecMetrics()
+        #: K under load per tenant (None: the router's K holds for every step)
+        self.batch_k = BatchKSessions(BatchKController(budget=cfg.max_batch_positions)) if cfg.served_batch_k else None
         #: batches the drafting of the generations stepped concurrently (continuous batching)
         self.combiner = DraftCombiner(batched=cfg.draft_batching, window_s=cfg.batch_window_s,
-                                      max_prefill=cfg.draft_prefill_chunk)
+                                      max_prefill=cfg.draft_prefill_chunk, k_control=self.batch_k)
 
     # --- building one generation -------------------------------------------------------------
 
@@ -322,10 +338,20 @@ class Draft:
             target.tenant, target.tenant_weight = job.tenant, (job.tenant_weight or 1.0)
             return target
 
+        tenant = job.tenant or "default"
+        adaptive = bool(job.batch_adaptive) and self.batch_k is not None and req.speculation.k > 0
+        if adaptive:
+            k = self.batch_k.schedule(tenant, req.speculation.k, min(job.k_min, req.speculation.k), probe or 0)
+        else:
+            k = k_schedule(req.speculation.k, probe)
         gen = open_generation(
             req, self.info, prompt, seed=seed, draft_proposer=self.draft_proposer, open_target=open_target,
-            k=k_schedule(req.speculation.k, probe), resume=resume,
+            k=k, resume=resume,
         )
+        if self.batch_k is not None:
+            self.batch_k.join(gen, tenant, req.speculation.proposer if req.speculation.k > 0 else "none",
+                              adaptive=adaptive, weight=job.tenant_weight or 1.0,
+                              k_range=(min(job.k_min, req.speculation.k), req.speculation.k))
         return gen, gen.target
 
     # --- the streaming method ----------------------------------------------------------------
@@ -364,6 +390,7 @@ class Draft:
                 fut = None
                 costs.after_step(skip=target.wire.rebuilds != rebuilds)  # a rebuild re-ran the prefill
                 rebuilds = target.wire.rebuilds
+                self._record_batch_k(job)
                 if chunk is None:
                     if not gen.finished:
                         continue
@@ -396,8 +423,31 @@ class Draft:
                 await asyncio.wait([fut])
             await loop.run_in_executor(self.step_executor, gen.close)
         finally:
+            if self.batch_k is not None:
+                self.batch_k.leave(gen)
             with self._lock:
                 self.sessions.pop(sid, None)
+
+    def _record_batch_k(self, job: xpb.DraftJob) -> None:
+        """Set the tenant's K-under-load gauges (at most once a second per tenant)."""
+        if self.batch_k is None:
+            return
+        tenant = job.tenant or "default"
+        now = time.monotonic()
+        if now - self._gauged.get(tenant, -1e9) < 1.0:
+            return
+        self._gauged[tenant] = now
+        try:
+            proposer = convert.PROPOSER_FROM_PROTO.get(job.request.speculation.proposer, "draft")
+            self.metrics.record_batch_k(tenant, proposer, self.batch_k.tenant_stats(tenant))
+        except Exception:  # metrics never break serving
+            log.exception("metrics")
+
+    async def BatchKStats(self, tenant: str) -> dict:
+        """K under load for ``tenant`` on this replica: ``{"k_under_load", "rows_per_step",
+        "positions_per_step", "steps", "sessions"}`` (:meth:`BatchKSessions.tenant_stats`);
+        ``{}`` when ``served_batch_k`` is off."""
+        return {} if self.batch_k is None else self.batch_k.tenant_stats(tenant)
 
     # --- readiness and debugging -------------------------------------------------------------
 

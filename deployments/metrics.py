@@ -66,6 +66,16 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...], list[float] | None]] = {
     "specdec_batch_positions": (
         "histogram", "Positions one batched target forward scored (sum of K + 1, plus prefill chunks).", (),
         [1.5, 4.5, 8.5, 16.5, 32.5, 64.5, 128.5, 256.5, 512.5]),
+    "specdec_batch_k": (
+        "gauge", "K under load: the K the draft replica's batch controller chose for the tenant at its last "
+        "decision (whole-batch tokens/s within fair shares; 0 = speculation off under the current load).",
+        ("tenant", "proposer"), None),
+    "specdec_batch_rows_seen": (
+        "gauge", "Mean sessions (rows) of the batched target forwards the tenant's recent steps ran in.",
+        ("tenant",), None),
+    "specdec_batch_positions_seen": (
+        "gauge", "Mean positions of the batched target forwards the tenant's recent steps ran in.",
+        ("tenant",), None),
     "specdec_exchange_bytes": (
         "histogram", "Draft<->target bytes per speculation step.", (),
         [256, 1024, 4096, 16384, 65536, 262144, 1048576]),
@@ -201,6 +211,15 @@ class SpecDecMetrics:
             base = float(decision.get("baseline_step_time_s") or 0.0)
             if base > 0:
                 self.set("specdec_measured_speedup", tokens * base / busy, tenant=tenant, proposer=proposer)
+
+    def record_batch_k(self, tenant: str, proposer: str, stats: Mapping) -> None:
+        """Set the K-under-load gauges of one tenant from
+        :meth:`specdec.control.batch_k.BatchKSessions.tenant_stats`."""
+        if stats.get("k_under_load") is not None and proposer != "none":
+            self.set("specdec_batch_k", float(stats["k_under_load"]), tenant=tenant, proposer=proposer)
+        if stats.get("steps"):
+            self.set("specdec_batch_rows_seen", float(stats["rows_per_step"]), tenant=tenant)
+            self.set("specdec_batch_positions_seen", float(stats["positions_per_step"]), tenant=tenant)
 
     def record_exchange(self, nbytes: int) -> None:
         """Bytes of one draft<->target exchange (candidate block + verification result)."""

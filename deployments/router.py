@@ -264,6 +264,11 @@ class Router:
         msg = convert.request_to_proto(req)
         msg.prompt_token_ids.CopyFrom(pb.TokenIds(ids=list(prompt)))  # the oneof now holds the ids
         k = adm.chosen_k if adm.proposer != "none" else 0
+        # K under load: the draft replica picks each step's K (at most the request's ceiling)
+        batch_adaptive = bool(self.cfg.served_batch_k and getattr(adm, "adaptive", False)
+                              and adm.proposer != "none" and getattr(adm, "k_cap", 0) > 0)
+        if batch_adaptive:
+            k = adm.k_cap
         msg.speculation.CopyFrom(pb.SpeculationHints(
             proposer=convert.PROPOSER_TO_PROTO[adm.proposer], max_k=k,
             draft_min_confidence=req.speculation.draft_min_confidence,
@@ -272,7 +277,8 @@ class Router:
         msg.sampling.seed = seed
         probe = int(adm.decision.get("probe_steps") or 0) if adm.decision.get("probe") else 0
         return xpb.DraftJob(session_id=session_id, request=msg, deadline_unix_s=deadline, probe_steps=probe,
-                            tenant=adm.tenant_id, tenant_weight=getattr(adm, "batch_weight", 1.0))
+                            tenant=adm.tenant_id, tenant_weight=getattr(adm, "batch_weight", 1.0),
+                            batch_adaptive=batch_adaptive, k_min=min(getattr(adm, "k_min", 0), k) if batch_adaptive else 0)
 
     async def _prepare(self, data: Mapping[str, Any], metadata: Mapping[str, str]) -> tuple[xpb.DraftJob, str, Any]:
         """Validate, tokenize, admit (tenancy) and build the draft job; returns the admission too.
@@ -438,6 +444,16 @@ class Router:
             msg.batch.max_rows = int(load["max_rows"])
         except Exception:
             log.debug("target BatchStats unavailable", exc_info=True)
+        try:  # K under load for this tenant, as the draft replica's batch controller sees it
+            mine = await asyncio.wait_for(self.draft.BatchKStats.remote(stats["tenant_id"]), timeout=5)
+            if mine:
+                if mine.get("k_under_load") is not None:
+                    msg.batch.k_under_load = int(mine["k_under_load"])
+                msg.batch.tenant_rows_per_step = float(mine["rows_per_step"])
+                msg.batch.tenant_positions_per_step = float(mine["positions_per_step"])
+                msg.batch.tenant_steps = int(mine["steps"])
+        except Exception:
+            log.debug("draft BatchKStats unavailable", exc_info=True)
         return msg
 
     def __serve_build_asgi_app__(self):

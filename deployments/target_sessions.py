@@ -215,6 +215,7 @@ class TargetSessionTable:
         )
         self._steps += 1
         items = [(self.sessions[self.pending[t][0]], self.pending[t][1]) for t in tickets]
+        t_fwd = self.clock()
         try:
             results = self.verifier.verify_batch(items, max_positions, caps) if items else []
         except BaseException:
@@ -222,6 +223,10 @@ class TargetSessionTable:
                 self.close(self.pending[t][0])
             raise
         now = self.clock()
+        from specdec.types import BatchShape
+
+        shape = BatchShape(self._steps, getattr(self.verifier, "last_rows", len(items)),
+                           getattr(self.verifier, "last_positions", 0), now - t_fwd) if items else None
         for t, res in zip(tickets, results):
             if res is None:
                 continue
@@ -230,7 +235,7 @@ class TargetSessionTable:
                 self.close(sid)
                 out.append((t, InvalidRequestError(str(res)) if not isinstance(res, InvalidRequestError) else res))
             else:
-                out.append((t, convert.verify_result_to_proto(res, target_time_s=now - t0)))
+                out.append((t, convert.verify_result_to_proto(res, target_time_s=now - t0, batch=shape)))
         return out
 
     def close(self, session_id: str) -> bool:

@@ -141,6 +141,11 @@ class Admission:
     queued_s: float = 0.0
     lease_id: str | None = None
     batch_weight: float = 1.0
+    #: K under load: the request's K ceiling (its K clipped to the tenant's k_max), the tenant's
+    #: k_min, and whether the tenant's K adapts (policy adaptive, not a seeded sampled request)
+    k_cap: int = 0
+    k_min: int = 0
+    adaptive: bool = False
     started: float = field(default_factory=time.perf_counter)
     _slot: bool = False
     _done: bool = False
@@ -288,6 +293,9 @@ class TenancyGate:
             prompt_tokens=n_prompt,
             clipped=checked.clipped,
             lease_id=got["lease"],
+            k_cap=int(checked.k_max or 0),
+            k_min=int(checked.k_min),
+            adaptive=bool(policy["adaptive"]),
         )
         t_q = time.perf_counter()
         try:

@@ -74,6 +74,23 @@ class DraftBlock:
 
 
 @dataclass(frozen=True)
+class BatchShape:
+    """The batched target forward that verified a block (continuous batching).
+
+    Attributes:
+        forward: the target replica's counter of batched forwards (identifies the forward).
+        rows: sessions the forward fed (prefill chunks included).
+        positions: positions it fed (Σ (K_i + 1) plus prefill chunks).
+        seconds: its duration (scoring and deciding every row).
+    """
+
+    forward: int
+    rows: int
+    positions: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class VerifyResult:
     """What the verifier decided for one candidate block.
 
@@ -88,6 +105,7 @@ class VerifyResult:
             not been fed to either model yet.
         top_logprobs: per emitted token, the target's N most likely ``(id, logprob)`` pairs
             (same distribution as ``logprobs``, most likely first), or None when not requested.
+        batch: the batched forward that verified the block, when the target reports it.
     """
 
     accepted: int
@@ -95,6 +113,7 @@ class VerifyResult:
     logprobs: list[float] | None
     committed_len: int
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    batch: BatchShape | None = None
 
 
 class FinishReason(str, enum.Enum):

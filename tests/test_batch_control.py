@@ -93,3 +93,52 @@ def test_scheduler_with_controller_adapts_and_outputs_stay_exact(tiny_target, ti
     assert all(max(h.result().stats.k_counts) <= 6 for h in hs)
     with pytest.raises(ValueError, match="needs a scheduler with a controller"):
         BatchScheduler(engine).submit(reqs[0], adaptive=True)
+
+
+def test_batch_k_sessions_served_controller():
+    """The served K-under-load controller (draft replica): sessions join and leave, steps report
+    K, acceptance and the batched forward that verified them; K per tenant is the whole-batch
+    optimum of choose_batch_ks over the sessions held, each forward is measured once, and a
+    probe runs its first steps at the request's ceiling."""
+
+    from specdec.control.batch_k import BatchKSessions
+    from specdec.types import BatchShape
+
+    cost = _cost(0.05)
+    live = BatchKSessions(BatchKController(budget=128, cost=cost))
+    for i in range(4):
+        live.join(("code", i), "code", "draft", k_range=(0, 8))
+        live.join(("creative", i), "creative", "draft", k_range=(0, 8))
+    live.join("pinned", "creative", "draft", adaptive=False)  # counts for stats, not decisions
+    shape = BatchShape(forward=7, rows=8, positions=40, seconds=cost.verify_s(8, 40))
+    n_before = len(live.controller.batches)
+    for step in range(40):
+        for i in range(4):
+            live.observe_step(("code", i), 4, 4, shape)  # every draft accepted
+            live.observe_step(("creative", i), 4, 1 if step % 2 else 0, shape)
+    assert len(live.controller.batches) == n_before + 1  # 320 reports of one forward: measured once
+    k_code, k_creative = live.k_for("code", 8), live.k_for("creative", 8)
+    est = live.controller.estimator
+    expected = choose_batch_ks({"code": TenantLoad(4, est.alpha(("code", "draft"))),
+                                "creative": TenantLoad(4, est.alpha(("creative", "draft")))},
+                               live.controller.cost, budget=128)
+    assert (k_code, k_creative) == (expected.ks["code"], expected.ks["creative"])
+    assert k_creative == 0 and k_code >= 2
+    assert live.k_for("code", 1) == 1  # never above the request's ceiling
+    stats = live.tenant_stats("code")
+    assert stats == {"k_under_load": k_code, "rows_per_step": 8.0, "positions_per_step": 40.0,
+                     "steps": 160, "sessions": 4}
+    assert live.tenant_stats("creative")["sessions"] == 5
+    # a probe: the ceiling for its first two steps, then the tenant's K under load
+    k = live.schedule("creative", 6, probe_steps=2)
+    assert [k(), k(), k()] == [6, 6, 0]
+    # the code tenant leaves: the creative tenant alone decides again (its steps no longer slow
+    # anyone else's), and K under load follows the new batch
+    for i in range(4):
+        live.leave(("code", i))
+    decisions = live.decisions
+    live.k_for("creative", 8)
+    assert live.decisions == decisions + 1 and "code" not in live.controller.last.ks
+    live.leave("missing")  # idempotent
+    with pytest.raises(ValueError, match="weight must be > 0"):
+        live.join("x", "t", "draft", weight=0)

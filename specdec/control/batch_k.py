@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from specdec.control.acceptance import AcceptanceEstimator
 from specdec.control.objective import expected_tokens_per_step
@@ -258,3 +258,164 @@ class BatchKController:
             "alpha": {f"{t}/{p}": self.estimator.alpha((t, p)) for t, p in self.estimator.keys()},
             "cost": self.cost.snapshot(),
         }
+
+
+@dataclass
+class _Joined:
+    tenant: str
+    proposer: str
+    adaptive: bool
+
+
+class BatchKSessions:
+    """K under load for generations stepped concurrently by one serving replica (thread-safe).
+
+    The served counterpart of ``BatchScheduler(controller=BatchKController(...))``: a draft
+    replica steps each generation in its own thread (its verify is a remote call that the target
+    batches with the other sessions'), so there is no tick to hook. Instead each generation
+    :meth:`join` s when it starts and :meth:`leave` s when it ends; its K per step comes from
+    :meth:`schedule` (the tenant's K under the current load, at most the request's K); and after
+    every step :meth:`observe_step` gets the block's K and accepted count, the batched target
+    forward that verified it (:class:`specdec.types.BatchShape`, reported back by the target:
+    rows, positions, seconds) and the batched draft forwards run since (rows, seconds). The
+    controller decides again (:meth:`BatchKController.decide` over the adaptive sessions held
+    here, per tenant and proposer) when the sessions changed or a new forward was measured,
+    at most once per such change.
+
+    Per tenant it keeps, for statistics, the K chosen at the last decision and the rows and
+    positions of the forwards its recent steps ran in (:meth:`tenant_stats`).
+
+    Args:
+        controller: the batch controller (its ``budget`` is the target's positions budget).
+        recent: steps per tenant the rows/positions means are over.
+    """
+
+    def __init__(self, controller: BatchKController, recent: int = 200):
+        import collections
+        import threading
+
+        self.controller = controller
+        self._lock = threading.Lock()
+        self._joined: dict[Any, _Joined] = {}
+        self._dirty = True
+        self._seen: collections.OrderedDict = collections.OrderedDict()  # forward keys measured
+        self._recent = recent
+        self._shapes: dict[str, collections.deque] = collections.defaultdict(
+            lambda: collections.deque(maxlen=recent))
+        #: tenant -> K used per step (most recent ``recent``), for tests and statistics
+        self.k_steps: dict[str, collections.deque] = collections.defaultdict(
+            lambda: collections.deque(maxlen=recent))
+        self.decisions = 0
+
+    def join(self, key: Any, tenant: str, proposer: str, *, adaptive: bool = True, weight: float = 1.0,
+             k_range: tuple[int, int] = (0, 8)) -> None:
+        """A generation starts (``key``: any hashable id). Adaptive ones count in the decision.
+
+        Args:
+            weight: the tenant's fair-share weight (policy ``batch_weight``).
+            k_range: the tenant's (k_min, k_max).
+
+        Raises:
+            ValueError: ``weight <= 0`` or an empty K range.
+        """
+        if not weight > 0:
+            raise ValueError(f"weight must be > 0, got {weight}")
+        if not 0 <= k_range[0] <= k_range[1]:
+            raise ValueError(f"bad K range {k_range}")
+        with self._lock:
+            self._joined[key] = _Joined(tenant, proposer, adaptive)
+            self.controller.weights[tenant] = float(weight)
+            self.controller.k_ranges[tenant] = (int(k_range[0]), int(k_range[1]))
+            self._dirty = True
+
+    def leave(self, key: Any) -> None:
+        """The generation ``key`` ended (idempotent)."""
+        with self._lock:
+            if self._joined.pop(key, None) is not None:
+                self._dirty = True
+
+    def _decide_locked(self) -> None:
+        counts: dict[tuple[str, str], int] = {}
+        for j in self._joined.values():
+            if j.adaptive and j.proposer != "none":
+                counts[(j.tenant, j.proposer)] = counts.get((j.tenant, j.proposer), 0) + 1
+        if counts:
+            self.controller.decide(counts)
+            self.decisions += 1
+        self._dirty = False
+
+    def k_for(self, tenant: str, cap: int, k_min: int = 0) -> int:
+        """The K of ``tenant``'s next step: its K under the current load within [k_min, cap]
+        (``cap`` before any decision)."""
+        with self._lock:
+            if self._dirty:
+                self._decide_locked()
+            chosen = self.controller.k_for(tenant)
+        return cap if chosen is None else max(min(k_min, cap), min(cap, chosen))
+
+    def schedule(self, tenant: str, cap: int, k_min: int = 0, probe_steps: int = 0):
+        """A ``k`` callable for :meth:`specdec.engine.engine.SpeculativeEngine.start`: ``cap`` for
+        the first ``probe_steps`` steps (a probe of the per-request controller), then
+        :meth:`k_for` each step."""
+        calls = [0]
+
+        def k() -> int:
+            calls[0] += 1
+            return cap if calls[0] <= probe_steps else self.k_for(tenant, cap, k_min)
+
+        return k
+
+    def observe_step(self, key: Any, k: int, accepted: int, batch: Any = None,
+                     draft_forwards: Sequence[tuple[int, float]] = ()) -> None:
+        """One step of generation ``key`` ended.
+
+        Args:
+            k: drafts in its block; accepted: drafts the target accepted.
+            batch: the :class:`specdec.types.BatchShape` of the target forward that verified
+                it (each forward is measured once however many of its rows report it).
+            draft_forwards: ``(rows, seconds)`` of batched draft forwards run since the last call.
+        """
+        with self._lock:
+            j = self._joined.get(key)
+            if j is not None:
+                self.k_steps[j.tenant].append(int(k))
+                if k > 0 and j.proposer != "none":
+                    self.controller.observe_row(j.tenant, j.proposer, int(k), int(accepted))
+                if batch is not None:
+                    self._shapes[j.tenant].append((int(batch.rows), int(batch.positions)))
+            new_forward = False
+            if batch is not None and batch.rows >= 1:
+                fkey = (batch.forward, batch.rows, batch.positions)
+                if fkey not in self._seen:
+                    self._seen[fkey] = None
+                    if len(self._seen) > 4096:
+                        self._seen.popitem(last=False)
+                    new_forward = True
+            if new_forward or draft_forwards:
+                self.controller.observe_tick(
+                    batch.rows if new_forward else 0, max(batch.positions, batch.rows) if new_forward else 0,
+                    batch.seconds if new_forward else 0.0, list(draft_forwards))
+                self._dirty = True
+
+    def tenant_stats(self, tenant: str) -> dict:
+        """``{"k_under_load": K chosen at the last decision or None, "rows_per_step",
+        "positions_per_step": means over the tenant's recent steps (0.0 without any),
+        "steps": how many, "sessions": adaptive sessions held now}``."""
+        with self._lock:
+            shapes = list(self._shapes.get(tenant, ()))
+            n = len(shapes)
+            return {
+                "k_under_load": self.controller.k_by_tenant.get(tenant),
+                "rows_per_step": sum(r for r, _ in shapes) / n if n else 0.0,
+                "positions_per_step": sum(p for _, p in shapes) / n if n else 0.0,
+                "steps": n,
+                "sessions": sum(1 for j in self._joined.values() if j.tenant == tenant),
+            }
+
+    def stats(self) -> dict:
+        """:meth:`tenant_stats` of every tenant seen, plus the controller's :meth:`BatchKController.stats`."""
+        with self._lock:
+            tenants = set(self._shapes) | {j.tenant for j in self._joined.values()} | set(self.controller.k_by_tenant)
+        out = {t: self.tenant_stats(t) for t in sorted(tenants)}
+        with self._lock:
+            return {"tenants": out, "controller": self.controller.stats(), "decisions": self.decisions}

@@ -578,10 +578,13 @@ class DraftCombiner:
         max_prefill: chunked draft prefill: uncached prompt positions fed per batch round (a
             session whose prompt is longer is prefilled in chunks over several rounds, waiting
             in the queue, while the others get their blocks every round); None: no bound.
+        k_control: a :class:`specdec.control.batch_k.BatchKSessions`: after every step it
+            learns the step's K and acceptance, the batched target forward that verified it
+            (``VerifyResult.batch``) and the batched draft forwards run since.
     """
 
     def __init__(self, batched: bool = True, window_s: float = 0.002, clock: Callable[[], float] = time.perf_counter,
-                 max_prefill: int | None = None):
+                 max_prefill: int | None = None, k_control: Any = None):
         if max_prefill is not None and max_prefill < 1:
             raise ValueError(f"max_prefill must be >= 1, got {max_prefill}")
         self.batched = batched
@@ -591,7 +594,8 @@ class DraftCombiner:
         #: ``(rows, positions)`` of every batched draft forward (most recent 1000)
         self.trace: collections.deque = collections.deque(maxlen=1000)
         #: ``(rows, seconds)`` of batched draft forwards not yet taken by :meth:`take_timings`
-        self._timings: list[tuple[int, float]] = []
+        self._timings: collections.deque = collections.deque(maxlen=1000)
+        self.k_control = k_control
         self._cv = threading.Condition()
         self._queue: list[_Waiting] = []
         self._busy = False
@@ -660,7 +664,8 @@ class DraftCombiner:
     def take_timings(self) -> list[tuple[int, float]]:
         """``(rows, seconds)`` of the batched draft forwards run since the last call (thread-safe)."""
         with self._cv:
-            out, self._timings = self._timings, []
+            out = list(self._timings)
+            self._timings.clear()
         return out
 
     def step(self, gen: Generation) -> GenerationChunk | None:
@@ -675,4 +680,6 @@ class DraftCombiner:
         t1 = self._clock()
         result = gen.target.verify(block)
         t2 = self._clock()
+        if self.k_control is not None:
+            self.k_control.observe_step(gen, block.k, result.accepted, result.batch, self.take_timings())
         return gen.apply(block, result, t1 - t0, t2 - t1)

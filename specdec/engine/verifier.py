@@ -315,6 +315,8 @@ class TargetVerifier:
         self.target = target
         #: positions fed by the last :meth:`verify_batch` forward (for cost models and tests)
         self.last_positions = 0
+        #: sessions fed by the last :meth:`verify_batch` forward (prefill chunks included)
+        self.last_rows = 0
 
     def open_session(
         self, token_ids: Sequence[int], sampling: SamplingParams, seed: int, logprobs: bool = False,
@@ -410,6 +412,7 @@ class TargetVerifier:
                 budget -= chunk
         logits = feed_many(feeds)
         self.last_positions = sum(len(tokens) for _, tokens, _ in feeds)
+        self.last_rows = len(feeds)
         j = 0
         for seq_tokens_keep, out in zip(feeds, logits):
             if seq_tokens_keep[2] == 0:

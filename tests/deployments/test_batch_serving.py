@@ -311,3 +311,178 @@ def test_draft_combiner_chunks_a_long_prompt_prefill(target, tmp_path):
     assert sum(r for r, _ in combiner.take_timings()) >= len(combiner.trace)
     with pytest.raises(ValueError, match="max_prefill must be >= 1"):
         DraftCombiner(max_prefill=0)
+
+
+class BatchingWire:
+    """A batching target replica in process for Draft replicas: Verify calls from concurrent
+    step threads wait for one batched TargetSessionTable.step (window, positions budget), like
+    the Target replica's loop; the replies carry the forward's shape."""
+
+    def __init__(self, target, budget: int, window_s: float = 0.01):
+        self.table = TargetSessionTable(TargetVerifier(target))
+        self.budget, self.window_s = budget, window_s
+        self.cv = threading.Condition()
+        self.replies: dict[int, object] = {}
+        self.tickets = iter(range(1 << 30))
+        self.forwards = 0
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self):
+        import time
+
+        while True:
+            with self.cv:
+                while not self.table.pending:
+                    self.cv.wait()
+            time.sleep(self.window_s)
+            with self.cv:
+                out = self.table.step(self.budget)
+                self.forwards += 1
+                for t, r in out:
+                    self.replies[t] = r
+                self.cv.notify_all()
+
+    def send(self, method: str, payload: bytes) -> bytes:
+        with self.cv:
+            if method == "CloseSession":
+                sid = xpb.CloseSessionRequest.FromString(payload).session_id
+                return xpb.CloseSessionResponse(existed=self.table.close(sid)).SerializeToString()
+            t = next(self.tickets)
+            reply = self.table.admit(t, xpb.CandidateBlock.FromString(payload))
+            if reply is not None:
+                return reply.SerializeToString()
+            self.cv.notify_all()
+            while t not in self.replies:
+                self.cv.wait()
+            r = self.replies.pop(t)
+        if isinstance(r, Exception):
+            raise r
+        return r.SerializeToString()
+
+
+def test_served_k_under_load_on_the_draft_replica(target, tmp_path):
+    """Two tenants' adaptive jobs run concurrently on one draft replica against a batching
+    target: every step's K comes from the replica's batch controller (at most the job's ceiling),
+    which learns the batched verify by rows and positions from the target's replies; every
+    output equals the same request alone; the tenant stats and gauges show K under load, rows
+    and positions per step; a non-adaptive job keeps its K on every step."""
+    import asyncio
+
+    from deployments.config import AppConfig
+    from deployments.draft import Draft
+    from deployments.metrics import SpecDecMetrics
+    from protos.specdec.v1 import specdec_pb2 as pb
+    from specdec.testing.tiny import build_tiny_model as build
+
+    t_folder = tmp_path / "t"
+    import shutil
+
+    shutil.copytree(build(tmp_path / "t0", seed=0, max_positions=1024), t_folder)
+    d_folder = build(tmp_path / "d", seed=1, base=target.model, noise=0.03, max_positions=1024)
+    wire = BatchingWire(target, budget=64)
+    metrics = SpecDecMetrics(backend=None)
+    rep = Draft(AppConfig(target_model=str(t_folder), draft_model=str(d_folder), cpu_threads=1,
+                          batch_window_s=0.01, max_batch_positions=64),
+                send_factory=lambda key: wire.send, metrics=metrics)
+    rng = random.Random(11)
+
+    def job(i, tenant, adaptive=True, k=6):
+        req = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[rng.randrange(3, 300) for _ in range(5 + i)]),
+                                 max_tokens=24, ignore_eos=True,
+                                 speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=k))
+        req.sampling.seed = 3
+        return xpb.DraftJob(session_id=f"j{i}", request=req, tenant=tenant, batch_adaptive=adaptive)
+
+    jobs = [job(i, ["code", "creative"][i % 2]) for i in range(6)] + [job(6, "creative", adaptive=False, k=3)]
+
+    async def run_one(j):
+        chunks = [pb.GenerateStreamChunk.FromString(raw) async for raw in rep.Generate(j.SerializeToString())]
+        return convert.join_chunks(chunks)
+
+    async def main():
+        return await asyncio.gather(*[run_one(j) for j in jobs])
+
+    got = asyncio.run(main())
+    engine = SpeculativeEngine(target, load_tiny(d_folder))
+    for j, g in zip(jobs, got):
+        assert list(g.token_ids) == engine.generate(convert.request_from_proto(j.request)).token_ids
+    # not adaptive: K = 3 every step but where max_tokens cuts the last blocks short
+    kc = dict(got[6].stats.k_counts)
+    assert max(kc) == 3 and kc[3] >= got[6].stats.steps - 2
+    for g in got[:6]:
+        assert max(dict(g.stats.k_counts)) <= 6
+    live = rep.batch_k
+    assert live.decisions >= 1 and live.controller.batches  # decided from measured batched forwards
+    assert sorted(live.controller.last.ks) <= ["code", "creative"]
+    steps = {t: sum(g.stats.steps for j, g in zip(jobs, got) if j.tenant == t) for t in ("code", "creative")}
+    for tenant in ("code", "creative"):
+        st = asyncio.run(rep.BatchKStats(tenant))
+        assert st["steps"] == steps[tenant] and st["sessions"] == 0
+        assert st["k_under_load"] in range(0, 7)
+        assert 1.0 <= st["rows_per_step"] <= 7 and st["positions_per_step"] >= st["rows_per_step"]
+        assert metrics.value("specdec_batch_rows_seen", tenant=tenant) > 0
+    assert max(r for r, _ in live.controller.batches) >= 3  # sessions really shared forwards
+    # K per step of the adaptive jobs is what the controller chose: every recorded step K is one
+    # of the K the controller held for that tenant or the job's own ceiling at a probe
+    assert sum(len(v) for v in live.k_steps.values()) == sum(g.stats.steps for g in got)
+
+
+def test_router_sends_adaptive_jobs_and_reports_k_under_load(target, tmp_path):
+    """Through the router (gRPC methods, open mode): an adaptive greedy request becomes a
+    batch-adaptive DraftJob with the request's K as ceiling; a seeded sampled one keeps a fixed K;
+    GetTenantStats carries the tenant's K under load and the rows and positions its steps saw;
+    outputs equal the engine alone."""
+    import asyncio
+
+    from deployments.config import AppConfig
+    from deployments.controller_actor import ControllerClient
+    from deployments.draft import Draft
+    from deployments.metrics import SpecDecMetrics
+    from deployments.router import Router
+    from deployments.tenancy import TenancyGate
+    from protos.specdec.v1 import specdec_pb2 as pb
+    from tests.deployments.test_openai_api import Context, LocalDraftHandle
+
+    t_folder = build_tiny_model(tmp_path / "t", seed=0, max_positions=1024)
+    d_folder = build_tiny_model(tmp_path / "d", seed=1, base=target.model, noise=0.03, max_positions=1024)
+    cfg = AppConfig(target_model=str(t_folder), draft_model=str(d_folder), cpu_threads=1, default_max_k=5)
+    wire = BatchingWire(target, budget=64)
+    draft = Draft(cfg, send_factory=lambda key: wire.send, metrics=SpecDecMetrics(backend=None))
+    jobs = []
+    generate = draft.Generate
+
+    def spy(payload):
+        jobs.append(xpb.DraftJob.FromString(payload))
+        return generate(payload)
+
+    draft.Generate = spy
+
+    class Handle(LocalDraftHandle):
+        @property
+        def BatchKStats(self):
+            return self._Method(self.draft.BatchKStats)
+
+    router = Router(cfg, draft=Handle(draft), gate=TenancyGate(None, ControllerClient.local({}),
+                                                                SpecDecMetrics(backend=None)))
+    greedy = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5, 17, 42, 9, 100]), max_tokens=20,
+                                ignore_eos=True, speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=8))
+    seeded = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5, 17, 42]), max_tokens=12, ignore_eos=True,
+                                sampling=pb.SamplingParams(temperature=0.8, seed=4),
+                                speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=3))
+
+    async def main():
+        out = await asyncio.gather(router.Generate(greedy, Context()), router.Generate(seeded, Context()))
+        return out, await router.GetTenantStats(pb.GetTenantStatsRequest(), Context())
+
+    (g, s), stats = asyncio.run(main())
+    by_len = {len(j.request.prompt_token_ids.ids): j for j in jobs}
+    assert by_len[5].batch_adaptive and by_len[5].request.speculation.max_k == 5  # capped by default_max_k
+    assert not by_len[3].batch_adaptive and by_len[3].request.speculation.max_k == 3
+    engine = SpeculativeEngine(target, load_tiny(d_folder))
+    assert list(g.token_ids) == engine.generate(GenerationRequest(
+        prompt_token_ids=[5, 17, 42, 9, 100], max_tokens=20, ignore_eos=True, speculation={"k": 5})).token_ids
+    assert max(dict(g.stats.k_counts)) <= 5
+    assert stats.tenant_id == "default" and stats.batch.HasField("k_under_load")
+    assert stats.batch.k_under_load == draft.batch_k.controller.k_by_tenant["default"]
+    assert stats.batch.tenant_steps == g.stats.steps + s.stats.steps
+    assert stats.batch.tenant_rows_per_step >= 1 and stats.batch.tenant_positions_per_step >= stats.batch.tenant_rows_per_step

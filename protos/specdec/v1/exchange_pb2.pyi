@@ -68,7 +68,7 @@ class CandidateBlock(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., position: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., q: _Optional[_Union[SparseDistribution, _Mapping]] = ..., open: _Optional[_Union[SessionOpen, _Mapping]] = ...) -> None: ...
 
 class VerificationResult(_message.Message):
-    __slots__ = ("status", "accepted", "token_ids", "logprobs", "committed_len", "target_position", "target_time_s", "top_logprobs")
+    __slots__ = ("status", "accepted", "token_ids", "logprobs", "committed_len", "target_position", "target_time_s", "top_logprobs", "batch_forward", "batch_rows", "batch_positions", "batch_forward_s")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,10 @@ class VerificationResult(_message.Message):
     TARGET_POSITION_FIELD_NUMBER: _ClassVar[int]
     TARGET_TIME_S_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FORWARD_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FORWARD_S_FIELD_NUMBER: _ClassVar[int]
     status: VerifyStatus
     accepted: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -85,7 +89,11 @@ class VerificationResult(_message.Message):
     target_position: int
     target_time_s: float
     top_logprobs: _containers.RepeatedCompositeFieldContainer[_specdec_pb2.TopLogprobs]
-    def __init__(self, status: _Optional[_Union[VerifyStatus, str]] = ..., accepted: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., committed_len: _Optional[int] = ..., target_position: _Optional[int] = ..., target_time_s: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[_specdec_pb2.TopLogprobs, _Mapping]]] = ...) -> None: ...
+    batch_forward: int
+    batch_rows: int
+    batch_positions: int
+    batch_forward_s: float
+    def __init__(self, status: _Optional[_Union[VerifyStatus, str]] = ..., accepted: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., committed_len: _Optional[int] = ..., target_position: _Optional[int] = ..., target_time_s: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[_specdec_pb2.TopLogprobs, _Mapping]]] = ..., batch_forward: _Optional[int] = ..., batch_rows: _Optional[int] = ..., batch_positions: _Optional[int] = ..., batch_forward_s: _Optional[float] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)
@@ -100,7 +108,7 @@ class CloseSessionResponse(_message.Message):
     def __init__(self, existed: _Optional[bool] = ...) -> None: ...
 
 class DraftJob(_message.Message):
-    __slots__ = ("session_id", "request", "deadline_unix_s", "resume_token_ids", "resume_text_chars", "probe_steps", "tenant", "tenant_weight", "resume_held_token_ids", "resume_held_logprobs", "resume_held_top_logprobs", "resume_steps")
+    __slots__ = ("session_id", "request", "deadline_unix_s", "resume_token_ids", "resume_text_chars", "probe_steps", "tenant", "tenant_weight", "resume_held_token_ids", "resume_held_logprobs", "resume_held_top_logprobs", "resume_steps", "batch_adaptive", "k_min")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +121,8 @@ class DraftJob(_message.Message):
     RESUME_HELD_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     RESUME_HELD_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     RESUME_STEPS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
+    K_MIN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     request: _specdec_pb2.GenerateRequest
     deadline_unix_s: float
@@ -125,7 +135,9 @@ class DraftJob(_message.Message):
     resume_held_logprobs: _containers.RepeatedScalarFieldContainer[float]
     resume_held_top_logprobs: _containers.RepeatedCompositeFieldContainer[_specdec_pb2.TopLogprobs]
     resume_steps: int
-    def __init__(self, session_id: _Optional[str] = ..., request: _Optional[_Union[_specdec_pb2.GenerateRequest, _Mapping]] = ..., deadline_unix_s: _Optional[float] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., resume_text_chars: _Optional[int] = ..., probe_steps: _Optional[int] = ..., tenant: _Optional[str] = ..., tenant_weight: _Optional[float] = ..., resume_held_token_ids: _Optional[_Iterable[int]] = ..., resume_held_logprobs: _Optional[_Iterable[float]] = ..., resume_held_top_logprobs: _Optional[_Iterable[_Union[_specdec_pb2.TopLogprobs, _Mapping]]] = ..., resume_steps: _Optional[int] = ...) -> None: ...
+    batch_adaptive: bool
+    k_min: int
+    def __init__(self, session_id: _Optional[str] = ..., request: _Optional[_Union[_specdec_pb2.GenerateRequest, _Mapping]] = ..., deadline_unix_s: _Optional[float] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., resume_text_chars: _Optional[int] = ..., probe_steps: _Optional[int] = ..., tenant: _Optional[str] = ..., tenant_weight: _Optional[float] = ..., resume_held_token_ids: _Optional[_Iterable[int]] = ..., resume_held_logprobs: _Optional[_Iterable[float]] = ..., resume_held_top_logprobs: _Optional[_Iterable[_Union[_specdec_pb2.TopLogprobs, _Mapping]]] = ..., resume_steps: _Optional[int] = ..., batch_adaptive: _Optional[bool] = ..., k_min: _Optional[int] = ...) -> None: ...
 
 class DraftChunkTrailer(_message.Message):
     __slots__ = ("held_token_ids", "held_logprobs", "held_top_logprobs", "steps")

@@ -282,13 +282,21 @@ class GetTenantStatsResponse(_message.Message):
     def __init__(self, tenant_id: _Optional[str] = ..., proposer: _Optional[_Union[Proposer, str]] = ..., acceptance_rate: _Optional[float] = ..., current_k: _Optional[int] = ..., predicted_speedup: _Optional[float] = ..., cost: _Optional[_Union[CostTerms, _Mapping]] = ..., usage: _Optional[_Union[TenantUsage, _Mapping]] = ..., stats: _Optional[_Union[SpeculationStats, _Mapping]] = ..., batch: _Optional[_Union[BatchLoad, _Mapping]] = ...) -> None: ...
 
 class BatchLoad(_message.Message):
-    __slots__ = ("forwards", "mean_rows", "mean_positions", "max_rows")
+    __slots__ = ("forwards", "mean_rows", "mean_positions", "max_rows", "k_under_load", "tenant_rows_per_step", "tenant_positions_per_step", "tenant_steps")
     FORWARDS_FIELD_NUMBER: _ClassVar[int]
     MEAN_ROWS_FIELD_NUMBER: _ClassVar[int]
     MEAN_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
+    K_UNDER_LOAD_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ROWS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    TENANT_POSITIONS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    TENANT_STEPS_FIELD_NUMBER: _ClassVar[int]
     forwards: int
     mean_rows: float
     mean_positions: float
     max_rows: int
-    def __init__(self, forwards: _Optional[int] = ..., mean_rows: _Optional[float] = ..., mean_positions: _Optional[float] = ..., max_rows: _Optional[int] = ...) -> None: ...
+    k_under_load: int
+    tenant_rows_per_step: float
+    tenant_positions_per_step: float
+    tenant_steps: int
+    def __init__(self, forwards: _Optional[int] = ..., mean_rows: _Optional[float] = ..., mean_positions: _Optional[float] = ..., max_rows: _Optional[int] = ..., k_under_load: _Optional[int] = ..., tenant_rows_per_step: _Optional[float] = ..., tenant_positions_per_step: _Optional[float] = ..., tenant_steps: _Optional[int] = ...) -> None: ...
