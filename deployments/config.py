@@ -102,6 +102,12 @@ class AppConfig(BaseModel):
     batch_window_s: float = Field(
         0.002, ge=0, le=1, description="seconds the target waits after a block arrives for others to join its forward",
     )
+    admission_slots: int | None = Field(
+        None, ge=1, le=100000,
+        description="requests one router replica lets into the batch at once (fair-admission slots); the rest "
+        "wait in the router's per-tenant fair queue (weighted by batch_weight). None: the draft replica's "
+        "max_ongoing_requests (the sessions a draft replica steps at once), at most the router's",
+    )
     served_batch_k: bool = Field(
         True, description="K under load: the draft replica chooses each adaptive request's K per step from the "
         "batch it runs in (specdec.control.batch_k); False: the router's per-request K holds for every step",
@@ -167,6 +173,15 @@ class AppConfig(BaseModel):
         from specdec.models.formats import default_format
 
         return self.draft_dtype or default_format(device)
+
+    def router_admission_slots(self) -> int:
+        """Fair-admission slots of one router replica (``admission_slots``; default the draft
+        replica's ``max_ongoing_requests``, at most the router's): requests beyond it wait in
+        the router's per-tenant fair queue, not in Serve's first-come queue, so the router's
+        ``max_ongoing_requests`` should exceed it (the local preset: 32 vs 8)."""
+        if self.admission_slots is not None:
+            return self.admission_slots
+        return min(self.router.max_ongoing_requests, self.draft.max_ongoing_requests)
 
     def target_bundles(self) -> list[dict[str, float]]:
         """Placement group of one target replica: bundle 0 = replica, then one per TP rank."""
@@ -240,7 +255,8 @@ PRESETS: dict[str, AppConfig] = {
         # draft and target alternate within a step: the draft drafts on both cores while the
         # TP ranks wait (Ray assigns it 0.25 CPU, which would give one thread)
         draft_cpu_threads=2,
-        router=Scaling(min_replicas=1, max_replicas=1),
+        # the router holds up to 32 requests; 8 (the draft's) run, the rest wait in its fair queue
+        router=Scaling(min_replicas=1, max_replicas=1, max_ongoing_requests=32),
     ),
     # One GPU node: draft on a quarter GPU, target TP=2 on two GPUs (nccl), autoscaled router.
     "gpu.yaml": AppConfig(

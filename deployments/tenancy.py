@@ -187,14 +187,18 @@ class TenancyGate:
         self.registry: TenantRegistry = tenants or TenantRegistry(TenantsConfig(tenants=[_OPEN_TENANT]))
         self.controller = controller if controller is not None else ControllerClient.auto()
         self.metrics = metrics if metrics is not None else SpecDecMetrics()
-        self.admission = FairAdmission(capacity, max_queue_per_tenant)
+        # weighted by each tenant's batch_weight: its share of the slots under contention
+        self.admission = FairAdmission(capacity, max_queue_per_tenant, weights={
+            t.id: float(getattr(t.speculation, "batch_weight", 1.0)) for t in self.registry.tenants})
         self.count_prompt_tokens = count_prompt_tokens
 
     @classmethod
     def from_config(cls, cfg, controller: ControllerClient | None = None, **kw) -> "TenancyGate":
         """A gate for an :class:`deployments.config.AppConfig`: its ``tenants_file`` (None: open
-        mode) and the Router's ``max_ongoing_requests`` as capacity."""
-        kw.setdefault("capacity", cfg.router.max_ongoing_requests)
+        mode) and :meth:`deployments.config.AppConfig.router_admission_slots` as capacity (what the
+        draft replica steps at once, so requests beyond it wait here, fairly by tenant, rather
+        than in Serve's first-come queue)."""
+        kw.setdefault("capacity", cfg.router_admission_slots())
         return cls(cfg.tenants_file, controller, **kw)
 
     @property

@@ -486,3 +486,66 @@ def test_router_sends_adaptive_jobs_and_reports_k_under_load(target, tmp_path):
     assert stats.batch.k_under_load == draft.batch_k.controller.k_by_tenant["default"]
     assert stats.batch.tenant_steps == g.stats.steps + s.stats.steps
     assert stats.batch.tenant_rows_per_step >= 1 and stats.batch.tenant_positions_per_step >= stats.batch.tenant_rows_per_step
+
+
+def test_router_admission_is_sized_to_what_the_draft_replica_steps(tmp_path):
+    """The router's fair-admission slots default to the draft replica's max_ongoing_requests (what
+    one draft replica steps in its batch), so with the router holding more requests than that,
+    requests wait in its per-tenant fair queue (weighted by batch_weight) rather than in Serve's
+    first-come queue: a burst of 6 from tenant a into 2 slots, then tenant b's single request:
+    b gets the first slot that frees (a weight-3 tenant's weight reaches the queue)."""
+    import asyncio
+
+    from deployments.config import AppConfig, Scaling
+    from deployments.controller_actor import ControllerClient
+    from deployments.metrics import SpecDecMetrics
+    from deployments.tenancy import TenancyGate
+    from specdec.control.tenants import hash_api_key
+
+    cfg = AppConfig(target_model="unused", router=Scaling(max_ongoing_requests=32),
+                    draft=Scaling(max_ongoing_requests=2))
+    assert cfg.router_admission_slots() == 2
+    assert AppConfig(target_model="unused", admission_slots=5).router_admission_slots() == 5
+    assert AppConfig(target_model="unused", router=Scaling(max_ongoing_requests=4),
+                     draft=Scaling(max_ongoing_requests=16)).router_admission_slots() == 4
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text("tenants:\n" + "".join(
+        f"  - id: {t}\n    api_key_hashes: [{hash_api_key('sk-' + t * 20)}]\n"
+        f"    limits: {{max_concurrent_requests: 16}}\n"
+        f"    speculation: {{batch_weight: {w}}}\n" for t, w in [("a", 1), ("b", 1), ("heavy", 3)]))
+    cfg = cfg.model_copy(update={"tenants_file": str(tenants)})
+    gate = TenancyGate.from_config(cfg, ControllerClient.local({}), metrics=SpecDecMetrics(backend=None))
+    assert gate.admission.capacity == 2 and gate.admission.weights["heavy"] == 3.0
+
+    def md(t):
+        return {"authorization": f"Bearer sk-{t * 20}"}
+
+    def req():
+        return GenerationRequest(prompt_token_ids=[5, 6, 7], max_tokens=4)
+
+    async def main():
+        held, order = [], []
+
+        async def one(t, hold=False):
+            adm = await gate.admit(md(t), req())
+            order.append(t)
+            if hold:
+                held.append(adm)
+            else:
+                await asyncio.sleep(0)
+                await gate.complete(adm, None)
+
+        first = [asyncio.create_task(one("a", hold=True)) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        burst = [asyncio.create_task(one("a")) for _ in range(4)]
+        await asyncio.sleep(0.01)
+        b = asyncio.create_task(one("b"))
+        await asyncio.sleep(0.01)
+        assert gate.admission.queued("a") == 4 and gate.admission.queued("b") == 1
+        await gate.complete(held.pop(), None)  # one slot frees: b's request gets it, not a's 5th
+        await asyncio.gather(b, *burst, *first)
+        assert order[2] == "b"
+        await gate.complete(held.pop(), None)
+        assert gate.admission.running == 0
+
+    asyncio.run(main())
