@@ -88,6 +88,8 @@ class BatchedRequest:
     chunks: "queue.Queue[GenerationChunk | BaseException | None]" = field(default_factory=queue.Queue)
     error: BaseException | None = None
     block: DraftBlock | None = None
+    #: tick its current block was drafted in (rows whose block waited longest go first)
+    block_tick: int = 0
     draft_s: float = 0.0
     _cancel: bool = False
     _done: threading.Event = field(default_factory=threading.Event)
@@ -428,6 +430,7 @@ class BatchScheduler:
         t1 = self._clock()
         for r, _ in need:
             r.draft_s = t1 - t0
+            r.block_tick = tick
         alive = [r for r in alive if r.block is not None]  # the others' draft prefill is chunked
         if not alive:
             rec = TickRecord([], [], 0, 0, t1 - t0, 0.0)
@@ -436,7 +439,7 @@ class BatchScheduler:
         # verify
         # fair shares of the budget by tenant; decode rows first, then prefills, shorter first
         order, caps = fair_budget_plan(
-            sorted(alive, key=lambda r: r.id), lambda r: r.tenant, self._uncached,
+            sorted(alive, key=lambda r: (r.block_tick, r.id)), lambda r: r.tenant, self._uncached,
             lambda r: self._uncached(r) if self._uncached(r) > r.block.k + 1 else 0,
             self.tenant_weights, self.max_batch_positions if self.batched else None, tick)
         items = [(r.generation.target, r.block) for r in order]

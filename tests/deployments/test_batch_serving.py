@@ -284,7 +284,7 @@ def test_table_burst_of_one_tenant_does_not_stall_another_prefill(target):
 
 def test_draft_combiner_chunks_a_long_prompt_prefill(target, tmp_path):
     """The draft replica's combiner with a 16-position prefill budget: a 300-token prompt joins
-    two running generations; no batched draft forward feeds more than 16 positions (the prompt
+    two running generations; no batched draft forward feeds more than 16 prefill positions (the prompt
     goes in chunks over many rounds), and all three outputs equal each request alone."""
     draft = load_tiny(build_tiny_model(tmp_path / "d", seed=1, base=target.model, noise=0.03, max_positions=1024))
     engine = SpeculativeEngine(target, draft)
@@ -307,7 +307,8 @@ def test_draft_combiner_chunks_a_long_prompt_prefill(target, tmp_path):
     for th in threads:
         th.join(timeout=300)
     assert [g.result().token_ids for g in gens] == alone
-    assert max(p for _, p in combiner.trace) == 16 and len(combiner.trace) >= 300 // 16
+    # prefill chunks of 16 beside the other sessions' decoding tails (at most 2 positions each)
+    assert 16 <= max(p for _, p in combiner.trace) <= 16 + 2 * 2 and len(combiner.trace) >= 300 // 16
     assert sum(r for r, _ in combiner.take_timings()) >= len(combiner.trace)
     with pytest.raises(ValueError, match="max_prefill must be >= 1"):
         DraftCombiner(max_prefill=0)

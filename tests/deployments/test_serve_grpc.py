@@ -373,6 +373,12 @@ def test_tenant_stats_are_the_callers_own(served):
     assert after.current_k <= 4
     alpha_after = stub.GetTenantStats(pb.GetTenantStatsRequest(), metadata=_md("alpha"), timeout=30)
     assert alpha_after.usage == alpha_before.usage  # beta's requests never show in alpha's stats
+    # K under load (beta adapts): the draft replica's batch controller chose a K for beta within
+    # the requests' ceiling, and counted beta's steps and the batch shapes they ran in
+    assert after.batch.HasField("k_under_load") and after.batch.k_under_load <= 4
+    assert after.batch.tenant_steps >= before.batch.tenant_steps + 3 and after.batch.tenant_rows_per_step >= 1
+    assert after.batch.tenant_positions_per_step >= after.batch.tenant_rows_per_step
+    assert alpha_after.batch.tenant_steps == alpha_before.batch.tenant_steps
 
 
 # --- draft replica death -----------------------------------------------------------------------

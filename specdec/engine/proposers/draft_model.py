@@ -45,6 +45,10 @@ from specdec.engine.sampling import (
 )
 from specdec.types import DraftBlock
 
+#: uncached tail of a decoding draft session after a step (the last draft, not fed, and the
+#: bonus token): not counted as prefill by :meth:`DraftModelProposer.propose_batch`
+DECODE_TAIL = 2
+
 #: default support size M of the proposal distribution sent per drafted position
 DEFAULT_TOP_M = 64
 
@@ -202,8 +206,10 @@ class DraftModelProposer:
             sessions: sessions of this proposer, each at most once.
             ks: the largest K per session.
             timings: when given, ``(rows, seconds)`` of every batched draft forward is appended.
-            max_prefill: chunked draft prefill: the uncached tails (a new prompt, a rebuilt
-                history) fed in this call's first forward total at most this many positions.
+            max_prefill: chunked draft prefill: the uncached tails longer than
+                :data:`DECODE_TAIL` (a new prompt, a rebuilt history; a decoding session's tail
+                is at most the last draft and the bonus token) fed in this call's first forward
+                total at most this many positions.
                 Sessions are taken shortest tail first; one whose tail does not fit is fed a
                 chunk of what is left (cached, no logits) and gets None: it drafts in a later
                 call, once its tail fits. The first session always feeds at least a chunk, so
@@ -239,7 +245,9 @@ class DraftModelProposer:
             session, k = sessions[i], ks[i]
             if max_prefill is not None and k > 0:
                 n = tail(i)
-                if n > budget:  # prefill a chunk of what is left; draft in a later call
+                if n <= DECODE_TAIL:
+                    n = 0  # a decoding session's tail (last draft + bonus token) is not prefill
+                elif n > budget:  # prefill a chunk of what is left; draft in a later call
                     if budget >= 1:
                         keep = session.seq.sync(session.seq.token_ids)
                         chunks.append((session.seq, session.seq.token_ids[keep:keep + int(budget)], 0))
