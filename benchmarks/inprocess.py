@@ -166,6 +166,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                    help="weight formats to compare (float32, bfloat16, float16, int8, int4): the whole "
                         "benchmark runs once per format, draft and target in that format, into <out>/<format>/, "
                         "and <out>/formats.md compares them (default: one run in the default format)")
+    g.add_argument("--draft-vocab-subset", type=int, default=None, metavar="N",
+                   help="our draft scores only the N most frequent token ids (FR-Spec); needs --hf "
+                        "prompt-lookup or --skip-hf (assisted generation needs the full-vocabulary draft)")
     g.add_argument("--tokens", type=int, default=None, help="new tokens per generation (default 64; --quick 12)")
     g.add_argument("--ks", type=_int_list, default=None,
                    help="K values of the draft proposer, e.g. '1-8' or '1,2,4' (default 1-8)")
@@ -443,6 +446,9 @@ def _resolve(args) -> argparse.Namespace:
     bad = [p for p in a.proposers if p not in ("draft", "ngram", "none")]
     if bad:
         raise ValueError(f"unknown proposer(s) {bad}; expected draft, ngram, none")
+    if getattr(a, "draft_vocab_subset", None) is not None and "assisted" in a.hf and not a.skip_hf:
+        raise ValueError("--draft-vocab-subset: transformers' assisted generation needs the full-vocabulary draft; "
+                         "add --hf prompt-lookup (or --skip-hf), and compare with a run without the subset")
     return a
 
 
@@ -455,7 +461,8 @@ def _load(args, weight_format: str | None = None):
     if str(args.draft).strip().lower() in ("", "none"):
         return load_model(target_spec, device=device, weight_format=weight_format), None
     pair = ModelPairSpec(target=target_spec, draft=parse_model_spec(args.draft))
-    return load_pair(pair, device=device, weight_format=weight_format)
+    return load_pair(pair, device=device, weight_format=weight_format,
+                     draft_vocab_subset=getattr(args, "draft_vocab_subset", None))
 
 
 def run_formats(args: argparse.Namespace) -> dict:

@@ -26,6 +26,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", help="target model spec (default: the config's, demo:target)")
     parser.add_argument("--draft", help="draft model spec, or 'none' (default: the config's, demo:draft)")
     parser.add_argument("--tp", type=int, help="tensor-parallel degree of the target (default: the config's)")
+    parser.add_argument("--draft-vocab-subset", type=int, default=None, metavar="N",
+                        help="the draft scores only the N most frequent token ids (FR-Spec); 0: the full "
+                             "vocabulary (default: the config's draft_vocab_subset)")
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default: the config's, 9000)")
     parser.add_argument("--http-port", type=int, help="HTTP port (default: the config's, 8000)")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: this machine's)")
@@ -95,6 +98,8 @@ def load_config(args):
         over["draft_model"] = None if args.draft == "none" else args.draft
     if args.tp:
         over["target_tp"] = args.tp
+    if getattr(args, "draft_vocab_subset", None) is not None:
+        over["draft_vocab_subset"] = args.draft_vocab_subset or None
     if args.grpc_port:
         over["grpc_port"] = args.grpc_port
     if args.http_port:

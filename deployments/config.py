@@ -129,6 +129,14 @@ class AppConfig(BaseModel):
     draft_dtype: WeightFormat | None = Field(
         None, description="weight format of the draft; None: the device's default",
     )
+    draft_vocab_subset: int | None = Field(
+        None, ge=1, description="the draft scores only this many most frequent token ids (FR-Spec; "
+        "specdec.models.vocab_subset), its output layer sliced at load; the target scores all. None: all",
+    )
+    draft_vocab_table: str | None = Field(
+        None, description="token frequency table of draft_vocab_subset (a file written by "
+        "scripts/vocab_table.py); None: the one shipped for the demo pair's tokenizer",
+    )
     cpu_threads: int = Field(
         0, ge=0, le=256,
         description="torch CPU threads per model process (draft, each TP rank); 0: the whole CPUs Ray "

@@ -294,7 +294,8 @@ class Draft:
             # run, when it holds one but this torch cannot use it
             device = worker_device(cfg.draft_num_gpus)
             draft = load_model(parse_model_spec(cfg.draft_model), device=device,
-                               weight_format=cfg.draft_format(device.type))
+                               weight_format=cfg.draft_format(device.type),
+                               vocab_subset=cfg.draft_vocab_subset, vocab_table=cfg.draft_vocab_table)
             check_vocab_compatible(VocabSide.of(draft), self.info.vocab_side())
             self.draft_proposer = DraftModelProposer(draft, eos_ids=self.info.eos_token_ids)
         #: generation id -> its Generation (the sessions whose draft caches live here)

@@ -84,6 +84,9 @@ def _add_generate(sub) -> None:
                    help="target weight format (default: the device's, see README 'Weight formats')")
     p.add_argument("--draft-format", choices=WEIGHT_FORMAT_CHOICES, default=None,
                    help="draft weight format (default: the target's)")
+    p.add_argument("--draft-vocab-subset", type=int, default=None, metavar="N",
+                   help="the draft scores only the N most frequent token ids (FR-Spec; output stays the "
+                        "target's); default: the full vocabulary")
     p.add_argument("--proposer", choices=["draft", "ngram", "none"], default="draft")
     p.add_argument("-k", "--k", type=int, default=4, help="speculation length K (draft tokens per step)")
     p.add_argument("--draft-min-confidence", type=float, default=0.0, metavar="C",
@@ -156,7 +159,8 @@ def run_generate(args) -> int:
         target, draft = load_model(target_spec, weight_format=args.target_format), None
     else:
         target, draft = load_pair(ModelPairSpec(target=target_spec, draft=parse_model_spec(args.draft)),
-                                  weight_format=args.target_format, draft_format=args.draft_format)
+                                  weight_format=args.target_format, draft_format=args.draft_format,
+                                  draft_vocab_subset=args.draft_vocab_subset)
     engine = SpeculativeEngine(target, draft)
     t0 = time.perf_counter()
     if args.stream:

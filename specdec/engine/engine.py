@@ -61,9 +61,15 @@ class SpeculativeEngine:
             Check the pair with :func:`specdec.models.vocab.check_pair_compatible` first
             (:func:`specdec.models.loader.load_pair` does).
         top_m: support size M of the draft's proposal distribution under sampling.
+
+    Raises:
+        ValueError: the target was loaded with a vocabulary subset (only a draft may be).
     """
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, *, top_m: int = DEFAULT_TOP_M):
+        if target.vocab_subset is not None:
+            raise ValueError(f"target {target.name!r} was loaded with a vocabulary subset; the target must "
+                             "score the full vocabulary (only a draft may score a subset)")
         self.target = target
         self.draft = draft
         self.verifier = TargetVerifier(target)

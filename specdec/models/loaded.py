@@ -45,6 +45,10 @@ class LoadedModel:
         weight_format: how the weights are stored and multiplied (:mod:`specdec.models.formats`).
         invariant: whether the forward is shape-invariant (:mod:`specdec.engine.invariant`): a
             position's logits do not depend on how many positions one forward scores.
+        vocab_subset: a draft that scores only some token ids (FR-Spec,
+            :mod:`specdec.models.vocab_subset`): ``[N]`` int64 ids, ascending, on :attr:`device`;
+            the model's logits are ``[n, N]``, column j scoring ``vocab_subset[j]``
+            (:meth:`full_logits` widens them back to ``vocab_rows``). None: all ``vocab_rows``.
     """
 
     name: str
@@ -54,6 +58,7 @@ class LoadedModel:
     vocab_rows: int
     weight_format: str = "float32"
     invariant: bool = False
+    vocab_subset: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
@@ -69,3 +74,13 @@ class LoadedModel:
     def emittable_vocab(self) -> int:
         """Ids below this bound may be proposed or emitted (``min(len(tokenizer), vocab_rows)``)."""
         return min(len(self.tokenizer), self.vocab_rows)
+
+    def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The model's logits ``[n, N or V]`` as ``[n, vocab_rows]``: unchanged for a full-vocabulary
+        model, -inf outside the subset for a vocabulary-subset draft
+        (:func:`specdec.models.vocab_subset.expand_logits`)."""
+        if self.vocab_subset is None:
+            return logits
+        from specdec.models.vocab_subset import expand_logits
+
+        return expand_logits(logits, self.vocab_subset, self.vocab_rows)

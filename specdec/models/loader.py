@@ -45,6 +45,8 @@ def load_model(
     cache_gguf: bool = True,
     invariant: bool | None = None,
     need_rows: int = MAX_SPECULATION_LENGTH + 1,
+    vocab_subset: int | None = None,
+    vocab_table: "FrequencyTable | str | Path | None" = None,
 ) -> LoadedModel:
     """Load the model and tokenizer a spec names, in eval mode, on ``device``, in a weight format.
 
@@ -64,6 +66,11 @@ def load_model(
             flips are rare) and the invariant plan (fixed 8-row calls, MKL) would make plain
             decoding several times slower.
         need_rows: rows one forward must take unchunked (K_max + 1 positions).
+        vocab_subset: a draft only: score only this many token ids, the most frequent ones
+            (FR-Spec, :mod:`specdec.models.vocab_subset`): the output layer is sliced to those rows
+            before quantizing, and :attr:`LoadedModel.vocab_subset` holds them. None: all.
+        vocab_table: the frequency table (a :class:`~specdec.models.vocab_subset.FrequencyTable`
+            or a file); None: the one shipped in the package.
 
     Returns:
         A :class:`LoadedModel`; ``name`` is e.g. ``"demo target (Qwen2.5-Coder-1.5B-Instruct)"``,
@@ -71,7 +78,9 @@ def load_model(
 
     Raises:
         ModelLoadError: the path is missing or unreadable, a demo package is missing, a sha256 does
-            not match, transformers cannot load the model, or the format is unknown.
+            not match, transformers cannot load the model, or the format is unknown;
+            ``vocab_subset`` outside 1..emittable vocabulary (or, for int4, not a multiple of 16).
+        ModelCompatibilityError: the frequency table was made for another tokenizer.
     """
     t0 = time.perf_counter()
     fmt = resolve_format(spec, weight_format, dtype, device)
@@ -96,6 +105,18 @@ def load_model(
         loaded = _load_folder(folder, name, act, device)
     else:
         raise TypeError(f"not a model spec: {spec!r}")
+    if vocab_subset is not None:
+        from specdec.models.vocab_subset import FrequencyTable, slice_output_layer, subset_ids
+
+        if fmt == "int4" and isinstance(vocab_subset, int) and vocab_subset % 16:
+            raise ModelLoadError(
+                f"draft vocabulary subset {vocab_subset} with weight format int4: the int4 kernel packs output rows "
+                "in groups of 16, so the subset must be a multiple of 16 (e.g. 16384 or 32768)")
+        table = vocab_table if isinstance(vocab_table, FrequencyTable) else FrequencyTable.load(vocab_table)
+        ids = subset_ids(table, loaded.tokenizer, vocab_subset, loaded.emittable_vocab,
+                         always=loaded.eos_token_ids, model_name=loaded.name)
+        slice_output_layer(loaded.model, ids)  # before quantizing: int8/int4 quantize the sliced rows
+        loaded.vocab_subset = ids.to(loaded.device)
     t_load = time.perf_counter() - t0
     formats.quantize(loaded.model, fmt)
     loaded.weight_format = fmt
@@ -108,8 +129,9 @@ def load_model(
         make_invariant(loaded.model, need_rows=need_rows)
         loaded.invariant = True
     log.info("loaded %s as %s in %.1f s (read %.1f s, quantize %.1f s, invariance plan %.1f s; "
-             "%d positions, %d vocab rows)", loaded.name, fmt, time.perf_counter() - t0, t_load, t_quant,
-             time.perf_counter() - t0 - t_load - t_quant, loaded.max_positions, loaded.vocab_rows)
+             "%d positions, %d vocab rows, %s)", loaded.name, fmt, time.perf_counter() - t0, t_load, t_quant,
+             time.perf_counter() - t0 - t_load - t_quant, loaded.max_positions, loaded.vocab_rows,
+             "all scored" if loaded.vocab_subset is None else f"{len(loaded.vocab_subset)} scored")
     return loaded
 
 
@@ -141,6 +163,7 @@ def load_pair(
     draft_format: str | None = None,
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
+    draft_vocab_subset: int | None = None,
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load ``(target, draft)`` (draft None when the pair has none) and check they fit together.
 
@@ -148,6 +171,8 @@ def load_pair(
     that a seeded sampled request gives the same output when a session is rebuilt from its
     token history (one prefill instead of many decode steps). Formats: ``weight_format`` for the target (and the draft when
     ``draft_format`` is None), else each spec's own (see :func:`load_model`).
+    ``draft_vocab_subset``: the draft scores only that many most frequent ids (FR-Spec,
+    :mod:`specdec.models.vocab_subset`); the target always scores the full vocabulary.
 
     Raises:
         ModelLoadError: either model cannot be loaded.
@@ -156,7 +181,8 @@ def load_pair(
     target = load_model(pair.target, weight_format=weight_format, dtype=dtype, device=device)
     if pair.draft is None:
         return target, None
-    draft = load_model(pair.draft, weight_format=draft_format or weight_format, dtype=dtype, device=device)
+    draft = load_model(pair.draft, weight_format=draft_format or weight_format, dtype=dtype, device=device,
+                       vocab_subset=draft_vocab_subset)
     check_pair_compatible(draft, target)
     return target, draft
 

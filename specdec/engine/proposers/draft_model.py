@@ -13,6 +13,14 @@ only on the draft's own state, so output stays exact (greedy: the target's argma
 each drafted position is verified against the q it was drawn from). This is the rule of
 transformers' assisted generation (``assistant_confidence_threshold``, default 0.4).
 
+Vocabulary subset (FR-Spec, Zhao et al. 2025; :mod:`specdec.models.vocab_subset`): a draft
+loaded with ``vocab_subset`` N scores only N token ids; its ``[1, N]`` logits are widened to the
+full vocabulary with -inf outside the subset (:meth:`LoadedModel.full_logits`) before the
+processors and warpers, so q (what the block carries) is the distribution actually sampled
+from: zero outside the subset, renormalised over it. Greedy drafts are the subset's argmax. The
+same code runs for :meth:`DraftModelProposer.propose_batch` and the served draft replica. Any
+token can be fed (the input embedding is whole), so a target token outside the subset is fine.
+
 Devices: the draft's logits stay on the draft's device; random draws are made on a CPU
 generator (:func:`specdec.engine.sampling.step_generator`, side ``draft``), the drafted ids leave as
 Python ints, and the block's tensors (``token_ids``, ``q_ids``, ``q_probs``) are always on the
@@ -94,7 +102,7 @@ class DraftModelSession:
         :meth:`propose` drives it alone (the unbatched path, one forward per draft position);
         :meth:`DraftModelProposer.propose_batch` drives many at once. Yields ``(tokens, keep)``:
         ids to feed after ``self.seq.cached`` and how many final logits are wanted (1); is sent
-        the ``[1, V]`` float32 logits back; returns the :class:`DraftBlock` (as
+        the ``[1, V]`` float32 logits back (``[1, N]`` for a vocabulary-subset draft: widened here); returns the :class:`DraftBlock` (as
         ``StopIteration.value``).
         """
         draft = self._proposer.draft
@@ -110,7 +118,9 @@ class DraftModelSession:
         q_probs: list[torch.Tensor] = []
         eos = self._proposer.eos_ids
         for j in range(k):
-            logits = mask_unemittable(logits, draft.emittable_vocab)
+            # a vocabulary-subset draft (FR-Spec): [1, N] -> [1, V], -inf outside the subset, so q is
+            # zero there and renormalised over the subset by the same processors and warpers
+            logits = mask_unemittable(draft.full_logits(logits), draft.emittable_vocab)
             if self.processing is not None:  # as the target will at this position: drafts so far included
                 logits = self.processing.apply(logits, self.seq.token_ids + tokens)
             if self.sampling.greedy:
