@@ -29,6 +29,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-vocab-subset", type=int, default=None, metavar="N",
                         help="the draft scores only the N most frequent token ids (FR-Spec); 0: the full "
                              "vocabulary (default: the config's draft_vocab_subset)")
+    parser.add_argument("--draft-vocab-table", default=None, metavar="FILE",
+                        help="token frequency table of the draft vocabulary subset (default: the config's)")
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default: the config's, 9000)")
     parser.add_argument("--http-port", type=int, help="HTTP port (default: the config's, 8000)")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: this machine's)")
@@ -100,6 +102,8 @@ def load_config(args):
         over["target_tp"] = args.tp
     if getattr(args, "draft_vocab_subset", None) is not None:
         over["draft_vocab_subset"] = args.draft_vocab_subset or None
+    if getattr(args, "draft_vocab_table", None):
+        over["draft_vocab_table"] = args.draft_vocab_table
     if args.grpc_port:
         over["grpc_port"] = args.grpc_port
     if args.http_port:

@@ -87,6 +87,9 @@ def _add_generate(sub) -> None:
     p.add_argument("--draft-vocab-subset", type=int, default=None, metavar="N",
                    help="the draft scores only the N most frequent token ids (FR-Spec; output stays the "
                         "target's); default: the full vocabulary")
+    p.add_argument("--draft-vocab-table", default=None, metavar="FILE",
+                   help="token frequency table for --draft-vocab-subset (scripts/vocab_table.py); default: the "
+                        "one shipped for the demo pair's tokenizer")
     p.add_argument("--proposer", choices=["draft", "ngram", "none"], default="draft")
     p.add_argument("-k", "--k", type=int, default=4, help="speculation length K (draft tokens per step)")
     p.add_argument("--draft-min-confidence", type=float, default=0.0, metavar="C",
@@ -160,7 +163,8 @@ def run_generate(args) -> int:
     else:
         target, draft = load_pair(ModelPairSpec(target=target_spec, draft=parse_model_spec(args.draft)),
                                   weight_format=args.target_format, draft_format=args.draft_format,
-                                  draft_vocab_subset=args.draft_vocab_subset)
+                                  draft_vocab_subset=args.draft_vocab_subset,
+                                  draft_vocab_table=args.draft_vocab_table)
     engine = SpeculativeEngine(target, draft)
     t0 = time.perf_counter()
     if args.stream:

@@ -302,3 +302,81 @@ def test_propose_batch_equals_propose_alone(folders, target):
             outside = next(i for i in range(3, V) if i not in set(draft.vocab_subset.tolist()))
             s1.commit(r.token_ids.tolist()[:1] + [outside])
             s2.commit(r.token_ids.tolist()[:1] + [outside])
+
+
+# --- the served draft replica and the command line ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def table_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("vocabtable") / "tiny.json.gz"
+    ranked_table(build_tiny_tokenizer(), shuffled(6)).save(path)
+    return path
+
+
+@pytest.mark.parametrize("sampling", [None, {"temperature": 0.9, "top_k": 40, "seed": 77}], ids=["greedy", "sampled"])
+def test_served_draft_replica_uses_the_subset(folders, target, table_file, sampling):
+    """deployments/draft.py loads the draft with AppConfig.draft_vocab_subset and drafts through
+    the same proposer (DraftCombiner -> propose_batch): the served output equals the in-process
+    engine's with the same subset draft, and greedy equals the target alone."""
+    import asyncio
+
+    from deployments import convert
+    from deployments.config import AppConfig
+    from deployments.draft import Draft
+    from protos.specdec.v1 import specdec_pb2 as pb
+    from tests.deployments.test_draft import PROMPT, Wire, _collect, _job
+
+    wire = Wire(target)
+    cfg = AppConfig(target_model=str(folders[0]), draft_model=str(folders[1]), cpu_threads=1,
+                    draft_vocab_subset=32, draft_vocab_table=str(table_file))
+    rep = Draft(cfg, send_factory=lambda key: wire.send)
+    draft = rep.draft_proposer.draft
+    assert len(draft.vocab_subset) == 32 and draft.model.get_output_embeddings().out_features == 32
+    kw = dict(max_tokens=30, ignore_eos=True, speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=4))
+    if sampling is not None:
+        kw["sampling"] = pb.SamplingParams(**sampling)
+    job = _job(PROMPT, **kw)
+    got = convert.join_chunks(asyncio.run(_collect(rep.Generate(job.SerializeToString()))))
+    expected = SpeculativeEngine(target, draft).generate(convert.request_from_proto(job.request))
+    assert list(got.token_ids) == expected.token_ids and got.stats.accepted == expected.stats.accepted
+    if sampling is None:
+        assert expected.token_ids == target_greedy(target, PROMPT, 30)
+
+
+def test_app_config_validates_the_subset():
+    from pydantic import ValidationError
+
+    from deployments.config import AppConfig
+
+    with pytest.raises(ValidationError, match="draft_vocab_subset"):
+        AppConfig(draft_vocab_subset=0)
+    assert AppConfig(draft_vocab_subset=32768).draft_vocab_subset == 32768
+
+
+def test_serve_flags_override_the_config():
+    import argparse
+
+    from deployments import cli
+
+    p = argparse.ArgumentParser()
+    cli.add_serve_arguments(p)
+    cfg = cli.load_config(p.parse_args(["--draft-vocab-subset", "16384", "--draft-vocab-table", "t.json.gz"]))
+    assert (cfg.draft_vocab_subset, cfg.draft_vocab_table) == (16384, "t.json.gz")
+    assert cli.load_config(p.parse_args(["--draft-vocab-subset", "0"])).draft_vocab_subset is None
+
+
+def test_generate_command_with_a_subset(folders, target, table_file, capsys):
+    import json
+
+    from specdec import cli
+
+    rc = cli.main(["generate", "--target", str(folders[0]), "--draft", str(folders[1]), "--draft-vocab-subset", "48",
+                   "--draft-vocab-table", str(table_file), "--max-tokens", "12", "-k", "3", "--json", "x"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    prompt = target.tokenizer.encode("x")
+    assert out["token_ids"] == target_greedy(target, prompt, 12)
+    assert cli.main(["generate", "--target", str(folders[0]), "--draft", str(folders[1]), "--draft-vocab-subset", "0",
+                     "--draft-vocab-table", str(table_file), "x"]) == 2
+    assert "draft vocabulary subset must be an integer from 1 to 320" in capsys.readouterr().err

@@ -164,6 +164,7 @@ def load_pair(
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
     draft_vocab_subset: int | None = None,
+    draft_vocab_table: "str | Path | None" = None,
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load ``(target, draft)`` (draft None when the pair has none) and check they fit together.
 
@@ -172,7 +173,8 @@ def load_pair(
     token history (one prefill instead of many decode steps). Formats: ``weight_format`` for the target (and the draft when
     ``draft_format`` is None), else each spec's own (see :func:`load_model`).
     ``draft_vocab_subset``: the draft scores only that many most frequent ids (FR-Spec,
-    :mod:`specdec.models.vocab_subset`); the target always scores the full vocabulary.
+    :mod:`specdec.models.vocab_subset`; ``draft_vocab_table``: its frequency table, None: the
+    shipped one); the target always scores the full vocabulary.
 
     Raises:
         ModelLoadError: either model cannot be loaded.
@@ -182,7 +184,7 @@ def load_pair(
     if pair.draft is None:
         return target, None
     draft = load_model(pair.draft, weight_format=draft_format or weight_format, dtype=dtype, device=device,
-                       vocab_subset=draft_vocab_subset)
+                       vocab_subset=draft_vocab_subset, vocab_table=draft_vocab_table)
     check_pair_compatible(draft, target)
     return target, draft
 
