@@ -168,7 +168,7 @@ def test_load_errors(folders, target):
 # --- exactness -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n", [16, 64, 200])
+@pytest.mark.parametrize("n", [16, 128])
 def test_greedy_output_is_the_target_alone(folders, target, n):
     """Also when the target's tokens fall outside the subset: the draft then proposes something
     else, the target's token is emitted (correction or bonus) and fed to the draft next step."""
@@ -177,7 +177,7 @@ def test_greedy_output_is_the_target_alone(folders, target, n):
     subset = set(draft.vocab_subset.tolist())
     rng = random.Random(1)
     outside = accepted = 0
-    for trial in range(6):
+    for trial in range(4):
         prompt = [rng.randrange(3, V) for _ in range(rng.randrange(1, 30))]
         expected = target_greedy(target, prompt, 24)
         for k in (1, 4):
@@ -195,7 +195,7 @@ def test_greedy_identity_in_reduced_formats(folders, fmt):
     draft = load_draft(folders, 64, ranked_table(build_tiny_tokenizer(), shuffled(5)), fmt)
     engine = SpeculativeEngine(tgt, draft)
     rng = random.Random(2)
-    for _ in range(3):
+    for _ in range(2):
         prompt = [rng.randrange(3, V) for _ in range(rng.randrange(1, 20))]
         alone = engine.generate(GenerationRequest(prompt_token_ids=prompt, max_tokens=20,
                                                   speculation={"proposer": "none"})).token_ids
@@ -238,7 +238,7 @@ def test_q_is_the_subset_renormalised_distribution(folders):
         assert abs(float(got.sum()) - 1.0) < 1e-5
 
 
-def test_sampled_output_follows_the_target_distribution(folders, target, n=1500):
+def test_sampled_output_follows_the_target_distribution(folders, target, n=700):
     """Chi-square over every path of two tokens (tests/test_engine.py's pattern). The subset
     holds the target's most likely first token but not the other two of its top 3, so the draft
     is often rejected (and the target's correction lies outside the subset) and sometimes accepted."""

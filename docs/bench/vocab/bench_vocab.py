@@ -51,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="decode-timing repeats (each: --steps forwards per variant)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent))
+    ap.add_argument("--skip-forward", action="store_true", help="keep the forward timings of an earlier run in --out")
+    ap.add_argument("--skip-spec", action="store_true", help="only the forward timings")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
 
@@ -93,39 +95,27 @@ def main(argv=None) -> int:
                                        tokenize=False)
         return tok.encode(text, add_special_tokens=False)
 
-    # 1. per-token draft forward
-    prompt_ids = encode(chosen[0])
-    wall: dict[str, list[float]] = {v: [] for v in variants}
-    cpu: dict[str, list[float]] = {v: [] for v in variants}
-    head_s: dict[str, list[float]] = {v: [] for v in variants}
-    hidden = torch.randn(1, 1, draft.model.config.hidden_size, dtype=next(draft.model.parameters()).dtype)
-    with torch.inference_mode():
-        for r in range(a.repeats):
-            for name in variants:
-                use(name)
-                seq = CachedSequence(draft.model, list(prompt_ids))
-                seq.feed(prompt_ids, keep=1)
-                nxt = 13
-                for _ in range(a.steps):
-                    w0, c0 = time.perf_counter(), time.process_time()
-                    logits = seq.feed([nxt], keep=1)
-                    w1, c1 = time.perf_counter(), time.process_time()
-                    if r > 0:  # the first repeat warms up
-                        wall[name].append(w1 - w0)
-                        cpu[name].append(c1 - c0)
-                    nxt = int(draft.full_logits(logits)[0].argmax())
-                head = variants[name][0]
-                for _ in range(a.steps):
-                    h0 = time.perf_counter()
-                    head(hidden)
-                    if r > 0:
-                        head_s[name].append(time.perf_counter() - h0)
-    forward = {v: {"wall_ms": 1e3 * statistics.median(wall[v]), "cpu_ms": 1e3 * statistics.median(cpu[v]),
-                   "output_layer_ms": 1e3 * statistics.median(head_s[v]), "linear_weights": weights[v]}
-               for v in variants}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    old = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
+    meta = {"format": a.format, "threads": a.threads, "k": a.k, "tokens": a.tokens, "load_s": load_s,
+            "table": table.name, "table_source": table.source, "command": " ".join(sys.argv),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "loadavg": os.getloadavg()}
+    runs = old.get("runs", []) + [meta]
+    forward = old.get("forward", {}) if a.skip_forward else {}
+    spec: dict[str, dict[str, dict]] = old.get("speculation", {})
+
+    def save():
+        (out / "results.json").write_text(json.dumps({"runs": runs, "forward": forward, "speculation": spec}, indent=1))
+        write_md(out, runs, forward, spec)
+
+    if not a.skip_forward:
+        forward.update(time_forwards(a, draft, variants, use, encode(chosen[0]), weights))
+        save()
+    if a.skip_spec:
+        return 0
 
     # 2. speculation
-    spec: dict[str, dict[str, dict]] = {}
     engine = SpeculativeEngine(target, draft)
     for p in chosen:
         ids = encode(p)
@@ -152,24 +142,59 @@ def main(argv=None) -> int:
                 "same_output_as_full": res.token_ids == ref,
             }
             print(p["name"], name, json.dumps(spec[p["name"]][name]), flush=True)
+            save()
     use("full")
+    return 0
 
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"format": a.format, "threads": a.threads, "k": a.k, "tokens": a.tokens, "load_s": load_s,
-            "table": table.name, "table_source": table.source, "command": " ".join(sys.argv),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "loadavg": os.getloadavg()}
-    (out / "results.json").write_text(json.dumps({"meta": meta, "forward": forward, "speculation": spec}, indent=1))
-    full = forward["full"]
-    lines = [f"# Vocabulary-subset draft (FR-Spec), demo pair, {a.format}, {a.threads} thread(s), one run",
-             "", f"`{meta['command']}` at {meta['date']} (load average {meta['loadavg'][0]:.1f})", "",
-             "| draft output layer | linear weights / token | draft forward / token, wall ms | CPU ms | vs full (CPU) "
-             "| output layer alone, ms |", "|---|---:|---:|---:|---:|---:|"]
-    for v, f in forward.items():
-        lines.append(f"| {'full (151,936)' if v == 'full' else v} | {f['linear_weights'] / 1e6:.0f} M | "
-                     f"{f['wall_ms']:.1f} | {f['cpu_ms']:.1f} | {f['cpu_ms'] / full['cpu_ms']:.2f}x | "
-                     f"{f['output_layer_ms']:.2f} |")
-    lines += ["", f"Greedy, K={a.k}, {a.tokens} new tokens (chat template):", "",
+
+def time_forwards(a, draft, variants, use, prompt_ids, weights) -> dict:
+    from specdec.engine.kv_cache import CachedSequence
+
+    # 1. per-token draft forward
+    wall: dict[str, list[float]] = {v: [] for v in variants}
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
+    head_s: dict[str, list[float]] = {v: [] for v in variants}
+    hidden = torch.randn(1, 1, draft.model.config.hidden_size, dtype=next(draft.model.parameters()).dtype)
+    with torch.inference_mode():
+        for r in range(a.repeats):
+            for name in variants:
+                use(name)
+                seq = CachedSequence(draft.model, list(prompt_ids))
+                seq.feed(prompt_ids, keep=1)
+                nxt = 13
+                for _ in range(a.steps):
+                    w0, c0 = time.perf_counter(), time.process_time()
+                    logits = seq.feed([nxt], keep=1)
+                    w1, c1 = time.perf_counter(), time.process_time()
+                    if r > 0:  # the first repeat warms up
+                        wall[name].append(w1 - w0)
+                        cpu[name].append(c1 - c0)
+                    nxt = int(draft.full_logits(logits)[0].argmax())
+                head = variants[name][0]
+                for _ in range(a.steps):
+                    h0 = time.perf_counter()
+                    head(hidden)
+                    if r > 0:
+                        head_s[name].append(time.perf_counter() - h0)
+    return {v: {"wall_ms": 1e3 * statistics.median(wall[v]), "cpu_ms": 1e3 * statistics.median(cpu[v]),
+                   "output_layer_ms": 1e3 * statistics.median(head_s[v]), "linear_weights": weights[v]}
+               for v in variants}
+
+
+
+def write_md(out, runs, forward, spec) -> None:
+    meta = runs[-1]
+    lines = [f"# Vocabulary-subset draft (FR-Spec), demo pair, {meta['format']}, {meta['threads']} thread(s)", ""]
+    lines += [f"- `{r['command']}` at {r['date']} (load average {r['loadavg'][0]:.1f})" for r in runs]
+    if forward:
+        full = forward["full"]
+        lines += ["", "| draft output layer | linear weights / token | draft forward / token, wall ms | CPU ms "
+                  "| vs full (CPU) | output layer alone, ms |", "|---|---:|---:|---:|---:|---:|"]
+        for v, f in forward.items():
+            lines.append(f"| {'full (151,936)' if v == 'full' else v} | {f['linear_weights'] / 1e6:.0f} M | "
+                         f"{f['wall_ms']:.1f} | {f['cpu_ms']:.1f} | {f['cpu_ms'] / full['cpu_ms']:.2f}x | "
+                         f"{f['output_layer_ms']:.2f} |")
+    lines += ["", f"Greedy, K={meta['k']}, {meta['tokens']} new tokens (chat template):", "",
               "| prompt | draft vocabulary | acceptance rate | mean accepted length | draft ms / drafted token "
               "| tokens/s (wall) | tokens / CPU s | target tokens in subset | output = full draft's |",
               "|---|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -178,9 +203,7 @@ def main(argv=None) -> int:
             lines.append(f"| {p} | {v} | {r['acceptance_rate']:.3f} | {r['mean_accepted_length']:.2f} | "
                          f"{r['draft_ms_per_drafted_token']:.1f} | {r['tokens_per_s']:.2f} | {r['tokens_per_cpu_s']:.2f} | "
                          f"{r['target_tokens_in_subset']:.3f} | {r['same_output_as_full']} |")
-    (out / "results.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    (Path(out) / "results.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
