@@ -10,14 +10,19 @@ runs this script (``sysconfig.get_paths()["stdlib"]``), files in sorted order:
   ``idle_test/``, ``tests/``) -- Python code, comments and docstrings (English prose);
 - docs: ``pydoc_data/topics.py`` (the language reference, already among the ``.py`` files),
   ``idlelib/help.html`` with the tags stripped, and the ``*.txt`` / ``*.rst`` files outside the
-  test suites (IDLE's README/NEWS, ``LICENSE.txt``, ``email/architecture.rst``).
+  test suites (IDLE's README/NEWS, ``LICENSE.txt``, ``email/architecture.rst``);
+
+and the Markdown this repository ships (``*.md`` outside ``.venv``/``.git``: README, docs,
+k8s): prose with the Markdown a chat answer is written in (code fences, bold, lists), which the
+standard library lacks.
 
 Each file is tokenized alone without special tokens; the table ranks every id seen by count
 (ties: lower id first) and stores the counts. It records the tokenizer's identity (vocabulary
 size and the sha256 of its token-to-id map), and a table is refused for any other tokenizer.
 The same Python version and tokenizer give the same bytes. Coverage (the share of tokens the top
-N ids cover) is printed for the corpus and for held-out text: this repository's README and
-docs (``*.md``), with the ids the corpus never saw following in id order as
+N ids cover) is printed for the corpus and for held-out text: the long descriptions (mostly
+Markdown READMEs) in the ``METADATA`` of the packages installed next to this Python's
+``transformers``, with the ids the corpus never saw following in id order as
 :func:`specdec.models.vocab_subset.subset_ids` takes them (for a BPE vocabulary a lower id is an
 earlier merge, i.e. a more frequent pair in the tokenizer's own training text).
 """
@@ -51,6 +56,10 @@ def corpus_files(stdlib: Path) -> list[Path]:
         if p.suffix in (".py", ".txt", ".rst") or rel.as_posix() == "idlelib/help.html":
             files.append(p)
     return files
+
+
+def repo_markdown() -> list[Path]:
+    return sorted(p for p in REPO.rglob("*.md") if not {".venv", ".git", "node_modules"} & set(p.relative_to(REPO).parts))
 
 
 def read_text(p: Path) -> str:
@@ -87,18 +96,23 @@ def main(argv=None) -> int:
         a.tokenizer = str(ensure_demo_folder("draft"))
     tok = AutoTokenizer.from_pretrained(a.tokenizer)
     stdlib = Path(a.stdlib)
-    files = corpus_files(stdlib)
+    files = corpus_files(stdlib) + repo_markdown()
     counts = count(tok, (read_text(p) for p in files))
-    source = (f"CPython {sys.version.split()[0]} standard library ({len(files)} files: *.py outside site-packages "
-              "and test suites, *.txt/*.rst, idlelib/help.html without tags); scripts/vocab_table.py")
+    source = (f"CPython {sys.version.split()[0]} standard library (*.py outside site-packages and test suites, "
+              f"*.txt/*.rst, idlelib/help.html without tags) and the repository's *.md; {len(files)} files; "
+              "scripts/vocab_table.py")
     table = FrequencyTable.from_counts(tok, counts, source, python=sys.version.split()[0], files=len(files))
     table.save(a.out)
     seen = set(table.ranked_ids)
     order = table.ranked_ids + [i for i in range(len(tok)) if i not in seen]  # as subset_ids fills
-    held = count(tok, (p.read_text() for p in sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md")])))
+    import transformers
+
+    site = Path(transformers.__file__).resolve().parents[1]
+    meta = sorted(site.glob("*.dist-info/METADATA"))
+    held = count(tok, (p.read_text(errors="replace").partition("\n\n")[2] for p in meta))
     print(f"{len(files)} files, {sum(counts.values())} tokens, {len(table.ranked_ids)} distinct ids "
           f"of {len(tok)}; wrote {a.out} ({Path(a.out).stat().st_size} bytes)")
-    print("| N | coverage, corpus | coverage, held-out (README + docs/*.md, "
+    print(f"| N | coverage, corpus | coverage, held-out ({len(meta)} installed packages' METADATA descriptions, "
           f"{sum(held.values())} tokens) |\n|---:|---:|---:|")
     for n in (int(s) for s in a.sizes.split(",")):
         print(f"| {n} | {table.coverage(n):.4f} | {coverage(order, held, n):.4f} |")

@@ -140,6 +140,8 @@ def main(argv=None) -> int:
                 "verify_s": s.verify_time_s, "wall_s": w, "cpu_s": c, "tokens_per_s": len(res.token_ids) / w,
                 "tokens_per_cpu_s": len(res.token_ids) / c, "target_tokens_in_subset": inside,
                 "same_output_as_full": res.token_ids == ref,
+                "outside_subset": [] if sub is None else
+                [tok.convert_ids_to_tokens(t) for t in res.token_ids if t not in set(sub.tolist())],
             }
             print(p["name"], name, json.dumps(spec[p["name"]][name]), flush=True)
             save()
