@@ -380,3 +380,19 @@ def test_generate_command_with_a_subset(folders, target, table_file, capsys):
     assert cli.main(["generate", "--target", str(folders[0]), "--draft", str(folders[1]), "--draft-vocab-subset", "0",
                      "--draft-vocab-table", str(table_file), "x"]) == 2
     assert "draft vocabulary subset must be an integer from 1 to 320" in capsys.readouterr().err
+
+
+@pytest.mark.demo
+def test_shipped_table_fits_the_demo_pair(demo_pair_folders):
+    """The shipped table belongs to the demo pair's tokenizer (draft and target share it), and
+    its subsets keep the EOS ids and the Markdown code fence a chat answer opens with."""
+    from transformers import AutoTokenizer
+
+    table = FrequencyTable.load()
+    for role in ("draft", "target"):
+        table.check_tokenizer(AutoTokenizer.from_pretrained(demo_pair_folders[role]), role)
+    tok = AutoTokenizer.from_pretrained(demo_pair_folders["draft"])
+    eos = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
+    ids = subset_ids(table, tok, 16384, min(len(tok), 151936), always=eos).tolist()
+    assert len(ids) == 16384 and set(eos) <= set(ids)
+    assert tok.convert_tokens_to_ids("```") in ids and tok.convert_tokens_to_ids("Ġreturn") in ids
