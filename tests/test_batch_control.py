@@ -129,9 +129,12 @@ def test_batch_k_sessions_served_controller():
     assert stats == {"k_under_load": k_code, "rows_per_step": 8.0, "positions_per_step": 40.0,
                      "steps": 160, "sessions": 4}
     assert live.tenant_stats("creative")["sessions"] == 5
-    # a probe: the ceiling for its first two steps, then the tenant's K under load
+    # a probe: the ceiling for its first two steps, then the tenant's K under load; held at
+    # K = 0, every 32nd step runs at K = 2 so that the tenant's acceptance keeps being measured
     k = live.schedule("creative", 6, probe_steps=2)
-    assert [k(), k(), k()] == [6, 6, 0]
+    ks = [k() for _ in range(64)]
+    assert ks[:3] == [6, 6, 0] and [i + 1 for i, v in enumerate(ks) if v == 2] == [32, 64]
+    assert set(ks[2:]) == {0, 2} and live.probes == 2
     # the code tenant leaves: the creative tenant alone decides again (its steps no longer slow
     # anyone else's), and K under load follows the new batch
     for i in range(4):
