@@ -109,7 +109,7 @@ def test_batch_k_sessions_served_controller():
     for i in range(4):
         live.join(("code", i), "code", "draft", k_range=(0, 8))
         live.join(("creative", i), "creative", "draft", k_range=(0, 8))
-    live.join("pinned", "creative", "draft", adaptive=False)  # counts for stats, not decisions
+    live.join("pinned", "creative", "draft", adaptive=False, k_range=(3, 3))  # its own K = 3
     shape = BatchShape(forward=7, rows=8, positions=40, seconds=cost.verify_s(8, 40))
     n_before = len(live.controller.batches)
     for step in range(40):
@@ -119,10 +119,14 @@ def test_batch_k_sessions_served_controller():
     assert len(live.controller.batches) == n_before + 1  # 320 reports of one forward: measured once
     k_code, k_creative = live.k_for("code", 8), live.k_for("creative", 8)
     est = live.controller.estimator
+    # the pinned session counts in the batch at its own K and takes no share from the others
+    pinned = TenantLoad(1, est.alpha(("creative", "draft")), weight=1e-9, k_min=3, k_max=3, fixed_k=3)
     expected = choose_batch_ks({"code": TenantLoad(4, est.alpha(("code", "draft"))),
-                                "creative": TenantLoad(4, est.alpha(("creative", "draft")))},
+                                "creative": TenantLoad(4, est.alpha(("creative", "draft"))), "pinned": pinned},
                                live.controller.cost, budget=128)
     assert (k_code, k_creative) == (expected.ks["code"], expected.ks["creative"])
+    assert live.controller.last.rows == 9 and live.controller.last.positions == expected.positions
+    assert set(live.controller.k_by_tenant) == {"code", "creative"}  # the pinned load is not a tenant's K
     assert k_creative == 0 and k_code >= 2
     assert live.k_for("code", 1) == 1  # never above the request's ceiling
     stats = live.tenant_stats("code")

@@ -228,9 +228,22 @@ class BatchKController:
             if r >= 1:
                 self.cost.observe_draft(r, s)
 
-    def decide(self, sessions: dict[tuple[str, str], int]) -> BatchKDecision:
-        """K per tenant for the running sessions ``{(tenant, proposer): count}`` (one proposer per tenant used)."""
+    def decide(self, sessions: dict[tuple[str, str], int],
+               fixed: dict[tuple[str, str, int], int] | None = None) -> BatchKDecision:
+        """K per tenant for the running sessions ``{(tenant, proposer): count}`` (one proposer per tenant used).
+
+        Args:
+            fixed: sessions in the same batch whose K is not chosen here (a seeded sampled
+                request, a tenant pinned to ``fixed_k``): ``{(tenant, proposer, K): count}``.
+                They count in the batch's step time and tokens at their own K, and take no
+                share of the budget from the tenants that adapt.
+        """
         loads: dict[str, TenantLoad] = {}
+        for (tenant, proposer, k), n in (fixed or {}).items():
+            if n > 0:
+                loads[f"{tenant}\x00{proposer}\x00{k}"] = TenantLoad(
+                    sessions=n, alpha=self.estimator.alpha((tenant, proposer)) if k > 0 else 0.0,
+                    weight=1e-9, k_min=k, k_max=k, drafted=proposer == "draft", fixed_k=k)
         for (tenant, proposer), n in sessions.items():
             lo, hi = self.k_ranges.get(tenant, (0, 8))
             prev = loads.get(tenant)
@@ -240,7 +253,7 @@ class BatchKController:
                 weight=self.weights.get(tenant, 1.0), k_min=lo, k_max=hi, drafted=proposer == "draft",
             )
         self.last = choose_batch_ks(loads, self.cost, self.budget)
-        self.k_by_tenant.update(self.last.ks)
+        self.k_by_tenant.update({t: k for t, k in self.last.ks.items() if "\x00" not in t})
         return self.last
 
     def k_for(self, tenant: str) -> int | None:
@@ -265,6 +278,7 @@ class _Joined:
     tenant: str
     proposer: str
     adaptive: bool
+    k: int = 0  # a fixed session's K
 
 
 class BatchKSessions:
@@ -314,11 +328,12 @@ class BatchKSessions:
 
     def join(self, key: Any, tenant: str, proposer: str, *, adaptive: bool = True, weight: float = 1.0,
              k_range: tuple[int, int] = (0, 8)) -> None:
-        """A generation starts (``key``: any hashable id). Adaptive ones count in the decision.
+        """A generation starts (``key``: any hashable id). Adaptive ones get their K from the
+        decision; the others count in it at their own K (``k_range[1]``).
 
         Args:
             weight: the tenant's fair-share weight (policy ``batch_weight``).
-            k_range: the tenant's (k_min, k_max).
+            k_range: the tenant's (k_min, k_max); for a non-adaptive generation (k, k) with its K.
 
         Raises:
             ValueError: ``weight <= 0`` or an empty K range.
@@ -328,9 +343,10 @@ class BatchKSessions:
         if not 0 <= k_range[0] <= k_range[1]:
             raise ValueError(f"bad K range {k_range}")
         with self._lock:
-            self._joined[key] = _Joined(tenant, proposer, adaptive)
+            self._joined[key] = _Joined(tenant, proposer, adaptive, int(k_range[1]))
             self.controller.weights[tenant] = float(weight)
-            self.controller.k_ranges[tenant] = (int(k_range[0]), int(k_range[1]))
+            if adaptive:
+                self.controller.k_ranges[tenant] = (int(k_range[0]), int(k_range[1]))
             self._dirty = True
 
     def leave(self, key: Any) -> None:
@@ -341,11 +357,15 @@ class BatchKSessions:
 
     def _decide_locked(self) -> None:
         counts: dict[tuple[str, str], int] = {}
+        fixed: dict[tuple[str, str, int], int] = {}
         for j in self._joined.values():
             if j.adaptive and j.proposer != "none":
                 counts[(j.tenant, j.proposer)] = counts.get((j.tenant, j.proposer), 0) + 1
+            else:
+                key = (j.tenant, j.proposer, j.k if j.proposer != "none" else 0)
+                fixed[key] = fixed.get(key, 0) + 1
         if counts:
-            self.controller.decide(counts)
+            self.controller.decide(counts, fixed)
             self.decisions += 1
         self._dirty = False
 
