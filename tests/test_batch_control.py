@@ -134,11 +134,13 @@ def test_batch_k_sessions_served_controller():
                      "steps": 160, "sessions": 4}
     assert live.tenant_stats("creative")["sessions"] == 5
     # a probe: the ceiling for its first two steps, then the tenant's K under load; held at
-    # K = 0, every 32nd step runs at K = 2 so that the tenant's acceptance keeps being measured
+    # K = 0, every 32nd of its steps runs at K = 2 so that its acceptance keeps being measured
     k = live.schedule("creative", 6, probe_steps=2)
     ks = [k() for _ in range(64)]
-    assert ks[:3] == [6, 6, 0] and [i + 1 for i, v in enumerate(ks) if v == 2] == [32, 64]
-    assert set(ks[2:]) == {0, 2} and live.probes == 2
+    assert ks[:3] == [6, 6, 0] and [i + 1 for i, v in enumerate(ks) if v == 2] == [2 + 32]
+    assert set(ks[2:]) == {0, 2} and live.probes == 1
+    k2 = live.schedule("creative", 6)  # the count is the tenant's, over its generations
+    assert [k2() for _ in range(32)].index(2) == 31 - (64 - 2 - 32)
     # the code tenant leaves: the creative tenant alone decides again (its steps no longer slow
     # anyone else's), and K under load follows the new batch
     for i in range(4):

@@ -302,8 +302,8 @@ class BatchKSessions:
     Args:
         controller: the batch controller (its ``budget`` is the target's positions budget).
         recent: steps per tenant the rows/positions means are over.
-        probe_every, probe_k: a generation of a tenant held at K = 0 runs every
-            ``probe_every``-th step at K = ``probe_k`` (0: never).
+        probe_every, probe_k: a tenant held at K = 0 runs every ``probe_every``-th of its
+            steps at K = ``probe_k`` (0: never).
     """
 
     def __init__(self, controller: BatchKController, recent: int = 200, probe_every: int = 32, probe_k: int = 2):
@@ -325,6 +325,7 @@ class BatchKSessions:
         self.probe_every, self.probe_k = int(probe_every), int(probe_k)
         #: steps run as probes of a tenant held at K = 0
         self.probes = 0
+        self._held_steps: dict[str, int] = {}  # tenant -> its steps held at K = 0
 
     def join(self, key: Any, tenant: str, proposer: str, *, adaptive: bool = True, weight: float = 1.0,
              k_range: tuple[int, int] = (0, 8)) -> None:
@@ -382,9 +383,9 @@ class BatchKSessions:
         """A ``k`` callable for :meth:`specdec.engine.engine.SpeculativeEngine.start`: ``cap`` for
         the first ``probe_steps`` steps (a probe of the per-request controller), then
         :meth:`k_for` each step. While the tenant is held at K = 0, every ``probe_every``-th
-        step of the generation runs at ``min(cap, probe_k)`` instead, so that its acceptance
-        estimate keeps learning (a K = 0 step teaches nothing) and the tenant can come back
-        when the load or its acceptance changes."""
+        step of the tenant (over all its generations here) runs at ``min(cap, probe_k)``
+        instead, so that its acceptance estimate keeps learning (a K = 0 step teaches nothing)
+        and the tenant can come back when the load or its acceptance changes."""
         calls = [0]
 
         def k() -> int:
@@ -392,9 +393,12 @@ class BatchKSessions:
             if calls[0] <= probe_steps:
                 return cap
             chosen = self.k_for(tenant, cap, k_min)
-            if chosen == 0 and self.probe_every and calls[0] % self.probe_every == 0:
-                self.probes += 1
-                return min(cap, self.probe_k)
+            if chosen == 0 and self.probe_every:
+                with self._lock:
+                    n = self._held_steps[tenant] = self._held_steps.get(tenant, 0) + 1
+                if n % self.probe_every == 0:
+                    self.probes += 1
+                    return min(cap, self.probe_k)
             return chosen
 
         return k
