@@ -199,7 +199,8 @@ def _add_prefetch(sub) -> None:
     p.add_argument("roles", nargs="*", metavar="{target,draft}", help="default: both")
     p.add_argument("--format", choices=WEIGHT_FORMAT_CHOICES, default=None, dest="weight_format",
                    help="build the cache a weight format loads from (float32/float16: the float32 folder; "
-                        "bfloat16/int8/int4: the bfloat16 folder); default: the device's default format")
+                        "bfloat16: the bfloat16 folder; int8/int4: the bfloat16 folder and the quantized "
+                        "weights next to it); default: the device's default format")
 
 
 def run_prefetch(args) -> int:
@@ -209,9 +210,19 @@ def run_prefetch(args) -> int:
     bad = [r for r in args.roles if r not in ("target", "draft")]
     if bad:
         raise SpecDecError(f"prefetch: unknown role {bad[0]!r}; choose from 'target', 'draft'")
-    dtype = storage_dtype(getattr(args, "weight_format", None) or default_format("cpu"))
+    fmt = getattr(args, "weight_format", None) or default_format("cpu")
+    dtype = storage_dtype(fmt)
     for role in args.roles or ["target", "draft"]:
-        print(f"demo {role}: {ensure_demo_folder(role, dtype=dtype)}")
+        folder = ensure_demo_folder(role, dtype=dtype)
+        print(f"demo {role}: {folder}")
+        if fmt in ("int8", "int4"):
+            from specdec.models.loader import load_model
+            from specdec.models.quant_cache import cache_folder
+            from specdec.models.spec import DemoModelSpec
+
+            loaded = load_model(DemoModelSpec(role=role), weight_format=fmt, invariant=False)
+            print(f"demo {role} {fmt}: {cache_folder(folder, fmt)} ({loaded.quant_cache})")
+            del loaded
     return 0
 
 

@@ -143,8 +143,13 @@ def _swap_int8_for_cpu(model: nn.Module) -> int:
     return swapped
 
 
+#: int4 group sizes, in order of preference: a layer gets the first that divides its in_features
+#: (a layer none divides stays bfloat16).
+INT4_GROUP_SIZES: tuple[int, ...] = (128, 64, 32)
+
+
 def _int4_group_size(in_features: int) -> int | None:
-    for g in (128, 64, 32):
+    for g in INT4_GROUP_SIZES:
         if in_features % g == 0:
             return g
     return None

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from specdec.errors import ModelLoadError
 from specdec.request import MAX_SPECULATION_LENGTH
-from specdec.models import cache, convert, demo, formats
+from specdec.models import cache, convert, demo, formats, quant_cache
 from specdec.models.loaded import LoadedModel
 from specdec.models.spec import (
     DemoModelSpec,
@@ -85,14 +85,16 @@ def load_model(
     t0 = time.perf_counter()
     fmt = resolve_format(spec, weight_format, dtype, device)
     store, act = formats.storage_dtype(fmt), formats.compute_dtype(fmt)
+    folder: Path | None = None
     if isinstance(spec, DemoModelSpec):
         info = demo.demo_model(spec.role)
-        loaded = _load_folder(demo.ensure_demo_folder(spec.role, dtype=store), f"demo {spec.role} ({info.model_name})",
-                              act, device)
+        folder = demo.ensure_demo_folder(spec.role, dtype=store)
+        loaded = _load_folder(folder, f"demo {spec.role} ({info.model_name})", act, device)
     elif isinstance(spec, GGUFModelSpec):
         path = Path(spec.path).expanduser()
         if cache_gguf:
-            loaded = _load_folder(convert.cached_gguf_folder(path, dtype=store), path.name, act, device)
+            folder = convert.cached_gguf_folder(path, dtype=store)
+            loaded = _load_folder(folder, path.name, act, device)
         else:
             if not path.is_file():
                 raise ModelLoadError(f"GGUF file {path} does not exist")
@@ -118,7 +120,13 @@ def load_model(
         slice_output_layer(loaded.model, ids)  # before quantizing: int8/int4 quantize the sliced rows
         loaded.vocab_subset = ids.to(loaded.device)
     t_load = time.perf_counter() - t0
-    formats.quantize(loaded.model, fmt)
+    variant = None
+    if loaded.vocab_subset is not None:  # the output layer is sliced: its own cache entry
+        import hashlib
+
+        ids = loaded.vocab_subset.cpu().numpy().tobytes()
+        variant = f"vocab{len(loaded.vocab_subset)}-{hashlib.sha256(ids).hexdigest()[:12]}"
+    loaded.quant_cache = quant_cache.quantize_cached(loaded.model, fmt, folder, variant=variant)
     loaded.weight_format = fmt
     t_quant = time.perf_counter() - t0 - t_load
     if invariant is None:
@@ -128,9 +136,9 @@ def load_model(
 
         make_invariant(loaded.model, need_rows=need_rows)
         loaded.invariant = True
-    log.info("loaded %s as %s in %.1f s (read %.1f s, quantize %.1f s, invariance plan %.1f s; "
+    log.info("loaded %s as %s in %.1f s (read %.1f s, quantize %.1f s [cache: %s], invariance plan %.1f s; "
              "%d positions, %d vocab rows, %s)", loaded.name, fmt, time.perf_counter() - t0, t_load, t_quant,
-             time.perf_counter() - t0 - t_load - t_quant, loaded.max_positions, loaded.vocab_rows,
+             loaded.quant_cache, time.perf_counter() - t0 - t_load - t_quant, loaded.max_positions, loaded.vocab_rows,
              "all scored" if loaded.vocab_subset is None else f"{len(loaded.vocab_subset)} scored")
     return loaded
 
