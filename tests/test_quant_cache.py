@@ -119,3 +119,31 @@ def test_folder_without_marker_is_quantized_at_every_load(tmp_path, monkeypatch)
     assert _load(folder, "int4").quant_cache == "off"
     assert not cache_folder(folder, "int4").exists()
     assert _load(folder, "bfloat16").quant_cache == "none"
+
+
+_FRESH = r"""
+import sys, torch
+from specdec.models.loader import load_model
+from specdec.models.spec import HFModelSpec
+m = load_model(HFModelSpec(path=sys.argv[1]), weight_format=sys.argv[2])
+with torch.no_grad():
+    logits = m.model(torch.tensor([[1, 5, 9, 33, 70, 100, 7, 8, 250, 3, 44, 12]])).logits[0]
+torch.save(logits, sys.argv[3])
+print(m.quant_cache)
+"""
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_a_new_process_reads_the_cache(marked, fmt, tmp_path):
+    """A fresh interpreter (torchao's tensor classes not imported yet) loads the entry with
+    ``weights_only=True`` and gets the same logits."""
+    import subprocess
+    import sys
+
+    ref = _logits(_load(marked, fmt))
+    out = tmp_path / "logits.pt"
+    proc = subprocess.run([sys.executable, "-c", _FRESH, str(marked), fmt, str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "hit", proc.stderr[-2000:]
+    assert torch.equal(torch.load(out), ref)

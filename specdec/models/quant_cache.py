@@ -190,6 +190,7 @@ def quantize_cached(model: nn.Module, fmt: str, folder: Path | None, *, rank: in
         key = _unmarked_key(folder, fmt, device, rank, tp_size) | {"variant": variant}
     if key is None:
         formats.quantize(model, fmt)
+        _release_freed_memory()
         return "off"
     dest = cache_folder(folder, fmt, rank, tp_size, variant)
     digest = _digest(key)
@@ -198,8 +199,12 @@ def quantize_cached(model: nn.Module, fmt: str, folder: Path | None, *, rank: in
     with cache.file_lock(cache.cache_root() / "locks" / f"quant-{hashlib.sha256(str(dest).encode()).hexdigest()[:16]}.lock"):
         if _try_load(model, dest, digest, key, device, quiet=True):  # built by another process meanwhile
             return "hit"
+        log.info("quantizing %s to %s and caching it in %s", folder, fmt, dest)
         formats.quantize(model, fmt)
         _store(model, dest, digest, key)
+        _release_freed_memory()
+        # read the layers back from the stored file: the same tensors, now file-backed (mmap)
+        _try_load(model, dest, digest, key, device, quiet=True)
     return "built"
 
 
@@ -213,6 +218,32 @@ def _unmarked_key(folder: Path, fmt: str, device: torch.device, rank: int, tp_si
             "int4_group_sizes": list(formats.INT4_GROUP_SIZES) if fmt == "int4" else None,
             "torch": torch.__version__, "torchao": _torchao_version(), "device": torch.device(device).type,
             "tp": [rank, tp_size], "source_sha256": "files:" + h.hexdigest(), "source_dtype": "unknown"}
+
+
+def _tensor_classes() -> list[type]:
+    """The torchao tensor subclasses a stored entry may hold, allowed for ``weights_only`` loads
+    (importing torchao registers most of them; the CPU int4 class lives in a prototype module)."""
+    import torchao  # noqa: F401 - registers torchao's own safe globals
+
+    classes: list[type] = []
+    try:
+        from torchao.prototype.quantization.int4 import Int4OpaqueTensor
+
+        classes.append(Int4OpaqueTensor)
+    except ImportError:  # pragma: no cover - older/newer torchao
+        pass
+    return classes
+
+
+def _release_freed_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``): quantizing frees the
+    bfloat16 weights in many small pieces that would otherwise stay in the process's RSS."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _try_load(model: nn.Module, dest: Path, digest: str, key: dict, device: torch.device, quiet: bool = False) -> bool:
@@ -229,7 +260,8 @@ def _try_load(model: nn.Module, dest: Path, digest: str, key: dict, device: torc
                         ", ".join(f"{k} {old.get(k)!r} -> {key.get(k)!r}" for k in changed) or "key")
         return False
     try:
-        state = torch.load(dest / TENSORS, map_location=device, weights_only=True, mmap=device.type == "cpu")
+        with torch.serialization.safe_globals(_tensor_classes()):
+            state = torch.load(dest / TENSORS, map_location=device, weights_only=True, mmap=device.type == "cpu")
         apply_state(model, state)
     except Exception as e:  # noqa: BLE001 - any unreadable or unfitting entry is rebuilt
         if not quiet:
