@@ -519,3 +519,43 @@ def test_draft_prefill_is_chunked_while_others_keep_stepping(long_pair, temperat
     assert whole.draft_trace[0] == (1, 200)
     with pytest.raises(ValueError, match="draft_prefill_chunk must be >= 1"):
         BatchScheduler(engine, draft_prefill_chunk=0)
+@pytest.fixture(scope="module")
+def reduced_targets(tmp_path_factory):
+    """The tiny long-context target in each reduced-precision format, invariant forward on."""
+    from specdec.models.loader import load_model
+    from specdec.models.spec import HFModelSpec
+
+    # hidden 512: the down projection reduces over 1024 inputs, where bfloat16 rows of a 33-row
+    # call differ from one-row calls (narrower tiny layers stay invariant at any row count)
+    folder = build_tiny_model(tmp_path_factory.mktemp("reduced") / "t", seed=0, hidden_size=512, max_positions=1024)
+    return {fmt: load_model(HFModelSpec(path=folder), weight_format=fmt) for fmt in ("bfloat16", "int8", "int4")}
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8", "int4"])
+def test_feed_many_packed_rows_bitwise_equal_alone_in_reduced_precision(reduced_targets, fmt):
+    """More than 32 packed rows (bfloat16 kernels keep rows invariant only up to 32) and ragged
+    caches: every row's logits and every cached key/value bitwise equal the sequence fed alone."""
+    target = reduced_targets[fmt]
+    assert target.invariant
+    rng = random.Random(3)
+    lens = [0, 3, 40, 150]
+    alone_seqs = [CachedSequence(target.model, []) for _ in lens]
+    batch_seqs = [CachedSequence(target.model, []) for _ in lens]
+    for a, b, n in zip(alone_seqs, batch_seqs, lens):
+        if n:
+            prefix = [rng.randrange(3, 300) for _ in range(n)]
+            a.feed(prefix, keep=1)
+            b.feed(prefix, keep=1)
+    # packed rows per forward: 45 (> 32: chunk boundaries fall inside sequences), 36 with a
+    # 33-token prefill in one row, then 4 single tokens
+    for sizes in ([9, 9, 9, 18], [33, 1, 1, 1], [1, 1, 1, 1]):
+        news = [[rng.randrange(3, 300) for _ in range(n)] for n in sizes]
+        keeps = [len(t) for t in news]
+        ref = [s.feed(t, keep=k) for s, t, k in zip(alone_seqs, news, keeps)]
+        got = feed_many([(s, t, k) for s, t, k in zip(batch_seqs, news, keeps)])
+        for i, (r, g) in enumerate(zip(ref, got)):
+            assert torch.equal(r, g), (fmt, sizes, i, (r - g).abs().max().item())
+        for a, b in zip(alone_seqs, batch_seqs):
+            assert a.cached == b.cached
+            for la, lb in zip(a.cache.layers, b.cache.layers):
+                assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
