@@ -39,6 +39,13 @@ def test_verify_greedy(drafts, target_choice, n, tokens):
 def test_greedy_tie_break_is_lowest_id():
     logits = torch.tensor([[0.0, 3.0, 1.0, 3.0], [2.0, 2.0, 2.0, 2.0]])
     assert greedy_token(logits).tolist() == [1, 0]
+    # a full 151,936-id row (vectorized kernels split it into blocks): ties far apart, -inf rows
+    big = torch.full((3, 151936), -5.0)
+    big[0, [70001, 9, 150000]] = 2.5
+    big[1, 151935] = 1.0
+    big[2] = float("-inf")
+    assert greedy_token(big).tolist() == [9, 151935, 0]
+    assert greedy_token(big[:, :151665]).tolist() == [9, 0, 0]  # a view over the emittable ids
 
 
 def test_verify_greedy_rejects_wrong_shape():

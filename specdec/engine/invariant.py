@@ -52,6 +52,10 @@ FIXED_ROWS = 8
 #: 48-row prefill differed from 32 rows + 16 decode steps although the k/v projections (1536x256)
 #: had probed equal up to 48 rows; with every chunk at most 32 rows all checks are exact.
 MAX_CHUNK_ROWS = 32
+#: Row-wise attention over several rows runs on one intra-op thread when no row sees more keys
+#: than this (CPU; measured on the 2-core VM: 16 rows of 96..3000 keys, 12/2 heads, d = 128,
+#: were faster on one thread than on two, 1.3-5x, the machine shared with other jobs).
+SINGLE_THREAD_MAX_KEYS = 2048
 
 
 @dataclass(frozen=True)
@@ -150,14 +154,53 @@ def _invariant_forward(self, x: torch.Tensor) -> torch.Tensor:
     return y.reshape(*shape[:-1], y.shape[-1])
 
 
+def _row_ranges(attention_mask: torch.Tensor | None, b_size: int, q_len: int, kv_len: int) -> list[tuple[int, int]]:
+    """Visible key range ``(lo, hi)`` of every query row, row-major over ``[B, q]``.
+
+    Computed with a few tensor ops over the whole mask and one transfer to Python, and memoized
+    on the mask tensor: a forward passes the same mask object to every layer, so the ranges are
+    computed once per forward, not once per layer and row.
+
+    Raises:
+        ValueError: a row whose visible keys are not one contiguous range.
+    """
+    if attention_mask is None:  # causal: row i sees the first kv_len - q_len + i + 1 keys
+        return [(0, kv_len - q_len + i + 1) for _ in range(b_size) for i in range(q_len)]
+    memo = getattr(attention_mask, "_specdec_ranges", None)
+    if memo is not None and memo[0] == (b_size, q_len, kv_len):
+        return memo[1]
+    visible = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+    visible = visible[:, 0, :, :kv_len].expand(b_size, q_len, kv_len)  # [B, q, L] bool
+    count = visible.sum(-1)  # [B, q]
+    lo = visible.to(torch.uint8).argmax(-1)  # first visible key (0 when none)
+    hi = kv_len - visible.flip(-1).to(torch.uint8).argmax(-1)  # last visible key + 1
+    hi = torch.where(count > 0, hi, lo)  # a row that sees nothing: empty range
+    if not bool(((hi - lo) == count).all()):
+        raise ValueError("rowwise attention needs each row's visible keys to be contiguous")
+    ranges = list(zip(lo.flatten().tolist(), hi.flatten().tolist()))
+    try:
+        attention_mask._specdec_ranges = ((b_size, q_len, kv_len), ranges)
+    except (AttributeError, RuntimeError):  # pragma: no cover - a tensor subclass without __dict__
+        pass
+    return ranges
+
+
 def rowwise_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Attention computed one query row at a time (transformers ``AttentionInterface`` signature).
+
+    Every query row gets its own scaled-dot-product call over exactly the keys it may see (the
+    call plain decoding makes for that position), so a row's result depends neither on how many
+    query rows the forward has nor on padding. One call per row is what keeps it exact: a shared
+    call with a mask gives rows whose visible keys end before the call's last key different bits
+    (measured: CPU bfloat16, 12/2 heads, d = 128: 2786 of 6412 such rows differ), because the
+    kernel reduces a masked tail differently from a shorter key range. The rows' key ranges are
+    computed once per forward (:func:`_row_ranges`).
 
     Args:
         query: ``[B, H, q, d]``; key, value: ``[B, Hkv, L, d]`` (cache included).
         attention_mask: None (causal: row i sees the first ``L - q + i + 1`` keys) or a boolean
-            ``[B, 1, q, L]`` mask (True = visible) whose visible keys per row are contiguous; a
-            row that sees no key (a padding position) gets zeros.
+            (True = visible) or additive float ``[B or 1, 1, q, >= L]`` mask whose visible keys
+            per row are contiguous; a row that sees no key (a padding position) gets zeros.
 
     Returns:
         ``([B, q, H, d], None)``.
@@ -167,28 +210,32 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     """
     b_size, heads, q_len, _ = query.shape
     kv_len = key.shape[2]
-    out = query.new_empty(b_size, q_len, heads, value.shape[-1])
     gqa = key.shape[1] != heads
-    if attention_mask is not None and attention_mask.dtype != torch.bool:
-        attention_mask = attention_mask == 0
-    for b in range(b_size):
-        for i in range(q_len):
-            if attention_mask is None:
-                lo, hi = 0, kv_len - q_len + i + 1
-            else:
-                visible = attention_mask[b, 0, i].nonzero()
-                if visible.shape[0] == 0:  # a padding query row sees nothing: its output is unused
-                    out[b, i] = 0
-                    continue
-                lo, hi = int(visible[0]), int(visible[-1]) + 1
-                if hi - lo != visible.shape[0]:
-                    raise ValueError("rowwise attention needs each row's visible keys to be contiguous")
-            o = F.scaled_dot_product_attention(
+    ranges = _row_ranges(attention_mask, b_size, q_len, kv_len)
+    threads = torch.get_num_threads()
+    # Many short per-row calls: one intra-op thread each (a parallel region per row costs more
+    # than the row's work, several times more on a loaded CPU). Exact either way: the kernel
+    # computes every (batch, head) slice of a call on one thread (tests/test_invariant.py).
+    single = (query.device.type == "cpu" and threads > 1 and len(ranges) > 1
+              and max(hi - lo for lo, hi in ranges) <= SINGLE_THREAD_MAX_KEYS)
+    if single:
+        torch.set_num_threads(1)
+    try:
+        outs = []  # per row [1, H, 1, d]
+        for r, (lo, hi) in enumerate(ranges):
+            b, i = divmod(r, q_len)
+            if hi == lo:  # a padding query row sees nothing: its output is unused
+                outs.append(query.new_zeros(1, heads, 1, value.shape[-1]))
+                continue
+            outs.append(F.scaled_dot_product_attention(
                 query[b:b + 1, :, i:i + 1], key[b:b + 1, :, lo:hi], value[b:b + 1, :, lo:hi],
                 scale=scaling, enable_gqa=gqa,
-            )
-            out[b, i] = o[0, :, 0]
-    return out, None
+            ))
+    finally:
+        if single:
+            torch.set_num_threads(threads)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [1, H, B*q, d]
+    return out.view(heads, b_size, q_len, -1).permute(1, 2, 0, 3), None
 
 
 _registered = False

@@ -1,0 +1,73 @@
+"""The shape-invariant forward's pieces (specdec/engine/invariant.py) on synthetic tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec.engine.invariant import _row_ranges, rowwise_attention
+
+
+def _qkv(b, q, length, heads=4, kv_heads=2, d=16, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, heads, q, d, generator=g).to(dtype), torch.randn(b, kv_heads, length, d, generator=g).to(dtype),
+            torch.randn(b, kv_heads, length, d, generator=g).to(dtype))
+
+
+def test_rowwise_attention_rows_equal_one_call_per_row_over_visible_keys():
+    """Row (b, i) is bitwise the call plain decoding makes: its query alone over keys lo..hi-1;
+    a row that sees nothing is zeros; left padding and causal offsets follow the mask."""
+    q, k, v = _qkv(2, 5, 12)
+    mask = torch.zeros(2, 1, 5, 12, dtype=torch.bool)
+    for i in range(5):
+        mask[0, 0, i, 3:8 + i] = True  # row 0: 3 padding keys, causal over the rest
+        mask[1, 0, i, : 8 + i] = True
+    mask[0, 0, 0] = False  # a padding query row
+    out, weights = rowwise_attention(None, q, k, v, mask, scaling=0.25)
+    assert weights is None and out.shape == (2, 5, 4, 16)
+    for b in range(2):
+        for i in range(5):
+            vis = mask[b, 0, i].nonzero().flatten()
+            if vis.numel() == 0:
+                assert torch.equal(out[b, i], torch.zeros(4, 16, dtype=torch.bfloat16))
+                continue
+            lo, hi = int(vis[0]), int(vis[-1]) + 1
+            ref = F.scaled_dot_product_attention(q[b:b + 1, :, i:i + 1], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi],
+                                                 scale=0.25, enable_gqa=True)
+            assert torch.equal(out[b, i], ref[0, :, 0]), (b, i)
+    # no mask: causal, row i sees the first L - q + i + 1 keys
+    out, _ = rowwise_attention(None, q[:1], k[:1], v[:1], None, scaling=0.25)
+    ref = F.scaled_dot_product_attention(q[:1, :, 2:3], k[:1, :, :10], v[:1, :, :10], scale=0.25, enable_gqa=True)
+    assert torch.equal(out[0, 2], ref[0, :, 0])
+
+
+def test_row_ranges_are_computed_once_per_mask_and_checked():
+    mask = torch.ones(1, 1, 3, 6, dtype=torch.bool).tril(3)
+    assert _row_ranges(mask, 1, 3, 6) == [(0, 4), (0, 5), (0, 6)]
+    assert mask._specdec_ranges[1] == [(0, 4), (0, 5), (0, 6)]  # memoized for the next layer
+    additive = torch.zeros(1, 1, 2, 4).masked_fill(torch.tensor([[True, False, False, True]] * 2), float("-inf"))
+    assert _row_ranges(additive, 1, 2, 4) == [(1, 3), (1, 3)]
+    holes = torch.tensor([[[[True, False, True]]]])
+    with pytest.raises(ValueError, match="contiguous"):
+        _row_ranges(holes, 1, 1, 3)
+
+
+def test_rowwise_attention_does_not_depend_on_intra_op_threads():
+    """Rows computed on one thread (short key ranges) equal rows computed on two (long ones)."""
+    q, k, v = _qkv(1, 3, 2100, heads=12, kv_heads=2, d=128)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        many, _ = rowwise_attention(None, q, k[:, :, :700], v[:, :, :700], None)  # one thread
+        assert torch.get_num_threads() == 2  # restored
+        long, _ = rowwise_attention(None, q, k, v, None)  # over the threshold: two threads
+        for i in range(3):
+            for keys, got in ((700, many), (2100, long)):
+                hi = keys - 3 + i + 1
+                ref = F.scaled_dot_product_attention(q[:, :, i:i + 1], k[:, :, :hi], v[:, :, :hi], enable_gqa=True)
+                assert torch.equal(got[0, i], ref[0, :, 0]), (keys, i)
+        torch.set_num_threads(1)
+        assert torch.equal(rowwise_attention(None, q, k, v, None)[0], long)
+    finally:
+        torch.set_num_threads(before)
