@@ -1,6 +1,8 @@
 """Profile one decoding step of the demo target through the engine's own path.
 
 usage: python profile_step.py FORMATS [STEPS]    e.g.  python profile_step.py int4,bfloat16 6
+env: THREADS (default 2); BEFORE=path/to/older/invariant.py adds its row-wise attention to the
+forward timings (git show <rev>:specdec/engine/invariant.py > /tmp/invariant_before.py)
 
 Per format: load the demo target with specdec's loader (invariant forward on for every format
 but float32), open a target session on a 64-token prompt, then
@@ -8,7 +10,7 @@ but float32), open a target session on a 64-token prompt, then
     forward, logits, argmax, commit), wall and process CPU seconds;
   - time the bare model forward over 1, 4, 16 new positions on the same cache, invariant and
     plain (the linears' original forward and sdpa attention, swapped back on the same weights)
-    alternating, median of 5 (wall and process CPU seconds);
+    alternating, median of $ROUNDS (default 3; wall and process CPU seconds);
   - torch.profiler over 3 engine steps (top ops by self CPU time) and cProfile (top functions).
 Run under the heavy lock: flock -w 1800 /tmp/specdec-heavy.lock python profile_step.py int4
 """
@@ -43,17 +45,38 @@ def plain_mode(model):
         model.set_attn_implementation(impl)
 
 
-def forward_times(model, ids, ns=(1, 4, 16), rounds=5):
+@contextlib.contextmanager
+def before_mode(model):
+    """The invariant forward with the row-wise attention of an older invariant.py ($BEFORE)."""
+    import importlib.util
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    spec = importlib.util.spec_from_file_location("invariant_before", os.environ["BEFORE"])
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    AttentionInterface.register("specdec_rowwise_before", mod.rowwise_attention)
+    AttentionMaskInterface.register("specdec_rowwise_before", sdpa_mask)
+    impl = model.config._attn_implementation
+    model.set_attn_implementation("specdec_rowwise_before")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(impl)
+
+
+def forward_times(model, ids, ns=(1, 4, 16), rounds=int(os.environ.get("ROUNDS", "3"))):
     """Median (wall s, process CPU s) of a forward over n new positions on a 64-token cache,
-    invariant and plain alternating within each round (same weights, same load)."""
+    invariant and plain alternating within each round (same weights, same load); with
+    $BEFORE (the path of an older invariant.py) also its row-wise attention ("before")."""
     out = {}
+    modes = ("invariant", "plain") + (("before",) if os.environ.get("BEFORE") else ())
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
         model(input_ids=torch.tensor([ids[:64]]), past_key_values=cache, use_cache=True)
         for _ in range(rounds):
             for n in ns:
-                for mode in ("invariant", "plain"):
-                    ctx = plain_mode(model) if mode == "plain" else contextlib.nullcontext()
+                for mode in modes:
+                    ctx = {"plain": plain_mode, "before": before_mode}.get(mode, lambda m: contextlib.nullcontext())(model)
                     with ctx:
                         w0, c0 = time.perf_counter(), time.process_time()
                         model(input_ids=torch.tensor([ids[64:64 + n]]), past_key_values=cache, use_cache=True)
