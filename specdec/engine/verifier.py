@@ -261,7 +261,10 @@ class TargetSession:
             and the cache is cut back to the accepted prefix.
         """
         target = self._verifier.target
-        logits = mask_unemittable(logits, target.emittable_vocab)
+        if self.sampling.greedy and self.processing is None and not self.want_logprobs:
+            logits = logits[:, : target.emittable_vocab]  # the argmax over emittable ids: a view, no masked copy
+        else:
+            logits = mask_unemittable(logits, target.emittable_vocab)
         raw = logits
         if self.processing is not None:  # row i sees the committed tokens and drafts 0..i-1
             logits = self.processing.apply(logits, self.seq.token_ids + block.token_ids.tolist())
