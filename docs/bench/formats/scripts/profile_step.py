@@ -51,9 +51,12 @@ def before_mode(model):
     import importlib.util
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    spec = importlib.util.spec_from_file_location("invariant_before", os.environ["BEFORE"])
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = sys.modules.get("invariant_before")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("invariant_before", os.environ["BEFORE"])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["invariant_before"] = mod  # dataclasses look their module up
+        spec.loader.exec_module(mod)
     AttentionInterface.register("specdec_rowwise_before", mod.rowwise_attention)
     AttentionMaskInterface.register("specdec_rowwise_before", sdpa_mask)
     impl = model.config._attn_implementation
