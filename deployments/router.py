@@ -275,7 +275,9 @@ class Router:
         ))
         seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
         msg.sampling.seed = seed
-        probe = int(adm.decision.get("probe_steps") or 0) if adm.decision.get("probe") else 0
+        # the per-request controller's probes judge one request's step costs; under batch-adaptive
+        # K the draft replica's controller judges the batch and re-probes a tenant held at K = 0
+        probe = int(adm.decision.get("probe_steps") or 0) if adm.decision.get("probe") and not batch_adaptive else 0
         return xpb.DraftJob(session_id=session_id, request=msg, deadline_unix_s=deadline, probe_steps=probe,
                             tenant=adm.tenant_id, tenant_weight=getattr(adm, "batch_weight", 1.0),
                             batch_adaptive=batch_adaptive, k_min=min(getattr(adm, "k_min", 0), k) if batch_adaptive else 0)

@@ -478,6 +478,7 @@ def test_router_sends_adaptive_jobs_and_reports_k_under_load(target, tmp_path):
     (g, s), stats = asyncio.run(main())
     by_len = {len(j.request.prompt_token_ids.ids): j for j in jobs}
     assert by_len[5].batch_adaptive and by_len[5].request.speculation.max_k == 5  # capped by default_max_k
+    assert by_len[5].probe_steps == 0  # the draft replica's controller probes, not the per-request one
     assert not by_len[3].batch_adaptive and by_len[3].request.speculation.max_k == 3
     engine = SpeculativeEngine(target, load_tiny(d_folder))
     assert list(g.token_ids) == engine.generate(GenerationRequest(
