@@ -441,7 +441,7 @@ def test_burst_of_one_tenant_does_not_starve_another(long_pair):
     tick, 12 ticks), its decode rows fit its share, so B completes within 3 + 12 + its steps
     ticks of arriving, long before A's burst is through; every output equals the request
     alone. Before fair shares, B's prefill went after all of A's decode rows and waited for A's
-    burst to end (68 ticks in this setting)."""
+    burst to end (68 ticks with A's requests at 40 tokens, before draft prefill chunking)."""
     target, draft = long_pair
     engine = SpeculativeEngine(target, draft)
     rng = random.Random(4)
