@@ -121,6 +121,8 @@ def main(argv=None) -> int:
         ids = encode(p)
         spec[p["name"]] = {}
         ref = None
+        use("full")  # warm-up (first-call costs would otherwise land on the first variant)
+        engine.generate(GenerationRequest(prompt_token_ids=ids, max_tokens=4, speculation={"proposer": "draft", "k": a.k}))
         for name in variants:
             use(name)
             req = GenerationRequest(prompt_token_ids=ids, max_tokens=a.tokens,
