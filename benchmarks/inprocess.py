@@ -169,6 +169,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g.add_argument("--draft-vocab-subset", type=int, default=None, metavar="N",
                    help="our draft scores only the N most frequent token ids (FR-Spec); needs --hf "
                         "prompt-lookup or --skip-hf (assisted generation needs the full-vocabulary draft)")
+    g.add_argument("--draft-vocab-table", default=None, metavar="FILE",
+                   help="token frequency table for --draft-vocab-subset (default: the one shipped for the demo pair)")
     g.add_argument("--tokens", type=int, default=None, help="new tokens per generation (default 64; --quick 12)")
     g.add_argument("--ks", type=_int_list, default=None,
                    help="K values of the draft proposer, e.g. '1-8' or '1,2,4' (default 1-8)")
@@ -462,7 +464,8 @@ def _load(args, weight_format: str | None = None):
         return load_model(target_spec, device=device, weight_format=weight_format), None
     pair = ModelPairSpec(target=target_spec, draft=parse_model_spec(args.draft))
     return load_pair(pair, device=device, weight_format=weight_format,
-                     draft_vocab_subset=getattr(args, "draft_vocab_subset", None))
+                     draft_vocab_subset=getattr(args, "draft_vocab_subset", None),
+                     draft_vocab_table=getattr(args, "draft_vocab_table", None))
 
 
 def run_formats(args: argparse.Namespace) -> dict:
@@ -659,6 +662,7 @@ def _meta(a, target, draft, load_s: float) -> dict:
         "bracket": a.bracket,
         "quick": bool(a.quick),
         "greedy": True,
+        "draft_vocab_subset": getattr(a, "draft_vocab_subset", None),
         "ours_ngram": {"ngram_min": a.ngram_min, "ngram_max": a.ngram_max},
         "hf_prompt_lookup_args": {"prompt_lookup_num_tokens": a.hf_lookup_tokens,
                                   "max_matching_ngram_size": a.hf_lookup_ngram},

@@ -396,3 +396,28 @@ def test_shipped_table_fits_the_demo_pair(demo_pair_folders):
     ids = subset_ids(table, tok, 16384, min(len(tok), 151936), always=eos).tolist()
     assert len(ids) == 16384 and set(eos) <= set(ids)
     assert tok.convert_tokens_to_ids("```") in ids and tok.convert_tokens_to_ids("Ġreturn") in ids
+
+
+def test_bench_with_a_subset_draft(table_file, tmp_path):
+    """``specdec bench --draft-vocab-subset``: our draft rows run with the subset draft and stay
+    identical to the target alone; assisted generation (full-vocabulary draft) is refused."""
+    import argparse
+
+    from benchmarks.inprocess import add_bench_arguments, run_bench
+
+    root = tmp_path / "pair"
+    target = build_tiny_model(root / "target", seed=0, max_positions=1024)
+    from transformers import Qwen2ForCausalLM
+
+    draft = build_tiny_model(root / "draft", seed=1, base=Qwen2ForCausalLM.from_pretrained(target), noise=0.03,
+                             max_positions=1024)
+    argv = ["--quick", "--threads", "1", "--target", str(target), "--draft", str(draft), "--out", str(tmp_path / "o"),
+            "--draft-vocab-subset", "64", "--draft-vocab-table", str(table_file), "--proposers", "draft",
+            "--prompts", "code-prime", "--ks", "2"]
+    parser = add_bench_arguments(argparse.ArgumentParser())
+    with pytest.raises(ValueError, match="assisted generation needs the full-vocabulary draft"):
+        run_bench(parser.parse_args(argv))
+    report = run_bench(parser.parse_args(argv + ["--skip-hf"]))
+    rows = {r["method"]: r for r in report["rows"]}
+    assert set(rows) == {"target", "ours-draft-K2"} and report["meta"]["draft_vocab_subset"] == 64
+    assert rows["ours-draft-K2"]["identical"] is True and rows["ours-draft-K2"]["proposed"] >= 1
