@@ -79,7 +79,8 @@ def test_shipped_table_is_refused_for_another_tokenizer():
     table = FrequencyTable.load()
     assert table.name == f"specdec/data/{DEFAULT_TABLE}"
     assert table.tokenizer["vocab_size"] == 151936 and len(table.ranked_ids) > 30_000
-    assert table.ranked_ids[:3] == sorted(table.ranked_ids[:3], key=lambda i: -table.counts[table.ranked_ids.index(i)])
+    assert all(a >= b for a, b in zip(table.counts, table.counts[1:])) and table.counts[-1] >= 1
+    assert len(set(table.ranked_ids)) == len(table.ranked_ids) and max(table.ranked_ids) < 151936
     with pytest.raises(ModelCompatibilityError, match=r"made for another tokenizer \(151936 tokens.*than tiny's \(320 tokens"):
         table.check_tokenizer(build_tiny_tokenizer(), "tiny")
     # same size, other ids: the hash tells them apart
