@@ -59,36 +59,52 @@ def main(argv=None) -> int:
     from benchmarks.inprocess import PROMPTS
     from specdec.engine.engine import SpeculativeEngine
     from specdec.engine.kv_cache import CachedSequence
-    from specdec.models.loader import load_pair
-    from specdec.models.spec import ModelPairSpec
+    from specdec.models.loader import load_model
+    from specdec.models.spec import DemoModelSpec
     from specdec.models.vocab_subset import FrequencyTable, slice_output_layer, subset_ids
     from specdec.request import GenerationRequest
 
     t0 = time.perf_counter()
-    target, draft = load_pair(ModelPairSpec.demo(), weight_format=a.format)
+    target = None if a.skip_spec else load_model(DemoModelSpec(role="target"), weight_format=a.format)
+    draft = load_model(DemoModelSpec(role="draft"), weight_format=a.format)
     load_s = time.perf_counter() - t0
     table = FrequencyTable.load()
     full_head = draft.model.get_output_embeddings()
     variants: dict[str, tuple[torch.nn.Module, torch.Tensor | None]] = {"full": (full_head, None)}
+    drafts = {"full": draft}
+    shared = a.format in ("float32", "bfloat16", "float16")
     for n in (int(s) for s in a.sizes.split(",")):
-        ids = subset_ids(table, draft.tokenizer, n, draft.emittable_vocab, always=draft.eos_token_ids,
-                         model_name=draft.name)
-        draft.model.set_output_embeddings(full_head)
-        variants[str(n)] = (slice_output_layer(draft.model, ids), ids.to(draft.device))
+        if shared:  # slice the loaded float layer (the load path's own function), swap it in per variant
+            ids = subset_ids(table, draft.tokenizer, n, draft.emittable_vocab, always=draft.eos_token_ids,
+                             model_name=draft.name)
+            draft.model.set_output_embeddings(full_head)
+            variants[str(n)] = (slice_output_layer(draft.model, ids), ids.to(draft.device))
+            drafts[str(n)] = draft
+        else:  # int8/int4: slice before quantizing, i.e. load the draft once per N (the load path)
+            d = load_model(DemoModelSpec(role="draft"), weight_format=a.format, vocab_subset=n)
+            variants[str(n)] = (d.model.get_output_embeddings(), d.vocab_subset)
+            drafts[str(n)] = d
     draft.model.set_output_embeddings(full_head)
 
     def use(name):
         head, ids = variants[name]
-        draft.model.set_output_embeddings(head)
-        draft.vocab_subset = ids
+        d = drafts[name]
+        if shared:
+            d.model.set_output_embeddings(head)
+            d.vocab_subset = ids
+        return d
 
-    linear = sum(m.weight.numel() for m in draft.model.modules() if isinstance(m, torch.nn.Linear)
-                 and m is not full_head and all(m is not h for h, _ in variants.values()))
-    weights = {name: linear + (h.weight.numel()) for name, (h, _) in variants.items()}
+    def size(m):
+        return m.in_features * m.out_features
+
+    heads = {id(h) for h, _ in variants.values()}
+    linear = sum(size(m) for m in draft.model.modules()
+                 if hasattr(m, "in_features") and hasattr(m, "out_features") and id(m) not in heads)
+    weights = {name: linear + size(h) for name, (h, _) in variants.items()}
 
     prompts = {p["name"]: p for p in PROMPTS}
     chosen = [prompts[n] for n in a.prompts.split(",")]
-    tok = target.tokenizer
+    tok = draft.tokenizer
 
     def encode(p):
         text = tok.apply_chat_template([{"role": "user", "content": p["content"]}], add_generation_prompt=True,
@@ -116,15 +132,14 @@ def main(argv=None) -> int:
         return 0
 
     # 2. speculation
-    engine = SpeculativeEngine(target, draft)
     for p in chosen:
         ids = encode(p)
         spec[p["name"]] = {}
         ref = None
-        use("full")  # warm-up (first-call costs would otherwise land on the first variant)
+        engine = SpeculativeEngine(target, use("full"))  # warm-up: first-call costs off the first variant
         engine.generate(GenerationRequest(prompt_token_ids=ids, max_tokens=4, speculation={"proposer": "draft", "k": a.k}))
         for name in variants:
-            use(name)
+            engine = SpeculativeEngine(target, use(name))
             req = GenerationRequest(prompt_token_ids=ids, max_tokens=a.tokens,
                                     speculation={"proposer": "draft", "k": a.k})
             w0, c0 = time.perf_counter(), time.process_time()
@@ -158,11 +173,11 @@ def time_forwards(a, draft, variants, use, prompt_ids, weights) -> dict:
     wall: dict[str, list[float]] = {v: [] for v in variants}
     cpu: dict[str, list[float]] = {v: [] for v in variants}
     head_s: dict[str, list[float]] = {v: [] for v in variants}
-    hidden = torch.randn(1, 1, draft.model.config.hidden_size, dtype=next(draft.model.parameters()).dtype)
+    hidden = torch.randn(1, 1, draft.model.config.hidden_size, dtype=draft.model.get_input_embeddings().weight.dtype)
     with torch.inference_mode():
         for r in range(a.repeats):
             for name in variants:
-                use(name)
+                draft = use(name)
                 seq = CachedSequence(draft.model, list(prompt_ids))
                 seq.feed(prompt_ids, keep=1)
                 nxt = 13
