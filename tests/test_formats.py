@@ -170,3 +170,32 @@ def test_left_padded_batch_rows_equal_each_sequence_alone(folders, fmt):
         alone_b = target.model(input_ids=torch.tensor([b])).logits[0].float()
     assert torch.equal(both[0, 4:], alone_a)
     assert torch.equal(both[1], alone_b)
+
+
+def test_default_format_follows_the_cpu(monkeypatch):
+    from specdec.models import formats
+
+    avx512_bf16 = {"fpu", "avx2", "avx512f", "avx512_bf16"}
+    assert formats.choose_cpu_format(avx512_bf16, "AVX512") == formats.CPU_BF16_DEFAULT == "int4"
+    assert formats.choose_cpu_format({"avx2", "amx_bf16", "avx512f"}, "AVX512") == "int4"
+    assert formats.choose_cpu_format({"avx2", "avx512f", "avx512_vnni"}, "AVX512") == "float32"  # no bf16
+    assert formats.choose_cpu_format({"avx2"}, "AVX2") == "float32"
+    assert formats.choose_cpu_format(avx512_bf16, "AVX2") == "float32"  # torch not using AVX512 kernels
+    monkeypatch.delenv("SPECDEC_WEIGHT_FORMAT")
+    assert formats.default_format("cuda") == "bfloat16"
+    here = formats.choose_cpu_format(formats.cpu_flags(), torch.backends.cpu.get_cpu_capability())
+    assert formats.default_format("cpu") == here
+    monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", "int8")
+    assert formats.default_format("cpu") == "int8"
+    monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", "int3")
+    with pytest.raises(ValueError, match="unknown weight format 'int3'"):
+        formats.default_format("cpu")
+
+
+def test_cpu_flags_reads_proc_cpuinfo(tmp_path):
+    from specdec.models.formats import cpu_flags
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: X\nflags\t\t: fpu avx2 amx_bf16\n\nprocessor\t: 1\nflags\t: fpu\n")
+    assert cpu_flags(str(info)) == {"fpu", "avx2", "amx_bf16"}
+    assert cpu_flags(str(tmp_path / "missing")) == frozenset()

@@ -64,18 +64,54 @@ def storage_dtype(fmt: str) -> torch.dtype:
     return torch.float32 if check_format(fmt) in ("float32", "float16") else torch.bfloat16
 
 
+#: The default format on a CPU with native bfloat16 instructions (AVX512-BF16 or AMX-BF16):
+#: the format measured fastest for speculation on such a CPU (README "Weight formats"; the
+#: demo pair on a 2-core Sapphire Rapids VM, one run: int4 ahead of int8 and bfloat16).
+CPU_BF16_DEFAULT = "int4"
+#: /proc/cpuinfo flags that mean native bfloat16 matrix instructions.
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (the first ``flags`` line); empty when the
+    file is missing or has none (not Linux, some containers)."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
 def cpu_supports_bf16() -> bool:
-    """Whether this CPU has native bfloat16 matrix instructions (AVX512-BF16 or AMX) for oneDNN."""
+    """Whether this CPU has native bfloat16 matrix instructions (AVX512-BF16 or AMX) for oneDNN:
+    from ``/proc/cpuinfo``'s flags, else oneDNN's own check."""
+    flags = cpu_flags()
+    if flags:
+        return bool(flags & BF16_CPU_FLAGS)
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
 
 
+def choose_cpu_format(flags: frozenset[str] | set[str], capability: str) -> str:
+    """The CPU default for a CPU with these ``/proc/cpuinfo`` flags and this
+    ``torch.backends.cpu.get_cpu_capability()`` (``"AVX512"``, ``"AVX2"``, ``"DEFAULT"``...):
+    :data:`CPU_BF16_DEFAULT` when the CPU has native bfloat16 (a flag of :data:`BF16_CPU_FLAGS`)
+    and torch uses its AVX512 kernels, else float32 (older CPUs: bfloat16 is emulated there and
+    the int8/int4 kernels' bfloat16 activations are slow; not measured here)."""
+    if set(flags) & BF16_CPU_FLAGS and capability.upper().startswith("AVX512"):
+        return CPU_BF16_DEFAULT
+    return "float32"
+
+
 def default_format(device: str | torch.device = "cpu") -> str:
     """The format used when none is named: ``$SPECDEC_WEIGHT_FORMAT`` if set, else bfloat16 on
-    CUDA, else float32 (bfloat16 is faster on a bf16-capable CPU but not yet the CPU default:
-    see the module docstring).
+    CUDA, else :func:`choose_cpu_format` of this CPU (int4 on a CPU with native bfloat16 such as
+    Sapphire Rapids, float32 on older CPUs).
 
     Raises:
         ValueError: ``$SPECDEC_WEIGHT_FORMAT`` is not a weight format.
@@ -86,7 +122,8 @@ def default_format(device: str | torch.device = "cpu") -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return "bfloat16"
-    return "float32"
+    flags = cpu_flags() or (BF16_CPU_FLAGS if cpu_supports_bf16() else frozenset())
+    return choose_cpu_format(flags, torch.backends.cpu.get_cpu_capability())
 
 
 class Int8WeightOnlyLinear(nn.Module):
