@@ -199,3 +199,13 @@ def test_cpu_flags_reads_proc_cpuinfo(tmp_path):
     info.write_text("processor\t: 0\nmodel name\t: X\nflags\t\t: fpu avx2 amx_bf16\n\nprocessor\t: 1\nflags\t: fpu\n")
     assert cpu_flags(str(info)) == {"fpu", "avx2", "amx_bf16"}
     assert cpu_flags(str(tmp_path / "missing")) == frozenset()
+
+
+def test_int4_leaves_layers_the_kernel_cannot_pack_in_bfloat16():
+    from specdec.models.formats import quantize
+
+    model = nn.Sequential(nn.Linear(64, 330), nn.Linear(330, 64), nn.Linear(64, 320)).to(torch.bfloat16)
+    quantize(model, "int4")
+    kinds = [type(m.weight.data).__name__ for m in model]
+    assert kinds == ["Tensor", "Tensor", "Int4OpaqueTensor"]  # 330 rows: not packable; 330 wide: no group
+    assert model(torch.randn(3, 64, dtype=torch.bfloat16)).shape == (3, 320)

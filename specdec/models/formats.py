@@ -13,17 +13,26 @@ int4        int4, asymmetric, groups of 128 (or 64, 32)  bfloat16     ``aten._we
 int8 and int4 are weight-only and quantized with torchao (``Int8WeightOnlyConfig``;
 ``PrototypeInt4WeightOnlyConfig``, the CPU packing of ``Int4WeightOnlyConfig``) from the bfloat16
 weights, every ``nn.Linear`` including the output projection (embeddings and norms stay
-bfloat16). On CPU, torchao 0.18's int8 tensor multiplies by converting the whole weight to
+bfloat16; an int4 layer whose input width no group size divides, or on CPU whose output width
+is not a multiple of 16 (the kernel packs 16 rows), stays bfloat16 too). On CPU, torchao 0.18's int8 tensor multiplies by converting the whole weight to
 bfloat16 on every call; the int8 layers therefore run torch's own int8 weight-only kernel
 (``aten._weight_int8pack_mm``, the one gpt-fast uses) on torchao's quantized data and scales.
 On a GPU the int8/int4 layers stay torchao tensors (untested here: no GPU on this machine).
 
 :func:`default_format` picks the format when a spec names none: ``$SPECDEC_WEIGHT_FORMAT``, else
-bfloat16 on a GPU, float32 on a CPU. On this Sapphire Rapids VM bfloat16 is the faster choice (the
-demo target's forward is about flat from 1 to 16 positions, at a third or less of float32's
-time), but it is not the CPU default yet: with bfloat16 weights a seeded *sampled* request resumed
-on a new draft replica (tests/deployments/test_draft.py::test_resume_on_a_new_replica_gives_the_same_output)
-does not reproduce its first run; greedy output and exactness are not affected.
+bfloat16 on a GPU, else by the CPU (:func:`choose_cpu_format`): **int4** on a CPU with native
+bfloat16 instructions (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo, and torch running its
+AVX512 kernels), float32 on older CPUs. int4 was measured fastest for speculation on such a CPU
+(demo pair, 2-core Sapphire Rapids VM, one run, tokens per CPU-second: target alone int4 0.93,
+int8 0.97, bfloat16 0.59; draft K=8 with early stop 0.4: int4 1.66, int8 0.64; README "Weight
+formats"). Exactness is per format: speculation equals the target alone *in the same format*;
+int4 requantizes the demo GGUF's Q4_K/Q6_K weights and its text differs from float32's after a
+few tokens.
+
+int8/int4 weights are cached on disk next to the bfloat16 folder they come from
+(:mod:`specdec.models.quant_cache`), so only the first load quantizes. At tensor parallelism
+(deployments/tp_worker.py) each rank quantizes its own shard (int4 groups divide the local input
+width), so TP=2 is not bitwise TP=1 in these formats.
 """
 
 from __future__ import annotations
@@ -231,6 +240,8 @@ def quantize(model: nn.Module, fmt: str) -> nn.Module:
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
             g = _int4_group_size(module.in_features)
+            if device.type == "cpu" and module.out_features % 16:
+                g = None  # the CPU int4 packing needs the output rows in multiples of 16: stays bfloat16
             if g is not None:
                 by_group.setdefault(g, []).append(name)
     for g, names in by_group.items():
