@@ -190,21 +190,26 @@ def quantize_cached(model: nn.Module, fmt: str, folder: Path | None, *, rank: in
         key = _unmarked_key(folder, fmt, device, rank, tp_size) | {"variant": variant}
     if key is None:
         formats.quantize(model, fmt)
+        release_source_file(model)
         _release_freed_memory()
         return "off"
     dest = cache_folder(folder, fmt, rank, tp_size, variant)
     digest = _digest(key)
     if _try_load(model, dest, digest, key, device):
+        release_source_file(model)
+        _release_freed_memory()
         return "hit"
     with cache.file_lock(cache.cache_root() / "locks" / f"quant-{hashlib.sha256(str(dest).encode()).hexdigest()[:16]}.lock"):
         if _try_load(model, dest, digest, key, device, quiet=True):  # built by another process meanwhile
+            release_source_file(model)
             return "hit"
         log.info("quantizing %s to %s and caching it in %s", folder, fmt, dest)
         formats.quantize(model, fmt)
         _store(model, dest, digest, key)
-        _release_freed_memory()
         # read the layers back from the stored file: the same tensors, now file-backed (mmap)
         _try_load(model, dest, digest, key, device, quiet=True)
+        release_source_file(model)
+        _release_freed_memory()
     return "built"
 
 
@@ -244,6 +249,38 @@ def _release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+def release_source_file(model: nn.Module) -> int:
+    """Copy the model's unquantized tensors (embeddings, norms, biases) into memory of their own.
+
+    ``from_pretrained`` leaves bfloat16 tensors memory-mapped from the folder's safetensors file;
+    while one of them lives, the whole mapping stays, and every page of it that was read
+    (all the linear weights, read once to quantize them) counts in the process's RSS although
+    the model no longer uses them. Copying the few unquantized tensors lets the mapping go.
+    Quantized layers (plain int8 or torchao tensors) are left as they are; tied tensors stay tied.
+
+    Returns:
+        bytes copied.
+    """
+    copies: dict[int, torch.Tensor] = {}
+    copied = 0
+    for module in model.modules():
+        if isinstance(module, formats.Int8WeightOnlyLinear):
+            continue
+        for table in (module._parameters, module._buffers):
+            for name, t in list(table.items()):
+                if t is None or type(t.data) is not torch.Tensor or t.device.type != "cpu":
+                    continue
+                if isinstance(module, nn.Linear) and name == "weight" and t.dtype == torch.int8:
+                    continue
+                key = t.data.untyped_storage().data_ptr()
+                if key not in copies:
+                    copies[key] = t.data.clone()
+                    copied += t.data.nbytes
+                new = copies[key]
+                table[name] = nn.Parameter(new, requires_grad=False) if isinstance(t, nn.Parameter) else new
+    return copied
 
 
 def _try_load(model: nn.Module, dest: Path, digest: str, key: dict, device: torch.device, quiet: bool = False) -> bool:

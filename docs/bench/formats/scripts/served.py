@@ -38,13 +38,14 @@ def _free_port():
 
 
 def model_processes():
-    """{pid: (title, rss bytes)} of the Ray worker processes holding router/draft/target/TP ranks."""
+    """{pid: (title, rss bytes)} of the Ray worker processes holding router/draft/target/TP ranks
+    (titles get the pid appended: two TP ranks share a title)."""
     out = {}
     for p in psutil.process_iter(["pid", "cmdline"]):
         try:
             title = " ".join(p.info["cmdline"] or [])
             if title.startswith("ray::") and any(r in title for r in ROLES):
-                out[p.pid] = (title.split()[0], p.memory_info().rss)
+                out[p.pid] = (f"{title.split()[0]}[{p.pid}]", p.memory_info().rss)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return out
@@ -54,6 +55,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--tp", type=int, default=None, help="target TP degree (default: the preset's)")
     args = ap.parse_args()
     import ray
     from ray import serve
@@ -64,7 +66,7 @@ def main():
     from deployments.config import HEALTH_SERVICER, PRESETS, SPECDEC_SERVICER, AppConfig
 
     cfg = AppConfig.model_validate({**PRESETS["local-cpu.yaml"].model_dump(), "grpc_port": _free_port(),
-                                    "http_port": _free_port()})
+                                    "http_port": _free_port(), **({"target_tp": args.tp} if args.tp else {})})
     out = {"target_format": cfg.target_format(), "draft_format": cfg.draft_format(), "target_tp": cfg.target_tp,
            "load_avg_at_start": os.getloadavg()}
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
