@@ -1,4 +1,4 @@
-"""The demo pair served end to end (local-cpu preset: target TP=2 over gloo + draft + router).
+"""The demo pair served end to end (local-cpu preset: target TP=1 + draft + router).
 
 Greedy output over the real gRPC port equals the target alone (transformers ``generate``) for a
 code-writing chat prompt. Short (16 new tokens) to keep CI time down. The reference is computed
@@ -42,7 +42,7 @@ def test_served_demo_pair_equals_target_alone(demo_pair_folders):
 
     cfg = AppConfig.model_validate({**PRESETS["local-cpu.yaml"].model_dump(), "grpc_port": free_port(),
                                     "http_port": free_port()})
-    assert cfg.target_tp == 2 and cfg.target_model == "demo:target" and cfg.draft_model == "demo:draft"
+    assert cfg.target_tp == 1 and cfg.target_model == "demo:target" and cfg.draft_model == "demo:draft"
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options=HTTPOptions(port=cfg.http_port),

@@ -69,9 +69,9 @@ def test_draft_replica_threads_and_step_executor(many_host_cores, tiny_model_fol
 
 
 def test_local_cpu_preset_threads(many_host_cores):
-    """local-cpu: two TP ranks of one thread each; the draft, which runs while they wait, two."""
+    """local-cpu: one target rank of two threads; the draft, which runs while it waits, two."""
     from deployments.config import PRESETS
 
     cfg = PRESETS["local-cpu.yaml"]
-    assert rank_threads(cfg, cfg.target_bundles()) == 1
+    assert cfg.target_tp == 1 and rank_threads(cfg, cfg.target_bundles()) == 2
     assert torch_threads(cfg.draft_cpu_threads or cfg.cpu_threads, cfg.draft_num_cpus) == 2
