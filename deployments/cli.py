@@ -196,9 +196,13 @@ def run_serve(args) -> int:
     if cfg.target_model.startswith("demo") or (cfg.draft_model or "").startswith("demo"):
         from specdec.models.demo import ensure_demo_folder
 
+        from specdec.models.formats import storage_dtype
+
         t0 = time.perf_counter()
+        fmts = {"target": cfg.target_format(), "draft": cfg.draft_format()}
         for role in ("target", "draft"):
-            ensure_demo_folder(role)  # assembled once per cache (minutes the first time)
+            # the folder the role's format loads from (bfloat16 for int4): assembled once per cache
+            ensure_demo_folder(role, dtype=storage_dtype(fmts[role]))
         _log(f"demo pair ready in the model cache ({time.perf_counter() - t0:.1f} s)")
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})

@@ -280,7 +280,7 @@ class Draft:
         self.cfg = cfg
         self.target = target
         self._send_factory = send_factory or (lambda key: handle_send(self.target, key))
-        self.info = TargetInfo.load(cfg.target_model)
+        self.info = TargetInfo.load(cfg.target_model, cfg.target_format())
         self.draft_proposer = None
         if cfg.draft_model:
             from specdec.models.loader import load_model

@@ -154,7 +154,7 @@ class Router:
         self.cfg = cfg
         self.draft = draft
         self.target = target
-        self.info = info if info is not None else TargetInfo.load(cfg.target_model)
+        self.info = info if info is not None else TargetInfo.load(cfg.target_model, cfg.target_format())
         self.gate = gate if gate is not None else TenancyGate.from_config(cfg)
         self._ready = False
         self.resumes = 0

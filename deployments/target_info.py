@@ -38,8 +38,11 @@ class TargetInfo:
         return min(len(self.tokenizer), self.vocab_rows)
 
     @classmethod
-    def load(cls, spec_text: str) -> "TargetInfo":
+    def load(cls, spec_text: str, weight_format: str | None = None) -> "TargetInfo":
         """Read the info of model spec ``spec_text`` (a demo role, an HF folder or a GGUF file).
+
+        ``weight_format``: the format the target is served in (None: the CPU default), so that
+        the folder read is the one its load builds anyway (a demo role is not converted twice).
 
         Raises:
             ModelLoadError: the model cannot be found or assembled.
@@ -49,7 +52,7 @@ class TargetInfo:
         from specdec.models.loaded import eos_token_ids
         from specdec.models.loader import resolve_folder
 
-        folder = resolve_folder(spec_text)
+        folder = resolve_folder(spec_text, weight_format)
         tokenizer = AutoTokenizer.from_pretrained(folder)
         config = AutoConfig.from_pretrained(folder)
         gen_config = None

@@ -197,9 +197,10 @@ def load_pair(
     return target, draft
 
 
-def resolve_folder(spec_text: str, weight_format: str = "float32") -> str:
+def resolve_folder(spec_text: str, weight_format: str | None = None) -> str:
     """The Hugging Face folder model spec ``spec_text`` loads from in ``weight_format``, without
-    loading weights (the cache keeps float32 and bfloat16 copies: :func:`formats.storage_dtype`).
+    loading weights (the cache keeps float32 and bfloat16 copies: :func:`formats.storage_dtype`);
+    ``weight_format`` None: :func:`formats.default_format` of the CPU.
 
     A demo role is assembled into the cache once, a GGUF file converted once and cached (the
     folder :func:`load_model` would load); an HF folder is itself. Tensor-parallel loading and
@@ -210,7 +211,7 @@ def resolve_folder(spec_text: str, weight_format: str = "float32") -> str:
             cannot be converted.
     """
     spec = parse_model_spec(spec_text)
-    store = formats.storage_dtype(weight_format)
+    store = formats.storage_dtype(weight_format or formats.default_format("cpu"))
     if isinstance(spec, DemoModelSpec):
         return str(demo.ensure_demo_folder(spec.role, dtype=store))
     if isinstance(spec, GGUFModelSpec):
