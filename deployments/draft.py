@@ -304,7 +304,7 @@ class Draft:
         self._lock = threading.Lock()
         from deployments.metrics import SpecDecMetrics
         from specdec.control.batch_k import BatchKController, BatchKSessions
-        from specdec.engine.batch import DraftCombiner
+        from specdec.engine.draft_combiner import DraftCombiner
 
         self.metrics = metrics if metrics is not None else SpecDecMetrics()
         #: K under load per tenant (None: the router's K holds for every step)

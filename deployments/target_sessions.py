@@ -181,7 +181,7 @@ class TargetSessionTable:
         """Verify the waiting blocks in one batched forward (positions budget ``max_positions``).
 
         Blocks are offered by tenant within each tenant's fair share of the budget
-        (:func:`specdec.engine.batch.fair_budget_plan`; tenant and weight from each session's
+        (:func:`specdec.engine.fairness.fair_budget_plan`; tenant and weight from each session's
         ``open``; arrival order within a tenant), decode rows before prefills (an uncached prompt
         tail), shorter prefills first; a prefill is chunked within its tenant's share and its
         block answered when its last chunk runs (:meth:`specdec.verifier.TargetVerifier.verify_batch`).
@@ -199,7 +199,7 @@ class TargetSessionTable:
             (t, GenerationCancelledError(why)) for t, why in self._dropped
         ]
         self._dropped = []
-        from specdec.engine.batch import fair_budget_plan
+        from specdec.engine.fairness import fair_budget_plan
 
         def tail(t: int) -> int:
             seq = self.sessions[self.pending[t][0]].seq

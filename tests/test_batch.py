@@ -13,7 +13,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec.engine.batch import BatchScheduler, fair_order
+from specdec.engine.batch import BatchScheduler
+from specdec.engine.fairness import fair_order
 from specdec.engine.engine import SpeculativeEngine
 from specdec.errors import InvalidRequestError
 from specdec.engine.kv_cache import CachedSequence, feed_many
@@ -424,7 +425,7 @@ def test_packed_forward_refuses_unsupported_attention_with_a_clear_error(impl, s
 
 
 def test_weighted_shares_water_filling():
-    from specdec.engine.batch import weighted_shares
+    from specdec.engine.fairness import weighted_shares
 
     assert weighted_shares({"a": 40, "b": 60}, {}, 16) == {"a": 8, "b": 8}
     assert weighted_shares({"a": 40, "b": 3}, {}, 16) == {"a": 13, "b": 3}  # b's unused share goes to a

@@ -16,7 +16,10 @@
   prefix.
 - :mod:`~specdec.engine.stopping`: incremental detokenization, stop conditions, safe streaming.
 - :mod:`~specdec.engine.batch`: continuous batching: the step scheduler that drafts and verifies
-  many generations' blocks in shared forwards (and the draft combiner of a serving replica).
+  many generations' blocks in shared forwards.
+- :mod:`~specdec.engine.draft_combiner`: batched drafting for a serving replica whose generations
+  are stepped by separate threads.
+- :mod:`~specdec.engine.fairness`: tenants' weighted fair shares of a batched forward.
 
 What decides K per tenant is in :mod:`specdec.control`.
 """

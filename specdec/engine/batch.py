@@ -21,7 +21,7 @@ is the output of the same request run alone, whatever the batch composition.
 runs alone (the unbatched path), for benchmarks that compare both in one run.
 
 Fairness: each tenant gets its weighted max-min fair share of the positions budget
-(:func:`fair_budget_plan`, weights from the tenant policy): its rows within that share go first
+(:func:`specdec.engine.fairness.fair_budget_plan`, weights from the tenant policy): its rows within that share go first
 (decode rows in weighted round robin rotating the first tenant every tick, then prefills shorter
 first, a prefill chunked to what is left of its tenant's share), the rest only on leftover
 budget. So a burst from one tenant cannot push another tenant's steps, or its new prompt's
@@ -30,7 +30,6 @@ prefill, out of the forwards: the other tenant progresses by its share every tic
 
 from __future__ import annotations
 
-import collections
 import itertools
 import queue
 import threading
@@ -40,6 +39,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from specdec.engine.decoder import Generation
 from specdec.errors import GenerationCancelledError, InvalidRequestError
+from specdec.engine.fairness import fair_budget_plan
 from specdec.engine.proposers.draft_model import DraftModelSession
 from specdec.request import GenerationRequest
 from specdec.types import DraftBlock, FinishReason, GenerationChunk, GenerationResult
@@ -131,135 +131,6 @@ class BatchedRequest:
             if isinstance(item, BaseException):
                 raise item
             yield item
-
-
-def fair_order(items: list, tenant_of: Callable[[Any], str], weights: dict[str, float], tick: int) -> list:
-    """Items in weighted round robin over their tenants, the first tenant rotating with ``tick``.
-
-    Within a tenant items keep their given order. A tenant of weight w gets w turns per round
-    (weights rounded, at least 1). Used to order the rows of a batched forward for its
-    positions budget, in process and on the target replica.
-    """
-    by_tenant: dict[str, list] = {}
-    for r in items:
-        by_tenant.setdefault(tenant_of(r), []).append(r)
-    tenants = sorted(by_tenant)
-    if tenants:
-        shift = tick % len(tenants)
-        tenants = tenants[shift:] + tenants[:shift]
-    out: list = []
-    while any(by_tenant.values()):
-        for t in tenants:
-            turns = max(1, int(round(weights.get(t, 1.0))))
-            for _ in range(turns):
-                if by_tenant[t]:
-                    out.append(by_tenant[t].pop(0))
-    return out
-
-
-def weighted_shares(demand: dict[str, int], weights: dict[str, float], budget: int) -> dict[str, int]:
-    """Weighted max-min fair ("water-filling") split of ``budget`` positions over tenants.
-
-    A tenant asking for less than its weighted share gets what it asks for, and the rest is
-    split again among the others by weight; integer shares, leftover positions go one by one to
-    the tenants still short, in name order. Σ shares = min(budget, Σ demand).
-
-    Args:
-        demand: tenant -> positions its waiting rows need (≥ 0).
-        weights: tenant -> weight (> 0; missing: 1).
-        budget: positions to split (≥ 0).
-    """
-    share = {t: 0 for t in demand}
-    open_ = {t for t, d in demand.items() if d > 0}
-    left = max(0, int(budget))
-    while open_ and left > 0:
-        total_w = sum(max(weights.get(t, 1.0), 1e-9) for t in open_)
-        fair = {t: left * max(weights.get(t, 1.0), 1e-9) / total_w for t in open_}
-        done = [t for t in open_ if demand[t] - share[t] <= fair[t]]
-        if done:
-            for t in done:
-                left -= demand[t] - share[t]
-                share[t] = demand[t]
-                open_.discard(t)
-            continue
-        for t in sorted(open_):
-            give = int(fair[t])
-            share[t] += give
-            left -= give
-        for t in sorted(open_):
-            if left <= 0:
-                break
-            share[t] += 1
-            left -= 1
-        break
-    return share
-
-
-def fair_budget_plan(items: list, tenant_of: Callable[[Any], str], cost_of: Callable[[Any], int],
-                     prefill_of: Callable[[Any], int], weights: dict[str, float], budget: int | None,
-                     tick: int) -> tuple[list, list[int | None]]:
-    """Order the rows of one batched forward and cap them so each tenant gets its fair share.
-
-    Each tenant's share of the positions budget is its weighted max-min fair share of what its
-    rows need (:func:`weighted_shares`). A tenant's rows (decode rows in the given order, then
-    prefills shorter first) are *in share* while they fit in it; a prefill that straddles the
-    share's end is in share with a cap of what is left of it (it is chunked to that). In-share
-    rows go first (decode rows in weighted round robin, :func:`fair_order`, then prefills shorter
-    first), then the rest in the same order, which runs only on leftover budget. So a burst
-    from one tenant can neither push another tenant's decode rows out of a forward nor stall its
-    new prompt: that prompt is prefilled by at least its tenant's share per forward. A tenant
-    none of whose rows fits its share still gets its first row in share (progress).
-
-    Without a budget: every row, :func:`fair_order`, then decode rows before prefills, no caps.
-
-    Args:
-        items: the rows waiting (given order = arrival order within a tenant).
-        tenant_of, cost_of, prefill_of: a row's tenant, positions it feeds, and prompt tail
-            still to prefill (0 for a decode row).
-        weights: tenant -> weight (policy ``batch_weight``).
-        budget: positions budget of the forward, or None.
-        tick: forward counter (rotates the round robin's first tenant).
-
-    Returns:
-        ``(order, caps)``: the rows in budget order, and per row its positions cap or None.
-    """
-    def within(rows: list) -> list:
-        order = fair_order(rows, tenant_of, weights, tick)
-        order.sort(key=lambda r: prefill_of(r))  # stable: decode rows (0) keep the fair order
-        return order
-
-    if budget is None:
-        return within(list(items)), [None] * len(items)
-    by_tenant: dict[str, list] = {}
-    for r in items:
-        by_tenant.setdefault(tenant_of(r), []).append(r)
-    shares = weighted_shares({t: sum(cost_of(r) for r in rows) for t, rows in by_tenant.items()}, weights, budget)
-    first: list = []
-    rest: list = []
-    caps: dict[int, int] = {}
-    for t, rows in by_tenant.items():
-        rows = sorted(rows, key=lambda r: prefill_of(r))  # stable
-        used, open_ = 0, True
-        for r in rows:
-            c = cost_of(r)
-            if open_ and used + c <= shares[t]:
-                first.append(r)
-                used += c
-            elif open_ and prefill_of(r) > 0 and shares[t] - used >= 1:
-                first.append(r)
-                caps[id(r)] = shares[t] - used
-                used = shares[t]
-                open_ = False
-            elif open_ and used == 0:  # nothing fits its share: its first row still goes
-                first.append(r)
-                used = c
-                open_ = False
-            else:
-                open_ = False
-                rest.append(r)
-    order = within(first) + within(rest)
-    return order, [caps.get(id(r)) for r in order]
-
 
 class BatchScheduler:
     """Steps many generations of one :class:`specdec.engine.engine.SpeculativeEngine` together.
@@ -553,136 +424,3 @@ class BatchScheduler:
             self.running = []
         for r in rest:
             self._fail(r, GenerationCancelledError("the scheduler shut down"))
-
-
-class _Waiting:
-    __slots__ = ("session", "k", "block", "error")
-
-    def __init__(self, session: DraftModelSession, k: int):
-        self.session, self.k = session, k
-        self.block: DraftBlock | None = None
-        self.error: BaseException | None = None
-
-
-class DraftCombiner:
-    """Batches the drafting of generations that are stepped by separate threads.
-
-    A serving replica steps each generation in its own thread (its verify is a remote call that
-    waits). :meth:`step` is :meth:`specdec.engine.decoder.Generation.step` with the drafting combined:
-    the draft-model sessions that ask to draft while another batch is drafting (or within
-    ``window_s`` of the first) draft together, one batched forward per draft position
-    (:meth:`specdec.engine.proposers.draft_model.DraftModelProposer.propose_batch`). Prompt lookup and
-    plain decoding need no forward and run in the caller's thread.
-
-    Args:
-        batched: False drafts every session alone (the unbatched path).
-        window_s: seconds the first caller waits for others before drafting.
-        clock: seconds clock.
-        max_prefill: chunked draft prefill: uncached prompt positions fed per batch round (a
-            session whose prompt is longer is prefilled in chunks over several rounds, waiting
-            in the queue, while the others get their blocks every round); None: no bound.
-        k_control: a :class:`specdec.control.batch_k.BatchKSessions`: after every step it
-            learns the step's K and acceptance, the batched target forward that verified it
-            (``VerifyResult.batch``) and the batched draft forwards run since.
-    """
-
-    def __init__(self, batched: bool = True, window_s: float = 0.002, clock: Callable[[], float] = time.perf_counter,
-                 max_prefill: int | None = None, k_control: Any = None):
-        if max_prefill is not None and max_prefill < 1:
-            raise ValueError(f"max_prefill must be >= 1, got {max_prefill}")
-        self.batched = batched
-        self.window_s = window_s
-        self.max_prefill = max_prefill
-        self._clock = clock
-        #: ``(rows, positions)`` of every batched draft forward (most recent 1000)
-        self.trace: collections.deque = collections.deque(maxlen=1000)
-        #: ``(rows, seconds)`` of batched draft forwards not yet taken by :meth:`take_timings`
-        self._timings: collections.deque = collections.deque(maxlen=1000)
-        self.k_control = k_control
-        self._cv = threading.Condition()
-        self._queue: list[_Waiting] = []
-        self._busy = False
-        #: sizes of the draft batches run (for tests and statistics)
-        self.batch_sizes: list[int] = []
-
-    def propose(self, session: Any, k: int) -> DraftBlock:
-        """Draft up to ``k`` tokens for ``session``, batched with concurrent callers (blocking)."""
-        if session is None or k <= 0:
-            return DraftBlock.empty()
-        if not self.batched or not isinstance(session, DraftModelSession):
-            return session.propose(k)
-        me = _Waiting(session, k)
-        with self._cv:
-            self._queue.append(me)
-            while me.block is None and me.error is None:
-                if self._busy:
-                    self._cv.wait()
-                    continue
-                self._busy = True
-                self._cv.release()
-                try:
-                    if self.window_s > 0:
-                        time.sleep(self.window_s)
-                    with self._cv:
-                        batch, self._queue = self._queue, []
-                    self._run(batch)
-                finally:
-                    self._cv.acquire()
-                    self._busy = False
-                    self._cv.notify_all()
-        if me.error is not None:
-            raise me.error
-        return me.block
-
-    def _run(self, batch: list[_Waiting]) -> None:
-        self.batch_sizes.append(len(batch))
-        groups: dict[int, list[_Waiting]] = {}
-        for w in batch:
-            groups.setdefault(id(w.session._proposer), []).append(w)
-        later: list[_Waiting] = []
-        for rows in groups.values():
-            timings: list[tuple[int, float]] = []
-            trace: list[tuple[int, int]] = []
-            try:
-                blocks = rows[0].session._proposer.propose_batch(
-                    [w.session for w in rows], [w.k for w in rows], timings,
-                    **({} if self.max_prefill is None else {"max_prefill": self.max_prefill}), trace=trace)
-            except BaseException as e:  # every session of the batch fails alike
-                for w in rows:
-                    w.error = e
-                continue
-            finally:
-                with self._cv:
-                    self.trace.extend(trace)
-                    self._timings.extend(timings)
-            for w, block in zip(rows, blocks):
-                if block is None:
-                    later.append(w)  # its prompt is being prefilled in chunks: next round
-                else:
-                    w.block = block
-        if later:
-            with self._cv:
-                self._queue = later + self._queue
-
-    def take_timings(self) -> list[tuple[int, float]]:
-        """``(rows, seconds)`` of the batched draft forwards run since the last call (thread-safe)."""
-        with self._cv:
-            out = list(self._timings)
-            self._timings.clear()
-        return out
-
-    def step(self, gen: Generation) -> GenerationChunk | None:
-        """One speculation step of ``gen`` (as ``gen.step()``), its drafting batched."""
-        if gen.finished:
-            return gen.assembler.take_chunk()
-        k = gen.plan()
-        if k is None:
-            return gen.finish_chunk()
-        t0 = self._clock()
-        block = self.propose(gen.proposer, k)
-        t1 = self._clock()
-        result = gen.target.verify(block)
-        t2 = self._clock()
-        if self.k_control is not None:
-            self.k_control.observe_step(gen, block.k, result.accepted, result.batch, self.take_timings())
-        return gen.apply(block, result, t1 - t0, t2 - t1)

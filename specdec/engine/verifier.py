@@ -363,7 +363,7 @@ class TargetVerifier:
         *deferred*; both answer None and the caller offers the same block again next time. The
         first item always runs (whole, or as a chunk of at least one position), so every call
         makes progress. Without a budget every item runs whole. ``caps`` bounds single items
-        further (a tenant's fair share of the budget, :func:`specdec.engine.batch.fair_budget_plan`):
+        further (a tenant's fair share of the budget, :func:`specdec.engine.fairness.fair_budget_plan`):
         item i feeds at most ``caps[i]`` positions (chunked or deferred beyond), except a first
         item that cannot be chunked.
 

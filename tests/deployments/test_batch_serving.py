@@ -13,7 +13,7 @@ from deployments import convert
 from deployments.target_sessions import TargetSessionTable
 from deployments.tp_worker import TPWorker
 from protos.specdec.v1 import exchange_pb2 as xpb
-from specdec.engine.batch import DraftCombiner
+from specdec.engine.draft_combiner import DraftCombiner
 from specdec.engine.engine import SpeculativeEngine
 from specdec.errors import GenerationCancelledError, InvalidRequestError
 from specdec.request import GenerationRequest, SamplingParams

@@ -1,0 +1,150 @@
+"""Batched drafting for a serving replica whose generations are stepped by separate threads.
+
+:class:`DraftCombiner` combines the draft-model forwards of the sessions that ask to draft at
+about the same time into one batched forward per draft position; the in-process counterpart that
+steps every generation itself is :class:`specdec.engine.batch.BatchScheduler`.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+from specdec.engine.decoder import Generation
+from specdec.engine.proposers.draft_model import DraftModelSession
+from specdec.types import DraftBlock, GenerationChunk
+
+class _Waiting:
+    __slots__ = ("session", "k", "block", "error")
+
+    def __init__(self, session: DraftModelSession, k: int):
+        self.session, self.k = session, k
+        self.block: DraftBlock | None = None
+        self.error: BaseException | None = None
+
+
+class DraftCombiner:
+    """Batches the drafting of generations that are stepped by separate threads.
+
+    A serving replica steps each generation in its own thread (its verify is a remote call that
+    waits). :meth:`step` is :meth:`specdec.engine.decoder.Generation.step` with the drafting combined:
+    the draft-model sessions that ask to draft while another batch is drafting (or within
+    ``window_s`` of the first) draft together, one batched forward per draft position
+    (:meth:`specdec.engine.proposers.draft_model.DraftModelProposer.propose_batch`). Prompt lookup and
+    plain decoding need no forward and run in the caller's thread.
+
+    Args:
+        batched: False drafts every session alone (the unbatched path).
+        window_s: seconds the first caller waits for others before drafting.
+        clock: seconds clock.
+        max_prefill: chunked draft prefill: uncached prompt positions fed per batch round (a
+            session whose prompt is longer is prefilled in chunks over several rounds, waiting
+            in the queue, while the others get their blocks every round); None: no bound.
+        k_control: a :class:`specdec.control.batch_k.BatchKSessions`: after every step it
+            learns the step's K and acceptance, the batched target forward that verified it
+            (``VerifyResult.batch``) and the batched draft forwards run since.
+    """
+
+    def __init__(self, batched: bool = True, window_s: float = 0.002, clock: Callable[[], float] = time.perf_counter,
+                 max_prefill: int | None = None, k_control: Any = None):
+        if max_prefill is not None and max_prefill < 1:
+            raise ValueError(f"max_prefill must be >= 1, got {max_prefill}")
+        self.batched = batched
+        self.window_s = window_s
+        self.max_prefill = max_prefill
+        self._clock = clock
+        #: ``(rows, positions)`` of every batched draft forward (most recent 1000)
+        self.trace: collections.deque = collections.deque(maxlen=1000)
+        #: ``(rows, seconds)`` of batched draft forwards not yet taken by :meth:`take_timings`
+        self._timings: collections.deque = collections.deque(maxlen=1000)
+        self.k_control = k_control
+        self._cv = threading.Condition()
+        self._queue: list[_Waiting] = []
+        self._busy = False
+        #: sizes of the draft batches run (for tests and statistics)
+        self.batch_sizes: list[int] = []
+
+    def propose(self, session: Any, k: int) -> DraftBlock:
+        """Draft up to ``k`` tokens for ``session``, batched with concurrent callers (blocking)."""
+        if session is None or k <= 0:
+            return DraftBlock.empty()
+        if not self.batched or not isinstance(session, DraftModelSession):
+            return session.propose(k)
+        me = _Waiting(session, k)
+        with self._cv:
+            self._queue.append(me)
+            while me.block is None and me.error is None:
+                if self._busy:
+                    self._cv.wait()
+                    continue
+                self._busy = True
+                self._cv.release()
+                try:
+                    if self.window_s > 0:
+                        time.sleep(self.window_s)
+                    with self._cv:
+                        batch, self._queue = self._queue, []
+                    self._run(batch)
+                finally:
+                    self._cv.acquire()
+                    self._busy = False
+                    self._cv.notify_all()
+        if me.error is not None:
+            raise me.error
+        return me.block
+
+    def _run(self, batch: list[_Waiting]) -> None:
+        self.batch_sizes.append(len(batch))
+        groups: dict[int, list[_Waiting]] = {}
+        for w in batch:
+            groups.setdefault(id(w.session._proposer), []).append(w)
+        later: list[_Waiting] = []
+        for rows in groups.values():
+            timings: list[tuple[int, float]] = []
+            trace: list[tuple[int, int]] = []
+            try:
+                blocks = rows[0].session._proposer.propose_batch(
+                    [w.session for w in rows], [w.k for w in rows], timings,
+                    **({} if self.max_prefill is None else {"max_prefill": self.max_prefill}), trace=trace)
+            except BaseException as e:  # every session of the batch fails alike
+                for w in rows:
+                    w.error = e
+                continue
+            finally:
+                with self._cv:
+                    self.trace.extend(trace)
+                    self._timings.extend(timings)
+            for w, block in zip(rows, blocks):
+                if block is None:
+                    later.append(w)  # its prompt is being prefilled in chunks: next round
+                else:
+                    w.block = block
+        if later:
+            with self._cv:
+                self._queue = later + self._queue
+
+    def take_timings(self) -> list[tuple[int, float]]:
+        """``(rows, seconds)`` of the batched draft forwards run since the last call (thread-safe)."""
+        with self._cv:
+            out = list(self._timings)
+            self._timings.clear()
+        return out
+
+    def step(self, gen: Generation) -> GenerationChunk | None:
+        """One speculation step of ``gen`` (as ``gen.step()``), its drafting batched."""
+        if gen.finished:
+            return gen.assembler.take_chunk()
+        k = gen.plan()
+        if k is None:
+            return gen.finish_chunk()
+        t0 = self._clock()
+        block = self.propose(gen.proposer, k)
+        t1 = self._clock()
+        result = gen.target.verify(block)
+        t2 = self._clock()
+        if self.k_control is not None:
+            self.k_control.observe_step(gen, block.k, result.accepted, result.batch, self.take_timings())
+        return gen.apply(block, result, t1 - t0, t2 - t1)
