@@ -9,7 +9,7 @@
    Tokens/s per side, their ratio, and the K the controller used per adaptive request (k_counts).
 
 Run under the heavy lock:
-    flock -w 1800 /tmp/specdec-heavy.lock python docs/bench/formats/scripts/served.py [--tokens 32] [--prompts 3]
+    flock -w 1800 /tmp/specdec-heavy.lock python docs/bench/formats/scripts/served.py [--tokens 32] [--prompts 3] [--min-confidence 0.4] [--max-k 8]
 Prints JSON.
 """
 import argparse
@@ -56,6 +56,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--tp", type=int, default=None, help="target TP degree (default: the preset's)")
+    ap.add_argument("--min-confidence", type=float, default=None,
+                    help="AppConfig.draft_min_confidence, the app's default early stop of drafting (default: the preset's)")
+    ap.add_argument("--max-k", type=int, default=None, help="AppConfig.default_max_k (default: the preset's)")
     args = ap.parse_args()
     import ray
     from ray import serve
@@ -66,8 +69,11 @@ def main():
     from deployments.config import HEALTH_SERVICER, PRESETS, SPECDEC_SERVICER, AppConfig
 
     cfg = AppConfig.model_validate({**PRESETS["local-cpu.yaml"].model_dump(), "grpc_port": _free_port(),
-                                    "http_port": _free_port(), **({"target_tp": args.tp} if args.tp else {})})
+                                    "http_port": _free_port(), **({"target_tp": args.tp} if args.tp else {}),
+                                    **({"draft_min_confidence": args.min_confidence} if args.min_confidence is not None else {}),
+                                    **({"default_max_k": args.max_k} if args.max_k is not None else {})})
     out = {"target_format": cfg.target_format(), "draft_format": cfg.draft_format(), "target_tp": cfg.target_tp,
+           "draft_min_confidence": cfg.draft_min_confidence, "default_max_k": cfg.default_max_k,
            "load_avg_at_start": os.getloadavg()}
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     peak = {"sum": 0, "per_process": {}}
@@ -114,6 +120,11 @@ def main():
                         s.setdefault("acceptance", []).append(round(resp.stats.acceptance_rate, 2)
                                                              if resp.stats.HasField("acceptance_rate") else None)
                     print(side, len(resp.token_ids), round(dt, 1), dict(resp.stats.k_counts), file=sys.stderr, flush=True)
+            try:  # the router's K controller: acceptance estimate, measured costs, last decision
+                from google.protobuf import json_format
+                out["controller"] = json_format.MessageToDict(client.tenant_stats("draft"))
+            except Exception as e:  # statistics only; the measurement stands without them
+                out["controller"] = f"unavailable: {e!r}"
         procs = model_processes()
         out["rss_after_requests_gb"] = {t: round(r / 1e9, 2) for t, r in procs.values()}
         out["rss_after_requests_sum_gb"] = round(sum(r for _, r in procs.values()) / 1e9, 2)
