@@ -85,3 +85,32 @@ def test_bad_observations_raise():
         cm.observe_verify(2, -1.0)
     with pytest.raises(ValueError):
         cm.observe_draft(2, float("nan"))
+
+
+def test_step_costs_leave_out_the_draft_catch_up_after_k0_steps():
+    """A drafting step right after K = 0 steps counts its verify, not its draft seconds (the
+    draft's first forward then also feeds the tokens decoded at K = 0); later drafting steps,
+    and the first step's prefill, as before."""
+    from specdec.control.adaptive import StepCostRecorder
+    from specdec.types import SpeculationStats
+
+    stats = SpeculationStats()
+    rec = StepCostRecorder(stats)
+    steps = [  # (k, accepted, draft_s, verify_s)
+        (2, 2, 5.0, 9.0),   # first step: prompt prefill of both models, left out
+        (2, 1, 0.2, 0.3),   # counted: 0.2 s for 2 drafted tokens
+        (0, 0, 0.0, 0.1),
+        (0, 0, 0.0, 0.1),
+        (3, 3, 1.5, 0.4),   # after K = 0: catch-up of 2 tokens in the draft forward, draft left out
+        (3, 2, 0.3, 0.4),   # counted
+        (1, 1, 0.1, 0.2),   # counted
+    ]
+    for k, acc, d, v in steps:
+        stats.record_step(k, acc, d, v)
+        rec.after_step()
+    costs = rec.costs.as_dict()
+    assert costs["skipped_steps"] == 1
+    assert costs["drafted"] == 2 + 3 + 1
+    assert costs["draft_s"] == pytest.approx(0.2 + 0.3 + 0.1)
+    assert {p: (round(s, 9), n) for p, (s, n) in costs["verify_s_by_positions"].items()} == {
+        1: (0.2, 2), 2: (0.2, 1), 3: (0.3, 1), 4: (0.8, 2)}
