@@ -151,3 +151,23 @@ def test_batch_k_sessions_served_controller():
     live.leave("missing")  # idempotent
     with pytest.raises(ValueError, match="weight must be > 0"):
         live.join("x", "t", "draft", weight=0)
+
+
+def test_batch_k_sessions_leave_out_draft_catch_up_forwards():
+    """The draft forwards reported with a generation's first drafting step, or its first after a
+    K = 0 step, also fed the prompt / the tokens decoded at K = 0: they are not measured as
+    draft forwards; those of the following drafting steps are."""
+    from specdec.control.batch_k import BatchKSessions
+
+    live = BatchKSessions(BatchKController(budget=64))
+    live.join("g", "t", "draft", k_range=(0, 8))
+    live.observe_step("g", 2, 2, None, [(1, 5.0), (1, 0.03)])  # first step: prompt prefill in it
+    assert live.controller.cost.draft.snapshot()["verify_s"] == {}
+    live.observe_step("g", 2, 1, None, [(1, 0.03), (1, 0.03)])
+    live.observe_step("g", 0, 0, None, [])
+    live.observe_step("g", 0, 0, None, [])
+    live.observe_step("g", 3, 3, None, [(1, 0.9), (1, 0.03), (1, 0.03)])  # catch-up of 2 tokens
+    assert live.controller.cost.draft.snapshot()["verify_observations"] == {1: 2}
+    assert live.controller.cost.draft_s(1) == pytest.approx(0.03)
+    live.observe_step("g", 3, 2, None, [(1, 0.05)])
+    assert live.controller.cost.draft.snapshot()["verify_observations"] == {1: 3}

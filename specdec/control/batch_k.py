@@ -279,6 +279,7 @@ class _Joined:
     proposer: str
     adaptive: bool
     k: int = 0  # a fixed session's K
+    last_k: int | None = None  # the K of its last step (None: no step yet)
 
 
 class BatchKSessions:
@@ -412,10 +413,17 @@ class BatchKSessions:
             batch: the :class:`specdec.types.BatchShape` of the target forward that verified
                 it (each forward is measured once however many of its rows report it).
             draft_forwards: ``(rows, seconds)`` of batched draft forwards run since the last call.
+                Left out when this is the generation's first drafting step or its first after a
+                K = 0 step: the block's first draft forward then also fed the prompt or every
+                token decoded at K = 0 (the draft does not run at K = 0), a prefill that is no
+                cost of a draft position and, taken as one, held a tenant at K = 0.
         """
         with self._lock:
             j = self._joined.get(key)
             if j is not None:
+                if k > 0 and j.last_k in (None, 0):
+                    draft_forwards = ()
+                j.last_k = int(k)
                 self.k_steps[j.tenant].append(int(k))
                 if k > 0 and j.proposer != "none":
                     self.controller.observe_row(j.tenant, j.proposer, int(k), int(accepted))
