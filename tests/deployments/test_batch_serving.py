@@ -414,7 +414,7 @@ def test_served_k_under_load_on_the_draft_replica(target, tmp_path):
         assert max(dict(g.stats.k_counts)) <= 6
     live = rep.batch_k
     assert live.decisions >= 1 and live.controller.batches  # decided from measured batched forwards
-    assert sorted(live.controller.last.ks) <= ["code", "creative"]
+    assert live.controller.last.ks and set(live.controller.last.ks) <= {"code", "creative"}
     steps = {t: sum(g.stats.steps for j, g in zip(jobs, got) if j.tenant == t) for t in ("code", "creative")}
     for tenant in ("code", "creative"):
         st = asyncio.run(rep.BatchKStats(tenant))
