@@ -92,25 +92,9 @@ class TargetSessionTable:
                 block the verifier rejects (ids out of range, past the context limit).
         """
         t0 = self.clock()
-        session = self.sessions.get(msg.session_id)
-        if msg.HasField("open"):
-            ids, sampling, seed, logprobs = convert.session_open_from_proto(msg.open)
-            if len(ids) != msg.position:
-                raise InvalidRequestError(f"open carries {len(ids)} tokens but the block follows position {msg.position}")
-            if session is not None:
-                session.close()
-            try:
-                session = self.verifier.open_session(ids, sampling, seed, logprobs,
-                                                     **convert.session_open_options(msg.open))
-            except ValueError as e:
-                raise InvalidRequestError(str(e)) from None
-            self.sessions[msg.session_id] = session
-        elif session is None:
-            return xpb.VerificationResult(status=xpb.VERIFY_STATUS_SESSION_MISSING)
-        elif session.committed_len != msg.position:
-            return xpb.VerificationResult(
-                status=xpb.VERIFY_STATUS_POSITION_MISMATCH, target_position=session.committed_len
-            )
+        session = self._open_or_check(msg)
+        if isinstance(session, xpb.VerificationResult):
+            return session
         try:
             result = session.verify(convert.draft_block_from_proto(msg))
         except BaseException as e:
@@ -125,7 +109,14 @@ class TargetSessionTable:
     # --- batched path (continuous batching) ---------------------------------------------------
 
     def _open_or_check(self, msg: xpb.CandidateBlock):
-        """The status part of :meth:`handle`: the session to verify with, or a status reply."""
+        """The session a block is verified with (opened from ``msg.open`` with the request's
+        logit processing and top-N logprobs, or looked up), or a status reply
+        (SESSION_MISSING, POSITION_MISMATCH). Shared by :meth:`handle` and :meth:`admit`.
+
+        Raises:
+            InvalidRequestError: an ``open`` whose tokens don't match the position, or ids the
+                verifier refuses.
+        """
         session = self.sessions.get(msg.session_id)
         if msg.HasField("open"):
             ids, sampling, seed, logprobs = convert.session_open_from_proto(msg.open)
@@ -134,7 +125,8 @@ class TargetSessionTable:
             if session is not None:
                 self.close(msg.session_id)
             try:
-                session = self.verifier.open_session(ids, sampling, seed, logprobs)
+                session = self.verifier.open_session(ids, sampling, seed, logprobs,
+                                                     **convert.session_open_options(msg.open))
             except ValueError as e:
                 raise InvalidRequestError(str(e)) from None
             self.sessions[msg.session_id] = session

@@ -551,3 +551,51 @@ def test_router_admission_is_sized_to_what_the_draft_replica_steps(tmp_path):
         assert gate.admission.running == 0
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("sampling, extra", [
+    ({"repetition_penalty": 1.6, "logit_bias": {40: 3.0}}, dict(min_tokens=5, logprobs=True, top_logprobs=2)),
+    ({"temperature": 0.9, "top_k": 40, "seed": 78, "min_p": 0.05, "repetition_penalty": 1.4, "presence_penalty": 0.5,
+      "frequency_penalty": 0.3, "logit_bias": {7: 2.0, 9: -3.0}},
+     dict(min_tokens=10, stop_token_ids=[12], logprobs=True, top_logprobs=4)),
+], ids=["greedy-processed", "sampled-processed"])
+def test_batched_target_applies_each_sessions_processors_and_top_logprobs(folder, target, tmp_path, sampling, extra):
+    """The batched target opens a session with the request's logit processing (penalties, bias,
+    min_tokens) and top-N logprobs, as the one-at-a-time path does: concurrent processed requests
+    through a batching target give the in-process engine's token ids, text and top logprobs."""
+    import asyncio
+
+    from deployments.config import AppConfig
+    from deployments.draft import Draft
+    from protos.specdec.v1 import specdec_pb2 as pb
+
+    d_folder = build_tiny_model(tmp_path / "d", seed=1, base=target.model, noise=0.03)
+    wire = BatchingWire(target, budget=64)
+    rep = Draft(AppConfig(target_model=str(folder), draft_model=str(d_folder), cpu_threads=1,
+                          batch_window_s=0.01, max_batch_positions=64),
+                send_factory=lambda key: wire.send)
+
+    def job(i):
+        req = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[1, 5, 9, 33, 70, 100, 7 + i]), max_tokens=30,
+                                 ignore_eos=True, sampling=pb.SamplingParams(**sampling),
+                                 speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=4), **extra)
+        return xpb.DraftJob(session_id=f"p{i}", request=req, tenant="t")
+
+    jobs = [job(i) for i in range(3)]
+
+    async def run_one(j):
+        return convert.join_chunks([pb.GenerateStreamChunk.FromString(raw)
+                                    async for raw in rep.Generate(j.SerializeToString())])
+
+    async def main():
+        return await asyncio.gather(*[run_one(j) for j in jobs])
+
+    got = asyncio.run(main())
+    engine = SpeculativeEngine(target, load_tiny(d_folder))
+    for j, g in zip(jobs, got):
+        expected = engine.generate(convert.request_from_proto(j.request))
+        assert list(g.token_ids) == expected.token_ids and g.text == expected.text
+        got_top = convert.top_logprobs_from_proto(g.top_logprobs)
+        assert [[t for t, _ in row] for row in got_top] == [[t for t, _ in row] for row in expected.top_logprobs]
+        assert all(len(row) == extra["top_logprobs"] for row in got_top)
+    assert wire.forwards >= 1 and len(wire.table) == 0
