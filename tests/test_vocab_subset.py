@@ -96,6 +96,19 @@ def test_not_a_table(tmp_path):
         FrequencyTable.load(tmp_path / "x.json")
     with pytest.raises(ModelLoadError, match="cannot read token frequency table"):
         FrequencyTable.load(tmp_path / "missing.json.gz")
+    (tmp_path / "cut.json.gz").write_bytes(b"\x1f\x8b\x08\x00" + b"\x00" * 6)  # a gzip header, no body
+    with pytest.raises(ModelLoadError, match="cannot read token frequency table"):
+        FrequencyTable.load(tmp_path / "cut.json.gz")
+    from specdec.models.vocab_subset import TABLE_FORMAT
+    import json
+
+    (tmp_path / "partial.json").write_text(json.dumps({"format": TABLE_FORMAT, "tokenizer": {}, "counts": []}))
+    with pytest.raises(ModelLoadError, match=r"partial.json is a damaged token frequency table \(KeyError"):
+        FrequencyTable.load(tmp_path / "partial.json")
+    (tmp_path / "badids.json").write_text(json.dumps({"format": TABLE_FORMAT, "tokenizer": {}, "ranked_ids": ["a"],
+                                                      "counts": [1]}))
+    with pytest.raises(ModelLoadError, match=r"badids.json is a damaged token frequency table \(ValueError"):
+        FrequencyTable.load(tmp_path / "badids.json")
 
 
 def test_subset_ids_order_and_errors():

@@ -31,6 +31,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
@@ -119,14 +120,17 @@ class FrequencyTable:
                 raw = Path(path).read_bytes()
                 name = str(path)
             data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, EOFError, zlib.error) as e:
             raise ModelLoadError(f"cannot read token frequency table {path or DEFAULT_TABLE}: {e}") from e
         if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT:
             raise ModelLoadError(f"{name} is not a token frequency table (expected format {TABLE_FORMAT!r})")
         extra = {k: v for k, v in data.items()
                  if k not in ("format", "tokenizer", "source", "ranked_ids", "counts", "tokens_counted")}
-        return cls(data["tokenizer"], [int(i) for i in data["ranked_ids"]], [int(c) for c in data["counts"]],
-                   data.get("source", ""), name, extra)
+        try:
+            return cls(dict(data["tokenizer"]), [int(i) for i in data["ranked_ids"]],
+                       [int(c) for c in data["counts"]], str(data.get("source", "")), name, extra)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ModelLoadError(f"{name} is a damaged token frequency table ({type(e).__name__}: {e})") from None
 
     def check_tokenizer(self, tokenizer: PreTrainedTokenizerBase, model_name: str = "the model") -> None:
         """Refuse a tokenizer the table was not made for.
