@@ -110,13 +110,13 @@ def load_model(
     if vocab_subset is not None:
         from specdec.models.vocab_subset import FrequencyTable, slice_output_layer, subset_ids
 
-        if fmt == "int4" and isinstance(vocab_subset, int) and vocab_subset % 16:
+        table = vocab_table if isinstance(vocab_table, FrequencyTable) else FrequencyTable.load(vocab_table)
+        ids = subset_ids(table, loaded.tokenizer, vocab_subset, loaded.emittable_vocab,
+                         always=loaded.eos_token_ids, model_name=loaded.name)  # checks 1..emittable first
+        if fmt == "int4" and vocab_subset % 16:
             raise ModelLoadError(
                 f"draft vocabulary subset {vocab_subset} with weight format int4: the int4 kernel packs output rows "
                 "in groups of 16, so the subset must be a multiple of 16 (e.g. 16384 or 32768)")
-        table = vocab_table if isinstance(vocab_table, FrequencyTable) else FrequencyTable.load(vocab_table)
-        ids = subset_ids(table, loaded.tokenizer, vocab_subset, loaded.emittable_vocab,
-                         always=loaded.eos_token_ids, model_name=loaded.name)
         slice_output_layer(loaded.model, ids)  # before quantizing: int8/int4 quantize the sliced rows
         loaded.vocab_subset = ids.to(loaded.device)
     t_load = time.perf_counter() - t0
