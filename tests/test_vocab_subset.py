@@ -173,6 +173,9 @@ def test_load_errors(folders, target):
         load_draft(folders, 40, table, "int4")
     with pytest.raises(ModelLoadError, match=r"from 1 to 320"):
         load_draft(folders, 321, table)
+    for n in (-5, 0, 10**9):  # the range error first, in int4 too (not the multiple-of-16 one)
+        with pytest.raises(ModelLoadError, match=rf"from 1 to 320 .*got {n}$"):
+            load_draft(folders, n, table, "int4")
     with pytest.raises(ModelCompatibilityError, match="made for another tokenizer"):
         load_draft(folders, 64, None)  # the shipped (Qwen) table
     with pytest.raises(ValueError, match="the target must score the full vocabulary"):
