@@ -77,11 +77,10 @@ def alone(long_pair):
 # --- the packed forward ----------------------------------------------------------------------
 
 
-def test_feed_many_equals_separate_forwards(long_pair):
-    """Ragged caches (0..500 cached) and ragged new tokens (1..9): same logits, same caches."""
-    target, _ = long_pair
-    rng = random.Random(1)
-    lens = [0, 1, 7, 120, 500]
+
+def _twin_sequences(target, lens, rng):
+    """Two lists of cached sequences with the same random prefixes of ``lens`` tokens: one to
+    feed alone, one to feed packed."""
     alone_seqs = [CachedSequence(target.model, []) for _ in lens]
     batch_seqs = [CachedSequence(target.model, []) for _ in lens]
     for a, b, n in zip(alone_seqs, batch_seqs, lens):
@@ -89,6 +88,14 @@ def test_feed_many_equals_separate_forwards(long_pair):
             prefix = [rng.randrange(3, 300) for _ in range(n)]
             a.feed(prefix, keep=1)
             b.feed(prefix, keep=1)
+    return alone_seqs, batch_seqs
+
+def test_feed_many_equals_separate_forwards(long_pair):
+    """Ragged caches (0..500 cached) and ragged new tokens (1..9): same logits, same caches."""
+    target, _ = long_pair
+    rng = random.Random(1)
+    lens = [0, 1, 7, 120, 500]
+    alone_seqs, batch_seqs = _twin_sequences(target, lens, rng)
     for step in range(3):
         news = [[rng.randrange(3, 300) for _ in range(rng.choice([1, 2, 5, 9]))] for _ in lens]
         keeps = [len(t) if i % 2 else 1 for i, t in enumerate(news)]
@@ -540,13 +547,7 @@ def test_feed_many_packed_rows_bitwise_equal_alone_in_reduced_precision(reduced_
     assert target.invariant
     rng = random.Random(3)
     lens = [0, 3, 40, 150]
-    alone_seqs = [CachedSequence(target.model, []) for _ in lens]
-    batch_seqs = [CachedSequence(target.model, []) for _ in lens]
-    for a, b, n in zip(alone_seqs, batch_seqs, lens):
-        if n:
-            prefix = [rng.randrange(3, 300) for _ in range(n)]
-            a.feed(prefix, keep=1)
-            b.feed(prefix, keep=1)
+    alone_seqs, batch_seqs = _twin_sequences(target, lens, rng)
     # packed rows per forward: 45 (> 32: chunk boundaries fall inside sequences), 36 with a
     # 33-token prefill in one row, then 4 single tokens
     for sizes in ([9, 9, 9, 18], [33, 1, 1, 1], [1, 1, 1, 1]):

@@ -158,18 +158,7 @@ def test_draft_combiner_batches_concurrent_steps(target, tmp_path):
     alone = [engine.generate(r).token_ids for r in reqs]
     combiner = DraftCombiner(window_s=0.02)
     gens = [engine.start(r) for r in reqs]
-    barrier = threading.Barrier(len(gens))
-
-    def run(gen):
-        barrier.wait()
-        while not gen.finished:
-            combiner.step(gen)
-
-    threads = [threading.Thread(target=run, args=(g,)) for g in gens]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=300)
+    _step_in_threads(combiner, gens, together=True)
     assert [g.result().token_ids for g in gens] == alone
     assert max(combiner.batch_sizes) >= 3  # draft-model sessions drafted together
     unbatched = DraftCombiner(batched=False)
@@ -296,8 +285,24 @@ def test_draft_combiner_chunks_a_long_prompt_prefill(target, tmp_path):
     alone = [engine.generate(r).token_ids for r in reqs]
     combiner = DraftCombiner(window_s=0.005, max_prefill=16)
     gens = [engine.start(r) for r in reqs]
+    _step_in_threads(combiner, gens)
+    assert [g.result().token_ids for g in gens] == alone
+    # prefill chunks of 16 beside the other sessions' decoding tails (at most 2 positions each)
+    assert 16 <= max(p for _, p in combiner.trace) <= 16 + 2 * 2 and len(combiner.trace) >= 300 // 16
+    assert sum(r for r, _ in combiner.take_timings()) >= len(combiner.trace)
+    with pytest.raises(ValueError, match="max_prefill must be >= 1"):
+        DraftCombiner(max_prefill=0)
+
+
+
+def _step_in_threads(combiner, gens, together: bool = False) -> None:
+    """Step every generation to its end through ``combiner``, each in its own thread (as a
+    serving replica does); ``together``: the threads start their first step at once."""
+    barrier = threading.Barrier(len(gens)) if together else None
 
     def run(gen):
+        if barrier is not None:
+            barrier.wait()
         while not gen.finished:
             combiner.step(gen)
 
@@ -306,13 +311,6 @@ def test_draft_combiner_chunks_a_long_prompt_prefill(target, tmp_path):
         th.start()
     for th in threads:
         th.join(timeout=300)
-    assert [g.result().token_ids for g in gens] == alone
-    # prefill chunks of 16 beside the other sessions' decoding tails (at most 2 positions each)
-    assert 16 <= max(p for _, p in combiner.trace) <= 16 + 2 * 2 and len(combiner.trace) >= 300 // 16
-    assert sum(r for r, _ in combiner.take_timings()) >= len(combiner.trace)
-    with pytest.raises(ValueError, match="max_prefill must be >= 1"):
-        DraftCombiner(max_prefill=0)
-
 
 class BatchingWire:
     """A batching target replica in process for Draft replicas: Verify calls from concurrent
