@@ -24,11 +24,11 @@ import os
 import platform
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from benchmarks.adaptive_k import CODE_PROMPTS, CREATIVE_PROMPTS
+from benchmarks.serving import run_clients
 
 
 def _tenants(arms: list[str], k_max: int) -> tuple[dict, dict[str, str]]:
@@ -70,13 +70,7 @@ def run_arm(address: str, app: str, arm: str, keys: dict[str, str], clients: int
         except Exception as e:  # reported, not raised
             errors.append(repr(e))
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = run_clients(worker, clients)
     k_counts: dict[int, int] = {}
     for s in stats:
         if s is not None:

@@ -43,6 +43,18 @@ PROMPTS = [
 API_KEY: str | None = None
 
 
+def run_clients(worker, clients: int) -> float:
+    """Run ``worker(i)`` for i in 0..clients-1, each in its own thread, all started together;
+    the wall-clock seconds until the last one ends."""
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -138,13 +150,7 @@ def run_concurrent(address: str, app: str, requests: list[dict], clients: int) -
         except Exception as e:  # reported, not raised
             errors.append(repr(e))
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = run_clients(worker, clients)
     return {"clients": clients, "requests": clients, "tokens": sum(tokens), "wall_s": wall,
             "aggregate_tokens_per_s": sum(tokens) / wall, "errors": errors, "outputs": outputs}
 
