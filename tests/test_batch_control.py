@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from specdec.engine.batch import BatchScheduler
@@ -133,14 +135,20 @@ def test_batch_k_sessions_served_controller():
     assert stats == {"k_under_load": k_code, "rows_per_step": 8.0, "positions_per_step": 40.0,
                      "steps": 160, "sessions": 4}
     assert live.tenant_stats("creative")["sessions"] == 5
-    # a probe: the ceiling for its first two steps, then the tenant's K under load; held at
-    # K = 0, every 32nd of its steps runs at K = 2 so that its acceptance keeps being measured
+    # a probe of the per-request controller: the ceiling for its first two steps, then the
+    # tenant's K under load; held at K = 0, after 32 steps at K = 0 a probe of 4 consecutive
+    # steps runs at the K the batch optimum gives the tenant if its acceptance were 0.9
+    kp = live.controller.probe_k("creative", 6)
+    assert kp == choose_batch_ks({"code": TenantLoad(4, est.alpha(("code", "draft"))),
+                                  "creative": TenantLoad(4, 0.9, k_max=6), "pinned": pinned},
+                                 live.controller.cost, budget=128).ks["creative"] == 4
     k = live.schedule("creative", 6, probe_steps=2)
     ks = [k() for _ in range(64)]
-    assert ks[:3] == [6, 6, 0] and [i + 1 for i, v in enumerate(ks) if v == 2] == [2 + 32]
-    assert set(ks[2:]) == {0, 2} and live.probes == 1
-    k2 = live.schedule("creative", 6)  # the count is the tenant's, over its generations
-    assert [k2() for _ in range(32)].index(2) == 31 - (64 - 2 - 32)
+    assert ks == [6, 6] + [0] * 32 + [kp] * 4 + [0] * 26 and live.probes == 1
+    k2 = live.schedule("creative", 6)  # the count is the tenant's, over its generations; a probe
+    # that found nothing doubles the interval: the next one after 64 held steps
+    ks2 = [k2() for _ in range(40)]
+    assert ks2 == [0] * (64 - 26) + [kp] * 2 and live.probes == 2
     # the code tenant leaves: the creative tenant alone decides again (its steps no longer slow
     # anyone else's), and K under load follows the new batch
     for i in range(4):
@@ -171,3 +179,85 @@ def test_batch_k_sessions_leave_out_draft_catch_up_forwards():
     assert live.controller.cost.draft_s(1) == pytest.approx(0.03)
     live.observe_step("g", 3, 2, None, [(1, 0.05)])
     assert live.controller.cost.draft.snapshot()["verify_observations"] == {1: 3}
+
+
+class _Drafts:
+    """Deterministic drafts of acceptance ``alpha``: draft token n (counted over all steps) is
+    accepted iff floor(n·α) > floor((n - 1)·α) (a Beatty sequence: exactly α in the long run)."""
+
+    def __init__(self, alpha: float):
+        self.alpha, self.n = alpha, 0
+
+    def accepted(self, k: int) -> int:
+        a = 0
+        while a < k:
+            self.n += 1
+            if math.floor(self.n * self.alpha) == math.floor((self.n - 1) * self.alpha):
+                break
+            a += 1
+        return a
+
+
+def _run_two_tenants(ctl: BatchKController, ticks: int, truth: dict) -> list[tuple[str, int, bool]]:
+    """``ticks`` ticks of 4 code + 4 creative sessions (cap 8): decide, each session's step K
+    from ``step_k``, its accepted count from ``truth``. Returns (tenant, K, probe?) per step."""
+    log = []
+    for _ in range(ticks):
+        ctl.decide({("code", "draft"): 4, ("creative", "draft"): 4})
+        for t in ("code", "creative"):
+            for _ in range(4):
+                k = ctl.step_k(t, 8)
+                probe = ctl.k_for(t) == 0 and k > 0
+                ctl.observe_row(t, "draft", k, truth[t].accepted(k))
+                log.append((t, k, probe))
+    return log
+
+
+def test_probes_of_a_tenant_held_at_k0_bring_it_back_and_cost_little():
+    """Verify cost steep in positions (speculation by the creative tenant pays from α ≈ 0.6).
+    Creative's drafts agree 10 % of the time: it is held at K = 0 and its probes (4 consecutive
+    steps at the K it would get at α = 0.9, intervals 32, 64, 128, 128, ... held steps) take
+    32 of its 1000 steps (3.2 %). Then its drafts agree 95 % of the time: the next probe moves
+    α̂ (the old counts weigh 8 trials) past the point where speculation pays, and it is back at
+    K > 0 right after that probe, within 128 + 4 of its steps."""
+    cost = _cost(0.05)
+    assert choose_batch_ks({"code": TenantLoad(4, 0.98), "creative": TenantLoad(4, 0.5)}, cost, 128).ks["creative"] == 0
+    assert choose_batch_ks({"code": TenantLoad(4, 0.98), "creative": TenantLoad(4, 0.6)}, cost, 128).ks["creative"] == 1
+    ctl = BatchKController(128, cost=cost)
+    truth = {"code": _Drafts(0.98), "creative": _Drafts(0.1)}
+    low = [(k, p) for t, k, p in _run_two_tenants(ctl, 250, truth) if t == "creative"]
+    kp = ctl.probe_k("creative", 8)
+    assert kp == 4 and ctl.k_for("creative") == 0 and ctl.k_for("code") == 8
+    probes = [i for i, (k, p) in enumerate(low) if p]
+    assert len(low) == 1000 and len(probes) == 32 and ctl.probes == 8 and ctl.probe_step_count == 32
+    # each probe at the K the tenant would get at α = 0.9 under the load then (the first while
+    # the code tenant's α̂ was still near its prior)
+    assert [low[i][0] for i in probes] == [5] * 4 + [kp] * 28
+    # after the prior's first steps, every step at K > 0 is a probe: speculation never pays
+    first_held = next(i for i, (k, _) in enumerate(low) if k == 0)
+    assert all(p for k, p in low[first_held:] if k > 0)
+    # probes in runs of 4 after 32, 64, then 128 held steps
+    starts = [i for i in probes if i - 1 not in probes]
+    assert [b - a - 4 for a, b in zip(starts, starts[1:])] == [64, 128, 128, 128, 128, 128, 128]
+    assert starts[0] - first_held == 32
+    assert ctl.estimator.alpha(("creative", "draft")) < 0.2
+
+    truth["creative"] = _Drafts(0.95)
+    high = [(k, p) for t, k, p in _run_two_tenants(ctl, 60, truth) if t == "creative"]
+    back = next(i for i, (k, p) in enumerate(high) if k > 0 and not p)
+    assert back <= 128 + 4 and [p for _, p in high[back - 4:back]] == [True] * 4  # right after one probe
+    assert ctl.k_for("creative") >= 4 and ctl.estimator.alpha(("creative", "draft")) > 0.9
+    # back at K > 0: the interval is the short one again for the next time it is held
+    assert ctl._probe["creative"].interval == 32
+
+
+def test_no_probe_when_speculation_cannot_pay_even_at_high_acceptance():
+    """A verify so steep that the batch optimum keeps the tenant at K = 0 even at α = 0.9:
+    probing would only cost, so none runs."""
+    ctl = BatchKController(128, cost=_cost(1.0))
+    truth = {"code": _Drafts(0.98), "creative": _Drafts(0.1)}
+    log = _run_two_tenants(ctl, 100, truth)
+    assert ctl.probe_k("creative", 8) == 0 and ctl.probes == 0
+    assert not any(p for _, _, p in log)
+    with pytest.raises(ValueError, match="probe_steps >= 1"):
+        BatchKController(128, probe_steps=0)

@@ -1,5 +1,6 @@
 """K controller: Leviathan's optimum, simulated tenants, hysteresis, probing, policies."""
 
+import math
 import random
 
 import pytest
@@ -377,3 +378,117 @@ def test_request_turning_speculation_off_leaves_the_adaptive_state_alone():
     assert after.accepted == before.accepted + 24
     assert after.prior_accepted == before.prior_accepted and after.rejected_steps == before.rejected_steps
     assert ctl.decide("A", "draft", POLICY).k == 6
+
+
+def _beatty(alpha):
+    """Deterministic drafts of acceptance ``alpha``: ``accepted(k)`` for one step of K = k
+    (draft token n accepted iff floor(n·α) > floor((n - 1)·α))."""
+    n = [0]
+
+    def accepted(k):
+        a = 0
+        while a < k:
+            n[0] += 1
+            if math.floor(n[0] * alpha) == math.floor((n[0] - 1) * alpha):
+                break
+            a += 1
+        return a
+
+    return accepted
+
+
+def _request(ctl, decision, accepted, steps=10):
+    """Run one request of ``steps`` steps under ``decision``'s schedule and record it (no
+    timings: the cost model keeps its prior)."""
+    sched = decision.k_schedule()
+    st = SpeculationStats()
+    for _ in range(steps):
+        k = sched() if callable(sched) else sched
+        st.record_step(k, accepted(k), 0.0, 0.0)
+    ctl.record("T", "draft", st)
+    return st
+
+
+@pytest.mark.parametrize("memory, back_after", [(8.0, 16), (None, 64)])
+def test_one_probe_brings_back_a_tenant_with_a_long_stale_history(memory, back_after):
+    """Draft cost c = 0.6 of a verify: speculation (K = 1) pays from α = 0.6. The tenant's long
+    history (1000 steps at K = 2, α = 0.4) holds it at K = 0; then its drafts agree 95 % of the
+    time. With the history capped at 8 trials when the probe's counts arrive, the first probe
+    (16th request at K = 0) brings it back at the next request (α̂ 0.61: a small gain, taken at
+    once from K = 0); with the discount alone (0.25 of ~1700 trials) it takes four probes."""
+    clock = FakeClock()
+    ctl = KController(cost_model_factory=lambda p: leviathan(0.6), clock=clock, probe_memory_trials=memory,
+                      estimator=AcceptanceEstimator(half_life_steps=None), position_min_reached=None)
+    hist = _beatty(0.4)
+    for _ in range(100):
+        st = SpeculationStats()
+        for _ in range(10):
+            st.record_step(2, hist(2), 0.0, 0.0)
+        ctl.record("T", "draft", st)
+    assert abs(ctl.estimator.alpha(("T", "draft")) - 0.4) < 0.01
+    good = _beatty(0.95)
+    ds = []
+    for _ in range(80):
+        ds.append(ctl.decide("T", "draft", POLICY))
+        _request(ctl, ds[-1], good)
+    assert ds[0].k == 0 and ds[0].reason == "initial"
+    assert [i for i, d in enumerate(ds) if d.probe][0] == 15 and ds[15].probe_steps == 4
+    back = next(i for i, d in enumerate(ds) if d.k > 0 and not d.probe)
+    assert back == back_after and ds[back].reason in ("switch: from K = 0", "switch: gain")
+    assert [i for i, d in enumerate(ds[:back]) if d.probe] == list(range(15, back, 16))
+    assert ctl.current_k("T", "draft") >= 1
+
+
+def test_probe_steps_of_a_tenant_whose_drafts_disagree_are_few():
+    """α = 0.1 at c = 0.6: held at K = 0; probes (4 steps each) run on the first two requests
+    (no evidence of its own yet) and then on one request in 16: under 0.5 % of its steps."""
+    clock = FakeClock()
+    ctl = KController(cost_model_factory=lambda p: leviathan(0.6), clock=clock)
+    bad = _beatty(0.1)
+    steps = probe_steps = 0
+    for _ in range(320):
+        d = ctl.decide("T", "draft", POLICY)
+        st = _request(ctl, d, bad, steps=64)
+        steps += 64
+        probe_steps += sum(v for k, v in st.k_counts.items() if k > 0)
+        clock.t += 0.5
+    assert ctl.current_k("T", "draft") == 0
+    # the first two requests are probes (no evidence of its own yet), then one in 16
+    assert probe_steps == 4 * (2 + 318 // 16) and probe_steps / steps < 0.005
+
+
+def test_drafting_requests_while_held_at_k0_without_a_probe_are_plain_evidence():
+    """Under K under load the draft replica chooses each step's K, so a request of a tenant
+    the per-request controller holds at K = 0 may still draft: its counts add to the history
+    as they are; only the result of a probe this controller decided discounts and caps it."""
+    ctl = KController(cost_model_factory=lambda p: leviathan(0.6), clock=FakeClock(), position_min_reached=None,
+                      estimator=AcceptanceEstimator(half_life_steps=None, prior_half_life_steps=None))
+    hist = _beatty(0.4)
+    for _ in range(20):
+        st = SpeculationStats()
+        for _ in range(10):
+            st.record_step(2, hist(2), 0.0, 0.0)
+        ctl.record("T", "draft", st)
+    d = ctl.decide("T", "draft", POLICY)
+    assert d.k == 0 and not d.probe and ctl.current_k("T", "draft") == 0
+    before = ctl.estimator.snapshot(("T", "draft"))
+    st = SpeculationStats()
+    for _ in range(3):
+        st.record_step(2, 2, 0.0, 0.0)
+    ctl.record("T", "draft", st)  # drafted at the draft replica's K, no probe decided
+    after = ctl.estimator.snapshot(("T", "draft"))
+    assert after.accepted == before.accepted + 6 and after.rejected_steps == before.rejected_steps
+    # a probe decided: its result is discounted (0.25) and capped at 8 trials first
+    ctl2 = KController(cost_model_factory=lambda p: leviathan(0.6), clock=FakeClock(), probe_k=2,
+                       position_min_reached=None,
+                       estimator=AcceptanceEstimator(half_life_steps=None, prior_half_life_steps=None))
+    ctl2.estimator = ctl.estimator
+    ctl2._state = ctl._state
+    ctl2._state[("T", "draft")].zero_requests = 15
+    probe = ctl2.decide("T", "draft", POLICY)
+    assert probe.probe and probe.k == 2
+    ctl2.record("T", "draft", st)
+    capped = ctl2.estimator.snapshot(("T", "draft"))
+    old = after.accepted + after.rejected_steps + after.prior_accepted + after.prior_rejected
+    assert capped.accepted == pytest.approx(after.accepted * 8 / old + 6)
+    assert capped.rejected_steps == pytest.approx(after.rejected_steps * 8 / old)

@@ -405,6 +405,27 @@ class AcceptanceEstimator:
         if c is not None:
             c.decay(factor)
 
+    def cap_evidence(self, key: Key, trials: float) -> None:
+        """Scale ``key``'s counts (prior included) so that they hold at most ``trials``
+        trials (accepted + rejections); α̂ itself is unchanged.
+
+        Used before a probe's counts are recorded (:mod:`specdec.control.batch_k`,
+        :class:`specdec.control.controller.KController`): the old counts predate the time at
+        K = 0, so whatever their size they then weigh as ``trials`` trials against the probe's,
+        and a probe of a few steps moves α̂ most of the way to what it measured.
+
+        Raises:
+            ValueError: ``trials < 0``.
+        """
+        if not trials >= 0:
+            raise ValueError(f"trials must be >= 0, got {trials}")
+        c = self._keys.get(key)
+        if c is None:
+            return
+        total = c.accepted + c.rejected_steps + c.prior_accepted + c.prior_rejected
+        if total > trials:
+            c.decay(trials / total)
+
     def export_counts(self) -> dict:
         """The learned counts as plain data (JSON-safe): ``{"keys": [[tenant, proposer,
         counts], ...], "global": {proposer: counts}}``. Settings (half-lives, prior) are not

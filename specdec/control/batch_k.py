@@ -187,12 +187,43 @@ def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: 
     )
 
 
+@dataclass
+class _ProbeState:
+    """Per tenant: its steps held at K = 0 since the last probe, the probe in progress."""
+
+    held: int = 0  # steps at K = 0 since the last probe (or since it was held)
+    interval: int = 0  # held steps before the next probe (grows while probes find nothing)
+    left: int = 0  # steps left in the probe in progress
+    k: int = 0  # the probe's K
+
+
 class BatchKController:
     """Chooses K per tenant for a :class:`specdec.engine.batch.BatchScheduler` from what its ticks measure.
 
     The scheduler reports every tick (:meth:`observe_tick`) and every verified row
     (:meth:`observe_row`); before planning a tick it asks :meth:`decide` with the running
-    sessions per tenant. Requests submitted as adaptive use ``min(request K, tenant K)``.
+    sessions per tenant. A step of an adaptive request takes its K from :meth:`step_k`:
+    ``min(request K, tenant K)``, or a probe's K.
+
+    **Probes of a tenant held at K = 0.** A K = 0 step drafts nothing, so it teaches nothing
+    about acceptance: without probes a tenant held at K = 0 stays there after its traffic became
+    predictable. After ``probe_every`` steps of the tenant at K = 0 (over all its sessions),
+    its next ``probe_steps`` steps are a probe, at the K the batch optimum
+    (:func:`choose_batch_ks`, same load, same costs) would give the tenant if its acceptance were
+    ``probe_alpha`` (the K a tenant whose traffic turned predictable would get; no probe when
+    even that is K = 0: speculation cannot pay under this load at any plausible acceptance).
+    When the probe starts, the tenant's old counts are scaled down to ``probe_memory`` trials
+    (:meth:`AcceptanceEstimator.cap_evidence`): they predate the time at K = 0 (the step-based
+    decay stood still meanwhile), so the probe's few steps move α̂ most of the way to what they
+    measure, and the next decision (made as each probe step is recorded) returns the tenant to
+    K > 0 if speculation pays at the measured acceptance. A probe that leaves the tenant at
+    K = 0 doubles the interval before the next one, up to ``probe_every · probe_backoff``
+    steps, so that a tenant whose drafts do not agree pays at most ``probe_steps /
+    (probe_every · probe_backoff + probe_steps)`` of its steps for probes in the long run
+    (4 / 132 ≈ 3 % with the defaults); the interval is back to ``probe_every`` once the
+    tenant runs at K > 0 again. (The same idea as the per-request
+    :class:`specdec.control.controller.KController`'s step-limited probes, counted in steps
+    because here K is chosen per step.)
 
     Args:
         budget: the scheduler's positions budget.
@@ -200,11 +231,34 @@ class BatchKController:
         k_ranges: tenant -> (k_min, k_max) (default 0..8).
         estimator: acceptance estimator (keys ``(tenant, proposer)``).
         cost: batch cost model.
+        probe_every: steps held at K = 0 before a probe (0: never probe).
+        probe_steps: consecutive steps of one probe (≥ 1).
+        probe_alpha: the acceptance the probe's K is chosen for, in (0, 1].
+        probe_memory: trials the tenant's old counts weigh when a probe starts (≥ 0).
+        probe_backoff: the interval between probes that find nothing grows up to
+            ``probe_every · probe_backoff`` (≥ 1; 1: fixed interval).
+
+    Raises:
+        ValueError: a probe setting out of its range.
     """
 
     def __init__(self, budget: int, *, weights: dict[str, float] | None = None,
                  k_ranges: dict[str, tuple[int, int]] | None = None,
-                 estimator: AcceptanceEstimator | None = None, cost: BatchCostModel | None = None):
+                 estimator: AcceptanceEstimator | None = None, cost: BatchCostModel | None = None,
+                 probe_every: int = 32, probe_steps: int = 4, probe_alpha: float = 0.9,
+                 probe_memory: float = 8.0, probe_backoff: int = 4):
+        if probe_every < 0 or probe_steps < 1 or not 0 < probe_alpha <= 1 or probe_memory < 0 or probe_backoff < 1:
+            raise ValueError("need probe_every >= 0, probe_steps >= 1, 0 < probe_alpha <= 1, probe_memory >= 0, "
+                             f"probe_backoff >= 1; got {probe_every}, {probe_steps}, {probe_alpha}, "
+                             f"{probe_memory}, {probe_backoff}")
+        self.probe_every, self.probe_steps, self.probe_alpha = int(probe_every), int(probe_steps), float(probe_alpha)
+        self.probe_memory, self.probe_backoff = float(probe_memory), int(probe_backoff)
+        #: probes started (all tenants) and steps run as probes
+        self.probes = 0
+        self.probe_step_count = 0
+        self._probe: dict[str, _ProbeState] = {}
+        self._loads: dict[str, TenantLoad] = {}  # the loads of the last decision
+        self._proposer: dict[str, str] = {}  # tenant -> its adaptive proposer at the last decision
         self.budget = budget
         self.weights = dict(weights or {})
         self.k_ranges = dict(k_ranges or {})
@@ -252,6 +306,8 @@ class BatchKController:
                 alpha=self.estimator.alpha((tenant, proposer)),
                 weight=self.weights.get(tenant, 1.0), k_min=lo, k_max=hi, drafted=proposer == "draft",
             )
+            self._proposer[tenant] = proposer
+        self._loads = loads
         self.last = choose_batch_ks(loads, self.cost, self.budget)
         self.k_by_tenant.update({t: k for t, k in self.last.ks.items() if "\x00" not in t})
         return self.last
@@ -259,6 +315,55 @@ class BatchKController:
     def k_for(self, tenant: str) -> int | None:
         """The K chosen for ``tenant`` at the last decision (None before any)."""
         return None if self.last is None else self.last.ks.get(tenant)
+
+    def probe_k(self, tenant: str, cap: int) -> int:
+        """The K a probe of ``tenant`` runs at: its K in the batch optimum of the last
+        decision's load if its acceptance were ``probe_alpha``, at most ``cap`` (0: a probe
+        would not pay even then, or the tenant was not in the last decision)."""
+        load = self._loads.get(tenant)
+        if load is None or cap < 1:
+            return 0
+        what_if = dict(self._loads)
+        what_if[tenant] = TenantLoad(load.sessions, self.probe_alpha, load.weight, min(load.k_min, cap),
+                                     min(load.k_max, cap), load.drafted, load.fixed_k)
+        return choose_batch_ks(what_if, self.cost, self.budget).ks.get(tenant, 0)
+
+    def step_k(self, tenant: str, cap: int, k_min: int = 0) -> int:
+        """The K of ``tenant``'s next step: its K under the last decision within
+        [min(k_min, cap), cap] (``cap`` before any decision), or a probe's K while the tenant
+        is held at K = 0 (class docstring). Call once per step; not thread-safe."""
+        chosen = self.k_for(tenant)
+        if chosen is None:
+            return cap
+        k = max(min(k_min, cap), min(cap, chosen))
+        ps = self._probe.setdefault(tenant, _ProbeState(interval=self.probe_every))
+        if k > 0:  # speculating: the next time it is held, probes start from the short interval
+            ps.held, ps.left, ps.interval = 0, 0, self.probe_every
+            return k
+        if ps.left > 0:
+            ps.left -= 1
+            self.probe_step_count += 1
+            return min(cap, ps.k)
+        if not self.probe_every or ps.held < ps.interval:
+            ps.held += 1
+            return 0
+        ps.held = 0
+        kp = self.probe_k(tenant, cap)
+        if kp <= 0:
+            return 0
+        ps.k, ps.left = kp, self.probe_steps - 1
+        ps.interval = min(ps.interval * 2, self.probe_every * self.probe_backoff)
+        proposer = self._proposer.get(tenant)
+        if proposer is not None:
+            self.estimator.cap_evidence((tenant, proposer), self.probe_memory)
+        self.probes += 1
+        self.probe_step_count += 1
+        return kp
+
+    def probing(self, tenant: str) -> bool:
+        """Whether a probe of ``tenant`` is in progress (steps of it are left)."""
+        ps = self._probe.get(tenant)
+        return ps is not None and ps.left > 0
 
     def stats(self) -> dict:
         """Plain data for tenant stats / metrics: K per tenant, batch shape seen, cost terms, α̂."""
@@ -301,13 +406,12 @@ class BatchKSessions:
     positions of the forwards its recent steps ran in (:meth:`tenant_stats`).
 
     Args:
-        controller: the batch controller (its ``budget`` is the target's positions budget).
+        controller: the batch controller (its ``budget`` is the target's positions budget;
+            its probe settings say how a tenant held at K = 0 is re-probed).
         recent: steps per tenant the rows/positions means are over.
-        probe_every, probe_k: a tenant held at K = 0 runs every ``probe_every``-th of its
-            steps at K = ``probe_k`` (0: never).
     """
 
-    def __init__(self, controller: BatchKController, recent: int = 200, probe_every: int = 32, probe_k: int = 2):
+    def __init__(self, controller: BatchKController, recent: int = 200):
         import collections
         import threading
 
@@ -323,10 +427,11 @@ class BatchKSessions:
         self.k_steps: dict[str, collections.deque] = collections.defaultdict(
             lambda: collections.deque(maxlen=recent))
         self.decisions = 0
-        self.probe_every, self.probe_k = int(probe_every), int(probe_k)
-        #: steps run as probes of a tenant held at K = 0
-        self.probes = 0
-        self._held_steps: dict[str, int] = {}  # tenant -> its steps held at K = 0
+
+    @property
+    def probes(self) -> int:
+        """Probes started of tenants held at K = 0 (:meth:`BatchKController.step_k`)."""
+        return self.controller.probes
 
     def join(self, key: Any, tenant: str, proposer: str, *, adaptive: bool = True, weight: float = 1.0,
              k_range: tuple[int, int] = (0, 8)) -> None:
@@ -383,24 +488,20 @@ class BatchKSessions:
     def schedule(self, tenant: str, cap: int, k_min: int = 0, probe_steps: int = 0):
         """A ``k`` callable for :meth:`specdec.engine.engine.SpeculativeEngine.start`: ``cap`` for
         the first ``probe_steps`` steps (a probe of the per-request controller), then
-        :meth:`k_for` each step. While the tenant is held at K = 0, every ``probe_every``-th
-        step of the tenant (over all its generations here) runs at ``min(cap, probe_k)``
-        instead, so that its acceptance estimate keeps learning (a K = 0 step teaches nothing)
-        and the tenant can come back when the load or its acceptance changes."""
+        :meth:`BatchKController.step_k` each step: the tenant's K under the current load within
+        [k_min, cap], or, while the tenant is held at K = 0, now and then a probe of a few
+        consecutive steps (counted over all the tenant's generations here) so that its
+        acceptance estimate keeps learning and the tenant comes back when speculation pays."""
         calls = [0]
 
         def k() -> int:
             calls[0] += 1
             if calls[0] <= probe_steps:
                 return cap
-            chosen = self.k_for(tenant, cap, k_min)
-            if chosen == 0 and self.probe_every:
-                with self._lock:
-                    n = self._held_steps[tenant] = self._held_steps.get(tenant, 0) + 1
-                if n % self.probe_every == 0:
-                    self.probes += 1
-                    return min(cap, self.probe_k)
-            return chosen
+            with self._lock:
+                if self._dirty:
+                    self._decide_locked()
+                return self.controller.step_k(tenant, cap, k_min)
 
         return k
 
@@ -427,6 +528,8 @@ class BatchKSessions:
                 self.k_steps[j.tenant].append(int(k))
                 if k > 0 and j.proposer != "none":
                     self.controller.observe_row(j.tenant, j.proposer, int(k), int(accepted))
+                    if j.adaptive and self.controller.k_for(j.tenant) == 0:
+                        self._dirty = True  # a probe's step: decide again with what it measured
                 if batch is not None:
                     self._shapes[j.tenant].append((int(batch.rows), int(batch.positions)))
             new_forward = False

@@ -9,7 +9,9 @@ measured costs, with per-position acceptance where there is enough data.
 - Hysteresis: K moves from the current value only when the best K's predicted speedup beats
   the current K's by more than ``switch_margin`` (relative, default 3 %), or when the same
   different K has been best for ``switch_after`` consecutive decisions (default 10): noise near
-  a boundary does not flap K, a persistent small gain is still taken.
+  a boundary does not flap K, a persistent small gain is still taken. From K = 0 any gain
+  switches at once: held at K = 0 the key gathers no evidence, so the next decisions would see
+  the same α̂ and waiting would only delay the return a probe has earned.
 - Re-probing: at K = 0 there is no acceptance signal, so a tenant held at K = 0 would never
   come back. Every ``probe_every_requests``-th request (default 16) at K = 0, or the first one
   after ``probe_interval_s`` (default 60 s) without a probe once at least
@@ -25,9 +27,14 @@ measured costs, with per-position acceptance where there is enough data.
   (:meth:`KDecision.k_schedule` is the per-step K for the engine). Its counts refresh α̂; the
   probe does not move the current K, the next decision does if the refreshed α̂ says so.
   Before a probe's counts are recorded, the key's older counts are discounted by
-  ``probe_discount`` (default 0.25): they predate the time at K = 0, during which the
-  step-based decay stood still, so without the discount a tenant whose traffic turned
-  predictable would need many probes to outweigh its stale history.
+  ``probe_discount`` (default 0.25) and then capped at ``probe_memory_trials`` trials (default
+  8; :meth:`AcceptanceEstimator.cap_evidence`): they predate the time at K = 0, during which the
+  step-based decay stood still, so without that a tenant whose traffic turned predictable would
+  need many probes to outweigh its stale history; with it, one probe of 4 steps at K ≥ 2 weighs
+  as much as the whole history or more, and the next decision follows what the probe measured.
+  A probe's result is the next request recorded with drafts after a probe decision (one per
+  probe decided): requests that drafted while the key is held at K = 0 for another reason (the
+  draft replica's K under load chose K > 0 for their steps) are ordinary evidence, not probes.
 - Policies: proposer ``"none"`` or a K range [0, 0] (the policy's or the request's own) is plain
   decoding for that request, and leaves the (tenant, proposer) state as it was; ``adaptive = False``
   uses ``fixed_k`` (or the range's top); otherwise the adaptive choice in [k_min, k_max]
@@ -84,7 +91,7 @@ class KDecision:
         tenant, proposer: whom it is for.
         k: the K to run with.
         reason: one of ``"speculation off"``, ``"fixed"``, ``"initial"``, ``"hold"``,
-            ``"switch: gain"``, ``"switch: consistent"``, ``"clipped to range"``, ``"probe"``.
+            ``"switch: gain"``, ``"switch: consistent"``, ``"switch: from K = 0"``, ``"clipped to range"``, ``"probe"``.
         alpha: the acceptance estimate used (α̂, prior included).
         alpha_evidence: decayed observed trials behind α̂ (0: prior only).
         position_alphas: measured per-position acceptance used (may be empty).
@@ -154,6 +161,7 @@ class _KState:
     zero_requests: int = 0
     zero_since: float = 0.0
     last_probe_at: float | None = None
+    probes_pending: int = 0  # probes decided whose results were not recorded yet
     decisions: int = 0
     probes: int = 0
     switches: int = 0
@@ -199,6 +207,8 @@ class KController:
         position_min_reached: decayed trials a draft position needs before its measured
             acceptance replaces α̂ (None: always i.i.d.).
         probe_discount: weight kept by a key's older counts when a probe's counts arrive.
+        probe_memory_trials: after that, the older counts are capped at this many trials
+            (accepted + rejections, prior included); None: no cap.
     """
 
     def __init__(
@@ -218,6 +228,7 @@ class KController:
         probe_min_steps: int = 8,
         position_min_reached: float | None = 50.0,
         probe_discount: float = 0.25,
+        probe_memory_trials: float | None = 8.0,
         length_half_life_steps: float = 200.0,
         length_min_steps: float = 8.0,
     ):
@@ -241,6 +252,9 @@ class KController:
         if not 0.0 <= probe_discount <= 1.0:
             raise ValueError(f"probe_discount must be in [0, 1], got {probe_discount}")
         self.probe_discount = probe_discount
+        if probe_memory_trials is not None and not probe_memory_trials >= 0:
+            raise ValueError(f"probe_memory_trials must be >= 0 or None, got {probe_memory_trials}")
+        self.probe_memory_trials = probe_memory_trials
         if length_half_life_steps <= 0 or length_min_steps < 0:
             raise ValueError("need length_half_life_steps > 0 and length_min_steps >= 0")
         self.length_half_life_steps = length_half_life_steps
@@ -402,6 +416,7 @@ class KController:
                     st.zero_requests = 0
                     st.last_probe_at = now
                     st.probes += 1
+                    st.probes_pending += 1
         chosen = by_k.get(k) or evaluate_k(alpha, cm, k, k, pos)[0]
         probe_steps = None if variable else self.probe_steps
         terms = cm.step_terms(k)
@@ -451,6 +466,10 @@ class KController:
         if gain > self.switch_margin:
             self._set_k(st, best.k, now)
             return best.k, "switch: gain"
+        if cur == 0 and gain > 0:
+            # at K = 0 no evidence arrives, so waiting for consistent decisions only delays
+            self._set_k(st, best.k, now)
+            return best.k, "switch: from K = 0"
         if st.pending_k == best.k:
             st.pending_count += 1
         else:
@@ -466,6 +485,7 @@ class KController:
         if k == 0 and st.current_k != 0:
             st.zero_requests = 0
             st.zero_since = now
+            st.probes_pending = 0
         st.current_k = k
         st.pending_k, st.pending_count = None, 0
 
@@ -482,8 +502,9 @@ class KController:
                 both models) left out. Preferred: ``stats`` alone cannot separate the prefill
                 from the steps, nor the verify times of different K within a request.
 
-        A request that drafted while the key is held at K = 0 is a probe's result: the older
-        counts are first discounted by ``probe_discount``.
+        A request that drafted while the key is held at K = 0, after a probe was decided whose
+        result is not recorded yet, is that probe's result: the older counts are first
+        discounted by ``probe_discount`` and capped at ``probe_memory_trials`` trials.
         Acceptance: all counters go to the estimator (K = 0 steps carry no signal). Costs, with
         ``costs``: one observation of the mean verify seconds per number of positions seen,
         and draft seconds per drafted token. Without: draft seconds per drafted token of the
@@ -494,11 +515,15 @@ class KController:
         d = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
         key = (tenant, proposer)
         st = self._state.get(key)
-        if st is not None and st.current_k == 0 and int(d.get("proposed", 0)) > 0:
+        if st is not None and st.current_k == 0 and st.probes_pending > 0 and int(d.get("proposed", 0)) > 0:
             # A probe's result (K > 0 steps while held at K = 0): older counts are stale.
+            st.probes_pending -= 1
             discount = getattr(self.estimator, "discount", None)
             if discount is not None:
                 discount(key, self.probe_discount)
+            cap = getattr(self.estimator, "cap_evidence", None)
+            if cap is not None and self.probe_memory_trials is not None:
+                cap(key, self.probe_memory_trials)
         self.estimator.record_stats(key, d)
         if proposer in VARIABLE_LENGTH_PROPOSERS:
             self._record_lengths(key, d.get("k_counts") or {})

@@ -210,7 +210,8 @@ class BatchScheduler:
             tenant: tenant name (fair order, statistics).
             k: override of the largest K (an int or a callable asked before each step).
             adaptive: take K from the scheduler's controller (the tenant's K under the current
-                load, at most the request's K).
+                load, at most the request's K; a probe's K now and then while the tenant is
+                held at K = 0: :meth:`specdec.control.batch_k.BatchKController.step_k`).
 
         Raises:
             InvalidRequestError, PromptTooLongError: as :meth:`specdec.engine.engine.SpeculativeEngine.start`.
@@ -222,9 +223,8 @@ class BatchScheduler:
             cap = request.speculation.k
             ctl = self.controller
 
-            def k(tenant=tenant, cap=cap):
-                chosen = ctl.k_for(tenant)
-                return cap if chosen is None else min(cap, chosen)
+            def k(tenant=tenant, cap=cap):  # K under load, or a probe's K while held at K = 0
+                return ctl.step_k(tenant, cap)
 
         gen = self.engine.start(request, k=k)
         return self.add(gen, tenant=tenant, proposer=request.speculation.proposer)
