@@ -11,6 +11,8 @@ No Kubernetes API server is needed (none is reachable from CI):
 3. :func:`specdec_checks.check_specdec` checks the deployment against its AppConfig: Serve
    config, placement and resources, ports, readiness, the tenants Secret, the model cache,
    selectors, image (``k8s/specdec_checks.py``).
+4. :func:`specdec_checks.check_dashboard`: the Grafana dashboard reads only metric names the code
+   exports (``deployments/metrics.py``), each documented in ``k8s/README.md``.
 
 Every check returns a list of error strings (empty: valid), so a test can break a rendered object
 and assert that the validator notices.
@@ -34,7 +36,7 @@ if str(K8S_DIR) not in sys.path:
 
 import render_serve_config as rsc  # noqa: E402  (adds the repository root to sys.path)
 from schema_check import validate_schemas  # noqa: E402
-from specdec_checks import check_specdec  # noqa: E402
+from specdec_checks import check_dashboard, check_specdec  # noqa: E402
 
 
 class KubectlMissing(RuntimeError):
@@ -95,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     if stale:
         print(f"stale serve-config.yaml in {stale}: run python k8s/render_serve_config.py", file=sys.stderr)
         bad += 1
+    dash = check_dashboard()
+    print(f"grafana dashboard: {'OK' if not dash else f'{len(dash)} error(s)'}")
+    for e in dash:
+        print(f"  - {e}")
+    bad += bool(dash)
     for name in names:
         errors = validate_overlay(name)
         print(f"{name}: {'OK' if not errors else f'{len(errors)} error(s)'}")

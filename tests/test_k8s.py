@@ -356,35 +356,43 @@ def test_parse_quantity():
 
 # --- Grafana dashboard ------------------------------------------------------------------------------
 
-#: specdec metrics the dashboard reads (Ray exports them with the ray_ prefix; counters + _total).
-SPECDEC_METRICS = {
-    "ray_specdec_requests_total", "ray_specdec_generated_tokens_total",
-    "ray_specdec_proposed_tokens_total", "ray_specdec_accepted_tokens_total",
-    "ray_specdec_speculation_k", "ray_specdec_draft_seconds", "ray_specdec_verify_seconds",
-    "ray_specdec_ttft_seconds", "ray_specdec_exchange_bytes",
-    "ray_specdec_prompt_tokens_total", "ray_specdec_accepted_tokens_by_position_total",
-    "ray_specdec_proposed_tokens_by_position_total", "ray_specdec_acceptance_rate", "ray_specdec_chosen_k",
-    "ray_specdec_predicted_speedup", "ray_specdec_measured_speedup", "ray_specdec_inter_token_seconds",
-    "ray_specdec_queue_seconds",
-}
-
-
 def test_grafana_dashboard():
+    """Panels for every topic, including K under load; every ray_specdec_* name a panel reads is
+    a metric the code exports (deployments/metrics.py), documented in k8s/README.md."""
     dash = json.loads((K8S / "grafana" / "specdec-dashboard.json").read_text())
     titles = " | ".join(p["title"] for p in dash["panels"]).lower()
     for topic in ("acceptance", "k chosen", "tokens/s", "draft vs verify", "first token", "status",
-                  "predicted vs measured speedup", "draft position", "inter-token"):
+                  "predicted vs measured speedup", "draft position", "inter-token", "k under load",
+                  "batch seen per tenant"):
         assert topic in titles, topic
+    assert checks.check_dashboard(dash) == []
+    exported = checks.exported_metric_names()
     used = set()
     for p in dash["panels"]:
-        assert p["targets"], p["title"]
         for t in p["targets"]:
-            used |= set(re.findall(r"\bray_specdec_[a-z_]+", t["expr"]))
-    base = {re.sub(r"_(bucket|sum|count)$", "", m) for m in used}
-    assert base <= SPECDEC_METRICS, base - SPECDEC_METRICS
-    readme = (K8S / "README.md").read_text()
-    for m in SPECDEC_METRICS:
-        assert m in readme, f"{m} is not documented in k8s/README.md"
+            used |= {re.sub(r"_(bucket|sum|count)$", "", m) if m not in exported else m
+                     for m in re.findall(r"\bray_specdec_[a-z_]+", t["expr"])}
+    # the batch gauges and the target's batch histograms have panels
+    assert {"ray_specdec_batch_k", "ray_specdec_batch_rows_seen", "ray_specdec_batch_positions_seen",
+            "ray_specdec_batch_rows", "ray_specdec_batch_positions", "ray_specdec_chosen_k"} <= used
+    assert used <= set(exported)
+
+
+def test_grafana_dashboard_check_notices_unknown_misread_and_undocumented_metrics():
+    dash = json.loads((K8S / "grafana" / "specdec-dashboard.json").read_text())
+    broken = copy.deepcopy(dash)
+    panel = next(p for p in broken["panels"] if p["title"].startswith("K under load"))
+    panel["targets"][0]["expr"] = "max by (tenant) (ray_specdec_batch_kk)"
+    panel["targets"][1]["expr"] = "rate(ray_specdec_batch_k_sum[1m])"
+    errors = checks.check_dashboard(broken)
+    assert len(errors) == 2
+    assert "ray_specdec_batch_kk is not a metric the code exports" in errors[0]
+    assert "ray_specdec_batch_k_sum reads a gauge as a histogram" in errors[1]
+    readme = (K8S / "README.md").read_text().replace("`ray_specdec_batch_rows_seen`", "`rows_seen`")
+    assert checks.check_dashboard(dash, readme) == [
+        "ray_specdec_batch_rows_seen is used by the dashboard but not documented in k8s/README.md"]
+    panel["targets"] = []
+    assert "panel 'K under load per tenant and draft replica' has no query" in checks.check_dashboard(broken)
 
 
 def test_documented_cluster_overlay_replaces_tenants_and_image(tmp_path):
