@@ -112,6 +112,11 @@ class AppConfig(BaseModel):
         True, description="K under load: the draft replica chooses each adaptive request's K per step from the "
         "batch it runs in (specdec.control.batch_k); False: the router's per-request K holds for every step",
     )
+    batch_k_sync_s: float = Field(
+        5.0, ge=0, le=3600, description="K under load with several draft replicas: seconds between two "
+        "exchanges of a draft replica's acceptance counts with the shared controller actor, which pools "
+        "every replica's steps per tenant (costs and K stay per replica); 0: each replica learns alone",
+    )
     draft_prefill_chunk: int = Field(
         64, ge=1, le=65536, description="chunked draft prefill: uncached prompt positions the draft replica feeds "
         "per batched drafting round; a longer new prompt is prefilled in chunks while the other sessions keep drafting",

@@ -22,6 +22,18 @@ allow N times the limit). So that state lives in one place:
 Per request a router makes two calls: :meth:`SharedTenantState.admit` (rate limits + K decision,
 one round trip) and :meth:`SharedTenantState.complete` (release + feedback + usage).
 
+Acceptance shared by the draft replicas (K under load): each draft replica chooses every step's
+K from its own batch (:class:`specdec.control.batch_k.BatchKSessions`), and the costs behind
+that choice are its own (its hardware, its batch). Acceptance is not: it is the tenant's traffic
+against the draft/target pair, the same on every replica, and N replicas learning it alone
+would each see 1/N of the steps (and a tenant's probes on one replica would teach the others
+nothing). So every ``batch_k_sync_s`` seconds a draft replica sends the steps it recorded since
+its last report (:meth:`SharedTenantState.sync_batch_acceptance`) and takes back the pooled
+counts of all replicas, on top of which it replays its steps since the report. The pool is a
+separate :class:`specdec.control.acceptance.AcceptanceEstimator` from the per-request
+controller's: that one is fed whole requests when they end (router replicas), this one per-step
+counts (draft replicas); feeding one with both would count every step twice.
+
 Persistence: what the controller learned (acceptance estimates, cost models, K state) and the
 usage counters are saved at most every ``snapshot_every_s`` (default 30 s) to a store, and
 loaded when the state is created. A snapshot is versioned plain data (JSON, no pickled objects),
@@ -48,6 +60,8 @@ import uuid
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping
 
+from specdec.control.acceptance import AcceptanceEstimator
+from specdec.control.batch_k import merge_report
 from specdec.control.controller import KController
 from specdec.errors import ResourceExhaustedError
 from specdec.control.limits import RateLimiter
@@ -120,6 +134,10 @@ class SharedTenantState:
         if clock is not None:
             kw.setdefault("clock", clock)
         self.controller = KController(**kw)
+        #: acceptance counts of the draft replicas' steps, pooled (module docstring)
+        self.batch_acceptance = AcceptanceEstimator()
+        #: draft replica id -> clock of its last report
+        self.batch_replicas: dict[str, float] = {}
         self.limiter = RateLimiter(clock=self.clock)
         self.lease_ttl_s = lease_ttl_s
         #: lease id -> (RateLease, monotonic time after which it expires)
@@ -154,6 +172,10 @@ class SharedTenantState:
                 str(t): {f: int(u.get(f, 0)) for f in _USAGE_FIELDS} for t, u in dict(data["usage"]).items()
             }
             self.controller.import_learned(data["controller"])
+            if "batch_acceptance" in data:  # absent in snapshots written before it existed
+                pool = AcceptanceEstimator()
+                pool.import_counts(data["batch_acceptance"])
+                self.batch_acceptance = pool
         except Exception as e:
             log.warning("controller snapshot unreadable (%s: %s); starting fresh", type(e).__name__, e)
             return False
@@ -174,7 +196,8 @@ class SharedTenantState:
             return False
         try:
             blob = json.dumps({"format": SNAPSHOT_FORMAT, "controller": self.controller.export_learned(),
-                               "usage": self.usage}, separators=(",", ":")).encode()
+                               "usage": self.usage, "batch_acceptance": self.batch_acceptance.export_counts()},
+                              separators=(",", ":")).encode()
             self.store.save(blob)
         except Exception:
             log.warning("could not save the controller snapshot", exc_info=True)
@@ -271,6 +294,25 @@ class SharedTenantState:
 
     def current_k(self, tenant: str, proposer: str) -> int | None:
         return self.controller.current_k(tenant, proposer)
+
+    def sync_batch_acceptance(self, replica: str, report: Mapping) -> dict:
+        """Merge one draft replica's steps since its last report into the pool and return the
+        pool (module docstring).
+
+        Args:
+            replica: the draft replica's id (for :attr:`batch_replicas`).
+            report: :meth:`specdec.control.batch_k.BatchKSessions.take_sync_report`.
+
+        Returns:
+            the pool's counts, :meth:`AcceptanceEstimator.export_counts` (all tenants).
+
+        Raises:
+            ValueError: a malformed report (nothing merged).
+        """
+        merge_report(self.batch_acceptance, dict(report))
+        self.batch_replicas[str(replica)] = self.clock()
+        self.snapshot()
+        return self.batch_acceptance.export_counts()
 
     def tenant_stats(self, tenant: str) -> dict:
         """One tenant's view: per proposer its controller state (α̂, counts, K, last decision
@@ -411,6 +453,23 @@ class ControllerClient:
 
     async def current_k(self, tenant: str, proposer: str) -> int | None:
         return await self._call("current_k", tenant, proposer)
+
+    async def sync_batch_acceptance(self, replica: str, report: Mapping) -> dict:
+        """:meth:`SharedTenantState.sync_batch_acceptance`. No local fallback: a draft replica
+        whose report cannot be delivered keeps its own counts and sends the steps next time.
+
+        Raises:
+            ray.exceptions.RayActorError, ConnectionError: the actor is unavailable.
+            ValueError: a malformed report.
+        """
+        if self._local is not None:
+            return self._local.sync_batch_acceptance(replica, dict(report))
+        from ray.exceptions import RayTaskError
+
+        try:
+            return await self.actor.sync_batch_acceptance.remote(replica, dict(report))
+        except RayTaskError as e:
+            raise e.as_instanceof_cause() from None
 
     async def tenant_stats(self, tenant: str) -> dict:
         return await self._call("tenant_stats", tenant)

@@ -39,6 +39,7 @@ import asyncio
 import logging
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -254,6 +255,9 @@ class Draft:
         target: a Serve handle of the Target deployment.
         send_factory: ``(routing_key) -> Send``; tests inject one, default :func:`handle_send`.
         metrics: :class:`deployments.metrics.SpecDecMetrics` (default: Ray's metrics API).
+        controller: the shared-state client the acceptance counts of K under load are pooled in
+            (:meth:`deployments.controller_actor.ControllerClient.auto` by default; pooled only
+            when that is the shared actor, or when one is given).
 
     K under load (``cfg.served_batch_k``): :attr:`batch_k` (a
     :class:`specdec.control.batch_k.BatchKSessions`, next to the draft combiner) chooses the K of
@@ -262,10 +266,16 @@ class Draft:
     replica sees its sessions' tenants, measures its own batched draft forwards, and gets the
     batched verify's rows, positions and seconds back in each verification result, while an
     actor call per step would put a round trip into every step.
+
+    With several draft replicas each decides K for its own batch from its own measured costs,
+    but acceptance is the tenant's: every ``cfg.batch_k_sync_s`` seconds (checked after a step)
+    the replica sends the steps it recorded to the shared controller actor and takes back the
+    counts pooled over all replicas (:meth:`SyncBatchK`; the pooling is described in
+    :mod:`deployments.controller_actor`).
     """
 
     def __init__(self, cfg: AppConfig, target: Any = None, send_factory: Callable[[str], Send] | None = None,
-                 metrics: Any = None):
+                 metrics: Any = None, controller: Any = None):
         import torch
 
         from deployments.target_info import TargetInfo
@@ -309,6 +319,18 @@ class Draft:
         self.metrics = metrics if metrics is not None else SpecDecMetrics()
         #: K under load per tenant (None: the router's K holds for every step)
         self.batch_k = BatchKSessions(BatchKController(budget=cfg.max_batch_positions)) if cfg.served_batch_k else None
+        #: where the batch controller's acceptance counts are pooled with the other replicas'
+        self.shared = None
+        if self.batch_k is not None and cfg.batch_k_sync_s > 0:
+            if controller is None:
+                from deployments.controller_actor import ControllerClient
+
+                controller = ControllerClient.auto()
+                controller = controller if controller.is_shared else None  # alone: nothing to pool
+            self.shared = controller
+        self.replica_id = uuid.uuid4().hex
+        self._synced_at = time.monotonic()
+        self._sync_task: asyncio.Task | None = None
         #: batches the drafting of the generations stepped concurrently (continuous batching)
         self.combiner = DraftCombiner(batched=cfg.draft_batching, window_s=cfg.batch_window_s,
                                       max_prefill=cfg.draft_prefill_chunk, k_control=self.batch_k)
@@ -392,6 +414,7 @@ class Draft:
                 costs.after_step(skip=target.wire.rebuilds != rebuilds)  # a rebuild re-ran the prefill
                 rebuilds = target.wire.rebuilds
                 self._record_batch_k(job)
+                self._maybe_sync_batch_k()
                 if chunk is None:
                     if not gen.finished:
                         continue
@@ -443,6 +466,47 @@ class Draft:
             self.metrics.record_batch_k(tenant, proposer, self.batch_k.tenant_stats(tenant))
         except Exception:  # metrics never break serving
             log.exception("metrics")
+
+    def _maybe_sync_batch_k(self) -> None:
+        """Start a :meth:`SyncBatchK` in the background when ``batch_k_sync_s`` passed since the
+        last one and none is running."""
+        if self.shared is None or (self._sync_task is not None and not self._sync_task.done()):
+            return
+        now = time.monotonic()
+        if now - self._synced_at < self.cfg.batch_k_sync_s:
+            return
+        self._synced_at = now
+        self._sync_task = asyncio.get_running_loop().create_task(self._sync_quietly())
+
+    async def _sync_quietly(self) -> None:
+        try:
+            await self.SyncBatchK()
+        except Exception:  # an exchange never breaks serving
+            log.exception("acceptance exchange failed")
+
+    async def SyncBatchK(self) -> dict:
+        """Pool this replica's acceptance counts with the other draft replicas' now: send the
+        steps recorded since the last exchange to the shared controller actor, take back the
+        pooled counts and replay onto them the steps recorded meanwhile
+        (:meth:`specdec.control.batch_k.BatchKSessions.merge_pooled`).
+
+        Returns:
+            ``{"sent": steps sent, "taken": [[tenant, proposer], ...] keys taken from the pool}``;
+            ``{"sent": 0, "taken": [], "error": message}`` when the actor could not be reached
+            (the steps go with the next exchange; the replica keeps its own counts meanwhile).
+        """
+        if self.shared is None:
+            return {"sent": 0, "taken": []}
+        report = self.batch_k.take_sync_report()
+        sent = sum(int(e[4]) for seg in report["segments"] for e in seg["steps"])
+        try:
+            pooled = await self.shared.sync_batch_acceptance(self.replica_id, report)
+            taken = self.batch_k.merge_pooled(pooled, report)
+        except Exception as e:  # the actor away or restarting: learn alone meanwhile
+            self.batch_k.restore_report(report)
+            log.warning("could not pool acceptance counts with the controller actor (%s: %s)", type(e).__name__, e)
+            return {"sent": 0, "taken": [], "error": f"{type(e).__name__}: {e}"}
+        return {"sent": sent, "taken": [list(k) for k in taken]}
 
     async def BatchKStats(self, tenant: str) -> dict:
         """K under load for ``tenant`` on this replica: ``{"k_under_load", "rows_per_step",

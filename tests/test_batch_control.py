@@ -261,3 +261,93 @@ def test_no_probe_when_speculation_cannot_pay_even_at_high_acceptance():
     assert not any(p for _, _, p in log)
     with pytest.raises(ValueError, match="probe_steps >= 1"):
         BatchKController(128, probe_steps=0)
+
+
+def test_draft_replicas_pool_acceptance_and_keep_their_own_k():
+    """Two draft replicas' batch controllers exchange acceptance counts through a pool
+    (merge_report / merge_pooled, what the controller actor does every batch_k_sync_s): after an
+    exchange both hold the pool's counts exactly, steps recorded during an exchange are replayed
+    and sent next time, a probe's evidence cap reaches the pool; costs and K stay per replica
+    (same α̂, different batches, different K)."""
+    from specdec.control.acceptance import AcceptanceEstimator
+    from specdec.control.batch_k import BatchKSessions, merge_report
+
+    cost = _cost(0.05)
+    a = BatchKSessions(BatchKController(budget=128, cost=cost))
+    b = BatchKSessions(BatchKController(budget=128, cost=_cost(0.05)))
+    pool = AcceptanceEstimator()
+    for i in range(4):
+        a.join(("code", i), "code", "draft")
+        a.join(("creative", i), "creative", "draft")
+    b.join("c0", "creative", "draft")
+    for step in range(40):
+        for i in range(4):
+            a.observe_step(("code", i), 4, 4)
+        b.observe_step("c0", 4, 1 if step % 2 else 0)
+
+    def exchange(rep, between=None):
+        report = rep.take_sync_report()
+        merge_report(pool, report)
+        if between:
+            between()
+        return rep.merge_pooled(pool.export_counts(), report)
+
+    assert exchange(a) == [("code", "draft")]  # A has seen no creative step yet
+    assert exchange(b) == [("code", "draft"), ("creative", "draft")]
+    assert exchange(a) == [("code", "draft"), ("creative", "draft")]
+    for key in (("code", "draft"), ("creative", "draft")):
+        assert (a.controller.estimator.snapshot(key) == b.controller.estimator.snapshot(key)
+                == pool.snapshot(key))
+    assert pool.raw_steps(("code", "draft")) == 160 and pool.raw_steps(("creative", "draft")) == 40
+    # same acceptance, different batches: A runs 4 code + 4 creative sessions, B one creative
+    assert a.k_for("creative", 8) == 0 and b.k_for("creative", 8) > 0
+    # costs stay per replica
+    b.controller.cost.observe_verify(1, 2, 9.0)
+    assert a.controller.cost.verify_s(1, 2) != b.controller.cost.verify_s(1, 2)
+
+    # steps recorded during an exchange are replayed on the pool's counts and sent next time
+    def more():
+        for _ in range(3):
+            a.observe_step(("code", 0), 2, 2)
+    exchange(a, more)
+    assert a.controller.estimator.raw_steps(("code", "draft")) == pool.raw_steps(("code", "draft")) + 3
+    assert a.take_sync_report()["segments"] == [{"steps": [["code", "draft", 2, 2, 3]], "cap": None}]
+
+    # a probe on B (creative held at K = 0 there after this load) caps the pool's evidence too
+    b.join("c1", "creative", "draft")
+    for i in range(2, 8):
+        b.join(f"x{i}", "code", "draft")
+    for _ in range(200):
+        b.observe_step("c0", 4, 0)
+    k = b.schedule("creative", 8)
+    ks = [k() for _ in range(40)]
+    assert ks[32] > 0 and b.probes == 1
+    report = b.take_sync_report()
+    assert report["segments"] == [{"steps": [["creative", "draft", 4, 0, 200]], "cap": ["creative", "draft", 8.0]},
+                                  {"steps": [], "cap": None}]
+    merge_report(pool, report)
+    snap = pool.snapshot(("creative", "draft"))
+    assert snap.accepted + snap.rejected_steps + snap.prior_accepted + snap.prior_rejected == pytest.approx(8.0)
+    assert pool.alpha(("creative", "draft")) == b.controller.estimator.alpha(("creative", "draft"))
+
+    # a pool that lost data (fewer steps than the replica had) is not taken for that key
+    fresh = AcceptanceEstimator()
+    report = a.take_sync_report()
+    merge_report(fresh, report)
+    before = a.controller.estimator.snapshot(("code", "draft"))
+    assert a.merge_pooled(fresh.export_counts(), report) == []
+    assert a.controller.estimator.snapshot(("code", "draft")) == before
+    # undelivered: the steps go with the next report, before those recorded since
+    a.observe_step(("code", 1), 3, 3)
+    lost = a.take_sync_report()
+    a.observe_step(("code", 1), 3, 2)
+    a.restore_report(lost)
+    assert a.take_sync_report()["segments"] == [
+        {"steps": [["code", "draft", 3, 2, 1], ["code", "draft", 3, 3, 1]], "cap": None}]
+    bad = pool.export_counts()
+    for steps in ([["t", "draft", 2, 3, 1]], [[1, "draft", 2, 1, 1]]):
+        with pytest.raises(ValueError, match="accepted <= K|strings"):
+            merge_report(pool, {"segments": [{"steps": [["t", "draft", 2, 1, 1]]}, {"steps": steps}]})
+    assert pool.export_counts() == bad  # checked before anything was added
+    with pytest.raises(ValueError, match="more than 10 steps"):
+        merge_report(pool, {"segments": [{"steps": [["t", "draft", 2, 1, 11]]}]}, max_steps=10)

@@ -455,3 +455,24 @@ class AcceptanceEstimator:
     def keys(self) -> list:
         """Keys with recorded data."""
         return list(self._keys)
+
+    def raw_steps(self, key: Key) -> int:
+        """K > 0 steps ever recorded for ``key`` (undecayed; 0 for unseen keys)."""
+        c = self._keys.get(key)
+        return 0 if c is None else c.raw_steps
+
+    def set_counts(self, key: Key, counts: Mapping[str, Any]) -> None:
+        """Replace ``key``'s counts with ``counts`` (one entry of :meth:`export_counts`' ``keys``).
+
+        Raises:
+            ValueError, TypeError: ``counts`` is not of that shape.
+        """
+        self._keys[key] = _Counts.from_dict(counts)
+
+    def set_global(self, proposer: str, counts: Mapping[str, Any]) -> None:
+        """Replace the global pool of ``proposer`` (the prior of new keys) with ``counts``.
+
+        Raises:
+            ValueError, TypeError: ``counts`` is not of that shape.
+        """
+        self._global[str(proposer)] = _Counts.from_dict(counts)

@@ -20,7 +20,9 @@ This extends :mod:`specdec.controller` (one request's step time) to the batch; t
 
 from __future__ import annotations
 
+import collections
 import itertools
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -259,6 +261,8 @@ class BatchKController:
         self._probe: dict[str, _ProbeState] = {}
         self._loads: dict[str, TenantLoad] = {}  # the loads of the last decision
         self._proposer: dict[str, str] = {}  # tenant -> its adaptive proposer at the last decision
+        #: (tenant, proposer, trials) of every evidence cap a probe applied (for a shared pool)
+        self.caps: list[tuple[str, str, float]] = []
         self.budget = budget
         self.weights = dict(weights or {})
         self.k_ranges = dict(k_ranges or {})
@@ -356,6 +360,8 @@ class BatchKController:
         proposer = self._proposer.get(tenant)
         if proposer is not None:
             self.estimator.cap_evidence((tenant, proposer), self.probe_memory)
+            self.caps.append((tenant, proposer, self.probe_memory))
+            del self.caps[:-1024]
         self.probes += 1
         self.probe_step_count += 1
         return kp
@@ -387,6 +393,55 @@ class _Joined:
     last_k: int | None = None  # the K of its last step (None: no step yet)
 
 
+def merge_report(pool: AcceptanceEstimator, report: dict, max_steps: int = 1_000_000) -> int:
+    """Add one replica's :meth:`BatchKSessions.take_sync_report` to a shared ``pool``, in the
+    replica's order: each segment's steps (each recorded as :meth:`AcceptanceEstimator.record`
+    records one step), then the segment's evidence cap. Everything is checked before anything is
+    added.
+
+    Returns:
+        the number of steps added.
+
+    Raises:
+        ValueError: a malformed entry (names not strings, K or accepted out of range, a count
+            below 1, more than ``max_steps`` steps in all, a negative cap).
+    """
+    plan = []
+    total = 0
+    for seg in report.get("segments", []):
+        steps = []
+        for entry in seg.get("steps", []):
+            t, p, k, a, n = entry
+            if not isinstance(t, str) or not isinstance(p, str):
+                raise ValueError(f"step entry {entry!r}: tenant and proposer must be strings")
+            k, a, n = int(k), int(a), int(n)
+            if not (1 <= k <= 1024 and 0 <= a <= k and n >= 1):
+                raise ValueError(f"step entry {entry!r}: need 1 <= K <= 1024, 0 <= accepted <= K, count >= 1")
+            steps.append(((t, p), k, a, n))
+            total += n
+        cap = seg.get("cap")
+        if cap is not None:
+            t, p, x = cap
+            if not isinstance(t, str) or not isinstance(p, str) or not float(x) >= 0:
+                raise ValueError(f"cap {cap!r}: need tenant, proposer, trials >= 0")
+            cap = ((t, p), float(x))
+        plan.append((steps, cap))
+    if total > max_steps:
+        raise ValueError(f"a report of more than {max_steps} steps")
+    for steps, cap in plan:
+        for key, k, a, n in steps:
+            for _ in range(n):
+                pool.record(key, k, a)
+        if cap is not None:
+            pool.cap_evidence(*cap)
+    return total
+
+
+def _segment_data(counts, cap) -> dict:
+    return {"steps": [[t, p, k, a, n] for (t, p, k, a), n in sorted(counts.items())],
+            "cap": None if cap is None else [cap[0], cap[1], float(cap[2])]}
+
+
 class BatchKSessions:
     """K under load for generations stepped concurrently by one serving replica (thread-safe).
 
@@ -412,9 +467,6 @@ class BatchKSessions:
     """
 
     def __init__(self, controller: BatchKController, recent: int = 200):
-        import collections
-        import threading
-
         self.controller = controller
         self._lock = threading.Lock()
         self._joined: dict[Any, _Joined] = {}
@@ -427,6 +479,11 @@ class BatchKSessions:
         self.k_steps: dict[str, collections.deque] = collections.defaultdict(
             lambda: collections.deque(maxlen=recent))
         self.decisions = 0
+        #: (tenant, proposer, K, accepted) -> steps recorded since the last sync report (or
+        #: since the last probe's evidence cap: earlier ones are in ``_segments``)
+        self._unsynced: collections.Counter = collections.Counter()
+        #: (steps, the cap that followed them) since the last sync report, oldest first
+        self._segments: list[tuple[collections.Counter, tuple[str, str, float]]] = []
 
     @property
     def probes(self) -> int:
@@ -501,7 +558,13 @@ class BatchKSessions:
             with self._lock:
                 if self._dirty:
                     self._decide_locked()
-                return self.controller.step_k(tenant, cap, k_min)
+                chosen = self.controller.step_k(tenant, cap, k_min)
+                if self.controller.caps:  # a probe capped the evidence: order matters to the pool
+                    for c in self.controller.caps:
+                        self._segments.append((self._unsynced, c))
+                        self._unsynced = collections.Counter()
+                    self.controller.caps.clear()
+                return chosen
 
         return k
 
@@ -528,6 +591,7 @@ class BatchKSessions:
                 self.k_steps[j.tenant].append(int(k))
                 if k > 0 and j.proposer != "none":
                     self.controller.observe_row(j.tenant, j.proposer, int(k), int(accepted))
+                    self._unsynced[(j.tenant, j.proposer, int(k), int(accepted))] += 1
                     if j.adaptive and self.controller.k_for(j.tenant) == 0:
                         self._dirty = True  # a probe's step: decide again with what it measured
                 if batch is not None:
@@ -545,6 +609,90 @@ class BatchKSessions:
                     batch.rows if new_forward else 0, max(batch.positions, batch.rows) if new_forward else 0,
                     batch.seconds if new_forward else 0.0, list(draft_forwards))
                 self._dirty = True
+
+    # --- acceptance shared by the replicas ------------------------------------------------------
+
+    def take_sync_report(self) -> dict:
+        """The speculation steps recorded here since the last report, for the pool of
+        acceptance counts all draft replicas share (:meth:`merge_pooled`), as plain data::
+
+            {"segments": [{"steps": [[tenant, proposer, K, accepted, count], ...],
+                           "cap": [tenant, proposer, trials] or None}, ...],
+             "raw_steps": [[tenant, proposer, K > 0 steps this replica's estimate holds], ...]}
+
+        A segment's ``cap`` is the evidence cap a probe started here applied after the
+        segment's steps (:meth:`AcceptanceEstimator.cap_evidence`), so that the pool caps the
+        same history the replica did. Acceptance is the tenant's (its traffic against the
+        draft/target pair), not the replica's, so every replica should estimate it from all
+        replicas' steps; the costs (batched forwards of this replica's hardware and batch) and
+        the K chosen from them stay per replica. The steps are taken out:
+        :meth:`restore_report` puts them back when the report could not be delivered.
+        """
+        with self._lock:
+            segs = [_segment_data(c, cap) for c, cap in self._segments] + [_segment_data(self._unsynced, None)]
+            self._segments, self._unsynced = [], collections.Counter()
+            est = self.controller.estimator
+            raw = [[t, p, est.raw_steps((t, p))] for t, p in est.keys()]
+        return {"segments": segs, "raw_steps": raw}
+
+    def restore_report(self, report: dict) -> None:
+        """A report of :meth:`take_sync_report` was not delivered: its steps (and caps) go with
+        the next, before those recorded since."""
+        with self._lock:
+            old = []
+            for seg in report["segments"]:
+                c = collections.Counter({(t, p, int(k), int(a)): int(n) for t, p, k, a, n in seg["steps"]})
+                old.append((c, None if seg.get("cap") is None else tuple(seg["cap"])))
+            last_counts, _ = old.pop()  # the open segment of the report: merge with the steps since
+            if self._segments:
+                first_counts, first_cap = self._segments[0]
+                self._segments[0] = (last_counts + first_counts, first_cap)
+            else:
+                self._unsynced = last_counts + self._unsynced
+            self._segments = old + self._segments
+
+    def merge_pooled(self, pooled: dict, report: dict) -> list[tuple[str, str]]:
+        """Adopt the shared pool's counts after it merged ``report`` (the pool's
+        :meth:`AcceptanceEstimator.export_counts`): each key's counts become the pool's, then the
+        steps (and probe caps) recorded here since ``report`` was taken are replayed onto them
+        (they go to the pool with the next report). A key for which the pool holds fewer steps
+        than this replica did when ``report`` was taken keeps its own counts (the pool lost
+        data, e.g. a controller actor restarted without its snapshot). The global pools (priors
+        of keys new to this replica) are taken as they are.
+
+        Returns:
+            the keys whose counts were taken from the pool.
+
+        Raises:
+            ValueError, TypeError, KeyError: ``pooled`` is not of that shape (nothing changed).
+        """
+        entries = [(str(t), str(p), c) for t, p, c in pooled["keys"]]
+        glob = dict(pooled.get("global") or {})
+        had = {(t, p): int(n) for t, p, n in report.get("raw_steps", [])}
+        taken = []
+        with self._lock:
+            est = self.controller.estimator
+            backup = est.export_counts()
+            try:
+                for proposer, counts in glob.items():
+                    est.set_global(proposer, counts)
+                for t, p, counts in entries:
+                    if int(counts.get("raw_steps", 0)) < had.get((t, p), 0):
+                        continue
+                    est.set_counts((t, p), counts)
+                    taken.append((t, p))
+            except Exception:
+                est.import_counts(backup)
+                raise
+            for counts, cap in self._segments + [(self._unsynced, None)]:
+                for (t, p, k, a), n in counts.items():
+                    if (t, p) in taken:
+                        for _ in range(n):
+                            est.record((t, p), k, a)
+                if cap is not None and (cap[0], cap[1]) in taken:
+                    est.cap_evidence((cap[0], cap[1]), cap[2])
+            self._dirty = True
+        return taken
 
     def tenant_stats(self, tenant: str) -> dict:
         """``{"k_under_load": K chosen at the last decision or None, "rows_per_step",

@@ -426,6 +426,74 @@ def test_served_k_under_load_on_the_draft_replica(target, tmp_path):
     assert sum(len(v) for v in live.k_steps.values()) == sum(g.stats.steps for g in got)
 
 
+def test_two_draft_replicas_pool_acceptance_through_the_shared_state(target, tmp_path):
+    """Two draft replicas (each its own batch controller) against one batching target, sharing
+    the controller state (a local SharedTenantState for the actor): replica A runs the code
+    tenant's jobs, B the creative tenant's, concurrently; each exchanges its steps after its
+    steps (batch_k_sync_s tiny). After a last exchange of each, both replicas hold the pooled
+    counts of both tenants exactly, the pool holds every speculation step of every job once,
+    and every output equals the request alone. K under load stays per replica."""
+    import asyncio
+    import shutil
+
+    from deployments.config import AppConfig
+    from deployments.controller_actor import ControllerClient
+    from deployments.draft import Draft
+    from deployments.metrics import SpecDecMetrics
+    from protos.specdec.v1 import specdec_pb2 as pb
+    from specdec.testing.tiny import build_tiny_model as build
+
+    t_folder = tmp_path / "t"
+    shutil.copytree(build(tmp_path / "t0", seed=0, max_positions=1024), t_folder)
+    d_folder = build(tmp_path / "d", seed=1, base=target.model, noise=0.03, max_positions=1024)
+    wire = BatchingWire(target, budget=64)
+    shared = ControllerClient.local()
+    cfg = AppConfig(target_model=str(t_folder), draft_model=str(d_folder), cpu_threads=1, batch_window_s=0.01,
+                    max_batch_positions=64, batch_k_sync_s=1e-9)
+    reps = [Draft(cfg, send_factory=lambda key: wire.send, metrics=SpecDecMetrics(backend=None), controller=shared)
+            for _ in range(2)]
+    rng = random.Random(12)
+
+    def job(i, tenant):
+        req = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[rng.randrange(3, 300) for _ in range(4 + i)]),
+                                 max_tokens=20, ignore_eos=True,
+                                 speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=5))
+        return xpb.DraftJob(session_id=f"p{i}", request=req, tenant=tenant, batch_adaptive=True)
+
+    jobs = [(reps[i % 2], job(i, ["code", "creative"][i % 2])) for i in range(6)]
+
+    async def run_one(rep, j):
+        chunks = [pb.GenerateStreamChunk.FromString(raw) async for raw in rep.Generate(j.SerializeToString())]
+        return convert.join_chunks(chunks)
+
+    async def main():
+        got = await asyncio.gather(*[run_one(r, j) for r, j in jobs])
+        for r in reps:  # the exchanges started after steps, then one more each, A last
+            if r._sync_task is not None:
+                await r._sync_task
+        last = [await reps[0].SyncBatchK(), await reps[1].SyncBatchK(), await reps[0].SyncBatchK()]
+        return got, last
+
+    got, last = asyncio.run(main())
+    engine = SpeculativeEngine(target, load_tiny(d_folder))
+    for (_, j), g in zip(jobs, got):
+        assert list(g.token_ids) == engine.generate(convert.request_from_proto(j.request)).token_ids
+    state = shared.state
+    assert set(state.batch_replicas) == {r.replica_id for r in reps}
+    assert all("error" not in x for x in last) and last[2]["sent"] == 0
+    for tenant in ("code", "creative"):
+        key = (tenant, "draft")
+        spec_steps = sum(sum(n for k, n in dict(g.stats.k_counts).items() if k > 0)
+                         for (_, j), g in zip(jobs, got) if j.tenant == tenant)
+        assert spec_steps > 0 and state.batch_acceptance.raw_steps(key) == spec_steps
+        pooled = state.batch_acceptance.snapshot(key)
+        for r in reps:
+            assert r.batch_k.controller.estimator.snapshot(key) == pooled
+    # K under load is each replica's own decision over its own sessions
+    assert set(reps[0].batch_k.controller.k_by_tenant) == {"code"}
+    assert set(reps[1].batch_k.controller.k_by_tenant) == {"creative"}
+
+
 def test_router_sends_adaptive_jobs_and_reports_k_under_load(target, tmp_path):
     """Through the router (gRPC methods, open mode): an adaptive greedy request becomes a
     batch-adaptive DraftJob with the request's K as ceiling; a seeded sampled one keeps a fixed K;

@@ -223,3 +223,24 @@ def test_restarted_controller_actor_resumes_from_its_snapshot():
         ray.kill(actor)
     finally:
         ray.shutdown()
+
+
+def test_draft_replicas_acceptance_pool_survives_a_restart_and_rejects_bad_reports():
+    """The pool of the draft replicas' acceptance counts (K under load) is in the snapshot; a
+    malformed report is refused whole with ValueError."""
+    store = DictStore()
+    first = SharedTenantState(store=store, clock=Clock())
+    report = {"segments": [{"steps": [["code", "draft", 4, 4, 30], ["code", "draft", 4, 1, 10]], "cap": None}]}
+    pooled = first.sync_batch_acceptance("replica-a", report)
+    assert first.batch_replicas == {"replica-a": 100.0}
+    (entry,) = pooled["keys"]
+    assert entry[:2] == ["code", "draft"] and entry[2]["raw_steps"] == 40
+    assert entry[2]["accepted"] == pytest.approx(first.batch_acceptance.snapshot(("code", "draft")).accepted)
+    first.snapshot(force=True)
+    second = SharedTenantState(store=store, clock=Clock())
+    assert second.was_restored()
+    assert second.batch_acceptance.export_counts() == first.batch_acceptance.export_counts()
+    with pytest.raises(ValueError, match="accepted <= K"):
+        second.sync_batch_acceptance("replica-b", {"segments": [{"steps": [["code", "draft", 2, 5, 1]]}]})
+    assert second.batch_acceptance.export_counts() == first.batch_acceptance.export_counts()
+    assert "replica-b" not in second.batch_replicas
