@@ -326,6 +326,10 @@ class SharedTenantState:
             "usage": dict(self.usage.get(tenant, {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0})),
         }
 
+    def batch_k_replicas(self) -> dict[str, float]:
+        """Draft replica id -> clock of its last acceptance report (:meth:`sync_batch_acceptance`)."""
+        return dict(self.batch_replicas)
+
     def active_leases(self) -> int:
         return len(self._leases)
 

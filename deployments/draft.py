@@ -269,7 +269,7 @@ class Draft:
 
     With several draft replicas each decides K for its own batch from its own measured costs,
     but acceptance is the tenant's: every ``cfg.batch_k_sync_s`` seconds (checked after a step)
-    the replica sends the steps it recorded to the shared controller actor and takes back the
+    and when a generation ends the replica sends the steps it recorded to the shared controller actor and takes back the
     counts pooled over all replicas (:meth:`SyncBatchK`; the pooling is described in
     :mod:`deployments.controller_actor`).
     """
@@ -331,6 +331,7 @@ class Draft:
         self.replica_id = uuid.uuid4().hex
         self._synced_at = time.monotonic()
         self._sync_task: asyncio.Task | None = None
+        self._sync_again = False
         #: batches the drafting of the generations stepped concurrently (continuous batching)
         self.combiner = DraftCombiner(batched=cfg.draft_batching, window_s=cfg.batch_window_s,
                                       max_prefill=cfg.draft_prefill_chunk, k_control=self.batch_k)
@@ -449,6 +450,7 @@ class Draft:
         finally:
             if self.batch_k is not None:
                 self.batch_k.leave(gen)
+                self._maybe_sync_batch_k(force=True)
             with self._lock:
                 self.sessions.pop(sid, None)
 
@@ -467,22 +469,31 @@ class Draft:
         except Exception:  # metrics never break serving
             log.exception("metrics")
 
-    def _maybe_sync_batch_k(self) -> None:
+    def _maybe_sync_batch_k(self, force: bool = False) -> None:
         """Start a :meth:`SyncBatchK` in the background when ``batch_k_sync_s`` passed since the
-        last one and none is running."""
-        if self.shared is None or (self._sync_task is not None and not self._sync_task.done()):
+        last one (after a step), or at once (``force``: a generation ended, so that its last
+        steps reach the pool); one runs at a time, a forced one during it runs right after."""
+        if self.shared is None:
+            return
+        if self._sync_task is not None and not self._sync_task.done():
+            self._sync_again = self._sync_again or force
             return
         now = time.monotonic()
-        if now - self._synced_at < self.cfg.batch_k_sync_s:
+        if not force and now - self._synced_at < self.cfg.batch_k_sync_s:
             return
         self._synced_at = now
         self._sync_task = asyncio.get_running_loop().create_task(self._sync_quietly())
 
     async def _sync_quietly(self) -> None:
-        try:
-            await self.SyncBatchK()
-        except Exception:  # an exchange never breaks serving
-            log.exception("acceptance exchange failed")
+        while True:
+            self._sync_again = False
+            try:
+                await self.SyncBatchK()
+            except Exception:  # an exchange never breaks serving
+                log.exception("acceptance exchange failed")
+            if not self._sync_again:
+                return
+            self._synced_at = time.monotonic()
 
     async def SyncBatchK(self) -> dict:
         """Pool this replica's acceptance counts with the other draft replicas' now: send the

@@ -73,10 +73,11 @@ def wait_running(serve, app: str, timeout_s: float = 120) -> None:
 
 
 @contextlib.contextmanager
-def serve_tiny_app(models: tuple[str, str], target_tp: int) -> Iterator[AppConfig]:
+def serve_tiny_app(models: tuple[str, str], target_tp: int, **overrides) -> Iterator[AppConfig]:
     """A local Ray (2 CPUs) and Serve on free HTTP and gRPC ports, with the specdec application
     of the tiny pair ``models`` (target folder, draft folder) deployed without waiting for it;
-    yields its :class:`AppConfig` (tenants of :func:`write_tenants`, ``target_tp`` TP workers).
+    yields its :class:`AppConfig` (tenants of :func:`write_tenants`, ``target_tp`` TP workers,
+    other fields from ``overrides``).
     Serve and Ray are shut down on exit."""
     import ray
     from ray import serve
@@ -88,7 +89,7 @@ def serve_tiny_app(models: tuple[str, str], target_tp: int) -> Iterator[AppConfi
     target, draft = models
     tenants = write_tenants(Path(target).parent / "tenants.yaml")
     cfg = AppConfig(target_model=target, draft_model=draft, target_tp=target_tp, grpc_port=free_port(),
-                    http_port=free_port(), cpu_threads=1, ready_timeout_s=1.0, tenants_file=tenants)
+                    http_port=free_port(), cpu_threads=1, ready_timeout_s=1.0, tenants_file=tenants, **overrides)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(
