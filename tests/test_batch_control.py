@@ -351,3 +351,24 @@ def test_draft_replicas_pool_acceptance_and_keep_their_own_k():
     assert pool.export_counts() == bad  # checked before anything was added
     with pytest.raises(ValueError, match="more than 10 steps"):
         merge_report(pool, {"segments": [{"steps": [["t", "draft", 2, 1, 11]]}]}, max_steps=10)
+
+
+def test_scheduler_measures_draft_forwards_without_prefill_or_catch_up(tiny_target, tiny_draft_close):
+    """In process, as served: the batched draft forwards that also fed a prompt's prefill or the
+    tokens decoded at K = 0 (more than 2 positions per row) are not measured as draft positions;
+    the others are, one observation each."""
+    engine = SpeculativeEngine(tiny_target, tiny_draft_close)
+    ctl = BatchKController(budget=64)
+    sched = BatchScheduler(engine, max_batch_positions=64, controller=ctl)
+    for i in range(2):
+        steps = iter([0, 0, 0, 0, 3, 3, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2])
+        req = GenerationRequest(prompt_token_ids=[5, 17, 42, 9, 100][: 3 + i], max_tokens=24, ignore_eos=True,
+                                speculation={"proposer": "draft", "k": 3})
+        sched.add(engine.start(req, k=lambda it=steps: next(it, 2)), tenant="t", proposer="draft")
+    sched.run_until_idle()
+    clean = [(rows, pos) for rows, pos in sched.draft_trace if pos <= 2 * rows]
+    dirty = [(rows, pos) for rows, pos in sched.draft_trace if pos > 2 * rows]
+    assert dirty and clean  # the catch-up after the K = 0 steps (and the prompts) were fed
+    measured = ctl.cost.draft.snapshot()["verify_observations"]
+    assert sum(measured.values()) == len(clean)
+    assert sorted(measured) == sorted({rows for rows, _ in clean})

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator, Sequence
 from specdec.engine.decoder import Generation
 from specdec.errors import GenerationCancelledError, InvalidRequestError
 from specdec.engine.fairness import fair_budget_plan
-from specdec.engine.proposers.draft_model import DraftModelSession
+from specdec.engine.proposers.draft_model import DECODE_TAIL, DraftModelSession
 from specdec.request import GenerationRequest
 from specdec.types import DraftBlock, FinishReason, GenerationChunk, GenerationResult
 
@@ -382,8 +382,15 @@ class BatchScheduler:
                 r.block = proposer.propose(k)
         for rows in groups.values():
             sessions = [r.generation.proposer for r, _ in rows]
-            blocks = sessions[0]._proposer.propose_batch(sessions, [k for _, k in rows], timings=self._draft_timings,
-                                                         max_prefill=self.draft_prefill_chunk, trace=self.draft_trace)
+            timings: list[tuple[int, float]] = []
+            trace: list[tuple[int, int]] = []
+            blocks = sessions[0]._proposer.propose_batch(sessions, [k for _, k in rows], timings=timings,
+                                                         max_prefill=self.draft_prefill_chunk, trace=trace)
+            self.draft_trace += trace
+            # the controller measures draft positions: a forward that also fed a prompt's
+            # prefill or the catch-up of tokens decoded at K = 0 (more than DECODE_TAIL positions
+            # per row) is no draft position's cost, and taken as one it would hold tenants at K = 0
+            self._draft_timings += [t for t, (n, positions) in zip(timings, trace) if positions <= DECODE_TAIL * n]
             for (r, _), block in zip(rows, blocks):
                 r.block = block
 
