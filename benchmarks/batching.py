@@ -54,6 +54,7 @@ def run_group(engine, prompts, *, batched: bool, k: int, proposer: str, max_toke
     tokens = sum(len(r.token_ids) for r in results)
     rows = [len(t.answered) for t in sched.trace if t.answered]
     return {
+        **forward_stats(sched.trace, k),
         "wall_s": wall,
         "cpu_s": cpu,
         "tokens": tokens,
@@ -69,6 +70,34 @@ def run_group(engine, prompts, *, batched: bool, k: int, proposer: str, max_toke
             for t in sorted({t for t, _ in prompts})
         },
         "k_counts": _merge_counts([r.stats.k_counts for r in results]),
+    }
+
+
+def forward_stats(trace, k: int) -> dict:
+    """Per target forward of a scheduler's ``trace`` (:class:`specdec.engine.batch.TickRecord`).
+
+    Returns mean verify seconds per forward (ticks that answered a row) and mean draft seconds
+    per tick, their totals, and for the decode forwards (positions fed ≤ rows × (``k`` + 1):
+    no prompt prefill in them), per number of rows answered, the count, mean positions fed and
+    mean verify seconds: how the target's cost grows with the rows of a batch. Unbatched
+    (``batched=False``) a tick verifies its rows one after another, so its verify seconds are
+    the sum of those forwards.
+    """
+    fwd = [t for t in trace if t.answered]
+    decode = [t for t in fwd if t.positions_fed <= len(t.answered) * (k + 1)]
+    by_rows: dict[int, list] = {}
+    for t in decode:
+        by_rows.setdefault(len(t.answered), []).append(t)
+    return {
+        "mean_verify_s_per_forward": sum(t.verify_s for t in fwd) / len(fwd) if fwd else 0.0,
+        "mean_draft_s_per_tick": sum(t.draft_s for t in trace) / len(trace) if trace else 0.0,
+        "verify_s_total": sum(t.verify_s for t in trace),
+        "draft_s_total": sum(t.draft_s for t in trace),
+        "decode_forwards_by_rows": {
+            n: {"forwards": len(ts), "mean_positions": sum(t.positions_fed for t in ts) / len(ts),
+                "mean_verify_s": sum(t.verify_s for t in ts) / len(ts)}
+            for n, ts in sorted(by_rows.items())
+        },
     }
 
 
@@ -119,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--budget", type=int, default=128, help="positions budget of a batched forward")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--format", default=None,
+                   help="weight format of the target (and of the draft unless --draft-format): float32, bfloat16, "
+                        "float16, int8, int4 (default: the device's default)")
+    p.add_argument("--draft-format", default=None, help="weight format of the draft (default: --format's)")
     p.add_argument("--out", default=None, help="folder for batching.json / batching.md")
     p.add_argument("--tenants", action="store_true", help="also the two-tenant adaptive-K-under-load comparison")
     p.add_argument("--tenant-clients", type=int, default=8)
@@ -132,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.models.spec import ModelPairSpec, parse_model_spec
 
     t0 = time.perf_counter()
-    target, draft = load_pair(ModelPairSpec(target=parse_model_spec(a.target), draft=parse_model_spec(a.draft)))
+    target, draft = load_pair(ModelPairSpec(target=parse_model_spec(a.target), draft=parse_model_spec(a.draft)),
+                              weight_format=a.format, draft_format=a.draft_format)
     engine = SpeculativeEngine(target, draft)
+    a.format, a.draft_format = target.weight_format, draft.weight_format
     print(f"loaded in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
     # warm-up (allocator, kernels): one short batched and unbatched group
     for batched in (True, False):
@@ -147,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
                           max_tokens=a.max_tokens, budget=a.budget)
             arms["batched" if batched else "unbatched"] = r
             print(f"clients={c} {'batched' if batched else 'unbatched'}: {r['tok_per_s']:.2f} tok/s "
-                  f"({r['tokens']} tokens in {r['wall_s']:.1f}s, {r['mean_rows_per_forward']:.1f} rows/forward)",
+                  f"({r['tokens']} tokens in {r['wall_s']:.1f}s, {r['mean_rows_per_forward']:.1f} rows/forward, "
+                  f"{r['mean_positions_per_forward']:.1f} positions/tick, verify {r['mean_verify_s_per_forward']:.3f} s/forward, "
+                  f"draft {r['mean_draft_s_per_tick']:.3f} s/tick; decode forwards by rows {r['decode_forwards_by_rows']})",
                   file=sys.stderr, flush=True)
         same = arms["batched"]["outputs"] == arms["unbatched"]["outputs"]
         rows.append({"clients": c, "identical_outputs": same,
@@ -164,18 +201,23 @@ def main(argv: list[str] | None = None) -> int:
     report = {"settings": {k: v for k, v in vars(a).items() if k != "out"},
               "torch_threads": torch.get_num_threads(), "rows": rows, "tenants": tenants}
     lines = [
-        f"In-process, demo pair, greedy, {a.proposer} K={a.k}, {a.max_tokens} tokens per request, positions budget "
-        f"{a.budget}, {a.threads} torch threads; one run, arms alternating per client count.",
+        f"In-process, demo pair (target {a.format}, draft {a.draft_format}), greedy, {a.proposer} K={a.k}, "
+        f"{a.max_tokens} tokens per request, positions budget {a.budget}, {a.threads} torch threads; one run, arms "
+        f"alternating per client count.",
         "",
         "| clients | unbatched tok/s | batched tok/s | batched / unbatched | batched vs 1 client | "
-        "tok per CPU s unbatched / batched | rows per forward | identical |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|",
+        "tok per CPU s unbatched / batched | rows per forward | positions per tick | verify s per forward "
+        "unbatched / batched | draft s per tick unbatched / batched | identical |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(f"| {r['clients']} | {r['unbatched_tok_per_s']:.2f} | {r['batched_tok_per_s']:.2f} | "
                      f"{r['batched_vs_unbatched']:.2f}x | {r['batched_vs_1_client']:.2f}x | "
                      f"{r['unbatched_tok_per_cpu_s']:.2f} / {r['batched_tok_per_cpu_s']:.2f} | "
-                     f"{r['batched_mean_rows_per_forward']:.1f} | {'yes' if r['identical_outputs'] else 'NO'} |")
+                     f"{r['batched_mean_rows_per_forward']:.1f} | {r['batched_mean_positions_per_forward']:.1f} | "
+                     f"{r['unbatched_mean_verify_s_per_forward']:.3f} / {r['batched_mean_verify_s_per_forward']:.3f} | "
+                     f"{r['unbatched_mean_draft_s_per_tick']:.3f} / {r['batched_mean_draft_s_per_tick']:.3f} | "
+                     f"{'yes' if r['identical_outputs'] else 'NO'} |")
     if tenants:
         lines += [
             "",

@@ -72,8 +72,8 @@ def build_engine(cfg):
     from specdec.models.spec import parse_model_spec
     from specdec.models.vocab import check_pair_compatible
 
-    target = load_model(parse_model_spec(cfg.target_model))
-    draft = load_model(parse_model_spec(cfg.draft_model))
+    target = load_model(parse_model_spec(cfg.target_model), weight_format=cfg.target_format())
+    draft = load_model(parse_model_spec(cfg.draft_model), weight_format=cfg.draft_format())
     check_pair_compatible(draft, target)
     return SpeculativeEngine(target, draft)
 
@@ -132,14 +132,19 @@ def run_interleaved(engine, address: str, app: str, requests: list[dict]) -> tup
     }
 
 
-def run_concurrent(address: str, app: str, requests: list[dict], clients: int) -> dict:
-    """``clients`` threads, each with its own channel, each sending one request (prompts round-robin)."""
+def run_concurrent(address: str, app: str, requests: list[dict], clients: int, batch_stats_fn=None) -> dict:
+    """``clients`` threads, each with its own channel, each sending one request (prompts round-robin).
+
+    ``batch_stats_fn``: returns the target replica's ``BatchStats`` dict (rows and positions per
+    batched forward); called before and after to report this group's forwards.
+    """
     from deployments.client import SpecDecClient
 
     tokens = [0] * clients
     errors: list[str] = []
 
     outputs: list = [None] * clients
+    stats: list = [None] * clients
 
     def worker(i: int) -> None:
         try:
@@ -147,12 +152,59 @@ def run_concurrent(address: str, app: str, requests: list[dict], clients: int) -
                 resp, _ = _served_one(client, requests[i % len(requests)])
                 tokens[i] = len(resp.token_ids)
                 outputs[i] = list(resp.token_ids)
+                stats[i] = resp.stats
         except Exception as e:  # reported, not raised
             errors.append(repr(e))
 
+    before = batch_stats(batch_stats_fn)
     wall = run_clients(worker, clients)
+    after = batch_stats(batch_stats_fn)
     return {"clients": clients, "requests": clients, "tokens": sum(tokens), "wall_s": wall,
-            "aggregate_tokens_per_s": sum(tokens) / wall, "errors": errors, "outputs": outputs}
+            "aggregate_tokens_per_s": sum(tokens) / wall, "errors": errors, "outputs": outputs,
+            **step_stats([s for s in stats if s is not None]), "batch": batch_delta(before, after)}
+
+
+def step_stats(stats: list) -> dict:
+    """Per speculation step, pooled over the requests' ``SpeculationStats``: steps, mean target
+    compute (the target replica's forward the step ran in, seconds), mean draft <-> target round
+    trip, mean drafting seconds, acceptance rate."""
+    steps = sum(s.steps for s in stats)
+    if not steps:
+        return {"steps": 0}
+    prop = sum(s.proposed for s in stats)
+    return {
+        "steps": steps,
+        "target_compute_s_per_step": sum(s.target_compute_s * s.steps for s in stats) / steps,
+        "round_trip_s_per_step": sum(s.round_trip_s * s.steps for s in stats) / steps,
+        "draft_s_per_step": sum(s.draft_time_s for s in stats) / steps,
+        "acceptance_rate": sum(s.accepted for s in stats) / prop if prop else None,
+    }
+
+
+def batch_stats(fn) -> dict | None:
+    """The target replica's ``BatchStats`` (None when ``fn`` is None or the call fails)."""
+    if fn is None:
+        return None
+    try:
+        return fn()
+    except Exception:  # best effort: the unbatched path may keep none
+        return None
+
+
+def batch_delta(before: dict | None, after: dict | None) -> dict | None:
+    """Batched forwards between two ``BatchStats`` snapshots: count, mean rows, mean positions.
+
+    Exact while the target's window (its last 1000 forwards) has not wrapped; None otherwise or
+    when a snapshot is missing.
+    """
+    if before is None or after is None or after["forwards"] >= 1000:
+        return None
+    n = after["forwards"] - before["forwards"]
+    if n <= 0:
+        return {"forwards": 0, "mean_rows": 0.0, "mean_positions": 0.0}
+    rows = after["mean_rows"] * after["forwards"] - before["mean_rows"] * before["forwards"]
+    pos = after["mean_positions"] * after["forwards"] - before["mean_positions"] * before["forwards"]
+    return {"forwards": n, "mean_rows": rows / n, "mean_positions": pos / n}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
                         "(the app is redeployed with target_batching/draft_batching set); the in-process comparison "
                         "runs with the first mode only")
     parser.add_argument("--skip-in-process", action="store_true", help="only the concurrency runs")
+    parser.add_argument("--target-format", default=None,
+                        help="weight format of the target (target_dtype; default: the device's default)")
+    parser.add_argument("--draft-format", default=None,
+                        help="weight format of the draft (draft_dtype; default: the device's default)")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in ("batched", "unbatched") for m in modes):
@@ -209,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         over["draft_model"] = args.draft
     if args.tp:
         over["target_tp"] = args.tp
+    if args.target_format:
+        over["target_dtype"] = args.target_format
+    if args.draft_format:
+        over["draft_dtype"] = args.draft_format
     batching = {"target_batching": modes[0] == "batched", "draft_batching": modes[0] == "batched"}
     cfg = AppConfig.model_validate({**PRESETS["local-cpu.yaml"].model_dump(), **over, **batching})
     requests = _requests(PROMPTS[: args.prompts], args.tokens, args.k)
@@ -216,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "load_avg_at_start": os.getloadavg()},
         "config": {"target": cfg.target_model, "draft": cfg.draft_model, "target_tp": cfg.target_tp,
+                   "target_format": cfg.target_format(), "draft_format": cfg.draft_format(),
                    "tokens_per_request": args.tokens, "k": args.k, "prompts": PROMPTS[: args.prompts]},
     }
     engine = None
@@ -231,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
         serve.run(build_app(cfg), name=cfg.app_name, route_prefix=f"/{cfg.app_name}")
         out["deploy_s"] = time.perf_counter() - t0
         address = f"localhost:{cfg.grpc_port}"
+        target = serve.get_deployment_handle("Target", app_name=cfg.app_name)
+
+        def target_batch_stats() -> dict:
+            return target.BatchStats.remote().result(timeout_s=30)
         if engine is not None:
             print("[bench_serving] in-process vs served (one client), interleaved ...", file=sys.stderr, flush=True)
             inproc, served = run_interleaved(engine, address, cfg.app_name, requests)
@@ -251,8 +316,12 @@ def main(argv: list[str] | None = None) -> int:
             runs = []
             for n in [int(x) for x in args.clients.split(",") if x]:
                 print(f"[bench_serving] {mode}: {n} concurrent clients ...", file=sys.stderr, flush=True)
-                runs.append(run_concurrent(address, cfg.app_name, requests, n))
-                print(f"[bench_serving]   {runs[-1]['aggregate_tokens_per_s']:.2f} tok/s", file=sys.stderr, flush=True)
+                runs.append(run_concurrent(address, cfg.app_name, requests, n, target_batch_stats))
+                r = runs[-1]
+                print(f"[bench_serving]   {r['aggregate_tokens_per_s']:.2f} tok/s, {r['steps']} steps, target "
+                      f"{r.get('target_compute_s_per_step', 0):.3f} s/step, round trip "
+                      f"{r.get('round_trip_s_per_step', 0):.3f} s/step, draft {r.get('draft_s_per_step', 0):.3f} s/step, "
+                      f"batch {r['batch']}", file=sys.stderr, flush=True)
             out["modes"][mode] = runs
             if i == 0:
                 out["concurrency"] = runs

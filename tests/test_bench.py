@@ -106,3 +106,73 @@ def test_format_axis_runs_each_format_and_compares(tiny_pair_folders, tmp_path):
     assert results["int8"]["memory"]["target_weight_gb"] < results["float32"]["memory"]["target_weight_gb"]
     for fmt in results:  # every method's output equals its own format's target alone
         assert all(r["identical"] for r in results[fmt]["rows"])
+
+
+def test_batching_bench_format_and_forward_stats(tiny_pair_folders, tmp_path):
+    """``python -m benchmarks.batching --format``: both arms in the given format, outputs identical,
+    and per forward the verify / draft seconds and the decode forwards grouped by rows."""
+    from benchmarks.batching import main
+
+    target, draft = tiny_pair_folders
+    out = tmp_path / "batching"
+    assert main(["--target", str(target), "--draft", str(draft), "--clients", "1,3", "--max-tokens", "6",
+                 "--threads", "1", "--format", "int8", "--draft-format", "float32", "--out", str(out)]) == 0
+    report = json.loads((out / "batching.json").read_text())
+    assert report["settings"]["format"] == "int8" and report["settings"]["draft_format"] == "float32"
+    assert [r["clients"] for r in report["rows"]] == [1, 3]
+    for r in report["rows"]:
+        assert r["identical_outputs"] is True
+        assert r["batched_tokens"] == r["unbatched_tokens"] > 0
+        for arm in ("batched", "unbatched"):
+            assert r[f"{arm}_mean_verify_s_per_forward"] > 0 and r[f"{arm}_verify_s_total"] > 0
+            by_rows = r[f"{arm}_decode_forwards_by_rows"]
+            assert sum(v["forwards"] for v in by_rows.values()) <= r[f"{arm}_ticks"]
+            for rows, v in by_rows.items():  # decode forwards: at most K + 1 positions per row
+                assert 1 <= int(rows) <= r["clients"]
+                assert v["mean_positions"] <= int(rows) * 5
+    table = (out / "batching.md").read_text()
+    assert "(target int8, draft float32)" in table and "verify s per forward" in table
+
+
+def test_forward_stats_groups_decode_forwards_by_rows():
+    from benchmarks.batching import forward_stats
+    from specdec.engine.batch import TickRecord
+
+    trace = [
+        TickRecord([0, 1], [0, 1], 40, 40, 0.5, 2.0),   # prefill of two prompts: not a decode forward
+        TickRecord([0, 1], [0, 1], 10, 10, 0.25, 1.0),  # 2 rows x (K=4 + 1)
+        TickRecord([0, 1], [0, 1], 8, 8, 0.25, 0.5),
+        TickRecord([1], [1], 5, 5, 0.25, 0.25),
+        TickRecord([0], [], 3, 0, 0.75, 0.0),           # draft prefill chunk only: no forward
+    ]
+    s = forward_stats(trace, k=4)
+    assert s["mean_verify_s_per_forward"] == (2.0 + 1.0 + 0.5 + 0.25) / 4
+    assert s["mean_draft_s_per_tick"] == 2.0 / 5
+    assert s["verify_s_total"] == 3.75 and s["draft_s_total"] == 2.0
+    assert s["decode_forwards_by_rows"] == {
+        1: {"forwards": 1, "mean_positions": 5.0, "mean_verify_s": 0.25},
+        2: {"forwards": 2, "mean_positions": 9.0, "mean_verify_s": 0.75},
+    }
+
+
+def test_serving_batch_delta_and_step_stats():
+    """The served benchmark's per-group numbers from two BatchStats snapshots and the responses' stats."""
+    from benchmarks.serving import batch_delta, step_stats
+    from protos.specdec.v1 import specdec_pb2 as pb
+
+    before = {"forwards": 4, "mean_rows": 1.0, "mean_positions": 5.0}
+    after = {"forwards": 10, "mean_rows": 2.2, "mean_positions": 11.0}
+    # 6 new forwards holding 22 - 4 = 18 rows and 110 - 20 = 90 positions
+    assert batch_delta(before, after) == {"forwards": 6, "mean_rows": 3.0, "mean_positions": 15.0}
+    assert batch_delta(None, after) is None
+    assert batch_delta(before, {**after, "forwards": 1000}) is None  # the target's window wrapped
+    assert batch_delta(after, after) == {"forwards": 0, "mean_rows": 0.0, "mean_positions": 0.0}
+
+    a = pb.SpeculationStats(steps=2, proposed=8, accepted=6, target_compute_s=0.5, round_trip_s=0.75,
+                            draft_time_s=0.5)
+    b = pb.SpeculationStats(steps=6, proposed=24, accepted=10, target_compute_s=0.25, round_trip_s=0.5,
+                            draft_time_s=1.5)
+    s = step_stats([a, b])
+    assert s == {"steps": 8, "target_compute_s_per_step": (1.0 + 1.5) / 8, "round_trip_s_per_step": (1.5 + 3.0) / 8,
+                 "draft_s_per_step": 2.0 / 8, "acceptance_rate": 16 / 32}
+    assert step_stats([]) == {"steps": 0}
