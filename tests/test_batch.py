@@ -266,6 +266,9 @@ def test_scheduler_order_and_composition_do_not_change_outputs(long_pair, alone,
     hs = [unbatched.submit(req, tenant=t) for req, t in _requests()[:4]]
     unbatched.run_until_idle()
     assert [h.result().token_ids for h in hs] == alone[:4]
+    # each row its own forward over all its positions: the trace counts them all
+    assert max(len(t.answered) for t in unbatched.trace) >= 2
+    assert all(t.positions_fed == t.positions for t in unbatched.trace if t.answered)
 
 
 def test_cancel_mid_batch_frees_caches_and_leaves_others(long_pair, alone):

@@ -59,7 +59,8 @@ class TickRecord:
         rows: request ids offered to the target forward, in budget order.
         answered: request ids whose block was decided in it.
         positions: positions the rows' next forwards need (uncached tail + K each).
-        positions_fed: positions the target forward fed (≤ the budget unless one row alone).
+        positions_fed: positions the target forward fed (≤ the budget unless one row alone);
+            unbatched, the sum over the rows' separate forwards.
         draft_s, verify_s: seconds spent drafting and in the target forward.
     """
 
@@ -350,7 +351,9 @@ class BatchScheduler:
             elif chunk is not None:
                 r.chunks.put(chunk)
         self.running = [r for r in self.running if not r.done]
-        fed = getattr(getattr(self._verify, "__self__", None), "last_positions", positions)
+        # unbatched: every row was its own forward over all of its positions (no budget)
+        fed = (getattr(getattr(self._verify, "__self__", None), "last_positions", positions) if self.batched
+               else positions)
         rec = TickRecord([r.id for r in order], answered, positions, fed, t1 - t0, t3 - t2)
         if self.controller is not None and self.batched:
             fed_rows = sum(1 for res in results if res is not None) or 1
