@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -158,66 +159,84 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fixed-ks", default="0,1,2,4")
     p.add_argument("--k-max", type=int, default=8)
     p.add_argument("--skip-clients", action="store_true", help="only the two-tenant comparison")
+    p.add_argument("--formats", default=None,
+                   help="comma list of formats measured in this one run, each TARGET or TARGET/DRAFT (e.g. "
+                        "int4,bfloat16,w8a8/int4): every pair is loaded once, and for each client count the formats "
+                        "run one after another (the arms alternating within each); overrides --format/--draft-format")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     from specdec.engine.engine import SpeculativeEngine
     from specdec.models.loader import load_pair
     from specdec.models.spec import ModelPairSpec, parse_model_spec
 
-    t0 = time.perf_counter()
-    target, draft = load_pair(ModelPairSpec(target=parse_model_spec(a.target), draft=parse_model_spec(a.draft)),
-                              weight_format=a.format, draft_format=a.draft_format)
-    engine = SpeculativeEngine(target, draft)
-    a.format, a.draft_format = target.weight_format, draft.weight_format
-    print(f"loaded in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
-    # warm-up (allocator, kernels): one short batched and unbatched group
-    for batched in (True, False):
-        run_group(engine, _prompts(2), batched=batched, k=a.k, proposer=a.proposer, max_tokens=4, budget=a.budget)
+    wanted = ([tuple((f.split("/") + [None])[:2]) for f in a.formats.split(",") if f.strip()] if a.formats
+              else [(a.format, a.draft_format)])
+    engines: dict[str, object] = {}
+    for tf, df in wanted:
+        t0 = time.perf_counter()
+        target, draft = load_pair(ModelPairSpec(target=parse_model_spec(a.target), draft=parse_model_spec(a.draft)),
+                                  weight_format=tf, draft_format=df)
+        engine = SpeculativeEngine(target, draft)
+        name = f"{target.weight_format}/{draft.weight_format}"
+        engines[name] = engine
+        print(f"{name} loaded in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
+        # warm-up (allocator, kernels): one short batched and unbatched group
+        for batched in (True, False):
+            run_group(engine, _prompts(2), batched=batched, k=a.k, proposer=a.proposer, max_tokens=4, budget=a.budget)
+    a.format, a.draft_format = list(engines)[0].split("/")
+    a.formats = list(engines)
     a.fixed_ks = [int(x) for x in a.fixed_ks.split(",")]
     rows = []
     for c in ([] if a.skip_clients else [int(x) for x in a.clients.split(",")]):
-        arms = {}
-        for batched in ((False, True) if c % 2 else (True, False)):
-            r = run_group(engine, _prompts(c), batched=batched, k=a.k, proposer=a.proposer,
-                          max_tokens=a.max_tokens, budget=a.budget)
-            arms["batched" if batched else "unbatched"] = r
-            print(f"clients={c} {'batched' if batched else 'unbatched'}: {r['tok_per_s']:.2f} tok/s "
-                  f"({r['tokens']} tokens in {r['wall_s']:.1f}s, {r['mean_rows_per_forward']:.1f} rows/forward, "
-                  f"{r['mean_positions_per_forward']:.1f} positions/tick, verify {r['mean_verify_s_per_forward']:.3f} s/forward, "
-                  f"draft {r['mean_draft_s_per_tick']:.3f} s/tick; decode forwards by rows {r['decode_forwards_by_rows']})",
-                  file=sys.stderr, flush=True)
-        same = arms["batched"]["outputs"] == arms["unbatched"]["outputs"]
-        rows.append({"clients": c, "identical_outputs": same,
-                     **{f"{arm}_{key}": v for arm, r in arms.items() for key, v in r.items() if key != "outputs"}})
-        if a.out:  # partial results survive a timeout
-            Path(a.out).mkdir(parents=True, exist_ok=True)
-            (Path(a.out) / "batching.partial.json").write_text(json.dumps(rows, indent=2))
-    base = {arm: rows[0][f"{arm}_tok_per_s"] for arm in ("batched", "unbatched")} if rows else {}
+        for fmt, engine in engines.items():
+            arms = {}
+            for batched in ((False, True) if c % 2 else (True, False)):
+                r = run_group(engine, _prompts(c), batched=batched, k=a.k, proposer=a.proposer,
+                              max_tokens=a.max_tokens, budget=a.budget)
+                arms["batched" if batched else "unbatched"] = r
+                print(f"{fmt} clients={c} {'batched' if batched else 'unbatched'}: {r['tok_per_s']:.2f} tok/s "
+                      f"({r['tokens']} tokens in {r['wall_s']:.1f}s, {r['tok_per_cpu_s']:.2f} tok/CPU s, "
+                      f"{r['mean_rows_per_forward']:.1f} rows/forward, {r['mean_positions_per_forward']:.1f} positions/tick, "
+                      f"verify {r['mean_verify_s_per_forward']:.3f} s/forward, draft {r['mean_draft_s_per_tick']:.3f} s/tick; "
+                      f"decode forwards by rows {r['decode_forwards_by_rows']}; load {os.getloadavg()[0]:.1f})",
+                      file=sys.stderr, flush=True)
+            same = arms["batched"]["outputs"] == arms["unbatched"]["outputs"]
+            rows.append({"format": fmt, "clients": c, "identical_outputs": same, "load_avg": os.getloadavg()[0],
+                         **{f"{arm}_{key}": v for arm, r in arms.items() for key, v in r.items() if key != "outputs"}})
+            if a.out:  # partial results survive a timeout
+                Path(a.out).mkdir(parents=True, exist_ok=True)
+                (Path(a.out) / "batching.partial.json").write_text(json.dumps(rows, indent=2))
     for r in rows:
+        first = next(x for x in rows if x["format"] == r["format"])
         r["batched_vs_unbatched"] = r["batched_tok_per_s"] / r["unbatched_tok_per_s"]
-        r["batched_vs_1_client"] = r["batched_tok_per_s"] / base["batched"]
-        r["unbatched_vs_1_client"] = r["unbatched_tok_per_s"] / base["unbatched"]
+        r["batched_vs_1_client"] = r["batched_tok_per_s"] / first["batched_tok_per_s"]
+        r["unbatched_vs_1_client"] = r["unbatched_tok_per_s"] / first["unbatched_tok_per_s"]
+        r["batched_vs_1_client_per_cpu_s"] = r["batched_tok_per_cpu_s"] / first["batched_tok_per_cpu_s"]
+    engine = engines[list(engines)[0]]
     tenants = run_tenants(engine, a) if a.tenants else None
     report = {"settings": {k: v for k, v in vars(a).items() if k != "out"},
               "torch_threads": torch.get_num_threads(), "rows": rows, "tenants": tenants}
     lines = [
-        f"In-process, demo pair (target {a.format}, draft {a.draft_format}), greedy, {a.proposer} K={a.k}, "
-        f"{a.max_tokens} tokens per request, positions budget {a.budget}, {a.threads} torch threads; one run, arms "
-        f"alternating per client count.",
+        f"In-process, demo pair (target/draft formats: {', '.join(a.formats)}), greedy, {a.proposer} K={a.k}, "
+        f"{a.max_tokens} tokens per request, positions budget {a.budget}, {a.threads} torch threads; one run: per "
+        f"client count the formats in turn, batched and unbatched alternating. 'vs 1 client' = the format's batched "
+        f"tokens/s (and per CPU s) over its own 1-client row. Verify s: one batched forward (batched) or the tick's "
+        f"separate forwards together (unbatched); draft s: per tick.",
         "",
-        "| clients | unbatched tok/s | batched tok/s | batched / unbatched | batched vs 1 client | "
-        "tok per CPU s unbatched / batched | rows per forward | positions per tick | verify s per forward "
-        "unbatched / batched | draft s per tick unbatched / batched | identical |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| format | clients | unbatched tok/s | batched tok/s | batched / unbatched | batched vs 1 client | "
+        "tok per CPU s unbatched / batched | batched vs 1 client, per CPU s | rows per forward | positions per "
+        "forward | verify s unbatched / batched | draft s unbatched / batched | load | identical |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['clients']} | {r['unbatched_tok_per_s']:.2f} | {r['batched_tok_per_s']:.2f} | "
+        lines.append(f"| {r['format']} | {r['clients']} | {r['unbatched_tok_per_s']:.2f} | {r['batched_tok_per_s']:.2f} | "
                      f"{r['batched_vs_unbatched']:.2f}x | {r['batched_vs_1_client']:.2f}x | "
                      f"{r['unbatched_tok_per_cpu_s']:.2f} / {r['batched_tok_per_cpu_s']:.2f} | "
+                     f"{r['batched_vs_1_client_per_cpu_s']:.2f}x | "
                      f"{r['batched_mean_rows_per_forward']:.1f} | {r['batched_mean_positions_per_forward']:.1f} | "
                      f"{r['unbatched_mean_verify_s_per_forward']:.3f} / {r['batched_mean_verify_s_per_forward']:.3f} | "
                      f"{r['unbatched_mean_draft_s_per_tick']:.3f} / {r['batched_mean_draft_s_per_tick']:.3f} | "
-                     f"{'yes' if r['identical_outputs'] else 'NO'} |")
+                     f"{r['load_avg']:.1f} | {'yes' if r['identical_outputs'] else 'NO'} |")
     if tenants:
         lines += [
             "",

@@ -119,7 +119,7 @@ def test_batching_bench_format_and_forward_stats(tiny_pair_folders, tmp_path):
                  "--threads", "1", "--format", "int8", "--draft-format", "float32", "--out", str(out)]) == 0
     report = json.loads((out / "batching.json").read_text())
     assert report["settings"]["format"] == "int8" and report["settings"]["draft_format"] == "float32"
-    assert [r["clients"] for r in report["rows"]] == [1, 3]
+    assert [(r["format"], r["clients"]) for r in report["rows"]] == [("int8/float32", 1), ("int8/float32", 3)]
     for r in report["rows"]:
         assert r["identical_outputs"] is True
         assert r["batched_tokens"] == r["unbatched_tokens"] > 0
@@ -130,8 +130,27 @@ def test_batching_bench_format_and_forward_stats(tiny_pair_folders, tmp_path):
             for rows, v in by_rows.items():  # decode forwards: at most K + 1 positions per row
                 assert 1 <= int(rows) <= r["clients"]
                 assert v["mean_positions"] <= int(rows) * 5
+    assert report["rows"][0]["batched_vs_1_client"] == 1.0
     table = (out / "batching.md").read_text()
-    assert "(target int8, draft float32)" in table and "verify s per forward" in table
+    assert "(target/draft formats: int8/float32)" in table and "| int8/float32 | 3 |" in table
+
+
+def test_batching_bench_formats_axis_in_one_run(tiny_pair_folders, tmp_path):
+    """``--formats``: every pair loaded once, each client count run per format, ratios per format."""
+    from benchmarks.batching import main
+
+    target, draft = tiny_pair_folders
+    out = tmp_path / "batching"
+    assert main(["--target", str(target), "--draft", str(draft), "--clients", "1,2", "--max-tokens", "5",
+                 "--threads", "1", "--formats", "float32,int8/float32", "--out", str(out)]) == 0
+    report = json.loads((out / "batching.json").read_text())
+    assert report["settings"]["formats"] == ["float32/float32", "int8/float32"]
+    assert [(r["format"], r["clients"]) for r in report["rows"]] == [
+        ("float32/float32", 1), ("int8/float32", 1), ("float32/float32", 2), ("int8/float32", 2)]
+    for r in report["rows"]:
+        assert r["identical_outputs"] is True
+        first = next(x for x in report["rows"] if x["format"] == r["format"])
+        assert r["batched_vs_1_client"] == r["batched_tok_per_s"] / first["batched_tok_per_s"]
 
 
 def test_forward_stats_groups_decode_forwards_by_rows():
