@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specdec.errors import InvalidRequestError
 
@@ -19,6 +19,24 @@ MAX_SPECULATION_LENGTH = 16
 
 Proposer = Literal["draft", "ngram", "none"]
 
+#: Largest ``top_k`` (the gRPC field's range, uint32); any value at or above the vocabulary size
+#: keeps every token.
+MAX_TOP_K = 2**32 - 1
+
+
+def _unicode_text(text: str) -> str:
+    """``text`` if it encodes as UTF-8; else ValueError naming the first lone surrogate.
+
+    JSON's ``\\ud800`` escapes and undecodable command-line bytes (``surrogateescape``) reach
+    Python as lone surrogates, which no tokenizer can encode.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not valid Unicode text: a lone surrogate U+{ord(text[e.start]):04X} at character "
+                         f"{e.start}") from None
+    return text
+
 
 class ChatMessage(BaseModel):
     """One chat turn, rendered with the target's chat template."""
@@ -26,6 +44,11 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+
+    @field_validator("content")
+    @classmethod
+    def _content_unicode(cls, v: str) -> str:
+        return _unicode_text(v)
 
 
 class SamplingParams(BaseModel):
@@ -39,7 +62,7 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     temperature: float = Field(0.0, ge=0.0, le=100.0)
-    top_k: int = Field(0, ge=0, description="0 disables top-k")
+    top_k: int = Field(0, ge=0, le=MAX_TOP_K, description="0 disables top-k")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, lt=2**63, description="per-request seed; None draws one")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="drop tokens below min_p x the top probability; 0: off")
@@ -109,6 +132,18 @@ class GenerationRequest(BaseModel):
     min_tokens: int = Field(0, ge=0, le=1_000_000, description="EOS and stop token ids masked until this many tokens")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     speculation: SpeculationParams = Field(default_factory=SpeculationParams)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_unicode(cls, v: str | None) -> str | None:
+        return v if v is None else _unicode_text(v)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_unicode(cls, v: list[str]) -> list[str]:
+        for s in v:
+            _unicode_text(s)
+        return v
 
     @model_validator(mode="after")
     def _one_prompt(self) -> "GenerationRequest":

@@ -204,6 +204,16 @@ def test_speculative_samples_follow_target_distribution(tiny_target, tiny_draft_
         ({"prompt": "x", "sampling": {"top_p": float("nan")}}, "invalid request: sampling.top_p: Input should be a finite number"),
         ({"prompt": "x", "speculation": {"draft_min_confidence": float("inf")}},
          "invalid request: speculation.draft_min_confidence: Input should be a finite number"),
+        # top_k past the gRPC field's uint32 range (was accepted, then failed building the draft job's proto)
+        ({"prompt": "x", "sampling": {"top_k": 2**32}},
+         "invalid request: sampling.top_k: Input should be less than or equal to 4294967295"),
+        # lone surrogates (a JSON \ud800 escape, undecodable argv bytes): no tokenizer encodes them
+        ({"prompt": "ab\ud800cd"},
+         "invalid request: prompt: Value error, not valid Unicode text: a lone surrogate U+D800 at character 2"),
+        ({"messages": [{"role": "user", "content": "x\udcff"}]},
+         "invalid request: messages.0.content: Value error, not valid Unicode text: a lone surrogate U+DCFF at character 1"),
+        ({"prompt": "x", "stop": ["ok", "\udc80"]},
+         "invalid request: stop: Value error, not valid Unicode text: a lone surrogate U+DC80 at character 0"),
     ],
 )
 def test_invalid_requests(data, message):

@@ -469,6 +469,32 @@ def test_bad_sampling_values_have_the_grpc_message(stack):
     assert ctx.details == "logit_bias: id 99999 is outside the vocabulary 0..319"
 
 
+def test_out_of_range_top_k_and_lone_surrogates_are_400_not_500(stack):
+    """A top_k past uint32 (failed building the draft job's proto) and a JSON lone surrogate
+    escape in the prompt, a chat message or a stop string (failed in the tokenizer) were 500
+    internal errors; they are 400 naming the field, and the server answers as before."""
+    target = stack["target"]
+    ref = target_greedy(target, target.tokenizer.encode(PROMPT), 6)
+    cases = [
+        ("/v1/completions", json.dumps({"model": MODEL, "prompt": PROMPT, "top_k": 2**32}),
+         "invalid request: sampling.top_k: Input should be less than or equal to 4294967295"),
+        ("/v1/completions", '{"model": "specdec", "prompt": "ab\\ud800cd", "max_tokens": 2}',
+         "invalid request: prompt: Value error, not valid Unicode text: a lone surrogate U+D800 at character 2"),
+        ("/v1/chat/completions", '{"model": "specdec", "messages": [{"role": "user", "content": "\\udfff"}], "stream": true}',
+         "invalid request: messages.0.content: Value error, not valid Unicode text: a lone surrogate U+DFFF at character 0"),
+        ("/v1/completions", '{"model": "specdec", "prompt": "x", "stop": ["\\ud83d"]}',
+         "invalid request: stop: Value error, not valid Unicode text: a lone surrogate U+D83D at character 0"),
+    ]
+    for path, raw, message in cases:
+        resp = _run(_raw(stack["app"], "POST", path, raw))
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"] == {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    ok = _run(_raw(stack["app"], "POST", "/v1/completions",
+                   {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+                    "top_k": 2**32 - 1}))
+    assert ok.status_code == 200 and ok.json()["choices"][0]["token_ids"] == ref
+
+
 def test_deadline_is_504_before_the_first_token(stack):
     resp = _run(_raw(stack["app"], "POST", "/v1/completions",
                      {"model": MODEL, "prompt": PROMPT, "max_tokens": 50, "temperature": 0, "stream": True},
