@@ -39,6 +39,7 @@ from deployments.openai_responses import (
     TokenText,
     chunk_envelope,
     error_body,
+    error_code,
     error_response,
     http_status_for,
     pooled_stats,
@@ -169,7 +170,7 @@ async def sse_events(req: OpenAIRequest, started: list[tuple[Any, Any]], text: T
         from deployments.ray_errors import unwrap
 
         e = unwrap(e)
-        yield sse(error_body(http_status_for(e), details_for(e), getattr(e, "limit", None)))
+        yield sse(error_body(http_status_for(e), details_for(e), error_code(e)))
     finally:
         await _close(stream)
     yield SSE_DONE

@@ -76,6 +76,18 @@ def http_status_for(exc: BaseException) -> int:
     return HTTP_STATUS_BY_GRPC.get(status_for(exc), 500)
 
 
+def error_code(exc: BaseException) -> str | None:
+    """OpenAI's ``code`` of ``exc``: ``context_length_exceeded`` for a prompt that leaves no room
+    (OpenAI's own code), the tenant limit's name for a tenant limit (``tokens_per_minute``, ...),
+    else None. Always a string or None, as OpenAI's clients expect."""
+    from specdec.errors import PromptTooLongError
+
+    if isinstance(exc, PromptTooLongError):
+        return "context_length_exceeded"
+    limit = getattr(exc, "limit", None)
+    return limit if isinstance(limit, str) else None
+
+
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
     """OpenAI's error shape."""
     return {"error": {"message": message, "type": ERROR_TYPE.get(status, "error"), "param": param, "code": code}}
@@ -92,8 +104,7 @@ def error_response(exc: BaseException):
         headers["Retry-After"] = str(max(1, math.ceil(retry)))
     elif status == 503:
         headers["Retry-After"] = "1"
-    code = getattr(exc, "limit", None)
-    return JSONResponse(error_body(status, details_for(exc), code), status_code=status, headers=headers)
+    return JSONResponse(error_body(status, details_for(exc), error_code(exc)), status_code=status, headers=headers)
 
 
 # --- responses -----------------------------------------------------------------------------------

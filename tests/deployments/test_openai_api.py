@@ -495,6 +495,24 @@ def test_out_of_range_top_k_and_lone_surrogates_are_400_not_500(stack):
     assert ok.status_code == 200 and ok.json()["choices"][0]["token_ids"] == ref
 
 
+def test_prompt_over_the_context_has_openai_code_not_the_limit_number(stack):
+    """The error's ``code`` was the context limit as a number (256); OpenAI's clients read a
+    string code, and OpenAI's own for this case is ``context_length_exceeded``."""
+    name = stack["router"].info.name
+
+    async def go():
+        return await _client(stack["app"]).completions.create(model=MODEL, prompt=[5] * 300, max_tokens=2)
+
+    e = _status_of(go())
+    assert isinstance(e, openai.BadRequestError) and e.code == "context_length_exceeded"
+    assert e.body == {"message": f"prompt is 300 tokens but the target '{name}' holds 256 positions; at most 255 "
+                                 "prompt tokens leave room for one generated token",
+                      "type": "invalid_request_error", "param": None, "code": "context_length_exceeded"}
+    resp = _run(_raw(stack["app"], "POST", "/v1/completions",
+                     {"model": MODEL, "prompt": [5] * 300, "max_tokens": 2, "stream": True}))
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "context_length_exceeded"
+
+
 def test_deadline_is_504_before_the_first_token(stack):
     resp = _run(_raw(stack["app"], "POST", "/v1/completions",
                      {"model": MODEL, "prompt": PROMPT, "max_tokens": 50, "temperature": 0, "stream": True},
