@@ -26,6 +26,7 @@ freed and the tenant's slot and tokens returned.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any, AsyncIterator, Mapping
 
@@ -63,9 +64,82 @@ async def _close(gen: Any) -> None:
         await finish_despite_cancellation(aclose())
 
 
+def _own_serve_request_id() -> None:
+    """Give the Serve handle calls of the current task (one choice) their own internal request id.
+
+    Serve's request router indexes the calls that wait for a replica by the internal id of the
+    request that makes them (Ray 2.60: ``RequestRouter._pending_requests_by_id``, keyed by
+    ``RequestMetadata.internal_request_id``); the n choices of one HTTP request share their
+    request's id, and when they wait together one of them can be left waiting for a replica
+    forever (seen: n = 3 hung, one choice never reaching the draft replica). Only the context of
+    this task changes (asyncio copies it per task); in process (no Serve request) nothing does.
+    A client's disconnect still stops every choice: the request's task closes them.
+    """
+    try:
+        from ray.serve import context as serve_context
+        from ray.serve._private.utils import generate_request_id
+    except ImportError:  # pragma: no cover - Serve is a dependency of deployments/
+        return
+    ctx = serve_context._serve_request_context.get()
+    if ctx is None or not ctx._internal_request_id:
+        return
+    serve_context._serve_request_context.set(dataclasses.replace(ctx, _internal_request_id=generate_request_id()))
+
+
+class DrainedChoice:
+    """One choice's generation, read from the start by its own task into a queue.
+
+    With ``n > 1`` every choice holds a router admission slot while it runs. Had a choice waited
+    to be read (for the other choices' first chunks, or for the client), it would keep its slot
+    while choices still queued for a slot wait on it: with fewer free slots than ``n`` the
+    request never started. Drained, each choice runs to its end and frees its slot whatever the
+    others and the client do; the chunks wait in memory (at most ``max_tokens`` per choice).
+
+    Iterating gives the chunks, then the generation's error if it failed; :meth:`aclose`
+    cancels the generation (its admission is ended, both caches freed).
+    """
+
+    _END = object()
+
+    def __init__(self, gen: Any):
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.task = asyncio.ensure_future(self._drain(gen))
+
+    async def _drain(self, gen: Any) -> None:
+        _own_serve_request_id()
+        try:
+            async for c in gen:
+                self.queue.put_nowait(c)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # handed to the reader
+            self.queue.put_nowait(e)
+        else:
+            self.queue.put_nowait(self._END)
+        finally:
+            await _close(gen)
+
+    def __aiter__(self) -> "DrainedChoice":
+        return self
+
+    async def __anext__(self) -> Any:
+        item = await self.queue.get()
+        if item is self._END:
+            self.queue.put_nowait(item)
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def aclose(self) -> None:
+        self.task.cancel()
+        await finish_despite_cancellation(asyncio.gather(self.task, return_exceptions=True))
+
+
 async def start_choices(router: Any, req: OpenAIRequest, metadata: Mapping[str, str]) -> list[tuple[Any, Any]]:
     """Start the n generations and wait for each one's first chunk, so that every error found
     before generating (validation, tenancy, loading) is raised here, before any byte is sent.
+    With ``n > 1`` each generation is a :class:`DrainedChoice` (no choice waits on another).
 
     Returns:
         ``[(first_chunk, stream), ...]`` per choice.
@@ -74,6 +148,8 @@ async def start_choices(router: Any, req: OpenAIRequest, metadata: Mapping[str, 
         the first choice's error (the others are cancelled and their admissions ended).
     """
     gens = [router.generate_stream(req.choice_data(i), metadata) for i in range(req.n)]
+    if req.n > 1:
+        gens = [DrainedChoice(g) for g in gens]
     firsts = [asyncio.ensure_future(g.__anext__()) for g in gens]
     try:
         await asyncio.gather(*firsts)

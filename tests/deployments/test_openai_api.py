@@ -271,6 +271,35 @@ def test_n_choices_are_independent_generations(stack):
     assert chunks[-1].usage.completion_tokens == 24
 
 
+def test_n_above_the_free_admission_slots_completes_instead_of_deadlocking(stack):
+    """n = 16 choices with 8 admission slots (the router's default): the first 8 were admitted
+    and each held its slot while waiting for the other choices' first chunks, which waited for a
+    slot: the request hung until the client gave up. Every choice now runs to its end on its
+    own, so the later ones get the freed slots; unary and streamed give the target-alone ids."""
+    assert stack["cfg"].router_admission_slots() == 8
+    target = stack["target"]
+    ref = target_greedy(target, target.tokenizer.encode(PROMPT), 5)
+    args = dict(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0, n=16, extra_body={"ignore_eos": True})
+
+    async def go():
+        client = _client(stack["app"])
+        unary = await asyncio.wait_for(client.completions.create(**args), 60)
+        chunks = await asyncio.wait_for(_collect(await client.completions.create(stream=True, **args)), 60)
+        return unary, chunks
+
+    async def _collect(stream):
+        return [c async for c in stream]
+
+    unary, chunks = _run(go())
+    assert [c.model_extra["token_ids"] for c in unary.choices] == [ref] * 16
+    streamed = {i: [] for i in range(16)}
+    for c in chunks:
+        for ch in c.choices:
+            streamed[ch.index] += ch.model_extra["token_ids"]
+    assert list(streamed.values()) == [ref] * 16
+    assert stack["router"].gate.admission.running == 0 and stack["draft"].Sessions() == []
+
+
 # --- one validation for both APIs ----------------------------------------------------------------
 
 

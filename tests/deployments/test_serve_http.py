@@ -153,6 +153,34 @@ def test_disconnect_cancels_the_generation_and_frees_both_caches(served):
     assert wait_no_sessions() == ([], [])
 
 
+def test_n_choices_all_reach_the_draft_replica_through_serve(served, models):
+    """n = 3..16 choices of one HTTP request through Serve: the choices' draft calls shared the
+    request's Serve internal id, and Serve's request router left one of them waiting for a
+    replica forever (n = 3 hung until the client's timeout). Every choice is now the target-alone
+    answer, unary and streamed, and a disconnect mid-stream frees every choice's caches."""
+    cfg = served[0]
+    target = load_tiny(models[0])
+    ref = target_greedy(target, target.tokenizer.encode(PROMPT), 5)
+    client = openai.OpenAI(api_key=KEYS["alpha"], base_url=_base(cfg) + "/v1", max_retries=0, timeout=30)
+    args = dict(model=APP, prompt=PROMPT, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    for n in (3, 8, 16):
+        r = client.completions.create(n=n, **args)
+        assert [c.model_extra["token_ids"] for c in r.choices] == [ref] * n
+    streamed = {i: [] for i in range(4)}
+    for chunk in client.completions.create(n=4, stream=True, **args):
+        for ch in chunk.choices:
+            streamed[ch.index] += ch.model_extra["token_ids"]
+    assert list(streamed.values()) == [ref] * 4
+    body = {"model": APP, "prompt": PROMPT, "max_tokens": 220, "temperature": 0, "stream": True, "ignore_eos": True,
+            "n": 4, "speculation": {"proposer": "none"}}
+    with httpx2.Client(timeout=60) as http:
+        with http.stream("POST", _base(cfg) + "/v1/completions", json=body,
+                         headers={"Authorization": f"Bearer {KEYS['alpha']}"}) as resp:
+            assert resp.status_code == 200
+            next(line for line in resp.iter_lines() if line.startswith("data: "))
+    assert wait_no_sessions() == ([], [])
+
+
 def test_every_http_path_answers(served):
     cfg = served[0]
     root = httpx2.get(_base(cfg), timeout=30)
