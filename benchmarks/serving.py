@@ -226,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="weight format of the target (target_dtype; default: the device's default)")
     parser.add_argument("--draft-format", default=None,
                         help="weight format of the draft (draft_dtype; default: the device's default)")
+    parser.add_argument("--cpu-threads", type=int, default=None,
+                        help="torch threads per model process (AppConfig.cpu_threads; default: the preset's)")
+    parser.add_argument("--draft-cpu-threads", type=int, default=None,
+                        help="torch threads of the draft replica (AppConfig.draft_cpu_threads; default: the preset's)")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in ("batched", "unbatched") for m in modes):
@@ -269,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         over["target_dtype"] = args.target_format
     if args.draft_format:
         over["draft_dtype"] = args.draft_format
+    if args.cpu_threads is not None:
+        over["cpu_threads"] = args.cpu_threads
+    if args.draft_cpu_threads is not None:
+        over["draft_cpu_threads"] = args.draft_cpu_threads
     batching = {"target_batching": modes[0] == "batched", "draft_batching": modes[0] == "batched"}
     cfg = AppConfig.model_validate({**PRESETS["local-cpu.yaml"].model_dump(), **over, **batching})
     requests = _requests(PROMPTS[: args.prompts], args.tokens, args.k)
@@ -277,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                     "load_avg_at_start": os.getloadavg()},
         "config": {"target": cfg.target_model, "draft": cfg.draft_model, "target_tp": cfg.target_tp,
                    "target_format": cfg.target_format(), "draft_format": cfg.draft_format(),
+                   "cpu_threads": cfg.cpu_threads, "draft_cpu_threads": cfg.draft_cpu_threads,
                    "tokens_per_request": args.tokens, "k": args.k, "prompts": PROMPTS[: args.prompts]},
     }
     engine = None
@@ -313,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 serve.run(build_app(cfg), name=cfg.app_name, route_prefix=f"/{cfg.app_name}")
                 out.setdefault("redeploy_s", []).append(time.perf_counter() - t0)
+            # untimed warm-up after each (re)deploy, so no mode's first group pays the replicas' cold start
+            t0 = time.perf_counter()
+            run_concurrent(address, cfg.app_name, [{**requests[0], "max_tokens": 4}], 1)
+            out.setdefault("warmup_s", []).append(time.perf_counter() - t0)
             runs = []
             for n in [int(x) for x in args.clients.split(",") if x]:
                 print(f"[bench_serving] {mode}: {n} concurrent clients ...", file=sys.stderr, flush=True)
