@@ -207,6 +207,37 @@ def batch_delta(before: dict | None, after: dict | None) -> dict | None:
     return {"forwards": n, "mean_rows": rows / n, "mean_positions": pos / n}
 
 
+#: AppConfig fields a ``--modes`` entry may set (``batched:batch_window_s=0.05``).
+MODE_FIELDS = {"batch_window_s": float, "max_batch_positions": int, "cpu_threads": int, "draft_cpu_threads": int,
+               "admission_slots": int}
+
+
+def parse_mode(text: str) -> tuple[bool, dict]:
+    """``"batched"``, ``"unbatched"``, or either followed by ``:field=value`` settings of
+    :data:`MODE_FIELDS` (e.g. ``"batched:batch_window_s=0.05:cpu_threads=1"``).
+
+    Returns:
+        (batched, AppConfig overrides: the batching switches and the settings).
+
+    Raises:
+        ValueError: another name, an unknown field, a setting without ``=``, or a value of the wrong type.
+    """
+    name, *settings = text.strip().split(":")
+    if name not in ("batched", "unbatched"):
+        raise ValueError(f"mode {text!r}: expected batched or unbatched, then optional :field=value")
+    batched = name == "batched"
+    over: dict = {"target_batching": batched, "draft_batching": batched}
+    for item in settings:
+        field, eq, value = item.partition("=")
+        if not eq or field not in MODE_FIELDS:
+            raise ValueError(f"mode {text!r}: {item!r} is not field=value with a field of {sorted(MODE_FIELDS)}")
+        try:
+            over[field] = MODE_FIELDS[field](value)
+        except ValueError:
+            raise ValueError(f"mode {text!r}: {field} needs a {MODE_FIELDS[field].__name__}, got {value!r}") from None
+    return batched, over
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default=None, help="target model spec (default: the preset's, demo:target)")
@@ -218,9 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", default="1,4,8", help="concurrency levels")
     parser.add_argument("--out", default=None, help="also write the JSON here")
     parser.add_argument("--modes", default="batched",
-                        help="comma list of unbatched/batched: the concurrency runs are repeated per mode in this run "
-                        "(the app is redeployed with target_batching/draft_batching set); the in-process comparison "
-                        "runs with the first mode only")
+                        help="comma list of unbatched/batched, each optionally with :field=value settings "
+                        "(batch_window_s, max_batch_positions, cpu_threads, draft_cpu_threads, admission_slots; e.g. "
+                        "batched:batch_window_s=0.05): the concurrency runs are repeated per mode in this run (the app "
+                        "is redeployed with target_batching/draft_batching and the settings); the in-process "
+                        "comparison runs with the first mode only")
     parser.add_argument("--skip-in-process", action="store_true", help="only the concurrency runs")
     parser.add_argument("--target-format", default=None,
                         help="weight format of the target (target_dtype; default: the device's default)")
@@ -232,7 +265,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch threads of the draft replica (AppConfig.draft_cpu_threads; default: the preset's)")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or any(m not in ("batched", "unbatched") for m in modes):
+    try:
+        mode_over = {m: parse_mode(m)[1] for m in modes}
+    except ValueError as e:
+        parser.error(str(e))
+    if not modes:
         parser.error("--modes takes batched and/or unbatched")
 
     import ray
@@ -277,8 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         over["cpu_threads"] = args.cpu_threads
     if args.draft_cpu_threads is not None:
         over["draft_cpu_threads"] = args.draft_cpu_threads
-    batching = {"target_batching": modes[0] == "batched", "draft_batching": modes[0] == "batched"}
-    cfg = AppConfig.model_validate({**PRESETS["local-cpu.yaml"].model_dump(), **over, **batching})
+    base = {**PRESETS["local-cpu.yaml"].model_dump(), **over}
+    cfg = AppConfig.model_validate({**base, **mode_over[modes[0]]})
     requests = _requests(PROMPTS[: args.prompts], args.tokens, args.k)
     out: dict = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
@@ -318,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         out["modes"] = {}
         for i, mode in enumerate(modes):
             if i > 0:  # redeploy with the other batching setting
-                cfg = cfg.model_copy(update={"target_batching": mode == "batched", "draft_batching": mode == "batched"})
+                cfg = AppConfig.model_validate({**base, **mode_over[mode]})
                 t0 = time.perf_counter()
                 serve.run(build_app(cfg), name=cfg.app_name, route_prefix=f"/{cfg.app_name}")
                 out.setdefault("redeploy_s", []).append(time.perf_counter() - t0)

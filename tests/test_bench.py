@@ -195,3 +195,17 @@ def test_serving_batch_delta_and_step_stats():
     assert s == {"steps": 8, "target_compute_s_per_step": (1.0 + 1.5) / 8, "round_trip_s_per_step": (1.5 + 3.0) / 8,
                  "draft_s_per_step": 2.0 / 8, "acceptance_rate": 16 / 32}
     assert step_stats([]) == {"steps": 0}
+
+
+def test_serving_modes_parse_settings():
+    from benchmarks.serving import parse_mode
+
+    assert parse_mode("unbatched") == (False, {"target_batching": False, "draft_batching": False})
+    assert parse_mode("batched:batch_window_s=0.05:cpu_threads=1") == (
+        True, {"target_batching": True, "draft_batching": True, "batch_window_s": 0.05, "cpu_threads": 1})
+    with pytest.raises(ValueError, match="expected batched or unbatched"):
+        parse_mode("fast")
+    with pytest.raises(ValueError, match="not field=value"):
+        parse_mode("batched:target_tp=2")
+    with pytest.raises(ValueError, match="cpu_threads needs a int, got 'two'"):
+        parse_mode("batched:cpu_threads=two")
