@@ -136,6 +136,28 @@ class DrainedChoice:
         await finish_despite_cancellation(asyncio.gather(self.task, return_exceptions=True))
 
 
+def _refuse_n_over_the_tenants_concurrency(router: Any, n: int, metadata: Mapping[str, str]) -> None:
+    """Each choice is admitted as one request: ``n`` above the caller's tenant limit
+    ``max_concurrent_requests`` can never run, so it is refused as such (no ``Retry-After``;
+    the message says to lower n), not with the retryable "already has k requests in flight".
+
+    Raises:
+        AuthenticationError: no, malformed or unknown key.
+        ResourceExhaustedError: ``limit="max_concurrent_requests"``.
+    """
+    from specdec.errors import ResourceExhaustedError
+
+    gate = getattr(router, "gate", None)
+    if gate is None:
+        return
+    tenant = gate.authenticate_caller(metadata)
+    most = tenant.limits.max_concurrent_requests
+    if n > most:
+        raise ResourceExhaustedError(
+            f"n={n} choices run as {n} concurrent requests but tenant {tenant.id!r} may run at most {most} at once "
+            "(limit max_concurrent_requests); lower n", limit="max_concurrent_requests")
+
+
 async def start_choices(router: Any, req: OpenAIRequest, metadata: Mapping[str, str]) -> list[tuple[Any, Any]]:
     """Start the n generations and wait for each one's first chunk, so that every error found
     before generating (validation, tenancy, loading) is raised here, before any byte is sent.
@@ -147,6 +169,8 @@ async def start_choices(router: Any, req: OpenAIRequest, metadata: Mapping[str, 
     Raises:
         the first choice's error (the others are cancelled and their admissions ended).
     """
+    if req.n > 1:
+        _refuse_n_over_the_tenants_concurrency(router, req.n, metadata)
     gens = [router.generate_stream(req.choice_data(i), metadata) for i in range(req.n)]
     if req.n > 1:
         gens = [DrainedChoice(g) for g in gens]

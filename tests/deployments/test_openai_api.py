@@ -387,6 +387,24 @@ def test_rate_limit_is_429_with_retry_after(stack):
     assert 1 <= int(e.response.headers["retry-after"]) <= 27
 
 
+def test_n_over_the_tenants_concurrency_says_lower_n_without_retry_after(stack):
+    """Tenant small runs at most 4 requests at once; n = 5 was refused as "already has 4
+    requests in flight ... retry when one finishes" (Retry-After), though nothing ran and no
+    retry could succeed."""
+    app = openai_api.build_app(stack["make_router"]())
+
+    async def go(n):
+        return await _client(app, key=SMALL_KEY).completions.create(
+            model=MODEL, prompt="x", max_tokens=1, temperature=0, n=n, extra_body={"speculation": {"proposer": "ngram"}})
+
+    e = _status_of(go(5))
+    assert isinstance(e, openai.RateLimitError) and e.body["code"] == "max_concurrent_requests"
+    assert e.body["message"] == ("n=5 choices run as 5 concurrent requests but tenant 'small' may run at most 4 at "
+                                 "once (limit max_concurrent_requests); lower n")
+    assert "retry-after" not in e.response.headers
+    assert len(_run(go(4)).choices) == 4
+
+
 def test_loading_is_503(stack):
     app = openai_api.build_app(stack["make_router"](ready=False))
     e = _status_of(_client(app).completions.create(model=MODEL, prompt="x", max_tokens=2))
