@@ -435,7 +435,12 @@ class Router:
         try:
             _refuse_undecodable(request)
             stats = await self.gate.tenant_stats(metadata_dict(grpc_context))
-            msg = tenant_stats_to_proto(stats, proposer_name(request.proposer))
+            proposer = proposer_name(request.proposer)
+            if proposer is None and request.proposer != pb.PROPOSER_UNSPECIFIED:
+                raise InvalidRequestError(
+                    "invalid request: proposer: Input should be PROPOSER_DRAFT, PROPOSER_NGRAM, PROPOSER_NONE or "
+                    f"unset, got {request.proposer}")
+            msg = tenant_stats_to_proto(stats, proposer)
         except Exception as e:
             return abort_with(grpc_context, unwrap(e), pb.GetTenantStatsResponse)
         try:  # the batch shape the target sees (best effort: stats must not fail on it)

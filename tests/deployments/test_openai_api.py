@@ -300,6 +300,20 @@ def test_n_above_the_free_admission_slots_completes_instead_of_deadlocking(stack
     assert stack["router"].gate.admission.running == 0 and stack["draft"].Sessions() == []
 
 
+def test_tenant_stats_of_an_unknown_proposer_value_is_invalid_argument(stack):
+    """GetTenantStats with a Proposer enum value the server does not know (a newer client's)
+    answered with the default proposer's statistics as if it were unset."""
+    router = stack["router"]
+    ctx = Context((("authorization", f"Bearer {KEY}"),))
+    _run(router.GetTenantStats(pb.GetTenantStatsRequest(proposer=9), ctx))
+    assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert ctx.details == ("invalid request: proposer: Input should be PROPOSER_DRAFT, PROPOSER_NGRAM, PROPOSER_NONE "
+                           "or unset, got 9")
+    ctx = Context((("authorization", f"Bearer {KEY}"),))
+    got = _run(router.GetTenantStats(pb.GetTenantStatsRequest(proposer=pb.PROPOSER_NGRAM), ctx))
+    assert ctx.code is None and got.tenant_id == "alpha" and got.proposer == pb.PROPOSER_NGRAM
+
+
 # --- one validation for both APIs ----------------------------------------------------------------
 
 
