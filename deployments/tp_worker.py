@@ -173,7 +173,7 @@ def load_tp_model(path: str, rank: int, tp_size: int, dtype: str | torch.dtype =
     At ``tp_size == 1`` the model is moved to ``device`` explicitly (a TP=1 worker holding a GPU
     computes on it).
 
-    int8/int4 and the shape-invariant forward at ``tp_size > 1``: transformers loads the bfloat16
+    int8/int4/w8a8 and the shape-invariant forward at ``tp_size > 1``: transformers loads the bfloat16
     shard (DTensor weights); :func:`localize_tp_linears` turns each sharded linear into plain local
     tensors with the communication around them, then each rank quantizes its own shard (int4
     groups divide the local input width) and the local layers are made invariant. float32 at
@@ -189,7 +189,7 @@ def load_tp_model(path: str, rank: int, tp_size: int, dtype: str | torch.dtype =
 
     Returns:
         a :class:`specdec.models.loaded.LoadedModel` whose ``model`` returns full logits;
-        ``quant_cache`` says whether int8/int4 weights came from the cache (each rank caches its
+        ``quant_cache`` says whether int8/int4/w8a8 weights came from the cache (each rank caches its
         own shard next to the folder: :mod:`specdec.models.quant_cache`).
 
     Raises:
@@ -213,7 +213,7 @@ def load_tp_model(path: str, rank: int, tp_size: int, dtype: str | torch.dtype =
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
     if tp_size == 1:
         model = model.to(device)
-    elif fmt in ("int8", "int4") or invariant:
+    elif fmt in formats.QUANTIZED_FORMATS or invariant:
         localize_tp_linears(model)
     status = quant_cache.quantize_cached(model, fmt, Path(path), rank=rank, tp_size=tp_size)
     if invariant:
@@ -296,7 +296,7 @@ class TPWorker:
         self.loaded = load_tp_model(model_path, self.rank, self.world_size, dtype, device)
         self.table = TargetSessionTable(TargetVerifier(self.loaded))
         q = self.loaded.model.model.layers[0].self_attn.q_proj
-        q = getattr(q, "inner", q)  # a TPLocalLinear (int8/int4/invariant at TP > 1)
+        q = getattr(q, "inner", q)  # a TPLocalLinear (int8/int4/w8a8/invariant at TP > 1)
         w = q.qweight if hasattr(q, "qweight") else q.weight
         local = w.to_local() if hasattr(w, "to_local") else w
         return {

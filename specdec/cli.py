@@ -70,7 +70,7 @@ def registered_commands() -> dict[str, Command]:
 
 
 #: ``--target-format`` / ``--draft-format`` choices (specdec.models.formats.WEIGHT_FORMATS)
-WEIGHT_FORMAT_CHOICES = ("float32", "bfloat16", "float16", "int8", "int4")
+WEIGHT_FORMAT_CHOICES = ("float32", "bfloat16", "float16", "int8", "int4", "w8a8")
 
 
 def _add_generate(sub) -> None:
@@ -199,7 +199,7 @@ def _add_prefetch(sub) -> None:
     p.add_argument("roles", nargs="*", metavar="{target,draft}", help="default: both")
     p.add_argument("--format", choices=WEIGHT_FORMAT_CHOICES, default=None, dest="weight_format",
                    help="build the cache a weight format loads from (float32/float16: the float32 folder; "
-                        "bfloat16: the bfloat16 folder; int8/int4: the bfloat16 folder and the quantized "
+                        "bfloat16: the bfloat16 folder; int8/int4/w8a8: the bfloat16 folder and the quantized "
                         "weights next to it); default: the device's default format")
 
 
@@ -215,7 +215,7 @@ def run_prefetch(args) -> int:
     for role in args.roles or ["target", "draft"]:
         folder = ensure_demo_folder(role, dtype=dtype)
         print(f"demo {role}: {folder}")
-        if fmt in ("int8", "int4"):
+        if fmt in ("int8", "int4", "w8a8"):
             from specdec.models.loader import load_model
             from specdec.models.quant_cache import cache_folder
             from specdec.models.spec import DemoModelSpec

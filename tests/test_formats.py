@@ -1,4 +1,4 @@
-"""Weight formats (float32, bfloat16, float16, int8, int4) and the shape-invariant forward.
+"""Weight formats (float32, bfloat16, float16, int8, int4, w8a8) and the shape-invariant forward.
 
 For every format the README offers: loading gives the right layers; a position's logits are
 bitwise the same whether it is decoded alone, verified inside a block or computed in a prefill;
@@ -16,9 +16,9 @@ from torch import nn
 from transformers import DynamicCache
 
 from specdec.engine.engine import SpeculativeEngine
-from specdec.engine.invariant import ATTENTION_NAME, RowPlan, plan_linear, run_rows
+from specdec.engine.invariant import ATTENTION_NAME, UNCHUNKED_ROWS, RowPlan, plan_linear, run_rows
 from specdec.errors import ModelLoadError
-from specdec.models.formats import WEIGHT_FORMATS, Int8WeightOnlyLinear, compute_dtype, weight_bytes
+from specdec.models.formats import WEIGHT_FORMATS, Int8WeightOnlyLinear, W8A8Linear, compute_dtype, weight_bytes
 from specdec.models.loader import load_model
 from specdec.models.spec import HFModelSpec
 from specdec.request import GenerationRequest
@@ -69,11 +69,15 @@ def test_load_in_format(folders, fmt):
         assert isinstance(proj, Int8WeightOnlyLinear) and proj.qweight.dtype == torch.int8
     elif fmt == "int4":
         assert type(proj.weight).__name__ == "Int4OpaqueTensor"
+    elif fmt == "w8a8":
+        assert isinstance(proj, W8A8Linear) and proj.qweight.dtype == torch.int8 and proj.scale.dtype == torch.float32
+        assert proj._specdec_plan == RowPlan(1, UNCHUNKED_ROWS)  # row-exact: never chunked
+        assert isinstance(target.model.lm_head, W8A8Linear)
     else:
         assert isinstance(proj, nn.Linear) and proj.weight.dtype == compute_dtype(fmt)
     assert target.model.model.embed_tokens.weight.dtype == compute_dtype(fmt)
     fp32 = weight_bytes(pair(folders, "float32")[0].model)
-    expected = {"float32": 1.0, "bfloat16": 0.51, "float16": 0.51, "int8": 0.51, "int4": 0.51}[fmt]
+    expected = {"float32": 1.0, "bfloat16": 0.51, "float16": 0.51, "int8": 0.51, "int4": 0.51, "w8a8": 0.51}[fmt]
     assert weight_bytes(target.model) <= expected * fp32
     assert target.vocab_rows == 320
 
@@ -85,7 +89,7 @@ def test_float32_is_not_made_invariant_by_default(folders):
 
 
 def test_unknown_format_is_refused(folders):
-    with pytest.raises(ModelLoadError, match="unknown weight format 'int3'; expected one of float32, bfloat16, float16, int8, int4"):
+    with pytest.raises(ModelLoadError, match="unknown weight format 'int3'; expected one of float32, bfloat16, float16, int8, int4, w8a8"):
         load_model(HFModelSpec(path=folders[0]), weight_format="int3")
     with pytest.raises(ValueError, match="format"):
         HFModelSpec(path=folders[0], format="int3")
@@ -153,7 +157,7 @@ def test_row_plans_follow_the_kernels():
     assert torch.equal(y[16:], f(torch.cat([x[16:], torch.zeros(3, 64)]))[:5])
 
 
-@pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8", "w8a8"])
 def test_left_padded_batch_rows_equal_each_sequence_alone(folders, fmt):
     """Row-wise attention slices each row's visible keys, so padding a sequence into a batch
     (issue 10) does not change its logits."""
@@ -209,3 +213,66 @@ def test_int4_leaves_layers_the_kernel_cannot_pack_in_bfloat16():
     kinds = [type(m.weight.data).__name__ for m in model]
     assert kinds == ["Tensor", "Tensor", "Int4OpaqueTensor"]  # 330 rows: not packable; 330 wide: no group
     assert model(torch.randn(3, 64, dtype=torch.bfloat16)).shape == (3, 320)
+
+
+def _w8a8_layer(out_features, in_features, seed, bias=True):
+    from specdec.models.formats import quantize
+
+    g = torch.Generator().manual_seed(seed)
+    lin = nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(out_features, in_features, generator=g) * 0.05)
+        if bias:
+            lin.bias.copy_(torch.randn(out_features, generator=g))
+    ref = nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
+    ref.load_state_dict(lin.state_dict())
+    model = nn.Sequential(lin)
+    quantize(model, "w8a8")
+    return ref, model[0]
+
+
+@pytest.mark.parametrize("shape", [(96, 64), (1536, 256), (320, 1024)])
+def test_w8a8_row_is_the_same_at_every_row_count(shape):
+    """A w8a8 layer's row is bitwise the same computed alone or among 2..40 rows (per-row
+    activation scales, exact int32 sums), also next to rows of very different magnitude."""
+    _, q = _w8a8_layer(*shape, seed=shape[0])
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(40, shape[1], generator=g).to(torch.bfloat16)
+    x[7] *= 300  # an outlier row: must not change the other rows' scales
+    x[9] = 0  # an all-zero row (padding): zeros plus bias
+    with torch.inference_mode():
+        alone = torch.cat([q.forward_rows(x[i:i + 1]) for i in range(40)])
+        for m in range(1, 41):
+            assert torch.equal(q.forward_rows(x[:m]), alone[:m]), m
+        assert torch.equal(q.forward_rows(x[9:10])[0], q.bias.to(torch.bfloat16))
+        assert torch.equal(q(x.view(4, 10, -1)), alone.view(4, 10, -1))
+
+
+def test_w8a8_is_int8_weights_times_per_token_int8_activations():
+    """The layer computes ``(round(x / s_x) @ qweight.T) * s_x * scale + bias`` with
+    ``s_x = max|x| / 127`` per row, on torchao's per-row int8 weights; close to the bfloat16 layer."""
+    lin, q = _w8a8_layer(48, 256, seed=3)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 256, generator=g).to(torch.bfloat16)
+    w = q.qweight.float() * q.scale[:, None]
+    assert q.qweight.dtype == torch.int8 and q.qweight.abs().max() == 127
+    assert torch.allclose(w, lin.weight.float(), atol=q.scale.max().item() / 2 + 1e-7)  # per-row symmetric int8
+    xf = x.float()
+    s = xf.abs().amax(-1, keepdim=True) / 127
+    xq = torch.round(xf / s)
+    assert xq.abs().max() == 127
+    expected = ((xq @ q.qweight.float().T) * s * q.scale + q.bias.float()).to(torch.bfloat16)
+    with torch.inference_mode():
+        got = q(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (5, 48)
+    assert torch.allclose(got.float(), expected.float(), rtol=1e-2, atol=1e-2)
+    ref = nn.functional.linear(x, lin.weight, lin.bias).float()
+    rel = (got.float() - ref).norm() / ref.norm()
+    assert rel < 0.02, rel.item()
+
+
+def test_w8a8_layer_checks_its_weights():
+    with pytest.raises(ValueError, match="W8A8Linear needs a 2-D int8 weight, got \\(4, 8\\) torch.float32"):
+        W8A8Linear(torch.zeros(4, 8), torch.ones(4), None)
+    with pytest.raises(ValueError, match="W8A8Linear: 3 weight scales for 4 output rows"):
+        W8A8Linear(torch.zeros(4, 8, dtype=torch.int8), torch.ones(3), None)

@@ -1,4 +1,4 @@
-"""The int8/int4 weight cache (specdec/models/quant_cache.py): a warm start reads the quantized
+"""The int8/int4/w8a8 weight cache (specdec/models/quant_cache.py): a warm start reads the quantized
 layers instead of quantizing again, and gives bitwise the logits a fresh quantization gives; a
 stale key, a changed source or a corrupt file rebuilds the entry with one log line."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specdec.models import cache
-from specdec.models.formats import Int8WeightOnlyLinear
+from specdec.models.formats import Int8WeightOnlyLinear, W8A8Linear
 from specdec.models.loader import load_model
 from specdec.models.quant_cache import TENSORS, cache_folder
 from specdec.models.spec import HFModelSpec
@@ -39,7 +39,7 @@ def _logits(loaded):
     return loaded.model(torch.tensor([PROMPT])).logits[0]
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("fmt", ["int8", "int4", "w8a8"])
 def test_cached_load_is_bitwise_a_fresh_quantization(marked, fmt, monkeypatch):
     built = _load(marked, fmt)
     assert built.quant_cache == "built"
@@ -57,6 +57,10 @@ def test_cached_load_is_bitwise_a_fresh_quantization(marked, fmt, monkeypatch):
     q = warm.model.model.layers[0].self_attn.q_proj
     if fmt == "int8":
         assert isinstance(q, Int8WeightOnlyLinear) and q.qweight.dtype == torch.int8
+    elif fmt == "w8a8":
+        assert isinstance(q, W8A8Linear) and q.qweight.dtype == torch.int8 and q.scale.dtype == torch.float32
+        assert isinstance(warm.model.lm_head, W8A8Linear)
+        assert torch.load(entry / TENSORS, weights_only=True)["model.layers.0.self_attn.q_proj"]["kind"] == "w8a8"
     else:
         assert type(q.weight.data).__name__ == "Int4OpaqueTensor"
     expected = _logits(fresh)
@@ -133,7 +137,7 @@ print(m.quant_cache)
 """
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("fmt", ["int8", "int4", "w8a8"])
 def test_a_new_process_reads_the_cache(marked, fmt, tmp_path):
     """A fresh interpreter (torchao's tensor classes not imported yet) loads the entry with
     ``weights_only=True`` and gets the same logits."""
@@ -147,3 +151,15 @@ def test_a_new_process_reads_the_cache(marked, fmt, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "hit", proc.stderr[-2000:]
     assert torch.equal(torch.load(out), ref)
+
+
+def test_formats_have_entries_of_their_own(marked):
+    """int8 and w8a8 store the same kind of tensors (int8 rows, per-row scales): each format has
+    its own entry and key, so one never loads as the other."""
+    int8 = _load(marked, "int8")
+    w8a8 = _load(marked, "w8a8")
+    assert (int8.quant_cache, w8a8.quant_cache) == ("built", "built")
+    assert cache.read_marker(cache_folder(marked, "w8a8"))["key"]["format"] == "w8a8"
+    assert _load(marked, "w8a8").quant_cache == "hit" and _load(marked, "int8").quant_cache == "hit"
+    assert isinstance(_load(marked, "w8a8").model.model.layers[1].mlp.down_proj, W8A8Linear)
+    assert not torch.equal(_logits(int8), _logits(w8a8))  # the activations are quantized too

@@ -206,7 +206,7 @@ def test_greedy_output_is_the_target_alone(folders, target, n):
     assert outside > 0 and accepted > 0
 
 
-@pytest.mark.parametrize("fmt", ["bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8", "int4", "w8a8"])
 def test_greedy_identity_in_reduced_formats(folders, fmt):
     tgt = load_model(HFModelSpec(path=folders[0]), weight_format=fmt)
     draft = load_draft(folders, 64, ranked_table(build_tiny_tokenizer(), shuffled(5)), fmt)

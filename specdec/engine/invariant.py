@@ -20,6 +20,9 @@ rows:
    for every call. Measured on a Sapphire Rapids CPU: bfloat16 (oneDNN/AMX) 1..32 rows give the
    one-row result; float16 every count >= 2 agrees; float32 (MKL) differs between most counts and
    gets fixed 8-row calls; torch's int8 and int4 weight-only kernels agree for every count.
+   A layer that declares ``ROW_EXACT = True`` (w8a8's :class:`specdec.models.formats.W8A8Linear`:
+   per-row activation quantization and an exact int32 integer product) is probed the same way
+   and, when every probed count agrees, called unchunked whatever the row count.
 2. **Attention**: :func:`rowwise_attention` runs one scaled-dot-product call per query row over
    exactly the keys that row may see, the call plain decoding makes, so neither the number of
    query rows nor left padding of a batch changes a row's result.
@@ -52,6 +55,8 @@ FIXED_ROWS = 8
 #: 48-row prefill differed from 32 rows + 16 decode steps although the k/v projections (1536x256)
 #: had probed equal up to 48 rows; with every chunk at most 32 rows all checks are exact.
 MAX_CHUNK_ROWS = 32
+#: ``max_rows`` of a layer that is row-exact by construction (``ROW_EXACT``): never chunked.
+UNCHUNKED_ROWS = 1 << 62
 #: Row-wise attention over several rows runs on one intra-op thread when no row sees more keys
 #: than this (CPU; measured on the 2-core VM: 16 rows of 96..3000 keys, 12/2 heads, d = 128,
 #: were faster on one thread than on two, 1.3-5x, the machine shared with other jobs).
@@ -273,9 +278,13 @@ def make_invariant(model: nn.Module, need_rows: int = 17) -> dict[tuple, RowPlan
             rows = _linear_rows_of(module)
             w = module.weight
             act_dtype = getattr(module, "act_dtype", w.dtype)
-            key = (type(w).__name__, module.in_features, module.out_features, act_dtype, module.bias is not None)
+            key = (type(w).__name__, module.in_features, module.out_features, act_dtype, module.bias is not None,
+                   type(module).__name__)
             if key not in plans:
-                plans[key] = plan_linear(rows, module.in_features, act_dtype, device, need_rows)
+                plan = plan_linear(rows, module.in_features, act_dtype, device, need_rows)
+                if getattr(module, "ROW_EXACT", False) and plan == RowPlan(1, MAX_CHUNK_ROWS):
+                    plan = RowPlan(1, UNCHUNKED_ROWS)  # exact by construction, and probed: no chunking
+                plans[key] = plan
             module._specdec_rows = rows
             module._specdec_plan = plans[key]
             module.forward = types.MethodType(_invariant_forward, module)

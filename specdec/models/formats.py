@@ -8,6 +8,8 @@ bfloat16    bfloat16                                     bfloat16     ``nn.Linea
 float16     float16                                      float16      ``nn.Linear`` (oneDNN)
 int8        int8, symmetric, one scale per output row    bfloat16     ``aten._weight_int8pack_mm``
 int4        int4, asymmetric, groups of 128 (or 64, 32)  bfloat16     ``aten._weight_int4pack_mm_for_cpu``
+w8a8        int8, symmetric, one scale per output row    int8 per     ``aten._int_mm`` (oneDNN; AMX-INT8
+                                                         token        or VNNI where present)
 =========== ============================================ ============ ==================================
 
 int8 and int4 are weight-only and quantized with torchao (``Int8WeightOnlyConfig``;
@@ -19,6 +21,19 @@ bfloat16 on every call; the int8 layers therefore run torch's own int8 weight-on
 (``aten._weight_int8pack_mm``, the one gpt-fast uses) on torchao's quantized data and scales.
 On a GPU the int8/int4 layers stay torchao tensors (untested here: no GPU on this machine).
 
+w8a8 quantizes the weights as int8 does (torchao ``Int8DynamicActivationInt8WeightConfig``:
+symmetric int8, one scale per output row) and also the activations, dynamically per token: each
+row of a linear layer's input is scaled by its own absolute maximum to int8 (the vector-wise
+activation quantization of LLM.int8(), Dettmers et al. 2022, without its outlier decomposition;
+SmoothQuant's per-token dynamic quantization, Xiao et al. 2023, without its smoothing). The
+product is an integer matrix multiply (``aten._int_mm``, int32 accumulation: AMX-INT8 on Sapphire
+Rapids) rescaled by the row's and the output channel's scales (:class:`W8A8Linear`). Its cost
+hardly grows with the number of rows (one linear 1536->8960 on the 2-core VM: about the same time
+for 1 and 32 rows, where int4's grows about linearly), so verifying K + 1 positions or a batch of
+sessions costs about one decode step; and since integer sums are exact, a row's result does not
+depend on how many rows a call has, by construction. On CPU the layers are :class:`W8A8Linear`
+on torchao's quantized data; on a GPU they stay torchao tensors (untested).
+
 :func:`default_format` picks the format when a spec names none: ``$SPECDEC_WEIGHT_FORMAT``, else
 bfloat16 on a GPU, else by the CPU (:func:`choose_cpu_format`): **int4** on a CPU with native
 bfloat16 instructions (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo, and torch running its
@@ -29,7 +44,7 @@ formats"). Exactness is per format: speculation equals the target alone *in the 
 int4 requantizes the demo GGUF's Q4_K/Q6_K weights and its text differs from float32's after a
 few tokens.
 
-int8/int4 weights are cached on disk next to the bfloat16 folder they come from
+int8/int4/w8a8 weights are cached on disk next to the bfloat16 folder they come from
 (:mod:`specdec.models.quant_cache`), so only the first load quantizes. At tensor parallelism
 (deployments/tp_worker.py) each rank quantizes its own shard (int4 groups divide the local input
 width), so TP=2 is not bitwise TP=1 in these formats.
@@ -52,7 +67,10 @@ log = logging.getLogger(__name__)
 WEIGHT_FORMATS: tuple[str, ...] = get_args(WeightFormat)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-           "int8": torch.bfloat16, "int4": torch.bfloat16}
+           "int8": torch.bfloat16, "int4": torch.bfloat16, "w8a8": torch.bfloat16}
+
+#: The formats whose linear layers are quantized (and cached: :mod:`specdec.models.quant_cache`).
+QUANTIZED_FORMATS: tuple[str, ...] = ("int8", "int4", "w8a8")
 
 
 def check_format(fmt: str) -> str:
@@ -63,13 +81,14 @@ def check_format(fmt: str) -> str:
 
 
 def compute_dtype(fmt: str) -> torch.dtype:
-    """Activation (and unquantized parameter) dtype of a format: bfloat16 for int8/int4."""
+    """Activation (and unquantized parameter) dtype of a format: bfloat16 for int8/int4/w8a8
+    (w8a8 quantizes activations to int8 inside its linear layers only)."""
     return _DTYPES[check_format(fmt)]
 
 
 def storage_dtype(fmt: str) -> torch.dtype:
     """Dtype of the cached weights a format loads from: float32 for float32/float16 (float16 is
-    cast on load), bfloat16 for bfloat16/int8/int4 (half the bytes; no float32 copy is built)."""
+    cast on load), bfloat16 for bfloat16/int8/int4/w8a8 (half the bytes; no float32 copy is built)."""
     return torch.float32 if check_format(fmt) in ("float32", "float16") else torch.bfloat16
 
 
@@ -176,7 +195,83 @@ class Int8WeightOnlyLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weight-only"
 
 
-def _swap_int8_for_cpu(model: nn.Module) -> int:
+class W8A8Linear(nn.Module):
+    """A linear layer with int8 weights and int8 activations quantized per token at run time (CPU).
+
+    For an input row ``x`` (bfloat16): ``s_x = max(|x|) / 127`` (float32; at least
+    :attr:`EPS`, so an all-zero row gives zeros), ``q_x = round(x / s_x)`` in int8 [-127, 127];
+    then ``y = (q_x @ qweight.T) * s_x * scale + bias``, the integer product accumulated in int32
+    by ``aten._int_mm`` (oneDNN: AMX-INT8 or VNNI where present), rescaled in float32 and
+    returned in ``act_dtype``. This is per-token symmetric dynamic activation quantization with
+    per-channel symmetric int8 weights (LLM.int8()'s vector-wise scheme without the outlier
+    decomposition, Dettmers et al. 2022; SmoothQuant's W8A8 per-token dynamic setting without
+    smoothing, Xiao et al. 2023); the weights are torchao's
+    (``Int8DynamicActivationInt8WeightConfig``).
+
+    Every step works on one row at a time or sums integers exactly, so a row's result does not
+    depend on how many rows a call has (:attr:`ROW_EXACT`; checked by
+    :func:`specdec.engine.invariant.plan_linear` at load and by tests/test_formats.py).
+
+    Args:
+        qweight: ``[out, in]`` int8.
+        scale: ``[out]`` (or ``[out, 1]``) float, the weight's per-row scale (stored float32).
+        bias: ``[out]`` or None (kept in its dtype, added to the ``act_dtype`` output).
+        act_dtype: dtype of the layer's input and output (bfloat16).
+
+    Raises:
+        ValueError: ``qweight`` is not a 2-D int8 tensor, or ``scale`` does not have ``out`` values.
+    """
+
+    #: A row's result is bitwise the same whatever the number of rows of the call: the invariant
+    #: forward (:mod:`specdec.engine.invariant`) calls the layer unchunked.
+    ROW_EXACT = True
+    #: Smallest activation scale (float32 machine epsilon, as torchao's int8 quantization).
+    EPS = float(torch.finfo(torch.float32).eps)
+
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                 act_dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        if qweight.dim() != 2 or qweight.dtype != torch.int8:
+            raise ValueError(f"W8A8Linear needs a 2-D int8 weight, got {tuple(qweight.shape)} {qweight.dtype}")
+        if scale.numel() != qweight.shape[0]:
+            raise ValueError(f"W8A8Linear: {scale.numel()} weight scales for {qweight.shape[0]} output rows")
+        self.out_features, self.in_features = qweight.shape
+        self.act_dtype = act_dtype
+        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("scale", scale.reshape(-1).to(torch.float32).contiguous())
+        self.bias = nn.Parameter(bias.detach(), requires_grad=False) if bias is not None else None
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.qweight
+
+    @staticmethod
+    def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token symmetric int8 quantization: ``[M, in]`` float -> (``[M, in]`` int8,
+        ``[M, 1]`` float32 scales) with ``x ≈ q * s``."""
+        xf = x.float()
+        s = xf.abs().amax(dim=-1, keepdim=True).div_(127.0).clamp_min_(W8A8Linear.EPS)
+        q = torch.round(xf / s).clamp_(-127, 127).to(torch.int8)
+        return q, s
+
+    def forward_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``[M, in]`` -> ``[M, out]`` in ``act_dtype`` (any M >= 1)."""
+        q, s = self.quantize_rows(x)
+        acc = torch._int_mm(q, self.qweight.t())  # [M, out] int32, exact
+        y = acc.to(torch.float32).mul_(s).mul_(self.scale).to(self.act_dtype)
+        return y + self.bias if self.bias is not None else y
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = self.forward_rows(x.reshape(-1, shape[-1]))
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, int8 per-token activations"
+
+
+def _swap_int8_for_cpu(model: nn.Module, cls: type = Int8WeightOnlyLinear) -> int:
+    """Replace every ``nn.Linear`` holding a torchao ``Int8Tensor`` by ``cls`` on its data and scales."""
     from torchao.quantization.quantize_.workflows.int8.int8_tensor import Int8Tensor
 
     swapped = 0
@@ -184,7 +279,7 @@ def _swap_int8_for_cpu(model: nn.Module) -> int:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear) and isinstance(child.weight, Int8Tensor):
                 w = child.weight
-                setattr(parent, name, Int8WeightOnlyLinear(w.qdata, w.scale, child.bias, compute_dtype("int8")))
+                setattr(parent, name, cls(w.qdata, w.scale, child.bias, compute_dtype("int8")))
                 swapped += 1
     return swapped
 
@@ -214,10 +309,10 @@ def quantize(model: nn.Module, fmt: str) -> nn.Module:
         ModelLoadError: torchao is missing.
     """
     check_format(fmt)
-    if fmt not in ("int8", "int4"):
+    if fmt not in QUANTIZED_FORMATS:
         return model
     try:
-        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
     except ImportError as e:  # pragma: no cover - torchao is a dependency
         from specdec.errors import ModelLoadError
 
@@ -227,6 +322,11 @@ def quantize(model: nn.Module, fmt: str) -> nn.Module:
         quantize_(model, Int8WeightOnlyConfig())
         if device.type == "cpu":
             _swap_int8_for_cpu(model)
+        return model
+    if fmt == "w8a8":
+        quantize_(model, Int8DynamicActivationInt8WeightConfig(set_inductor_config=False))
+        if device.type == "cpu":
+            _swap_int8_for_cpu(model, W8A8Linear)
         return model
     if device.type == "cpu":
         from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig as Int4Config

@@ -49,7 +49,7 @@ class LoadedModel:
             :mod:`specdec.models.vocab_subset`): ``[N]`` int64 ids, ascending, on :attr:`device`;
             the model's logits are ``[n, N]``, column j scoring ``vocab_subset[j]``
             (:meth:`full_logits` widens them back to ``vocab_rows``). None: all ``vocab_rows``.
-        quant_cache: how int8/int4 weights were obtained (:func:`specdec.models.quant_cache.quantize_cached`):
+        quant_cache: how int8/int4/w8a8 weights were obtained (:func:`specdec.models.quant_cache.quantize_cached`):
             ``"hit"`` read from the cache, ``"built"`` quantized and stored, ``"off"`` quantized
             without a cache, ``"none"`` a float format.
     """

@@ -52,7 +52,7 @@ def load_model(
 
     Args:
         spec: what to load.
-        weight_format: ``float32``, ``bfloat16``, ``float16``, ``int8`` or ``int4``
+        weight_format: ``float32``, ``bfloat16``, ``float16``, ``int8``, ``int4`` or ``w8a8``
             (:mod:`specdec.models.formats`); None: the spec's ``format``, else
             ``$SPECDEC_WEIGHT_FORMAT``, else :func:`specdec.models.formats.default_format`.
         dtype: older spelling of a float format (``torch.bfloat16`` = ``"bfloat16"``); ignored
@@ -117,7 +117,7 @@ def load_model(
             raise ModelLoadError(
                 f"draft vocabulary subset {vocab_subset} with weight format int4: the int4 kernel packs output rows "
                 "in groups of 16, so the subset must be a multiple of 16 (e.g. 16384 or 32768)")
-        slice_output_layer(loaded.model, ids)  # before quantizing: int8/int4 quantize the sliced rows
+        slice_output_layer(loaded.model, ids)  # before quantizing: int8/int4/w8a8 quantize the sliced rows
         loaded.vocab_subset = ids.to(loaded.device)
     t_load = time.perf_counter() - t0
     variant = None

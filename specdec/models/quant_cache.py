@@ -1,4 +1,4 @@
-"""A disk cache of int8/int4 weights, so a warm start does not quantize again.
+"""A disk cache of int8/int4/w8a8 weights, so a warm start does not quantize again.
 
 Quantizing the demo target at load takes 12-23 s on the 2-core CPU (torchao, every linear
 layer); reading the quantized tensors back takes about a second. :func:`quantize_cached` does
@@ -24,6 +24,8 @@ What is stored per quantized layer (``fqn`` = the module's dotted name):
 
 - ``{"kind": "int8pack", "qweight": [out, in] int8, "scale": [out] bfloat16, "bias": [out] or None}``:
   a :class:`specdec.models.formats.Int8WeightOnlyLinear` (int8 on CPU);
+- ``{"kind": "w8a8", "qweight": [out, in] int8, "scale": [out] float32, "bias": [out] or None}``:
+  a :class:`specdec.models.formats.W8A8Linear` (w8a8 on CPU);
 - ``{"kind": "weight", "weight": tensor}``: an ``nn.Linear`` whose weight is a torchao tensor
   subclass (int4's ``Int4OpaqueTensor`` on CPU; int8/int4 torchao tensors on a GPU); the
   subclass is saved whole and loaded with ``torch.load(weights_only=True)``, which torchao's
@@ -105,8 +107,9 @@ def quantized_state(model: nn.Module) -> dict[str, dict]:
     """The quantized linear layers of ``model`` as ``{fqn: {"kind": ..., tensors}}`` (see module doc)."""
     out: dict[str, dict] = {}
     for name, module in model.named_modules():
-        if isinstance(module, formats.Int8WeightOnlyLinear):
-            out[name] = {"kind": "int8pack", "qweight": module.qweight, "scale": module.scale,
+        if isinstance(module, (formats.Int8WeightOnlyLinear, formats.W8A8Linear)):
+            kind = "w8a8" if isinstance(module, formats.W8A8Linear) else "int8pack"
+            out[name] = {"kind": kind, "qweight": module.qweight, "scale": module.scale,
                          "bias": None if module.bias is None else module.bias.data}
         elif isinstance(module, nn.Linear) and type(module.weight.data) is not torch.Tensor:
             out[name] = {"kind": "weight", "weight": module.weight.data}
@@ -122,7 +125,7 @@ def _check_fits(model: nn.Module, state: dict[str, dict]) -> None:
         m = modules.get(name)
         if not isinstance(m, nn.Linear):
             raise ValueError(f"{name} is not a linear layer of this model")
-        if entry.get("kind") == "int8pack":
+        if entry.get("kind") in ("int8pack", "w8a8"):
             shape = tuple(entry["qweight"].shape)
             if entry["qweight"].dtype != torch.int8:
                 raise ValueError(f"{name}: qweight is {entry['qweight'].dtype}, not int8")
@@ -146,9 +149,9 @@ def apply_state(model: nn.Module, state: dict[str, dict], act_dtype: torch.dtype
         parent_name, _, child = name.rpartition(".")
         parent = modules[parent_name] if parent_name else model
         old = modules[name]
-        if entry["kind"] == "int8pack":
-            bias = entry["bias"] if entry["bias"] is not None else None
-            setattr(parent, child, formats.Int8WeightOnlyLinear(entry["qweight"], entry["scale"], bias, act_dtype))
+        if entry["kind"] in ("int8pack", "w8a8"):
+            cls = formats.W8A8Linear if entry["kind"] == "w8a8" else formats.Int8WeightOnlyLinear
+            setattr(parent, child, cls(entry["qweight"], entry["scale"], entry["bias"], act_dtype))
         else:
             old.weight = nn.Parameter(entry["weight"], requires_grad=False)
 
@@ -177,7 +180,7 @@ def quantize_cached(model: nn.Module, fmt: str, folder: Path | None, *, rank: in
         ModelLoadError: torchao is missing (from :func:`formats.quantize`).
     """
     formats.check_format(fmt)
-    if fmt not in ("int8", "int4"):
+    if fmt not in formats.QUANTIZED_FORMATS:
         return "none"
     if use_cache is None:
         use_cache = os.environ.get("SPECDEC_QUANT_CACHE", "1") != "0"
@@ -266,7 +269,7 @@ def release_source_file(model: nn.Module) -> int:
     copies: dict[int, torch.Tensor] = {}
     copied = 0
     for module in model.modules():
-        if isinstance(module, formats.Int8WeightOnlyLinear):
+        if isinstance(module, (formats.Int8WeightOnlyLinear, formats.W8A8Linear)):
             continue
         for table in (module._parameters, module._buffers):
             for name, t in list(table.items()):

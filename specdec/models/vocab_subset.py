@@ -198,8 +198,8 @@ def slice_output_layer(model: PreTrainedModel, ids: torch.Tensor) -> nn.Module:
     The input embedding is left whole (also when the output layer was tied to it), so every id
     can still be fed. Supported layers: ``nn.Linear`` with plain float weights (float32/bfloat16/
     float16, and int8/int4 before they are quantized: :func:`specdec.models.loader.load_model`
-    slices first) and :class:`specdec.models.formats.Int8WeightOnlyLinear` (data and per-row
-    scales sliced).
+    slices first) and :class:`specdec.models.formats.Int8WeightOnlyLinear` /
+    :class:`specdec.models.formats.W8A8Linear` (data and per-row scales sliced).
 
     Args:
         model: a transformers causal LM.
@@ -212,15 +212,15 @@ def slice_output_layer(model: PreTrainedModel, ids: torch.Tensor) -> nn.Module:
         ModelLoadError: the output layer is of another kind (e.g. already int4-packed by torchao:
             slice before quantizing).
     """
-    from specdec.models.formats import Int8WeightOnlyLinear
+    from specdec.models.formats import Int8WeightOnlyLinear, W8A8Linear
 
     head = model.get_output_embeddings()
     ids = ids.to(torch.long)
     with torch.no_grad():
-        if isinstance(head, Int8WeightOnlyLinear):
+        if isinstance(head, (Int8WeightOnlyLinear, W8A8Linear)):
             idx = ids.to(head.qweight.device)
             bias = head.bias[idx] if head.bias is not None else None
-            new: nn.Module = Int8WeightOnlyLinear(head.qweight[idx].clone(), head.scale[idx].clone(), bias, head.act_dtype)
+            new: nn.Module = type(head)(head.qweight[idx].clone(), head.scale[idx].clone(), bias, head.act_dtype)
         elif type(head) is nn.Linear and type(head.weight) in (torch.Tensor, nn.Parameter) and head.weight.is_floating_point():
             w = head.weight
             idx = ids.to(w.device)

@@ -1,4 +1,4 @@
-"""int8/int4 (and the shape-invariant bfloat16 forward) at TP=2: each rank quantizes its own
+"""int8/int4/w8a8 (and the shape-invariant bfloat16 forward) at TP=2: each rank quantizes its own
 bfloat16 shard (deployments/tp_worker.py localize_tp_linears). Two ranks run in spawned processes
 with gloo, no Ray. Greedy speculation over the TP=2 target equals the TP=2 target alone in the
 same format; each rank caches its own quantized shard."""
@@ -81,8 +81,8 @@ def _check_tp2(target, fmt, ranks):
     assert r0["local_layers"] == r1["local_layers"] == 15
     assert tuple(r0["info"]["q_proj_local_shape"]) == (32, 64)
     assert r0["info"]["weight_format"] == fmt
-    assert r0["info"]["quant_cache"] == ("built" if fmt in ("int8", "int4") else "none")
-    if fmt in ("int8", "int4"):
+    assert r0["info"]["quant_cache"] == ("built" if fmt in ("int8", "int4", "w8a8") else "none")
+    if fmt in ("int8", "int4", "w8a8"):
         for rank in (0, 1):
             assert cache.read_marker(cache_folder(target, fmt, rank, 2))["key"]["tp"] == [rank, 2]
     # both ranks end with the same full logits and the same tokens
@@ -99,7 +99,7 @@ def _check_tp2(target, fmt, ranks):
     print(f"{fmt}: TP=2 vs TP=1 max |dlogit| {diff:.3g}")
 
 
-@pytest.mark.parametrize("fmt", ["int8", "bfloat16"])
+@pytest.mark.parametrize("fmt", ["int8", "bfloat16", "w8a8"])
 def test_tp2_speculation_equals_tp2_target_alone(folders, fmt, tmp_path):
     target, draft = folders
     _check_tp2(target, fmt, _run_tp2(target, draft, fmt, tmp_path, fmt))
