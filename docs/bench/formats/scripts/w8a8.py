@@ -69,7 +69,7 @@ def forward_part():
                     w0, c0 = time.perf_counter(), time.process_time()
                     t.model(input_ids=torch.tensor([ids[64:64 + n]]), past_key_values=caches[f], use_cache=True)
                     out.setdefault((f, n), []).append((time.perf_counter() - w0, time.process_time() - c0))
-                    caches[f].crop(64)
+                    caches[f].crop(-n)
     print(f"\n## forward of the demo target, n new positions on a 64-token cache (median of {ROUNDS}; "
           f"{time.strftime('%H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f})")
     print("| format | " + " | ".join(f"n={n}" for n in NS) + " | n=16 / n=1 |")
