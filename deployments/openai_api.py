@@ -392,6 +392,8 @@ def build_app(router: Any):
                 body = await request.json()
             except ValueError:
                 raise InvalidRequestError("the request body is not valid JSON") from None
+            except RecursionError:  # json's decoder recurses per nesting level
+                raise InvalidRequestError("the request body is JSON nested too deeply") from None
             req = translate(body, endpoint, ids)
             metadata = metadata_from_headers(request.headers)
             if not req.stream:

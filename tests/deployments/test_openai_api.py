@@ -447,6 +447,17 @@ def test_every_path_answers_something_useful(stack):
     assert _run(_raw(app, "GET", "/health")).json() == {"status": "ok"}
 
 
+@pytest.mark.parametrize("body", ["[" * 100_000 + "]" * 100_000,
+                                  '{"model": "specdec", "prompt": ' + "[" * 50_000 + "]" * 50_000 + "}"])
+def test_json_nested_too_deeply_is_400_not_500(stack, body):
+    """json's decoder recursed past Python's limit: a RecursionError answered as a 500."""
+    resp = _run(_raw(stack["app"], "POST", "/v1/completions", body))
+    assert resp.status_code == 400
+    assert resp.json()["error"]["message"] == "the request body is JSON nested too deeply"
+    ok = _run(_raw(stack["app"], "POST", "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 2}))
+    assert ok.status_code == 200
+
+
 def test_the_prefix_without_a_slash_is_the_root(stack):
     """Serve mounts the app under /specdec (root_path): GET /specdec answers, not a redirect."""
 
