@@ -164,17 +164,18 @@ class TokenText:
 
 
 def completion_logprobs(ids: Sequence[int], logprobs: Sequence[float], text: TokenText, offset: int = 0,
-                        top: Sequence[pb.TopLogprobs] = ()) -> dict:
+                        top: Sequence[pb.TopLogprobs] = (), top_n: int = 0) -> dict:
     """Completions' ``logprobs`` object: tokens, token_logprobs, top_logprobs (per position a
-    dict token text -> logprob, or None when N = 0; ids that decode to the same text share one
-    key, with the most likely one's logprob), text_offset."""
+    dict token text -> logprob, or None when N = ``top_n`` = 0; ids that decode to the same text
+    share one key, with the most likely one's logprob), text_offset. With N > 0 ``top_logprobs``
+    is a list also when ``ids`` is empty (a streamed chunk, an answer cut by a stop string)."""
     tokens = [text(t) for t in ids]
     offsets = []
     for tok in tokens:
         offsets.append(offset)
         offset += len(tok)
     tops = None
-    if top:  # several ids may decode to the same text: the most likely one's logprob is kept
+    if top or top_n:  # several ids may decode to the same text: the most likely one's logprob is kept
         tops = []
         for m in top:
             d: dict[str, float] = {}
@@ -210,7 +211,7 @@ def _logprobs(req: OpenAIRequest, ids: Sequence[int], logprobs: Sequence[float],
     if req.top_logprobs is None:
         return None
     if req.endpoint == "completions":
-        return completion_logprobs(ids, logprobs, text, offset, top)
+        return completion_logprobs(ids, logprobs, text, offset, top, req.top_logprobs)
     return chat_logprobs(ids, logprobs, text, top)
 
 

@@ -239,6 +239,26 @@ def test_completion_logprobs_shape_and_token_id_prompt(stack):
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
 
 
+def test_completion_top_logprobs_is_a_list_in_every_chunk(stack):
+    """With ``logprobs`` N > 0, a chunk without tokens (the last one of a stream cut by a stop
+    string) and an answer cut to no tokens had ``top_logprobs: null`` instead of a list."""
+    args = dict(model=MODEL, prompt=PROMPT, max_tokens=30, temperature=0, logprobs=3, extra_body={"ignore_eos": True})
+
+    async def go():
+        client = _client(stack["app"])
+        full = await client.completions.create(**args)
+        stop = full.choices[0].text[12:14]
+        chunks = [c async for c in await client.completions.create(stream=True, stop=[stop], **args)]
+        empty = await client.completions.create(stop=[full.choices[0].text[:1]], **args)
+        return chunks, empty
+
+    chunks, empty = _run(go())
+    assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].choices[0].logprobs.tokens == []
+    assert all(isinstance(c.choices[0].logprobs.top_logprobs, list) for c in chunks)
+    assert [len(c.choices[0].logprobs.top_logprobs) for c in chunks] == [len(c.choices[0].logprobs.tokens) for c in chunks]
+    assert empty.choices[0].text == "" and empty.choices[0].logprobs.top_logprobs == []
+
+
 def test_n_choices_are_independent_generations(stack):
     """n = 3 sampled with a seed: choice i is the gRPC answer of seed + i."""
     router = stack["router"]
