@@ -77,6 +77,17 @@ from specdec.request import MAX_SPECULATION_LENGTH, GenerationRequest, parse_req
 
 log = logging.getLogger(__name__)
 
+
+class PromptTooManyCharactersError(PromptTooLongError):
+    """A prompt refused before tokenizing: more characters than the context's positions can
+    spell (INVALID_ARGUMENT; OpenAI code ``context_length_exceeded``, as a tokenized prompt over
+    the context). ``prompt_tokens`` is None (not tokenized); ``limit`` is the context in positions."""
+
+    def __init__(self, message: str, limit: int):
+        InvalidRequestError.__init__(self, message)
+        self.prompt_tokens = None
+        self.limit = limit
+
 #: How many times one generation is resumed after its draft replica died.
 MAX_RESUMES = 3
 
@@ -217,9 +228,9 @@ class Router:
             return
         most = self.info.max_positions * self._max_token_chars
         if chars > most:
-            raise InvalidRequestError(
+            raise PromptTooManyCharactersError(
                 f"prompt is {chars} characters: more than the {self.info.max_positions} positions of "
-                f"the target '{self.info.name}' can hold (at most {most} characters)"
+                f"the target '{self.info.name}' can hold (at most {most} characters)", self.info.max_positions
             )
 
     def _encode(self, req: GenerationRequest) -> list[int]:

@@ -603,6 +603,12 @@ def test_prompt_over_the_context_has_openai_code_not_the_limit_number(stack):
     resp = _run(_raw(stack["app"], "POST", "/v1/completions",
                      {"model": MODEL, "prompt": [5] * 300, "max_tokens": 2, "stream": True}))
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "context_length_exceeded"
+    # refused before tokenizing (more characters than 256 positions can spell): the same code
+    resp = _run(_raw(stack["app"], "POST", "/v1/chat/completions",
+                     {"model": MODEL, "messages": [{"role": "user", "content": "a" * 5000}]}))
+    assert resp.status_code == 400 and resp.json()["error"] == {
+        "message": f"prompt is 5000 characters: more than the 256 positions of the target '{name}' can hold (at most "
+                   "3328 characters)", "type": "invalid_request_error", "param": None, "code": "context_length_exceeded"}
 
 
 def test_deadline_is_504_before_the_first_token(stack):
