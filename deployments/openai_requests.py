@@ -53,6 +53,12 @@ _FIELDS = {
     "chat": _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                        "response_format", "parallel_tool_calls"},
 }
+#: JSON types of the body's scalar fields (checked here: the core's pydantic models convert
+#: loosely, so ``"max_tokens": true`` was 1 token and ``"ignore_eos": "no"`` false; gRPC's proto
+#: types never allow either). ``n``, ``stream`` and ``logprobs`` are checked where they are read.
+_WHOLE = ("max_tokens", "max_completion_tokens", "seed", "top_k", "min_tokens")
+_NUMBER = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty")
+_BOOL = ("ignore_eos",)
 #: Body fields that go into the core request's ``sampling`` as they are.
 _SAMPLING = ("top_p", "seed", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias")
 
@@ -96,6 +102,37 @@ def _is_int(x: Any) -> bool:
 
 def _token_id_list(x: Any) -> bool:
     return isinstance(x, list) and len(x) > 0 and all(_is_int(t) for t in x)
+
+
+def _check_json_types(body: Mapping[str, Any]) -> None:
+    """Refuse a scalar field of the wrong JSON type (a string for a number, a boolean for a whole
+    number, ...), naming the field; values are the core's to check."""
+    for name in _WHOLE:
+        if name in body and not _is_int(body[name]):
+            raise InvalidRequestError(f"{name} must be a whole number, got {body[name]!r}")
+    for name in _NUMBER:
+        if name in body and (isinstance(body[name], bool) or not isinstance(body[name], (int, float))):
+            raise InvalidRequestError(f"{name} must be a number, got {body[name]!r}")
+    for name in _BOOL:
+        if name in body and not isinstance(body[name], bool):
+            raise InvalidRequestError(f"{name} must be true or false, got {body[name]!r}")
+    ids = body.get("stop_token_ids")
+    if ids is not None and not (isinstance(ids, list) and all(_is_int(t) for t in ids)):
+        raise InvalidRequestError(f"stop_token_ids must be a list of token ids, got {ids!r}")
+    bias = body.get("logit_bias")
+    if bias is not None and not (isinstance(bias, Mapping) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in bias.values())):
+        raise InvalidRequestError(f"logit_bias must be an object of token id -> number, got {bias!r}")
+    spec = body.get("speculation")
+    if isinstance(spec, Mapping):
+        if spec.get("max_k") is not None and not _is_int(spec["max_k"]):
+            raise InvalidRequestError(f"speculation.max_k must be a whole number, got {spec['max_k']!r}")
+        conf = spec.get("draft_min_confidence")
+        if conf is not None and (isinstance(conf, bool) or not isinstance(conf, (int, float))):
+            raise InvalidRequestError(f"speculation.draft_min_confidence must be a number, got {conf!r}")
+    stop = body.get("stop")
+    if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(x, str) for x in stop))):
+        raise InvalidRequestError(f"stop must be a string or a list of strings, got {stop!r}")
 
 
 def _prompt(value: Any, data: dict) -> None:
@@ -168,6 +205,7 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
     if model not in model_ids:
         raise ModelNotFoundError(f"the model '{model}' does not exist; this server serves "
                                  + ", ".join(repr(m) for m in model_ids))
+    _check_json_types(body)
     n = body.get("n", 1)
     if not _is_int(n) or not 1 <= n <= MAX_N:
         raise InvalidRequestError(f"n must be a whole number in 1..{MAX_N}, got {n!r}")

@@ -398,6 +398,31 @@ def test_errors_through_the_openai_client(stack):
     assert e.body["message"] == "n must be a whole number in 1..16, got 0"
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("max_tokens", True, "max_tokens must be a whole number, got True"),
+    ("max_tokens", "5", "max_tokens must be a whole number, got '5'"),
+    ("seed", 1.0, "seed must be a whole number, got 1.0"),
+    ("top_k", "3", "top_k must be a whole number, got '3'"),
+    ("min_tokens", False, "min_tokens must be a whole number, got False"),
+    ("temperature", "0.5", "temperature must be a number, got '0.5'"),
+    ("top_p", True, "top_p must be a number, got True"),
+    ("ignore_eos", "no", "ignore_eos must be true or false, got 'no'"),
+    ("ignore_eos", 1, "ignore_eos must be true or false, got 1"),
+    ("stop_token_ids", ["7"], "stop_token_ids must be a list of token ids, got ['7']"),
+    ("stop", 5, "stop must be a string or a list of strings, got 5"),
+    ("logit_bias", {"5": "1.5"}, "logit_bias must be an object of token id -> number, got {'5': '1.5'}"),
+    ("speculation", {"max_k": "4"}, "speculation.max_k must be a whole number, got '4'"),
+    ("speculation", {"draft_min_confidence": True}, "speculation.draft_min_confidence must be a number, got True"),
+])
+def test_wrong_json_types_are_400_naming_the_field(stack, field, value, message):
+    """pydantic's loose conversion took ``"max_tokens": true`` as 1 token, ``"5"`` as 5 and
+    ``"ignore_eos": "no"`` as false; a JSON value of the wrong type is refused, as gRPC's proto
+    types never allow it."""
+    resp = _run(_raw(stack["app"], "POST", "/v1/completions",
+                     {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, field: value}))
+    assert resp.status_code == 400 and resp.json()["error"]["message"] == message
+
+
 def test_rate_limit_is_429_with_retry_after(stack):
     """Tenant small: 20 tokens per minute; each request reserves prompt + max_tokens = 1 + 8."""
     router = stack["make_router"]()
