@@ -232,20 +232,28 @@ def _w8a8_layer(out_features, in_features, seed, bias=True):
 
 
 @pytest.mark.parametrize("shape", [(96, 64), (1536, 256), (320, 1024)])
-def test_w8a8_row_is_the_same_at_every_row_count(shape):
+def test_w8a8_row_is_the_same_at_every_row_count(shape, monkeypatch):
     """A w8a8 layer's row is bitwise the same computed alone or among 2..40 rows (per-row
-    activation scales, exact int32 sums), also next to rows of very different magnitude."""
+    activation scales, exact int32 sums), also next to rows of very different magnitude, with
+    either kernel; and oneDNN's prepacked qlinear gives bitwise aten._int_mm's result."""
+    monkeypatch.setattr(W8A8Linear, "KEEP_INT8", True)  # keep qweight for the int_mm kernel
     _, q = _w8a8_layer(*shape, seed=shape[0])
     g = torch.Generator().manual_seed(1)
     x = torch.randn(40, shape[1], generator=g).to(torch.bfloat16)
     x[7] *= 300  # an outlier row: must not change the other rows' scales
     x[9] = 0  # an all-zero row (padding): zeros plus bias
+    by_kernel = {}
     with torch.inference_mode():
-        alone = torch.cat([q.forward_rows(x[i:i + 1]) for i in range(40)])
-        for m in range(1, 41):
-            assert torch.equal(q.forward_rows(x[:m]), alone[:m]), m
-        assert torch.equal(q.forward_rows(x[9:10])[0], q.bias.to(torch.bfloat16))
-        assert torch.equal(q(x.view(4, 10, -1)), alone.view(4, 10, -1))
+        for kernel in ("qlinear", "int_mm"):
+            monkeypatch.setattr(W8A8Linear, "KERNEL", kernel)
+            alone = torch.cat([q.forward_rows(x[i:i + 1]) for i in range(40)])
+            for m in range(1, 41):
+                assert torch.equal(q.forward_rows(x[:m]), alone[:m]), (kernel, m)
+            assert torch.equal(q.forward_rows(x[9:10])[0], q.bias.to(torch.bfloat16))
+            assert torch.equal(q(x.view(4, 10, -1)), alone.view(4, 10, -1))
+            by_kernel[kernel] = alone
+    assert q._packed is not False  # the prepacked oneDNN weight was built (x86 CPU)
+    assert torch.equal(by_kernel["qlinear"], by_kernel["int_mm"])
 
 
 def test_w8a8_is_int8_weights_times_per_token_int8_activations():
@@ -276,3 +284,21 @@ def test_w8a8_layer_checks_its_weights():
         W8A8Linear(torch.zeros(4, 8), torch.ones(4), None)
     with pytest.raises(ValueError, match="W8A8Linear: 3 weight scales for 4 output rows"):
         W8A8Linear(torch.zeros(4, 8, dtype=torch.int8), torch.ones(3), None)
+
+
+def test_w8a8_prepacked_layer_keeps_one_copy_of_its_weights():
+    """After the first forward the int8 weight lives only in oneDNN's prepacked form: qweight is
+    empty, weight_bytes still counts one byte per weight, and storing the layer is refused."""
+    from specdec.models.quant_cache import quantized_state
+
+    _, q = _w8a8_layer(96, 64, seed=4)
+    model = nn.Sequential(q)
+    state = quantized_state(model)  # before the first forward: the int8 data
+    assert state["0"]["kind"] == "w8a8" and state["0"]["qweight"].shape == (96, 64)
+    before = weight_bytes(model)
+    with torch.inference_mode():
+        y = model(torch.randn(3, 64, dtype=torch.bfloat16))
+    assert q.prepacked and q.qweight.numel() == 0 and y.shape == (3, 96)
+    assert weight_bytes(model) == before - 96 * 64 + 96 * 64
+    with pytest.raises(RuntimeError, match="only in oneDNN's prepacked form"):
+        quantized_state(model)

@@ -217,7 +217,7 @@ def slice_output_layer(model: PreTrainedModel, ids: torch.Tensor) -> nn.Module:
     head = model.get_output_embeddings()
     ids = ids.to(torch.long)
     with torch.no_grad():
-        if isinstance(head, (Int8WeightOnlyLinear, W8A8Linear)):
+        if isinstance(head, (Int8WeightOnlyLinear, W8A8Linear)) and not getattr(head, "prepacked", False):
             idx = ids.to(head.qweight.device)
             bias = head.bias[idx] if head.bias is not None else None
             new: nn.Module = type(head)(head.qweight[idx].clone(), head.scale[idx].clone(), bias, head.act_dtype)

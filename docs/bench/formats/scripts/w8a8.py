@@ -3,7 +3,8 @@ alone tokens/s, greedy speculation per (target format, draft format) and K, and 
 the bfloat16 target.
 
 usage: flock -w 1800 /tmp/specdec-heavy.lock python w8a8.py [PARTS]
-PARTS: comma list of quality,forward,spec (default all three, in that order).
+PARTS: comma list of quality,forward,spec (default all three, in that order) and kernels
+(the w8a8 target's two kernels: oneDNN's prepacked qlinear vs aten._int_mm).
 env: THREADS (default 2), ROUNDS (forward timing rounds, default 3), TOKENS (default 64),
      KS (default 2,4,8), PAIRS (default int4/int4,w8a8/int4,w8a8/w8a8: target/draft formats),
      NS (positions per forward, default 1,2,5,9,16,32,64).
@@ -153,5 +154,47 @@ def quality_part():
     gc.collect()
 
 
+def kernels_part():
+    """The w8a8 target with its two kernels (W8A8Linear.KERNEL: oneDNN's prepacked qlinear, the
+    default, and aten._int_mm), alternating; and whether their logits are bitwise equal and the
+    same at every n (16 positions one at a time vs in one forward)."""
+    from specdec.models.formats import W8A8Linear
+
+    t = model("target", "w8a8")
+    ids = text_ids(t.tokenizer, 64 + max(NS))
+    out: dict = {}
+    kernels = ("qlinear", "int_mm")
+    with torch.inference_mode():
+        cache = DynamicCache(config=t.model.config)
+        t.model(input_ids=torch.tensor([ids[:64]]), past_key_values=cache, use_cache=True)
+        logits = {}
+        for kernel in kernels:
+            W8A8Linear.KERNEL = kernel
+            one = []
+            for i in range(16):
+                one.append(t.model(input_ids=torch.tensor([ids[64 + i:65 + i]]), past_key_values=cache, use_cache=True).logits[0])
+            cache.crop(-16)
+            alln = t.model(input_ids=torch.tensor([ids[64:80]]), past_key_values=cache, use_cache=True).logits[0]
+            cache.crop(-16)
+            logits[kernel] = alln
+            print(f"# {kernel}: 16 positions alone vs in one forward bitwise equal: {torch.equal(torch.cat(one), alln)}", flush=True)
+        print(f"# qlinear logits bitwise int_mm's: {torch.equal(logits['qlinear'], logits['int_mm'])}", flush=True)
+        for _ in range(ROUNDS):
+            for n in NS:
+                for kernel in kernels:
+                    W8A8Linear.KERNEL = kernel
+                    w0 = time.perf_counter()
+                    t.model(input_ids=torch.tensor([ids[64:64 + n]]), past_key_values=cache, use_cache=True)
+                    out.setdefault((kernel, n), []).append(time.perf_counter() - w0)
+                    cache.crop(-n)
+    W8A8Linear.KERNEL = "qlinear"
+    print(f"\n## w8a8 target forward by kernel, n new positions on a 64-token cache (median of {ROUNDS}, wall s; "
+          f"{time.strftime('%H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f})")
+    print("| kernel | " + " | ".join(f"n={n}" for n in NS) + " |")
+    print("|---|" + "---:|" * len(NS))
+    for kernel in kernels:
+        print(f"| {kernel} | " + " | ".join(f"{med(out[(kernel, n)]):.3f}" for n in NS) + " |", flush=True)
+
+
 for part in PARTS:
-    {"forward": forward_part, "spec": spec_part, "quality": quality_part}[part]()
+    {"forward": forward_part, "spec": spec_part, "quality": quality_part, "kernels": kernels_part}[part]()
