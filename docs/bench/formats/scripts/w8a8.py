@@ -7,7 +7,7 @@ PARTS: comma list of quality,forward,spec (default all three, in that order) and
 (the w8a8 target's two kernels: oneDNN's prepacked qlinear vs aten._int_mm).
 env: THREADS (default 2), ROUNDS (forward timing rounds, default 3), TOKENS (default 64),
      KS (default 2,4,8), PAIRS (default int4/int4,w8a8/int4,w8a8/w8a8: target/draft formats),
-     NS (positions per forward, default 1,2,5,9,16,32,64).
+     NS (positions per forward, default 1,2,5,9,16,32,64), KNS (the same for kernels, default 1,16).
 
 forward: the demo target's invariant forward (the engine's own) over n new positions on a
   64-token cache, formats alternating inside each round; median wall and process CPU seconds.
@@ -161,7 +161,8 @@ def kernels_part():
     from specdec.models.formats import W8A8Linear
 
     t = model("target", "w8a8")
-    ids = text_ids(t.tokenizer, 64 + max(NS))
+    ns = [int(n) for n in os.environ.get("KNS", "1,16").split(",")]
+    ids = text_ids(t.tokenizer, 64 + max(ns))
     out: dict = {}
     kernels = ("qlinear", "int_mm")
     with torch.inference_mode():
@@ -180,7 +181,7 @@ def kernels_part():
             print(f"# {kernel}: 16 positions alone vs in one forward bitwise equal: {torch.equal(torch.cat(one), alln)}", flush=True)
         print(f"# qlinear logits bitwise int_mm's: {torch.equal(logits['qlinear'], logits['int_mm'])}", flush=True)
         for _ in range(ROUNDS):
-            for n in NS:
+            for n in ns:
                 for kernel in kernels:
                     W8A8Linear.KERNEL = kernel
                     w0 = time.perf_counter()
@@ -190,11 +191,14 @@ def kernels_part():
     W8A8Linear.KERNEL = "qlinear"
     print(f"\n## w8a8 target forward by kernel, n new positions on a 64-token cache (median of {ROUNDS}, wall s; "
           f"{time.strftime('%H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f})")
-    print("| kernel | " + " | ".join(f"n={n}" for n in NS) + " |")
-    print("|---|" + "---:|" * len(NS))
+    print("| kernel | " + " | ".join(f"n={n}" for n in ns) + " |")
+    print("|---|" + "---:|" * len(ns))
     for kernel in kernels:
-        print(f"| {kernel} | " + " | ".join(f"{med(out[(kernel, n)]):.3f}" for n in NS) + " |", flush=True)
+        print(f"| {kernel} | " + " | ".join(f"{med(out[(kernel, n)]):.3f}" for n in ns) + " |", flush=True)
 
 
+if "kernels" in PARTS:  # keep the plain int8 weights next to the prepacked ones (before any load)
+    from specdec.models.formats import W8A8Linear
+    W8A8Linear.KEEP_INT8 = True
 for part in PARTS:
     {"forward": forward_part, "spec": spec_part, "quality": quality_part, "kernels": kernels_part}[part]()
