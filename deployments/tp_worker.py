@@ -297,7 +297,7 @@ class TPWorker:
         self.table = TargetSessionTable(TargetVerifier(self.loaded))
         q = self.loaded.model.model.layers[0].self_attn.q_proj
         q = getattr(q, "inner", q)  # a TPLocalLinear (int8/int4/w8a8/invariant at TP > 1)
-        w = q.qweight if hasattr(q, "qweight") else q.weight
+        w = q.weight  # int8 layers: their int8 data (a meta tensor of its shape once w8a8 prepacked it)
         local = w.to_local() if hasattr(w, "to_local") else w
         return {
             "rank": self.rank,

@@ -259,6 +259,9 @@ class W8A8Linear(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
+        """``qweight``; once prepacked (``qweight`` empty) a meta tensor of its shape and dtype."""
+        if self.qweight.numel() == 0 and self.out_features * self.in_features:
+            return torch.empty((self.out_features, self.in_features), dtype=torch.int8, device="meta")
         return self.qweight
 
     @staticmethod
