@@ -8,7 +8,8 @@ OpenAI body into the plain request dict that :func:`specdec.request.parse_reques
 (the API key comes as ``Authorization: Bearer <key>``), K, the draft replica's stream. A bad
 value of a field both APIs have is refused by the core with the same message on both.
 Only what gRPC has no field for is checked here (``model``, ``n``, ``stream``, the shapes of
-``prompt``, ``messages``, ``stop`` and ``logprobs``), with :class:`InvalidRequestError`.
+``prompt``, ``messages``, ``stop`` and ``logprobs``) and the JSON types of the scalar fields
+(which gRPC's proto types fix), with :class:`InvalidRequestError`.
 
 Field mapping (OpenAI -> core request): ``prompt`` (string, or a list of token ids) ->
 ``prompt`` / ``prompt_token_ids``; ``messages`` -> ``messages`` (``developer`` is ``system``;
