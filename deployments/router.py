@@ -252,6 +252,8 @@ class Router:
                 seconds = math.nan
             if not math.isfinite(seconds):
                 raise InvalidRequestError(f"metadata {TIMEOUT_KEY} must be a finite number of seconds, got {raw!r}")
+            if seconds <= 0:  # no time at all: not admitted, nothing generated
+                raise DeadlineExceededError(f"the request's deadline had passed before it started ({TIMEOUT_KEY} {raw})")
             budget = min(budget, seconds)
         return time.time() + budget
 
