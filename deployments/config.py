@@ -158,6 +158,12 @@ class AppConfig(BaseModel):
         description="torch CPU threads of the draft replica; 0: cpu_threads. For machines where the draft "
                     "may use cores that the target leaves idle while the draft drafts (local-cpu)",
     )
+    max_chat_messages: int = Field(
+        2048, ge=1, le=1_000_000,
+        description="most messages one chat request (OpenAI chat completions, gRPC messages) may carry; more are "
+                    "refused (400 / INVALID_ARGUMENT) before the chat template is applied: every message adds "
+                    "template text that must be tokenized, so 50,000 empty messages cost seconds of router time",
+    )
     ready_timeout_s: float = Field(
         2.0, gt=0, description="how long the router waits for the models before answering UNAVAILABLE",
     )

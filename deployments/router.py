@@ -213,6 +213,20 @@ class Router:
             k = 0
         return proposer, int(k)
 
+    def _refuse_too_many_messages(self, data: Mapping[str, Any]) -> None:
+        """Refuse a chat request with more than ``max_chat_messages`` messages before validating
+        or templating them: the characters check below counts only the messages' contents, and
+        the template text each message adds (50,000 empty messages) would be tokenized first.
+
+        Raises:
+            InvalidRequestError: too many messages.
+        """
+        messages = data.get("messages")
+        limit = self.cfg.max_chat_messages
+        if isinstance(messages, (list, tuple)) and len(messages) > limit:
+            raise InvalidRequestError(f"messages: {len(messages)} messages are more than this server's limit of "
+                                      f"{limit} (max_chat_messages)")
+
     def _refuse_surely_too_long(self, req: GenerationRequest) -> None:
         """Refuse a text that cannot fit however it tokenizes, without tokenizing it (a 10 MB
         prompt takes seconds to tokenize).
@@ -309,6 +323,7 @@ class Router:
         named_proposer = (data.get("speculation") or {}).get("proposer")
         tenant = self.gate.authenticate_caller(  # before any work on the prompt
             metadata, named_proposer if isinstance(named_proposer, str) else "unknown")
+        self._refuse_too_many_messages(data)
         req = parse_request(dict(data), convert.PROTO_FIELD_NAMES)  # fields named as the caller sent them
         proposer, k = self._hints(data)
         spec_given = data.get("speculation") or {}

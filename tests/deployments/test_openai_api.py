@@ -636,6 +636,40 @@ def test_prompt_over_the_context_has_openai_code_not_the_limit_number(stack):
                    "3328 characters)", "type": "invalid_request_error", "param": None, "code": "context_length_exceeded"}
 
 
+def test_too_many_chat_messages_are_refused_before_the_chat_template(stack, monkeypatch):
+    """50,000 empty messages passed the characters check (their contents are empty) and were
+    templated and tokenized on the router (seconds with a real tokenizer) before being refused."""
+    router = stack["router"]
+    templated = []
+    real_template = router.info.tokenizer.apply_chat_template
+
+    def counting_template(*args, **kwargs):
+        templated.append(len(args[0]))
+        return real_template(*args, **kwargs)
+
+    monkeypatch.setattr(router.info.tokenizer, "apply_chat_template", counting_template)
+    many = [{"role": "user", "content": ""}] * 50_000
+    message = "messages: 50000 messages are more than this server's limit of 2048 (max_chat_messages)"
+    resp = _run(_raw(stack["app"], "POST", "/v1/chat/completions", {"model": MODEL, "messages": many}))
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"] == {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    req = pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="")] * 50_000))
+    _, ctx = _grpc(router, req)
+    assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT and ctx.details == message
+    assert templated == []
+    # the limit comes from the config: at the limit the request runs, one above it is refused
+    monkeypatch.setattr(router, "cfg", stack["cfg"].model_copy(update={"max_chat_messages": 2}))
+    two = [{"role": "user", "content": "hi"}, {"role": "user", "content": "there"}]
+    ok = _run(_raw(stack["app"], "POST", "/v1/chat/completions", {"model": MODEL, "messages": two, "max_tokens": 2}))
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["usage"]["completion_tokens"] == 2 and templated == [2]
+    resp = _run(_raw(stack["app"], "POST", "/v1/chat/completions",
+                     {"model": MODEL, "messages": two + [{"role": "user", "content": "!"}]}))
+    assert resp.status_code == 400 and resp.json()["error"]["message"] == (
+        "messages: 3 messages are more than this server's limit of 2 (max_chat_messages)")
+    assert templated == [2]
+
+
 def test_deadline_is_504_before_the_first_token(stack):
     resp = _run(_raw(stack["app"], "POST", "/v1/completions",
                      {"model": MODEL, "prompt": PROMPT, "max_tokens": 50, "temperature": 0, "stream": True},
