@@ -29,6 +29,15 @@ from tests.test_engine import test_speculative_samples_follow_target_distributio
 MAX_NEW = 20
 
 
+@pytest.fixture(scope="module", autouse=True)
+def w8a8_qlinear_everywhere():
+    """The tiny models' layers are narrower than W8A8Linear.QLINEAR_MIN_OUT: run oneDNN's qlinear
+    on all of them here, as on the demo target's wide layers (int_mm is tested against it)."""
+    with pytest.MonkeyPatch.context() as mp_:
+        mp_.setattr(W8A8Linear, "QLINEAR_MIN_OUT", 0)
+        yield
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     d = tmp_path_factory.mktemp("formats")
@@ -254,6 +263,18 @@ def test_w8a8_row_is_the_same_at_every_row_count(shape, monkeypatch):
             by_kernel[kernel] = alone
     assert q._packed is not False  # the prepacked oneDNN weight was built (x86 CPU)
     assert torch.equal(by_kernel["qlinear"], by_kernel["int_mm"])
+
+
+def test_w8a8_narrow_layers_run_int_mm(monkeypatch):
+    """Below QLINEAR_MIN_OUT outputs the layer runs aten._int_mm and keeps its int8 weight."""
+    monkeypatch.setattr(W8A8Linear, "QLINEAR_MIN_OUT", 1024)
+    _, narrow = _w8a8_layer(256, 64, seed=5)
+    _, wide = _w8a8_layer(1024, 64, seed=6)
+    with torch.inference_mode():
+        narrow(torch.randn(2, 64, dtype=torch.bfloat16))
+        wide(torch.randn(2, 64, dtype=torch.bfloat16))
+    assert narrow._packed is None and narrow.qweight.shape == (256, 64)
+    assert wide.prepacked and wide.weight.shape == (1024, 64)
 
 
 def test_w8a8_is_int8_weights_times_per_token_int8_activations():

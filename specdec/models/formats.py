@@ -214,9 +214,11 @@ class W8A8Linear(nn.Module):
     inference uses; AMX-INT8 or VNNI where present), with activation scale 1 and the weight's
     per-row scales, float32 out; or ``"int_mm"``, ``aten._int_mm`` (int32 out) and the scales in
     torch ops. Both give bitwise the same result (oneDNN's float32 output is exactly
-    ``float32(acc) * scale``; tests/test_formats.py); qlinear is the default (about 1.6x faster at
-    one row on the 2-core Sapphire Rapids VM: 1536->8960, 0.37 vs 0.62 ms); int_mm is the
-    fallback where the prepack op is missing or fails (logged once).
+    ``float32(acc) * scale``; tests/test_formats.py), so the kernel is chosen per layer for speed
+    alone: qlinear (about 1.6x faster at one row on the 2-core Sapphire Rapids VM: 1536->8960,
+    0.37 vs 0.62 ms) for layers with at least :attr:`QLINEAR_MIN_OUT` outputs, int_mm for
+    narrower ones (qlinear's one-row call on 1536->256 was pathological, ~14 ms) and wherever the
+    prepack op is missing or fails (logged once).
 
     Every step works on one row at a time or sums integers exactly, so a row's result does not
     depend on how many rows a call has (:attr:`ROW_EXACT`; checked by
@@ -239,6 +241,10 @@ class W8A8Linear(nn.Module):
     EPS = float(torch.finfo(torch.float32).eps)
     #: ``"qlinear"`` (oneDNN, prepacked weight; falls back to int_mm) or ``"int_mm"``.
     KERNEL = "qlinear"
+    #: Layers with fewer output features run ``int_mm`` even when KERNEL is qlinear: oneDNN's
+    #: qlinear took ~14 ms for one row of the demo target's 1536 -> 256 k/v projections (int_mm
+    #: 0.1 ms; 2-core Sapphire Rapids VM, minimum of 25 calls); from 1536 outputs up it was faster.
+    QLINEAR_MIN_OUT = 1024
     #: Keep the plain int8 weight after prepacking (for comparing kernels). False: the prepacked
     #: copy is the only one (no second copy of the weights in memory); ``qweight`` is then empty.
     KEEP_INT8 = False
@@ -296,7 +302,8 @@ class W8A8Linear(nn.Module):
     def forward_rows(self, x: torch.Tensor) -> torch.Tensor:
         """``[M, in]`` -> ``[M, out]`` in ``act_dtype`` (any M >= 1)."""
         q, s = self.quantize_rows(x)
-        packed = self._prepacked() if self.KERNEL == "qlinear" or self.prepacked else False
+        use_qlinear = self.KERNEL == "qlinear" and self.out_features >= self.QLINEAR_MIN_OUT
+        packed = self._prepacked() if use_qlinear or self.prepacked else False
         if packed is not False:
             y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, packed, self.scale, self._zero_points, None,
                                                    1.0, 0, torch.float32, "none", [], "")
