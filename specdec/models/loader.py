@@ -47,6 +47,7 @@ def load_model(
     need_rows: int = MAX_SPECULATION_LENGTH + 1,
     vocab_subset: int | None = None,
     vocab_table: "FrequencyTable | str | Path | None" = None,
+    fuse: bool = True,
 ) -> LoadedModel:
     """Load the model and tokenizer a spec names, in eval mode, on ``device``, in a weight format.
 
@@ -71,6 +72,9 @@ def load_model(
             before quantizing, and :attr:`LoadedModel.vocab_subset` holds them. None: all.
         vocab_table: the frequency table (a :class:`~specdec.models.vocab_subset.FrequencyTable`
             or a file); None: the one shipped in the package.
+        fuse: int4 on a CPU: fuse each layer's q/k/v and gate/up projections into one int4
+            matmul each (:func:`specdec.models.fused.fuse_projections`; bitwise the same
+            outputs, checked per layer when loading; fewer, larger calls per token).
 
     Returns:
         A :class:`LoadedModel`; ``name`` is e.g. ``"demo target (Qwen2.5-Coder-1.5B-Instruct)"``,
@@ -128,6 +132,11 @@ def load_model(
         variant = f"vocab{len(loaded.vocab_subset)}-{hashlib.sha256(ids).hexdigest()[:12]}"
     loaded.quant_cache = quant_cache.quantize_cached(loaded.model, fmt, folder, variant=variant)
     loaded.weight_format = fmt
+    fused = 0
+    if fuse and fmt == "int4":
+        from specdec.models.fused import fuse_projections
+
+        fused = fuse_projections(loaded.model)
     t_quant = time.perf_counter() - t0 - t_load
     if invariant is None:
         invariant = fmt != "float32"
@@ -136,9 +145,10 @@ def load_model(
 
         make_invariant(loaded.model, need_rows=need_rows)
         loaded.invariant = True
-    log.info("loaded %s as %s in %.1f s (read %.1f s, quantize %.1f s [cache: %s], invariance plan %.1f s; "
-             "%d positions, %d vocab rows, %s)", loaded.name, fmt, time.perf_counter() - t0, t_load, t_quant,
-             loaded.quant_cache, time.perf_counter() - t0 - t_load - t_quant, loaded.max_positions, loaded.vocab_rows,
+    log.info("loaded %s as %s in %.1f s (read %.1f s, quantize %.1f s [cache: %s, %d projection groups fused], "
+             "invariance plan %.1f s; %d positions, %d vocab rows, %s)", loaded.name, fmt, time.perf_counter() - t0,
+             t_load, t_quant, loaded.quant_cache, fused, time.perf_counter() - t0 - t_load - t_quant,
+             loaded.max_positions, loaded.vocab_rows,
              "all scored" if loaded.vocab_subset is None else f"{len(loaded.vocab_subset)} scored")
     return loaded
 

@@ -1,0 +1,212 @@
+"""Fused projections: one int4 matmul for q/k/v and one for gate/up, bitwise as separate ones.
+
+A decoder layer of Llama-style models (Qwen2, Llama, Mistral, ...) multiplies the same input by
+three projections in attention (``q_proj``, ``k_proj``, ``v_proj``) and by two in the MLP
+(``gate_proj``, ``up_proj``). In int4 on a CPU every projection is one call of torch's
+``_weight_int4pack_mm_for_cpu`` (torchao's ``Int4OpaqueTensor``); for the 0.5B draft's one-token
+decode step the call overhead and its parallel region are a large part of a small matmul.
+Concatenating the packed weights along the output dimension gives one call per group instead
+(vLLM's ``QKVParallelLinear`` / ``MergedColumnParallelLinear``, here on torchao's packed tensors):
+7 matmuls per layer become 4.
+
+Exactness: the kernel reduces every output column on its own, over the same groups of the
+input, so a fused call's columns are bitwise the separate calls' outputs. :func:`fuse_projections`
+does not assume it: each fused group is checked on random activations of 1, 5 and 33 rows
+(:data:`CHECK_ROWS`, across the 32-row chunks of the shape-invariant forward) against its
+separate projections with ``torch.equal``, and a group that differs is left unfused (one log
+line). Measured on the demo pair's shapes (Sapphire Rapids, 2 threads, best of 200 calls, one
+row): draft q/k/v 84 -> 47 µs, gate/up 308 -> 281 µs; target q/k/v 148 -> 126 µs, gate/up
+950 -> 849 µs (docs/bench/formats/PROFILE.md, "The draft's per-token cost").
+
+How the layer still calls ``q_proj(x)``, ``k_proj(x)``, ``v_proj(x)``: each becomes a
+:class:`FusedSlice` of one shared :class:`FusedLinear`. The first slice called with an input
+computes the fused product; the group's other slices called with *the same tensor object* take
+their columns from it (per thread: the draft replica steps sessions in several threads). A slice
+called with another tensor computes the fused product for it; the answer is always that slice's
+columns of the fused product of its own input, so a caller that does not follow the
+q-then-k-then-v pattern is only slower, never wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Sequence
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+#: projection groups fused, by attribute name on the module that holds them
+GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+#: row counts of the bitwise check of each fused group (one decode row, a block, more than one
+#: 32-row chunk of the shape-invariant forward)
+CHECK_ROWS: tuple[int, ...] = (1, 5, 33)
+
+
+class FusedLinear(nn.Module):
+    """Several int4 projections of one input as one linear layer.
+
+    Args:
+        linears: ``nn.Linear`` layers with torchao ``Int4OpaqueTensor`` weights ``[N_i, K]`` (same
+            K, group size and dtype; no padding rows; all with a bias or none).
+
+    Attributes:
+        linear: the fused ``nn.Linear`` (weight ``[Σ N_i, K]`` int4, bias ``[Σ N_i]`` or None);
+            the shape-invariant forward wraps it like any linear layer.
+        bounds: ``(start, end)`` output columns of each part, in order.
+
+    Raises:
+        ValueError: the layers cannot be concatenated (:func:`fusable`).
+    """
+
+    def __init__(self, linears: Sequence[nn.Linear]):
+        super().__init__()
+        why = fusable(linears)
+        if why:
+            raise ValueError(f"cannot fuse: {why}")
+        ws = [lin.weight for lin in linears]
+        w0 = ws[0]
+        n = sum(int(w.shape[0]) for w in ws)
+        k = int(w0.shape[1])
+        weight = type(w0)(
+            torch.cat([w.qdata for w in ws], 0),
+            torch.cat([w.scale_and_zero for w in ws], 1),
+            list(w0.block_size),
+            torch.Size([n, k]),
+        )
+        self.linear = nn.Linear(k, n, bias=False, device="meta")
+        self.linear.weight = nn.Parameter(weight, requires_grad=False)
+        if linears[0].bias is not None:
+            self.linear.bias = nn.Parameter(torch.cat([lin.bias.detach() for lin in linears]), requires_grad=False)
+        self.bounds: list[tuple[int, int]] = []
+        start = 0
+        for w in ws:
+            self.bounds.append((start, start + int(w.shape[0])))
+            start += int(w.shape[0])
+        self._last = threading.local()
+
+    def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """Columns ``bounds[index]`` of the fused product of ``x`` (``[..., K]`` -> ``[..., N_index]``).
+
+        The fused product of the last input is kept per thread until every part has taken its
+        columns, so the group's calls on one input cost one matmul.
+        """
+        last = getattr(self._last, "value", None)
+        if last is None or last[0] is not x or index in last[2]:
+            last = (x, self.linear(x), set())
+            self._last.value = last
+        last[2].add(index)
+        if len(last[2]) == len(self.bounds):
+            self._last.value = None  # every part served: do not hold the activations
+        lo, hi = self.bounds[index]
+        # contiguous, as a separate projection's output: the ops after it see the same layout
+        return last[1][..., lo:hi].contiguous()
+
+
+class FusedSlice(nn.Module):
+    """Stands in for one projection of a :class:`FusedLinear` (``[..., K]`` -> ``[..., N]``, the
+    activation dtype).
+
+    Attributes:
+        in_features, out_features: those of the projection it replaces.
+    """
+
+    def __init__(self, fused: FusedLinear, index: int):
+        super().__init__()
+        self.fused = fused
+        self.index = index
+        lo, hi = fused.bounds[index]
+        self.in_features = fused.linear.in_features
+        self.out_features = hi - lo
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fused.part(x, self.index)
+
+    def extra_repr(self) -> str:
+        lo, hi = self.fused.bounds[self.index]
+        return f"columns {lo}:{hi} of a fused int4 linear"
+
+
+def fusable(linears: Sequence[nn.Module]) -> str | None:
+    """Why ``linears`` cannot be fused into one :class:`FusedLinear` (None: they can).
+
+    Needs plain ``nn.Linear`` layers with CPU ``Int4OpaqueTensor`` weight-only (A16W4) weights of
+    the same input width, group size and dtype, no output padding, and a bias on all or none.
+    """
+    try:
+        from torchao.prototype.quantization.int4.int4_opaque_tensor import Int4OpaqueTensor
+    except ImportError:  # pragma: no cover - torchao is a dependency
+        return "torchao's Int4OpaqueTensor is not available"
+    if len(linears) < 2:
+        return "fewer than two layers"
+    ws = []
+    for lin in linears:
+        if type(lin) is not nn.Linear:
+            return f"{type(lin).__name__} is not a plain nn.Linear"
+        w = lin.weight
+        if not isinstance(w, Int4OpaqueTensor):
+            return f"weight is {type(w).__name__}, not Int4OpaqueTensor"
+        if w.act_mapping_type is not None or w.act_pre_scale is not None:
+            return "not a weight-only int4 weight"
+        if w.qdata.shape[0] != w.shape[0] or w.scale_and_zero.shape[1] != w.shape[0]:
+            return "padded output rows"
+        ws.append(w)
+    w0 = ws[0]
+    for w in ws[1:]:
+        if w.shape[1] != w0.shape[1] or list(w.block_size) != list(w0.block_size) or w.dtype != w0.dtype \
+                or w.qdata.shape[1:] != w0.qdata.shape[1:] or w.scale_and_zero.shape[0] != w0.scale_and_zero.shape[0] \
+                or w.device != w0.device:
+            return "input width, group size, dtype or device differ"
+    if len({lin.bias is None for lin in linears}) > 1:
+        return "some have a bias and some do not"
+    return None
+
+
+def _check_bitwise(linears: Sequence[nn.Linear], fused: FusedLinear, seed: int = 0) -> str | None:
+    """None when the fused columns equal the separate projections bitwise for :data:`CHECK_ROWS`."""
+    g = torch.Generator().manual_seed(seed)
+    k = fused.linear.in_features
+    dtype = linears[0].weight.dtype
+    with torch.inference_mode():
+        for rows in CHECK_ROWS:
+            x = torch.randn(rows, k, generator=g).to(dtype)
+            want = torch.cat([lin(x) for lin in linears], dim=-1)
+            got = fused.linear(x)
+            if not torch.equal(want, got):
+                return f"{rows} rows differ (max |diff| {(want.float() - got.float()).abs().max().item():.3g})"
+    return None
+
+
+def fuse_projections(model: nn.Module) -> int:
+    """Fuse every q/k/v and gate/up group of int4 projections in ``model``, in place.
+
+    Call after quantizing and before :func:`specdec.engine.invariant.make_invariant` (which then
+    plans the fused linears like any other). Groups that are not int4 (:func:`fusable`) or whose
+    fused columns are not bitwise equal to the separate projections on a probe are left as
+    they are. Idempotent.
+
+    Returns:
+        the number of groups fused.
+    """
+    fused_count = 0
+    skipped: dict[str, int] = {}
+    for module in list(model.modules()):
+        for names in GROUPS:
+            parts = [getattr(module, n, None) for n in names]
+            if any(p is None for p in parts) or any(isinstance(p, FusedSlice) for p in parts):
+                continue
+            why = fusable(parts)
+            if why is None:
+                fused = FusedLinear(parts)
+                why = _check_bitwise(parts, fused)
+            if why is not None:
+                skipped[why] = skipped.get(why, 0) + 1
+                continue
+            for i, name in enumerate(names):
+                setattr(module, name, FusedSlice(fused, i))
+            fused_count += 1
+    if skipped:
+        log.info("projections left unfused: %s", skipped)
+    return fused_count

@@ -1,0 +1,183 @@
+"""Fused int4 projections (q/k/v, gate/up): bitwise the separate projections, end to end exact.
+
+Tiny models of hidden size 128 (every projection a multiple of the int4 CPU packing's 64-row
+blocks, so all groups fuse) and 64 (k/v of 32 rows: the fused packing is not the separate one,
+which the load-time check must catch and leave unfused).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specdec.engine.engine import SpeculativeEngine
+from specdec.models.fused import FusedLinear, FusedSlice, _check_bitwise, fusable, fuse_projections
+from specdec.models.loader import load_model
+from specdec.models.spec import HFModelSpec
+from specdec.request import GenerationRequest
+from specdec.testing.tiny import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    d = tmp_path_factory.mktemp("fused")
+    target = build_tiny_model(d / "t", seed=0, hidden_size=128, max_positions=512)
+    draft = build_tiny_model(d / "d", seed=1, hidden_size=128, max_positions=512,
+                             base=AutoModelForCausalLM.from_pretrained(target), noise=0.03)
+    narrow = build_tiny_model(d / "n", seed=2, hidden_size=64)
+    return target, draft, narrow
+
+
+@pytest.fixture(scope="module")
+def models(folders):
+    """(fused, unfused) int4 target and draft, each loaded through the loader."""
+    out = {}
+    for name, folder in (("target", folders[0]), ("draft", folders[1])):
+        out[name] = (load_model(HFModelSpec(path=folder), weight_format="int4"),
+                     load_model(HFModelSpec(path=folder), weight_format="int4", fuse=False))
+    return out
+
+
+def _layer(loaded, i=0):
+    return loaded.model.model.layers[i]
+
+
+def test_int4_load_fuses_qkv_and_gate_up_of_every_layer(models):
+    fused, plain = models["target"]
+    for layer in fused.model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        assert [type(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)] == [FusedSlice] * 5
+        assert attn.q_proj.fused is attn.k_proj.fused is attn.v_proj.fused
+        assert attn.q_proj.fused.bounds == [(0, 128), (128, 192), (192, 256)]
+        assert mlp.gate_proj.fused.bounds == [(0, 256), (256, 512)]
+        assert type(layer.mlp.down_proj) is torch.nn.Linear and type(attn.o_proj) is torch.nn.Linear
+        # the fused linear is made shape-invariant like any other
+        assert attn.q_proj.fused.linear._specdec_plan is not None
+    assert type(_layer(plain).self_attn.q_proj) is torch.nn.Linear
+    # idempotent: nothing left to fuse
+    assert fuse_projections(fused.model) == 0
+
+
+def test_fused_logits_bitwise_equal_unfused(models):
+    """Prefill of 45 positions (two 32-row chunks), then blocks of 1 and 5: every logit equal."""
+    fused, plain = models["target"]
+    rng = random.Random(0)
+    ids = [rng.randrange(3, 300) for _ in range(60)]
+    outs = []
+    for m in (fused, plain):
+        cache = DynamicCache(config=m.model.config)
+        got = []
+        with torch.inference_mode():
+            for lo, hi in ((0, 45), (45, 46), (46, 51), (51, 52)):
+                got.append(m.model(input_ids=torch.tensor([ids[lo:hi]]), past_key_values=cache, use_cache=True).logits)
+        outs.append(got)
+    for a, b in zip(*outs):
+        assert torch.equal(a, b), (a.float() - b.float()).abs().max().item()
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_greedy_speculation_with_fused_pair_equals_target_alone(models, k):
+    """Fused draft and target: greedy output token for token the unfused target alone's."""
+    (target, target_plain), (draft, _) = models["target"], models["draft"]
+    rng = random.Random(k)
+    for n in (1, 7, 40):
+        prompt = [rng.randrange(3, 300) for _ in range(n)]
+        req = dict(prompt_token_ids=prompt, max_tokens=24, ignore_eos=True, sampling={"temperature": 0.0})
+        alone = SpeculativeEngine(target_plain).generate(GenerationRequest(**req, speculation={"proposer": "none"}))
+        spec = SpeculativeEngine(target, draft).generate(
+            GenerationRequest(**req, speculation={"proposer": "draft", "k": k}))
+        assert spec.token_ids == alone.token_ids
+        assert len(alone.token_ids) == 24
+
+
+def test_fused_draft_proposes_what_the_unfused_draft_proposes_sampled(models):
+    """Seeded sampling: the fused draft's tokens and q rows equal the unfused draft's bitwise."""
+    from specdec.engine.proposers.draft_model import DraftModelProposer
+    from specdec.request import SamplingParams
+
+    fused, plain = models["draft"]
+    prompt = [random.Random(5).randrange(3, 300) for _ in range(30)]
+    blocks = []
+    for m in (fused, plain):
+        s = DraftModelProposer(m).open_session(prompt, SamplingParams(temperature=0.9, top_k=40), seed=3)
+        got = []
+        for _ in range(3):
+            b = s.propose(6)
+            got.append(b)
+            s.commit(b.token_ids.tolist()[:2] + [17])
+        blocks.append(got)
+    for a, b in zip(*blocks):
+        assert a.token_ids.tolist() == b.token_ids.tolist()
+        assert torch.equal(a.q_ids, b.q_ids) and torch.equal(a.q_probs, b.q_probs)
+
+
+def test_narrow_projections_that_do_not_concatenate_stay_unfused(folders):
+    """hidden 64: k/v have 32 output rows, half a 64-row packing block; the packed weights do not
+    concatenate, the bitwise check sees it and keeps q/k/v separate (gate/up, 128 rows, fuse)."""
+    m = load_model(HFModelSpec(path=folders[2]), weight_format="int4")
+    for layer in m.model.model.layers:
+        assert type(layer.self_attn.q_proj) is torch.nn.Linear
+        assert type(layer.mlp.gate_proj) is FusedSlice
+    plain = load_model(HFModelSpec(path=folders[2]), weight_format="int4", fuse=False)
+    ids = torch.tensor([[5, 9, 33, 4, 120, 7, 64]])
+    with torch.inference_mode():
+        assert torch.equal(m.model(input_ids=ids).logits, plain.model(input_ids=ids).logits)
+
+
+def test_check_catches_columns_in_the_wrong_order(models):
+    _, plain = models["target"]
+    attn = _layer(plain).self_attn
+    parts = [attn.q_proj, attn.k_proj, attn.v_proj]
+    assert _check_bitwise(parts, FusedLinear(parts)) is None
+    wrong = FusedLinear([attn.q_proj, attn.v_proj, attn.k_proj])
+    assert _check_bitwise(parts, wrong).startswith("1 rows differ")
+
+
+def test_not_fusable_reasons(models, folders):
+    _, plain = models["target"]
+    attn, mlp = _layer(plain).self_attn, _layer(plain).mlp
+    assert fusable([attn.q_proj]) == "fewer than two layers"
+    assert fusable([attn.q_proj, mlp.gate_proj]) == "some have a bias and some do not"
+    assert fusable([attn.q_proj, mlp.down_proj]) == "input width, group size, dtype or device differ"
+    bf16 = load_model(HFModelSpec(path=folders[0]), weight_format="bfloat16")
+    q = _layer(bf16).self_attn.q_proj
+    assert fusable([q, _layer(bf16).self_attn.k_proj]) == "weight is Parameter, not Int4OpaqueTensor"
+    assert fuse_projections(bf16.model) == 0
+    with pytest.raises(ValueError, match="cannot fuse: fewer than two layers"):
+        FusedLinear([attn.q_proj])
+
+
+def test_slices_called_with_other_inputs_or_threads_get_their_own_columns(models):
+    """A slice answers for its own input: k called with another tensor than q, interleaved
+    groups, and two threads stepping at once all get the separate projections' outputs."""
+    fused, plain = models["target"]
+    fa, pa = _layer(fused).self_attn, _layer(plain).self_attn
+    g = torch.Generator().manual_seed(1)
+    x1, x2 = (torch.randn(3, 128, generator=g).to(torch.bfloat16) for _ in range(2))
+    with torch.inference_mode():
+        assert torch.equal(fa.q_proj(x1), pa.q_proj(x1))
+        assert torch.equal(fa.k_proj(x2), pa.k_proj(x2))  # another input: recomputed
+        assert torch.equal(fa.v_proj(x1), pa.v_proj(x1))
+        assert torch.equal(fa.q_proj(x1), pa.q_proj(x1))
+        assert torch.equal(fa.q_proj(x1), pa.q_proj(x1))  # the same part twice: recomputed
+        errors: list[str] = []
+
+        def worker(x):
+            with torch.inference_mode():
+                for _ in range(50):
+                    for name in ("q_proj", "k_proj", "v_proj"):
+                        if not torch.equal(getattr(fa, name)(x), getattr(pa, name)(x)):
+                            errors.append(name)
+
+        threads = [threading.Thread(target=worker, args=(x,)) for x in (x1, x2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
