@@ -52,7 +52,8 @@ def test_int4_load_fuses_qkv_and_gate_up_of_every_layer(models):
     fused, plain = models["target"]
     for layer in fused.model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        assert [type(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)] == [FusedSlice] * 5
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
+        assert [type(m) for m in projections] == [FusedSlice] * 5
         assert attn.q_proj.fused is attn.k_proj.fused is attn.v_proj.fused
         assert attn.q_proj.fused.bounds == [(0, 128), (128, 192), (192, 256)]
         assert mlp.gate_proj.fused.bounds == [(0, 256), (256, 512)]

@@ -117,7 +117,18 @@ class DraftModelSession:
         q_ids: list[torch.Tensor] = []
         q_probs: list[torch.Tensor] = []
         eos = self._proposer.eos_ids
+        # plain greedy drafting needs only the argmax: taken over a view of the emittable ids, without
+        # the masked [1, V] copy (the same first maximal id: masked ids are -inf, never a unique max)
+        argmax_only = (self.sampling.greedy and self.processing is None and self.min_confidence <= 0.0
+                       and draft.vocab_subset is None)
         for j in range(k):
+            if argmax_only:
+                token = int(greedy_token(logits[0, : draft.emittable_vocab]))
+                tokens.append(token)
+                if token in eos or j == k - 1:
+                    break
+                logits = yield [token], 1  # [1, V]
+                continue
             # a vocabulary-subset draft (FR-Spec): [1, N] -> [1, V], -inf outside the subset, so q is
             # zero there and renormalised over the subset by the same processors and warpers
             logits = mask_unemittable(draft.full_logits(logits), draft.emittable_vocab)
