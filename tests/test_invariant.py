@@ -69,5 +69,37 @@ def test_rowwise_attention_does_not_depend_on_intra_op_threads():
                 assert torch.equal(got[0, i], ref[0, :, 0]), (keys, i)
         torch.set_num_threads(1)
         assert torch.equal(rowwise_attention(None, q, k, v, None)[0], long)
+        # one decode row (runs on one thread under the key bound): the two-thread call's bits
+        for keys in (1, 100, 2048):
+            torch.set_num_threads(2)
+            one, _ = rowwise_attention(None, q[:, :, :1], k[:, :, :keys], v[:, :, :keys], None)
+            assert torch.get_num_threads() == 2
+            ref = F.scaled_dot_product_attention(q[:, :, :1], k[:, :, :keys], v[:, :, :keys], enable_gqa=True)
+            assert torch.equal(one[0, 0], ref[0, :, 0]), keys
     finally:
         torch.set_num_threads(before)
+
+
+def test_decode_row_attention_runs_on_one_thread_under_the_key_bound(monkeypatch):
+    """A plain decoding step's one row: its SDPA call runs on one intra-op thread (no parallel
+    region for a row's tiny work), over the bound on all threads; the thread count is restored."""
+    import specdec.engine.invariant as inv
+
+    seen: list[int] = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(inv.F, "scaled_dot_product_attention", spy)
+    q, k, v = _qkv(1, 1, inv.SINGLE_THREAD_MAX_KEYS + 1, heads=4, kv_heads=2, d=16)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        rowwise_attention(None, q, k[:, :, :100], v[:, :, :100], None)
+        rowwise_attention(None, q, k, v, None)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 2]

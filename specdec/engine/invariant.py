@@ -57,9 +57,10 @@ FIXED_ROWS = 8
 MAX_CHUNK_ROWS = 32
 #: ``max_rows`` of a layer that is row-exact by construction (``ROW_EXACT``): never chunked.
 UNCHUNKED_ROWS = 1 << 62
-#: Row-wise attention over several rows runs on one intra-op thread when no row sees more keys
-#: than this (CPU; measured on the 2-core VM: 16 rows of 96..3000 keys, 12/2 heads, d = 128,
-#: were faster on one thread than on two, 1.3-5x, the machine shared with other jobs).
+#: Row-wise attention runs on one intra-op thread when no row sees more keys than this (CPU;
+#: measured on the 2-core VM: 16 rows of 96..3000 keys, 12/2 heads, d = 128, were faster on one
+#: thread than on two, 1.3-5x, the machine shared with other jobs; one decode row over 100 keys
+#: too).
 SINGLE_THREAD_MAX_KEYS = 2048
 
 
@@ -218,10 +219,13 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     gqa = key.shape[1] != heads
     ranges = _row_ranges(attention_mask, b_size, q_len, kv_len)
     threads = torch.get_num_threads()
-    # Many short per-row calls: one intra-op thread each (a parallel region per row costs more
-    # than the row's work, several times more on a loaded CPU). Exact either way: the kernel
-    # computes every (batch, head) slice of a call on one thread (tests/test_invariant.py).
-    single = (query.device.type == "cpu" and threads > 1 and len(ranges) > 1
+    # Short per-row calls, a decode step's single row included: one intra-op thread each (a
+    # parallel region per row costs more than the row's work, far more on a loaded CPU: 24 one-row
+    # calls of the 0.5B draft over 100 keys took 0.33 ms on one thread and 0.51 ms on two at best,
+    # 0.49 vs 48 ms median with the machine shared; docs/bench/formats/PROFILE.md). Exact either
+    # way: the kernel computes every (batch, head) slice of a call on one thread
+    # (tests/test_invariant.py).
+    single = (query.device.type == "cpu" and threads > 1
               and max(hi - lo for lo, hi in ranges) <= SINGLE_THREAD_MAX_KEYS)
     if single:
         torch.set_num_threads(1)
