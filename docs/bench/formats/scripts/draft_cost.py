@@ -2,8 +2,11 @@
 
 usage: python draft_cost.py [FORMAT] [ROUNDS]     e.g.  python draft_cost.py int4 6
 env: THREADS (default 2), PROFILE=0 skips the torch.profiler / cProfile part,
-     FUSE: 1 (default: fused q/k/v and gate/up, the loader's default), 0 (unfused) or both
-     (both variants loaded, their rows alternating in every round),
+     VARIANTS (default "after"): comma-separated, each its own copy of the pair, rows alternating
+     in every round: "after" (the loader's defaults: fused q/k/v and gate/up, one-thread
+     attention rows), "unfused" (fuse=False), "before" (fuse=False and every attention row on all
+     threads, as before 1 Dec 22:10 UTC; approximately: a block's first, two-row forward ran its
+     rows on one thread already then),
      KS (default "4,8"): the K of the proposer rows.
 
 Loads the demo pair with specdec's loader (default format: int4 on this CPU; both forwards
@@ -16,10 +19,13 @@ shape-invariant, as served), then per round, alternating so every row sees the s
     cropped back), logits of that position only (logits_to_keep=1, as the engine asks);
   - target forward: the same for the target;
   - target step: ``TargetSession.verify`` of an empty block (plain decoding step).
-Prints medians (wall s) and c = draft cost per token / target forward. Then torch.profiler
+Prints per row the median and minimum wall seconds and the median process CPU seconds, and
+c = draft cost per token / target forward (from the medians; at the largest K also from the minima,
+which filter out the time the process waited for a CPU on a shared machine). Then torch.profiler
 (self CPU time per op) and cProfile (Python functions) over a few proposer blocks at K = 8.
 Run under the heavy lock: flock -w 1800 /tmp/specdec-heavy.lock python draft_cost.py int4
 """
+import contextlib
 import cProfile
 import io
 import json
@@ -33,6 +39,7 @@ from common import text_ids  # noqa: E402  (sets offline env, silences warnings)
 import torch  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
+from specdec.engine import invariant  # noqa: E402
 from specdec.engine.proposers.draft_model import DraftModelProposer  # noqa: E402
 from specdec.engine.verifier import TargetVerifier  # noqa: E402
 from specdec.models.loader import load_model  # noqa: E402
@@ -51,11 +58,23 @@ def med(xs):
 
 def bare_forward(model, cache, token):
     with torch.inference_mode():
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         model(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True, logits_to_keep=1)
-        dt = time.perf_counter() - t0
+        dt = (time.perf_counter() - t0, time.process_time() - c0)
     cache.crop(-1)
     return dt
+
+
+@contextlib.contextmanager
+def variant_mode(name):
+    """"before": attention rows on all threads (SINGLE_THREAD_MAX_KEYS 0) while the variant runs."""
+    saved = invariant.SINGLE_THREAD_MAX_KEYS
+    if name == "before":
+        invariant.SINGLE_THREAD_MAX_KEYS = 0
+    try:
+        yield
+    finally:
+        invariant.SINGLE_THREAD_MAX_KEYS = saved
 
 
 def setup(fuse, fmt, ks, prompt):
@@ -86,34 +105,41 @@ def main():
     fmt = sys.argv[1] if len(sys.argv) > 1 else None
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 6
     ks = [int(k) for k in os.environ.get("KS", "4,8").split(",")]
-    fuses = {"1": [True], "0": [False], "both": [True, False]}[os.environ.get("FUSE", "1")]
-    from specdec.models.loader import load_model  # noqa: F401
+    names = os.environ.get("VARIANTS", "after").split(",")
     tok = load_model(ModelPairSpec.demo().draft, weight_format=fmt).tokenizer
     ids = text_ids(tok, 400)
     prompt, more = ids[:64], ids[64:]
-    variants = {("fused" if f else "unfused"): setup(f, fmt, ks, prompt) for f in fuses}
+    variants = {name: setup(name == "after", fmt, ks, prompt) for name in names}
     rows: dict[str, list[float]] = {}
     for r in range(rounds + 1):  # round 0 warms up
         for vname, v in variants.items():
-            for k in ks:
-                s = v["sessions"][k]
-                t = time.perf_counter()
-                block = s.propose(k)
-                dt = time.perf_counter() - t
-                n = len(block.token_ids)
-                s.commit(block.token_ids.tolist() + [more[v["pos"][k] % len(more)]])
-                v["pos"][k] += 1
+            with variant_mode(vname):
+                for k in ks:
+                    s = v["sessions"][k]
+                    t, c = time.perf_counter(), time.process_time()
+                    block = s.propose(k)
+                    dt = (time.perf_counter() - t, time.process_time() - c)
+                    n = max(len(block.token_ids), 1)
+                    s.commit(block.token_ids.tolist() + [more[v["pos"][k] % len(more)]])
+                    v["pos"][k] += 1
+                    if r:
+                        rows.setdefault(f"{vname}: proposer K={k} (s/token)", []).append((dt[0] / n, dt[1] / n))
+                for name in ("draft", "target"):
+                    dt = bare_forward(v[name].model, v["caches"][name], more[r])
+                    if r:
+                        rows.setdefault(f"{vname}: {name} forward, 1 position (s)", []).append(dt)
+                t, c = time.perf_counter(), time.process_time()
+                v["tsess"].verify(DraftBlock.empty())
                 if r:
-                    rows.setdefault(f"{vname}: proposer K={k} (s/token)", []).append(dt / max(n, 1))
-            for name in ("draft", "target"):
-                dt = bare_forward(v[name].model, v["caches"][name], more[r])
-                if r:
-                    rows.setdefault(f"{vname}: {name} forward, 1 position (s)", []).append(dt)
-            t = time.perf_counter()
-            v["tsess"].verify(DraftBlock.empty())
-            if r:
-                rows.setdefault(f"{vname}: target engine step (s)", []).append(time.perf_counter() - t)
-    res = {name: round(med(v), 4) for name, v in rows.items()}
+                    rows.setdefault(f"{vname}: target engine step (s)", []).append(
+                        (time.perf_counter() - t, time.process_time() - c))
+    table = {name: {"wall median": round(med([w for w, _ in v]), 4), "wall min": round(min(w for w, _ in v), 4),
+                     "CPU median": round(med([c for _, c in v]), 4)} for name, v in rows.items()}
+    for name, row in table.items():
+        print(f"{name:48s} wall median {row['wall median']:.4f}  min {row['wall min']:.4f}  "
+              f"CPU median {row['CPU median']:.4f}", flush=True)
+    res = {name: row["wall median"] for name, row in table.items()}
+    res_min = {name: row["wall min"] for name, row in table.items()}
     for vname in variants:
         tf = res[f"{vname}: target forward, 1 position (s)"]
         for k in ks:
@@ -121,6 +147,8 @@ def main():
                 res[f"{vname}: proposer K={k} (s/token)"] / tf, 3)
         res[f"{vname}: c bare (draft forward / target forward)"] = round(
             res[f"{vname}: draft forward, 1 position (s)"] / tf, 3)
+        res[f"{vname}: c at K={ks[-1]} from the minima"] = round(
+            res_min[f"{vname}: proposer K={ks[-1]} (s/token)"] / res_min[f"{vname}: target forward, 1 position (s)"], 3)
     res["load average (1 min) at the end"] = os.getloadavg()[0]
     print(json.dumps(res, indent=1), flush=True)
     v = next(iter(variants.values()))
