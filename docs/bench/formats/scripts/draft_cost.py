@@ -18,7 +18,8 @@ shape-invariant, as served), then per round, alternating so every row sees the s
   - draft forward: the bare draft model over 1 new position on a 64-token DynamicCache (then
     cropped back), logits of that position only (logits_to_keep=1, as the engine asks);
   - target forward: the same for the target;
-  - target step: ``TargetSession.verify`` of an empty block (plain decoding step).
+  - target step: ``TargetSession.verify`` of an empty block (plain decoding step);
+  - for "after" also the bare draft forward on one intra-op thread.
 Prints per row the median and minimum wall seconds and the median process CPU seconds, and
 c = draft cost per token / target forward (from the medians; at the largest K also from the minima,
 which filter out the time the process waited for a CPU on a shared machine). Then torch.profiler
@@ -128,6 +129,13 @@ def main():
                     dt = bare_forward(v[name].model, v["caches"][name], more[r])
                     if r:
                         rows.setdefault(f"{vname}: {name} forward, 1 position (s)", []).append(dt)
+                if vname == "after":  # the draft on one intra-op thread (no parallel regions)
+                    threads = torch.get_num_threads()
+                    torch.set_num_threads(1)
+                    dt = bare_forward(v["draft"].model, v["caches"]["draft"], more[r])
+                    torch.set_num_threads(threads)
+                    if r:
+                        rows.setdefault(f"{vname}: draft forward, 1 position, 1 thread (s)", []).append(dt)
                 t, c = time.perf_counter(), time.process_time()
                 v["tsess"].verify(DraftBlock.empty())
                 if r:
