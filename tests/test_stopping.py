@@ -193,3 +193,36 @@ def test_assembler_stop_string_starting_mid_token(text_target):
             break
     assert a.token_ids == ids[: n - 1]
     assert tok.decode(a.token_ids) == text[: len(tok.decode(a.token_ids))]
+
+
+@pytest.mark.parametrize("kind", ["text", "bytelevel"])
+def test_special_tokens_are_skipped_in_text_as_vllm_does(tmp_path, kind):
+    """With ``ignore_eos`` the text held ``<|im_end|>`` for every EOS generated past; vLLM's
+    default (``skip_special_tokens=True``) drops special tokens' text and keeps their ids."""
+    folder = build_tiny_model(tmp_path / kind, seed=3, tokenizer=build_tiny_tokenizer(kind=kind))
+    tok = PreTrainedTokenizerFast.from_pretrained(folder)
+    eos = tok.eos_token_id
+    ids = tok.encode("return a") + [eos] + tok.encode(" + b") + [eos]
+    assert tok.decode(ids) == "return a<|im_end|> + b<|im_end|>"  # what the text was
+    a = OutputAssembler(tok, max_tokens=50)
+    for t in ids:
+        a.add([t])
+    assert a.text == "return a + b" and a.token_ids == ids
+    # the EOS's (empty) text ends where " a" ends, not after the next token's " +"
+    assert a.detok.offsets[len(tok.encode("return a"))] == len("return a")
+    # a stop string right after the EOS keeps the EOS, whose text lies before the match
+    b = OutputAssembler(tok, max_tokens=50, stop=[" +"])
+    b.add(ids)
+    assert b.finish_reason is FinishReason.STOP_STRING and b.text == "return a"
+    assert b.token_ids == ids[: len(tok.encode("return a")) + 1]
+
+
+def test_ignore_eos_text_has_no_special_token_text(text_target):
+    """End to end: a generation forced onto EOS with ``ignore_eos`` has its ids, and no text."""
+    eos = text_target.tokenizer.eos_token_id
+    engine = SpeculativeEngine(text_target, text_target)
+    req = GenerationRequest(prompt=PROMPT, max_tokens=5, ignore_eos=True, speculation={"k": K},
+                            sampling={"temperature": 0.0, "logit_bias": {eos: 100.0}})
+    res = engine.generate(req)
+    assert res.token_ids == [eos] * 5 and res.text == ""
+    assert "".join(c.text for c in engine.stream(req)) == ""

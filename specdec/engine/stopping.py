@@ -80,8 +80,10 @@ class IncrementalDetokenizer:
     Uses a prefix window (as vLLM's ``detokenize_incrementally``): the text of new tokens is the
     difference between decoding ``ids[prefix:]`` and ``ids[prefix:read]``, which keeps
     tokenizers that drop a leading space at the start of a decode correct, and waits while the
-    text ends in an incomplete character (U+FFFD). Only the pending tokens' offsets are
-    touched when text resolves, so the work per token does not grow with the output.
+    text ends in an incomplete character (U+FFFD). Special tokens (``<|endoftext|>``, ...) decode
+    to no text, as with vLLM's default ``skip_special_tokens=True``; their ids stay in ``ids``.
+    Only the pending tokens' offsets are touched when text resolves, so the work per token does
+    not grow with the output.
 
     Attributes:
         text: decoded text of the tokens read so far (joined on access; use :meth:`tail` in
@@ -118,7 +120,7 @@ class IncrementalDetokenizer:
         return self._text.tail(start, end)
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def add(self, token_id: int, final: bool = False) -> None:
         """Append one id; resolve pending text when complete (or when ``final``)."""
@@ -138,7 +140,9 @@ class IncrementalDetokenizer:
             self._text.append(new_text[len(prefix_text) :])
             self._prefix, self._read = self._read, len(self.ids)
             self._resolve()
-        elif final:
+        elif final or (len(new_text) == len(prefix_text) and not new_text.endswith("\ufffd")):
+            # final, or the new tokens decode to nothing (special tokens, skipped): their text
+            # ends here, not after the next token's
             self._resolve()
 
     def _resolve(self) -> None:
