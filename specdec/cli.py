@@ -204,8 +204,12 @@ def _add_prefetch(sub) -> None:
 
 
 def run_prefetch(args) -> int:
-    from specdec.models.demo import ensure_demo_folder
-    from specdec.models.formats import default_format, storage_dtype
+    """Build the demo pair's cache entries for a weight format; on a warm cache print one line per
+    model saying so and load nothing (a quantized format's entry is checked by its key alone)."""
+    from specdec.models import cache, quant_cache
+    from specdec.models.convert import folder_suffix
+    from specdec.models.demo import demo_model, ensure_demo_folder
+    from specdec.models.formats import QUANTIZED_FORMATS, default_format, storage_dtype
 
     bad = [r for r in args.roles if r not in ("target", "draft")]
     if bad:
@@ -213,6 +217,15 @@ def run_prefetch(args) -> int:
     fmt = getattr(args, "weight_format", None) or default_format("cpu")
     dtype = storage_dtype(fmt)
     for role in args.roles or ["target", "draft"]:
+        folder = cache.cache_root() / "demo" / (role + folder_suffix(dtype))
+        if cache.is_complete(folder, demo_model(role).sha256):
+            if fmt not in QUANTIZED_FORMATS:
+                print(f"demo {role}: {folder} (already in the cache)")
+                continue
+            entry = quant_cache.cached_entry(folder, fmt)
+            if entry is not None:
+                print(f"demo {role} {fmt}: {entry} (already in the cache)")
+                continue
         folder = ensure_demo_folder(role, dtype=dtype)
         print(f"demo {role}: {folder}")
         if fmt in ("int8", "int4", "w8a8"):

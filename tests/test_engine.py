@@ -286,6 +286,39 @@ def test_seeded_output_survives_session_rebuilds(tiny_target, tiny_draft_close):
     assert gen.run().token_ids == expected
 
 
+def test_cli_prefetch_on_a_warm_cache_loads_nothing(tmp_path, monkeypatch, capsys):
+    """prefetch loaded the model (transformers' "Loading weights" bars) to find the quantized
+    cache entry already there: a warm cache is now recognised by its markers alone."""
+    import argparse
+
+    import torch
+
+    from specdec import cli
+    from specdec.models import cache, demo, loader
+    from specdec.models.quant_cache import quantize_cached
+    from specdec.testing.tiny import build_tiny_model
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    folder = build_tiny_model(tmp_path / "demo" / "target-bfloat16", seed=0)
+    cache.write_marker(folder, source_sha256=demo.DEMO_MODELS["target"].sha256, dtype="bfloat16", name="tiny")
+    model = load_tiny(folder).model.to(torch.bfloat16)
+    assert quantize_cached(model, "int8", folder) == "built"  # the cache entry a real load leaves
+
+    loads = []
+    monkeypatch.setattr(loader, "load_model", lambda *a, **k: loads.append(a) or argparse.Namespace(quant_cache="hit"))
+    monkeypatch.setattr(demo, "ensure_demo_folder", lambda role, dtype: loads.append(role) or folder)
+    assert cli.run_prefetch(argparse.Namespace(roles=["target"], weight_format="int8")) == 0
+    assert cli.run_prefetch(argparse.Namespace(roles=["target"], weight_format="bfloat16")) == 0
+    assert loads == []
+    assert capsys.readouterr().out == (f"demo target int8: {tmp_path}/demo/target-int8 (already in the cache)\n"
+                                       f"demo target: {folder} (already in the cache)\n")
+    # a stale entry (another format's key) is rebuilt through the loader, as before
+    assert cli.run_prefetch(argparse.Namespace(roles=["target"], weight_format="w8a8")) == 0
+    assert len(loads) == 2 and loads[0] == "target"
+    assert capsys.readouterr().out == (f"demo target: {folder}\n"
+                                       f"demo target w8a8: {tmp_path}/demo/target-w8a8 (hit)\n")
+
+
 def test_cli_prefetch_arguments():
     import argparse
 

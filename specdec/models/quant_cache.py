@@ -328,3 +328,23 @@ def _store(model: nn.Module, dest: Path, digest: str, key: dict) -> None:
             import shutil
 
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cached_entry(folder: Path, fmt: str, device: str | torch.device = "cpu", rank: int = 0, tp_size: int = 1,
+                 variant: str | None = None) -> Path | None:
+    """The quantized entry of ``folder`` in ``fmt`` if a load now would be a cache hit by its key,
+    without loading the model or the tensors (what ``specdec prefetch`` checks on a warm cache).
+
+    Returns:
+        the entry's folder, or None when ``folder`` has no cache marker, or the entry is missing,
+        incomplete or stale (its tensors are then rebuilt by the next load). A tensor file that is
+        present but corrupt is only found by loading it.
+    """
+    key = cache_key(folder, fmt, device, rank, tp_size, variant)
+    if key is None:
+        return None
+    dest = cache_folder(folder, fmt, rank, tp_size, variant)
+    marker = cache.read_marker(dest)
+    if marker is None or marker.get("key_sha256") != _digest(key) or not (dest / TENSORS).is_file():
+        return None
+    return dest
