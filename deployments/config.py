@@ -112,6 +112,11 @@ class AppConfig(BaseModel):
         True, description="K under load: the draft replica chooses each adaptive request's K per step from the "
         "batch it runs in (specdec.control.batch_k); False: the router's per-request K holds for every step",
     )
+    batch_k_goodput_guard: bool = Field(
+        True, description="K under load: compare the measured goodput (tokens per step-second) of the adaptive "
+        "steps when the cost model speculates against K = 0 (explored now and then) and force K = 0 while "
+        "speculation measures slower (specdec.control.batch_k.GoodputGuard); False: the cost model alone",
+    )
     batch_k_sync_s: float = Field(
         5.0, ge=0, le=3600, description="K under load with several draft replicas: seconds between two "
         "exchanges of a draft replica's acceptance counts with the shared controller actor, which pools "

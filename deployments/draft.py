@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 import uuid
@@ -313,12 +314,15 @@ class Draft:
         self._gauged: dict[str, float] = {}  # tenant -> when its batch-K gauges were last set
         self._lock = threading.Lock()
         from deployments.metrics import SpecDecMetrics
-        from specdec.control.batch_k import BatchKController, BatchKSessions
+        from specdec.control.batch_k import BatchKController, BatchKSessions, GoodputGuard
         from specdec.engine.draft_combiner import DraftCombiner
 
         self.metrics = metrics if metrics is not None else SpecDecMetrics()
         #: K under load per tenant (None: the router's K holds for every step)
-        self.batch_k = BatchKSessions(BatchKController(budget=cfg.max_batch_positions)) if cfg.served_batch_k else None
+        self.batch_k = (BatchKSessions(BatchKController(budget=cfg.max_batch_positions),
+                                      trace=os.environ.get("SPECDEC_BATCH_K_TRACE") or None,
+                                      guard=GoodputGuard() if cfg.batch_k_goodput_guard else None)
+                        if cfg.served_batch_k else None)
         #: where the batch controller's acceptance counts are pooled with the other replicas'
         self.shared = None
         if self.batch_k is not None and cfg.batch_k_sync_s > 0:

@@ -442,6 +442,140 @@ def _segment_data(counts, cap) -> dict:
             "cap": None if cap is None else [cap[0], cap[1], float(cap[2])]}
 
 
+class GoodputGuard:
+    """Measured goodput of speculating against plain decoding: overrules the cost model when
+    measurement contradicts it.
+
+    The batch cost model predicts a step from the seconds of the batched forwards it saw. Served,
+    part of a step's wall time is in no forward it measures: sessions stepping in their own
+    threads at K > 0 fall into groups that alternate drafting and verifying (fewer rows per
+    target forward, each group's draft forwards competing with the other's verify for the same
+    cores), a block that misses the gathering window waits a whole forward, and the draft's
+    prefill and catch-up are left out of the draft costs. On the 2-core CPU with the int4 demo
+    pair the model predicted K > 0 to pay while K = 0 measured 1.7x faster (served, two
+    tenants, 8 clients). So, as a rate controller backs off when measurement contradicts its
+    model, this guard compares what the two regimes *measured*:
+
+        goodput(regime) = Σ tokens emitted / Σ step wall seconds
+
+    over the adaptive sessions' steps (a step's tokens = accepted + 1, its seconds = drafting +
+    the verify round trip, as the session saw them), each sum decayed by ``decay`` per step
+    recorded in that regime (memory ~ 1 / (1 - decay) steps). A step counts in regime ``spec``
+    when the model had some adaptive tenant at K > 0 and ``plain`` when it had none there or the
+    guard forced K = 0 (a probe's steps and a generation's first step, which also prefills the
+    target, count in neither). With the same sessions running, goodput per step is proportional
+    to the batch's tokens per second, and it includes what speculation costs the other tenants.
+
+    Policy, in adaptive steps (summed over all sessions):
+
+    - **explore**: while ``spec`` runs and ``plain`` has fewer than ``min_steps`` fresh steps,
+      every ``explore_every`` steps (the first time after ``min_steps`` steps) force K = 0 for
+      ``min_steps`` steps, so that there is a measured ``plain`` to compare with;
+    - **veto**: once both regimes hold ``min_steps`` fresh steps and
+      ``goodput(spec) < goodput(plain) · (1 - margin)``, force K = 0 for ``hold`` steps (doubled
+      after each veto that a recheck confirms, up to ``hold · max_backoff``), then let the
+      model's K run again with ``spec``'s old measurement cleared, so that ``min_steps`` fresh
+      steps are compared again (a recheck);
+    - otherwise the model's choice stands; a veto's hold falls back to ``hold`` once a recheck
+      finds speculation paying.
+
+    Not thread-safe (its owner locks).
+
+    Args:
+        min_steps: fresh steps per regime before comparing (≥ 1).
+        explore_every: steps between explorations of K = 0 while it is unmeasured (≥ min_steps).
+        hold: steps K = 0 is forced after a veto (≥ 1).
+        max_backoff: the hold grows up to ``hold · max_backoff`` (≥ 1).
+        margin: relative shortfall of ``spec`` that vetoes, in [0, 1).
+        decay: per-step decay of a regime's sums, in (0, 1].
+
+    Raises:
+        ValueError: a setting out of its range.
+    """
+
+    def __init__(self, *, min_steps: int = 12, explore_every: int = 64, hold: int = 96, max_backoff: int = 4,
+                 margin: float = 0.0, decay: float = 0.97):
+        if (min_steps < 1 or explore_every < min_steps or hold < 1 or max_backoff < 1
+                or not 0 <= margin < 1 or not 0 < decay <= 1):
+            raise ValueError("need min_steps >= 1, explore_every >= min_steps, hold >= 1, max_backoff >= 1, "
+                             f"0 <= margin < 1, 0 < decay <= 1; got {min_steps}, {explore_every}, {hold}, "
+                             f"{max_backoff}, {margin}, {decay}")
+        self.min_steps, self.explore_every, self.hold = int(min_steps), int(explore_every), int(hold)
+        self.max_backoff, self.margin, self.decay = int(max_backoff), float(margin), float(decay)
+        #: regime -> [decayed tokens, decayed seconds, fresh steps]
+        self._sums = {"spec": [0.0, 0.0, 0], "plain": [0.0, 0.0, 0]}
+        self._forced_left = 0  # steps left with K = 0 forced
+        self._forced_why: str | None = None  # "explore" or "veto"
+        self._since_explore = 0  # spec steps since the last exploration
+        self._hold = self.hold
+        self._rechecking = False  # spec was cleared after a veto: the next comparison is a recheck
+        #: vetoes and explorations started, for statistics and tests
+        self.vetoes = 0
+        self.explorations = 0
+
+    @property
+    def forced(self) -> bool:
+        """Whether K = 0 is forced now (an exploration or a veto)."""
+        return self._forced_left > 0
+
+    def goodput(self, regime: str) -> float | None:
+        """Measured tokens per step-second of ``regime`` ("spec" or "plain"), None before any step."""
+        tok, sec, _ = self._sums[regime]
+        return tok / sec if sec > 0 else None
+
+    def steps(self, regime: str) -> int:
+        """Fresh steps measured in ``regime``."""
+        return self._sums[regime][2]
+
+    def record(self, regime: str, tokens: int, seconds: float) -> None:
+        """One adaptive step of ``regime`` emitted ``tokens`` tokens in ``seconds`` seconds of wall
+        time; then the policy (class docstring) moves on by one step.
+
+        Raises:
+            ValueError: an unknown regime, tokens < 1 or seconds not finite and > 0.
+        """
+        if regime not in self._sums:
+            raise ValueError(f"regime must be 'spec' or 'plain', got {regime!r}")
+        if tokens < 1 or not 0 < seconds < float("inf"):
+            raise ValueError(f"need tokens >= 1 and 0 < seconds < inf, got {tokens}, {seconds}")
+        s = self._sums[regime]
+        s[0], s[1], s[2] = s[0] * self.decay + tokens, s[1] * self.decay + seconds, s[2] + 1
+        if self._forced_left > 0:
+            self._forced_left -= 1
+            if self._forced_left == 0 and self._forced_why == "veto":
+                self._sums["spec"] = [0.0, 0.0, 0]  # recheck speculation with fresh steps
+                self._rechecking = True
+            if self._forced_left == 0:
+                self._forced_why = None
+            return
+        if regime != "spec":
+            return
+        self._since_explore += 1
+        ns, npl = self.steps("spec"), self.steps("plain")
+        if ns >= self.min_steps and npl >= self.min_steps:
+            if self.goodput("spec") < self.goodput("plain") * (1.0 - self.margin):
+                if self._rechecking:  # speculation lost again: hold longer
+                    self._hold = min(self._hold * 2, self.hold * self.max_backoff)
+                self._rechecking = False
+                self.vetoes += 1
+                self._forced_left, self._forced_why = self._hold, "veto"
+                return
+            if self._rechecking:
+                self._rechecking, self._hold = False, self.hold
+        if ns >= self.min_steps and (npl < self.min_steps or self._since_explore >= self.explore_every):
+            self._sums["plain"] = [0.0, 0.0, 0]  # explore with fresh steps
+            self._since_explore = 0
+            self.explorations += 1
+            self._forced_left, self._forced_why = self.min_steps, "explore"
+
+    def snapshot(self) -> dict:
+        """Plain data: goodput and fresh steps per regime, whether K = 0 is forced and why, counters."""
+        return {"goodput_spec": self.goodput("spec"), "goodput_plain": self.goodput("plain"),
+                "steps_spec": self.steps("spec"), "steps_plain": self.steps("plain"),
+                "forced": self._forced_why if self.forced else None, "forced_left": self._forced_left,
+                "vetoes": self.vetoes, "explorations": self.explorations}
+
+
 class BatchKSessions:
     """K under load for generations stepped concurrently by one serving replica (thread-safe).
 
@@ -464,10 +598,20 @@ class BatchKSessions:
         controller: the batch controller (its ``budget`` is the target's positions budget;
             its probe settings say how a tenant held at K = 0 is re-probed).
         recent: steps per tenant the rows/positions means are over.
+        guard: a :class:`GoodputGuard`: while it forces K = 0 every adaptive step runs at its
+            tenant's k_min (no probes); each adaptive step's tokens and wall seconds
+            (``draft_s + verify_s`` of :meth:`observe_step`) feed it. None: the model alone.
+        trace: a file that gets one JSON line per step observed and per decision (diagnostics:
+            the decision's predicted step seconds and the cost terms it used, against each
+            step's measured draft and verify seconds and the forward that verified it); None: off.
     """
 
-    def __init__(self, controller: BatchKController, recent: int = 200):
+    def __init__(self, controller: BatchKController, recent: int = 200, trace: str | None = None,
+                 guard: GoodputGuard | None = None):
         self.controller = controller
+        #: overrules the model with K = 0 when the adaptive steps' measured goodput says so (None: off)
+        self.guard = guard
+        self._trace = open(trace, "a", buffering=1) if trace else None
         self._lock = threading.Lock()
         self._joined: dict[Any, _Joined] = {}
         self._dirty = True
@@ -529,9 +673,25 @@ class BatchKSessions:
                 key = (j.tenant, j.proposer, j.k if j.proposer != "none" else 0)
                 fixed[key] = fixed.get(key, 0) + 1
         if counts:
-            self.controller.decide(counts, fixed)
+            d = self.controller.decide(counts, fixed)
             self.decisions += 1
+            if self._trace is not None:
+                self._write_trace({"decision": d.ks, "step_s": d.step_s, "tokens_per_s": d.tokens_per_s,
+                                   "rows": d.rows, "positions": d.positions,
+                                   "loads": {t: [l.sessions, l.alpha, l.fixed_k] for t, l in self.controller._loads.items()},
+                                   "cost": self.controller.cost.snapshot(),
+                                   "guard": None if self.guard is None else self.guard.snapshot()})
         self._dirty = False
+
+    def _write_trace(self, rec: dict) -> None:
+        import json
+        import time
+
+        rec["t"] = time.time()
+        try:
+            self._trace.write(json.dumps(rec, default=str) + "\n")
+        except Exception:  # diagnostics never break serving
+            pass
 
     def k_for(self, tenant: str, cap: int, k_min: int = 0) -> int:
         """The K of ``tenant``'s next step: its K under the current load within [k_min, cap]
@@ -558,6 +718,8 @@ class BatchKSessions:
             with self._lock:
                 if self._dirty:
                     self._decide_locked()
+                if self.guard is not None and self.guard.forced:
+                    return min(k_min, cap)
                 chosen = self.controller.step_k(tenant, cap, k_min)
                 if self.controller.caps:  # a probe capped the evidence: order matters to the pool
                     for c in self.controller.caps:
@@ -569,7 +731,8 @@ class BatchKSessions:
         return k
 
     def observe_step(self, key: Any, k: int, accepted: int, batch: Any = None,
-                     draft_forwards: Sequence[tuple[int, float]] = ()) -> None:
+                     draft_forwards: Sequence[tuple[int, float]] = (), *, draft_s: float | None = None,
+                     verify_s: float | None = None) -> None:
         """One step of generation ``key`` ended.
 
         Args:
@@ -584,6 +747,17 @@ class BatchKSessions:
         """
         with self._lock:
             j = self._joined.get(key)
+            if self._trace is not None:
+                self._write_trace({"step": id(key), "tenant": None if j is None else j.tenant, "k": int(k),
+                                   "accepted": int(accepted), "draft_s": draft_s, "verify_wall_s": verify_s,
+                                   "batch": None if batch is None else [batch.forward, batch.rows, batch.positions,
+                                                                        batch.seconds],
+                                   "draft_forwards": list(draft_forwards)})
+            if j is not None and j.adaptive and self.guard is not None and j.last_k is not None \
+                    and draft_s is not None and verify_s is not None and draft_s + verify_s > 0:
+                regime = self._regime_locked(j.tenant, int(k))
+                if regime is not None:
+                    self.guard.record(regime, int(accepted) + 1, draft_s + verify_s)
             if j is not None:
                 if k > 0 and j.last_k in (None, 0):
                     draft_forwards = ()
@@ -609,6 +783,17 @@ class BatchKSessions:
                     batch.rows if new_forward else 0, max(batch.positions, batch.rows) if new_forward else 0,
                     batch.seconds if new_forward else 0.0, list(draft_forwards))
                 self._dirty = True
+
+    def _regime_locked(self, tenant: str, k: int) -> str | None:
+        """The :class:`GoodputGuard` regime an adaptive step of ``tenant`` at K = ``k`` counts in
+        (None: in neither: a probe's step, or a K > 0 step that straddled the start of a forced K = 0)."""
+        if self.guard.forced:
+            return "plain" if k == 0 else None
+        last = self.controller.last
+        if k > 0 and self.controller.k_for(tenant) == 0:
+            return None  # a probe of a tenant held at K = 0
+        spec = last is not None and any(v > 0 for t, v in last.ks.items() if "\x00" not in t)
+        return "spec" if spec else "plain"
 
     # --- acceptance shared by the replicas ------------------------------------------------------
 
@@ -715,4 +900,5 @@ class BatchKSessions:
             tenants = set(self._shapes) | {j.tenant for j in self._joined.values()} | set(self.controller.k_by_tenant)
         out = {t: self.tenant_stats(t) for t in sorted(tenants)}
         with self._lock:
-            return {"tenants": out, "controller": self.controller.stats(), "decisions": self.decisions}
+            return {"tenants": out, "controller": self.controller.stats(), "decisions": self.decisions,
+                    "guard": None if self.guard is None else self.guard.snapshot()}

@@ -146,5 +146,6 @@ class DraftCombiner:
         result = gen.target.verify(block)
         t2 = self._clock()
         if self.k_control is not None:
-            self.k_control.observe_step(gen, block.k, result.accepted, result.batch, self.take_timings())
+            self.k_control.observe_step(gen, block.k, result.accepted, result.batch, self.take_timings(),
+                                        draft_s=t1 - t0, verify_s=t2 - t1)
         return gen.apply(block, result, t1 - t0, t2 - t1)

@@ -1,0 +1,121 @@
+"""K under load against measurement: the batch cost model on int4-like and flat verify costs, and
+the goodput guard that forces K = 0 when speculating measures slower than plain decoding."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.control.batch_k import BatchKController, BatchKSessions, GoodputGuard
+from specdec.control.objective import expected_tokens_per_step
+
+
+def _controller(verify, draft) -> BatchKController:
+    """A controller that measured batched forwards of 8 rows at 8..400 positions (K = 0, 1, 2, 4
+    and a prompt prefill) and batched draft forwards of 4 and 8 rows; code accepted 4 of 4 drafts
+    on 30 steps, creative 1 of 4."""
+    c = BatchKController(budget=128)
+    for rows, positions in [(8, 8), (8, 16), (8, 24), (8, 40), (8, 400)]:
+        c.observe_tick(rows, positions, verify(positions), [(r, draft(r)) for r in (4, 8)])
+    for _ in range(30):
+        c.observe_row("code", "draft", 4, 4)
+        c.observe_row("creative", "draft", 4, 1)
+    return c
+
+
+def test_int4_like_linear_verify_cost_picks_k0_under_load():
+    """int4 on the 2-core CPU: a batched verify costs about 75 ms per position (3.2 s for 8 rows x
+    5 positions, docs/bench/batching/int4), the draft 26 ms per row: at 8 rows K = 0 is the best
+    batch, whatever the tenants' acceptance."""
+    c = _controller(lambda p: 0.05 + 0.075 * p, lambda r: 0.08 + 0.026 * r)
+    d = c.decide({("code", "draft"): 4, ("creative", "draft"): 4})
+    assert d.ks == {"code": 0, "creative": 0}
+    assert d.step_s == pytest.approx(0.05 + 0.075 * 8)  # one verify of 8 positions, no draft
+    assert d.tokens_per_s == pytest.approx(8 / 0.65)
+    # K = 1 for both, what the model predicts: 8 rows drafting once, 16 positions verified
+    a_code, a_cre = c.estimator.alpha(("code", "draft")), c.estimator.alpha(("creative", "draft"))
+    k1 = 4 * (expected_tokens_per_step(a_code, 1) + expected_tokens_per_step(a_cre, 1)) / (
+        (0.08 + 0.026 * 8) + (0.05 + 0.075 * 16))
+    assert k1 < d.tokens_per_s
+
+
+def test_flat_verify_cost_and_high_acceptance_pick_k_above_0():
+    """bfloat16 / GPU-like: a batched verify costs about the same for 8 or 400 positions: the code
+    tenant speculates at its K maximum, the creative tenant less."""
+    c = _controller(lambda p: 0.30 + 0.001 * p, lambda r: 0.03 + 0.001 * r)
+    d = c.decide({("code", "draft"): 4, ("creative", "draft"): 4})
+    assert d.ks == {"code": 8, "creative": 3}
+    # 3 draft forwards of 8 rows, 5 of 4 rows; 4 x 9 + 4 x 4 = 52 positions interpolated 40..400
+    assert d.step_s == pytest.approx(3 * 0.038 + 5 * 0.034 + 0.34 + (0.70 - 0.34) * 12 / 360)
+    assert d.positions == 52 and d.rows == 8
+
+
+def _run(guard: GoodputGuard, spec_rate: float, plain_rate: float, steps: int) -> str:
+    """Drive ``guard``: each step is plain (1 token per ``1 / plain_rate`` s) while it forces K = 0,
+    spec (2 tokens per ``2 / spec_rate`` s) otherwise; returns 'P'/'s' per step: whether K = 0 is
+    forced after recording it (the spec step that starts an exploration or a veto shows 'P')."""
+    out = []
+    for _ in range(steps):
+        if guard.forced:
+            guard.record("plain", 1, 1.0 / plain_rate)
+        else:
+            guard.record("spec", 2, 2.0 / spec_rate)
+        out.append("P" if guard.forced else "s")
+    return "".join(out)
+
+
+def test_goodput_guard_vetoes_speculation_that_measures_slower():
+    """Speculation measures 2/3 of plain decoding's tokens per second: after 12 spec steps K = 0
+    is explored for 12 steps, then vetoed for 96 steps; the recheck's 12 spec steps lose again,
+    so the next hold is twice as long (192)."""
+    g = GoodputGuard()
+    seq = _run(g, spec_rate=2 / 3, plain_rate=1.0, steps=300)
+    assert seq == "s" * 11 + "P" * 12 + "s" + "P" * 96 + "s" * 12 + "P" * 168
+    assert g.vetoes == 2 and g.explorations == 1 and g.forced
+    assert g.snapshot() == {"goodput_spec": pytest.approx(2 / 3), "goodput_plain": pytest.approx(1.0),
+                            "steps_spec": 12, "steps_plain": 12 + 96 + 167, "forced": "veto",
+                            "forced_left": 192 - 167, "vetoes": 2, "explorations": 1}
+
+
+def test_goodput_guard_keeps_speculation_that_measures_faster():
+    """Speculation measures 1.5x plain decoding: K = 0 is explored for 12 steps after the first
+    12 spec steps and then every 64 spec steps, never vetoed."""
+    g = GoodputGuard()
+    seq = _run(g, spec_rate=1.5, plain_rate=1.0, steps=200)
+    block = "s" * 64 + "P" * 12
+    assert seq == ("s" * 11 + "P" * 12 + block + block + "s" * 200)[:200]
+    assert g.vetoes == 0 and g.explorations == 3
+    with pytest.raises(ValueError, match="regime"):
+        g.record("fast", 1, 1.0)
+    with pytest.raises(ValueError, match="tokens >= 1"):
+        g.record("spec", 0, 1.0)
+    with pytest.raises(ValueError, match="explore_every >= min_steps"):
+        GoodputGuard(min_steps=10, explore_every=5)
+
+
+def test_batch_k_sessions_guard_overrules_the_model_when_measured_slower():
+    """Served: the model (flat verify costs) has both tenants speculate, but the steps' wall times
+    say K > 0 is slower (1.0 s per 2-token K = 4 step against 0.25 s per K = 0 step): the guard
+    explores K = 0, then forces it (every adaptive step's K is 0), and the first step of a
+    generation (its prefill) is not measured."""
+    c = _controller(lambda p: 0.30 + 0.001 * p, lambda r: 0.03 + 0.001 * r)
+    live = BatchKSessions(c, guard=GoodputGuard(min_steps=4, explore_every=8, hold=20))
+    for i in range(4):
+        live.join(("code", i), "code", "draft", k_range=(0, 4))
+    sched = {i: live.schedule("code", 4) for i in range(4)}
+    ks = []
+    for rnd in range(12):
+        for i in range(4):
+            k = sched[i]()
+            ks.append(k)
+            live.observe_step(("code", i), k, 1 if k else 0, None, draft_s=0.5 if k else 0.0,
+                              verify_s=0.5 if k else 0.25)
+    # round 0: each generation's first step (prefill), not measured; round 1: 4 spec steps, then
+    # K = 0 explored for 4 steps (round 2); the next spec step compares 2 tokens / 1 s against
+    # 1 token / 0.25 s and vetoes: K = 0 forced for 20 steps
+    assert ks[:8] == [4] * 8
+    assert ks[8:12] == [0] * 4 and ks[12] == 4
+    assert ks[13:33] == [0] * 20
+    g = live.guard.snapshot()
+    assert live.guard.vetoes >= 1 and live.guard.explorations == 1
+    assert g["goodput_plain"] == pytest.approx(4.0)
+    assert live.stats()["guard"]["vetoes"] == live.guard.vetoes
