@@ -31,7 +31,7 @@ def test_greedy_draft_speculation_equals_target_alone(engine, reference):
     prompt, ref = reference
     res = engine.generate(GenerationRequest(messages=CODE_MESSAGES, max_tokens=NEW_TOKENS, speculation={"proposer": "draft", "k": 4}))
     assert res.token_ids == ref
-    assert res.text == engine.target.tokenizer.decode(ref)
+    assert res.text == engine.target.tokenizer.decode(ref, skip_special_tokens=True)  # as vLLM
     assert res.usage.prompt_tokens == len(prompt)
     # the draft agrees with the target on most code tokens (MODELS.md: 94-96%)
     assert res.stats.acceptance_rate > 0.6
