@@ -139,7 +139,7 @@ def test_check_request_clips_k_and_rejects_the_rest(reg):
     c = reg.check_request(acme, 10, 100, 3, "draft")
     assert (c.k_max, c.clipped) == (3, ())
     assert reg.check_request(acme, 10, 100, 4, "none").k_max == 0  # plain decoding always allowed
-    with pytest.raises(InvalidRequestError, match=r"max_tokens=257 exceeds tenant 'acme''s limit of 256"):
+    with pytest.raises(InvalidRequestError, match=r"max_tokens=257 exceeds the limit of tenant 'acme', 256"):
         reg.check_request(acme, 10, 257, 4, "draft")
     with pytest.raises(InvalidRequestError, match=r"prompt is 1001 tokens but tenant 'acme' allows at most 1000"):
         reg.check_request(acme, 1001, 10, 4, "draft")

@@ -312,7 +312,7 @@ class TenantRegistry:
             )
         if max_tokens > lim.max_tokens:
             raise InvalidRequestError(
-                f"max_tokens={max_tokens} exceeds tenant {tenant.id!r}'s limit of {lim.max_tokens} "
+                f"max_tokens={max_tokens} exceeds the limit of tenant {tenant.id!r}, {lim.max_tokens} "
                 f"(limits.max_tokens)"
             )
         if proposer not in get_args(Proposer):

@@ -251,7 +251,7 @@ def test_invalid_argument_messages_and_clipping(tenants_file):
 
     async def main():
         cases = [
-            (req(max_tokens=65), "max_tokens=65 exceeds tenant 'small''s limit of 64 (limits.max_tokens)"),
+            (req(max_tokens=65), "max_tokens=65 exceeds the limit of tenant 'small', 64 (limits.max_tokens)"),
             (req(prompt_token_ids=list(range(5, 38))),
              "prompt is 33 tokens but tenant 'small' allows at most 32 (limits.max_prompt_tokens)"),
             (req(speculation={"proposer": "ngram"}),
