@@ -117,5 +117,6 @@ def test_batch_k_sessions_guard_overrules_the_model_when_measured_slower():
     assert ks[13:33] == [0] * 20
     g = live.guard.snapshot()
     assert live.guard.vetoes >= 1 and live.guard.explorations == 1
-    assert g["goodput_plain"] == pytest.approx(4.0)
+    assert g["goodput_plain"] == pytest.approx(4 * 1 / 0.25)  # 4 sessions x 1 token per 0.25 s
+    assert g["goodput_spec"] == pytest.approx(4 * 2 / 1.0)
     assert live.stats()["guard"]["vetoes"] == live.guard.vetoes

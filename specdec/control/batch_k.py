@@ -456,15 +456,17 @@ class GoodputGuard:
     tenants, 8 clients). So, as a rate controller backs off when measurement contradicts its
     model, this guard compares what the two regimes *measured*:
 
-        goodput(regime) = Σ tokens emitted / Σ step wall seconds
+        goodput(regime) = Σ n_s · tokens_s / Σ seconds_s      (tokens per second of the batch)
 
-    over the adaptive sessions' steps (a step's tokens = accepted + 1, its seconds = drafting +
-    the verify round trip, as the session saw them), each sum decayed by ``decay`` per step
-    recorded in that regime (memory ~ 1 / (1 - decay) steps). A step counts in regime ``spec``
-    when the model had some adaptive tenant at K > 0 and ``plain`` when it had none there or the
-    guard forced K = 0 (a probe's steps and a generation's first step, which also prefills the
-    target, count in neither). With the same sessions running, goodput per step is proportional
-    to the batch's tokens per second, and it includes what speculation costs the other tenants.
+    over the adaptive sessions' steps s (tokens_s = accepted + 1, seconds_s = drafting + the
+    verify round trip as the session saw them, n_s = sessions stepping concurrently when it
+    ended: a session's rate tokens_s / seconds_s times the sessions running is the batch's rate,
+    so a batch that drains while one regime runs does not flatter it), each sum decayed by
+    ``decay`` per step recorded in that regime (memory ~ 1 / (1 - decay) steps). A step counts
+    in regime ``spec`` when the model had some adaptive tenant at K > 0 and ``plain`` when it
+    had none there or the guard forced K = 0 (a probe's steps and a generation's first step,
+    which also prefills the target, count in neither). It includes what speculation costs the
+    other tenants (their steps slow down too).
 
     Policy, in adaptive steps (summed over all sessions):
 
@@ -527,9 +529,10 @@ class GoodputGuard:
         """Fresh steps measured in ``regime``."""
         return self._sums[regime][2]
 
-    def record(self, regime: str, tokens: int, seconds: float) -> None:
-        """One adaptive step of ``regime`` emitted ``tokens`` tokens in ``seconds`` seconds of wall
-        time; then the policy (class docstring) moves on by one step.
+    def record(self, regime: str, tokens: float, seconds: float) -> None:
+        """One adaptive step of ``regime`` emitted ``tokens`` tokens (weighted: n_s · tokens_s of
+        the class docstring) in ``seconds`` seconds of wall time; then the policy (class
+        docstring) moves on by one step.
 
         Raises:
             ValueError: an unknown regime, tokens < 1 or seconds not finite and > 0.
@@ -757,7 +760,7 @@ class BatchKSessions:
                     and draft_s is not None and verify_s is not None and draft_s + verify_s > 0:
                 regime = self._regime_locked(j.tenant, int(k))
                 if regime is not None:
-                    self.guard.record(regime, int(accepted) + 1, draft_s + verify_s)
+                    self.guard.record(regime, (int(accepted) + 1) * len(self._joined), draft_s + verify_s)
             if j is not None:
                 if k > 0 and j.last_k in (None, 0):
                     draft_forwards = ()
