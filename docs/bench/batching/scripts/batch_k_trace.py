@@ -1,3 +1,9 @@
+"""Summarise a SPECDEC_BATCH_K_TRACE file (specdec.control.batch_k.BatchKSessions trace): per arm and K the
+measured draft and verify wall seconds per step against the target forward that verified it (rows, positions,
+seconds), then sampled decisions (predicted step seconds, cost terms, guard state).
+
+    python docs/bench/batching/scripts/batch_k_trace.py trace.jsonl
+"""
 import json, sys, collections
 recs=[json.loads(l) for l in open(sys.argv[1])]
 steps=[r for r in recs if "step" in r]; decs=[r for r in recs if "decision" in r]
