@@ -155,7 +155,19 @@ def default_format(device: str | torch.device = "cpu") -> str:
     return choose_cpu_format(flags, torch.backends.cpu.get_cpu_capability())
 
 
-class Int8WeightOnlyLinear(nn.Module):
+class _RowsLinear(nn.Module):
+    """Base of the int8 linears: ``forward`` flattens ``[..., in]`` to ``[M, in]`` rows, calls the
+    subclass's ``forward_rows`` (``[M, in]`` -> ``[M, out]``) and restores the leading dims."""
+
+    out_features: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = self.forward_rows(x.reshape(-1, shape[-1]))
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+class Int8WeightOnlyLinear(_RowsLinear):
     """A linear layer with int8 weights and one scale per output row, bf16 activations (CPU).
 
     ``y = (x @ qweight.T) * scale + bias`` computed by ``aten._weight_int8pack_mm``, which reduces
@@ -187,16 +199,11 @@ class Int8WeightOnlyLinear(nn.Module):
         y = torch.ops.aten._weight_int8pack_mm(x.to(self.act_dtype), self.qweight, self.scale)
         return y + self.bias if self.bias is not None else y
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        y = self.forward_rows(x.reshape(-1, shape[-1]))
-        return y.reshape(*shape[:-1], self.out_features)
-
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weight-only"
 
 
-class W8A8Linear(nn.Module):
+class W8A8Linear(_RowsLinear):
     """A linear layer with int8 weights and int8 activations quantized per token at run time (CPU).
 
     For an input row ``x`` (bfloat16): ``s_x = max(|x|) / 127`` (float32; at least
@@ -311,11 +318,6 @@ class W8A8Linear(nn.Module):
             y = torch._int_mm(q, self.qweight.t()).to(torch.float32).mul_(self.scale)  # int32 sums: exact
         y = y.mul_(s).to(self.act_dtype)
         return y + self.bias if self.bias is not None else y
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        y = self.forward_rows(x.reshape(-1, shape[-1]))
-        return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, int8 per-token activations"
