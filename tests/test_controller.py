@@ -409,6 +409,17 @@ def _request(ctl, decision, accepted, steps=10):
     return st
 
 
+def _record_k2_history(ctl, alpha, requests):
+    """Record ``requests`` requests of tenant T, 10 steps each at K = 2, drafts of acceptance
+    ``alpha`` (:func:`_beatty`), no timings."""
+    hist = _beatty(alpha)
+    for _ in range(requests):
+        st = SpeculationStats()
+        for _ in range(10):
+            st.record_step(2, hist(2), 0.0, 0.0)
+        ctl.record("T", "draft", st)
+
+
 @pytest.mark.parametrize("memory, back_after", [(8.0, 16), (None, 64)])
 def test_one_probe_brings_back_a_tenant_with_a_long_stale_history(memory, back_after):
     """Draft cost c = 0.6 of a verify: speculation (K = 1) pays from α = 0.6. The tenant's long
@@ -419,12 +430,7 @@ def test_one_probe_brings_back_a_tenant_with_a_long_stale_history(memory, back_a
     clock = FakeClock()
     ctl = KController(cost_model_factory=lambda p: leviathan(0.6), clock=clock, probe_memory_trials=memory,
                       estimator=AcceptanceEstimator(half_life_steps=None), position_min_reached=None)
-    hist = _beatty(0.4)
-    for _ in range(100):
-        st = SpeculationStats()
-        for _ in range(10):
-            st.record_step(2, hist(2), 0.0, 0.0)
-        ctl.record("T", "draft", st)
+    _record_k2_history(ctl, 0.4, requests=100)
     assert abs(ctl.estimator.alpha(("T", "draft")) - 0.4) < 0.01
     good = _beatty(0.95)
     ds = []
@@ -463,12 +469,7 @@ def test_drafting_requests_while_held_at_k0_without_a_probe_are_plain_evidence()
     as they are; only the result of a probe this controller decided discounts and caps it."""
     ctl = KController(cost_model_factory=lambda p: leviathan(0.6), clock=FakeClock(), position_min_reached=None,
                       estimator=AcceptanceEstimator(half_life_steps=None, prior_half_life_steps=None))
-    hist = _beatty(0.4)
-    for _ in range(20):
-        st = SpeculationStats()
-        for _ in range(10):
-            st.record_step(2, hist(2), 0.0, 0.0)
-        ctl.record("T", "draft", st)
+    _record_k2_history(ctl, 0.4, requests=20)
     d = ctl.decide("T", "draft", POLICY)
     assert d.k == 0 and not d.probe and ctl.current_k("T", "draft") == 0
     before = ctl.estimator.snapshot(("T", "draft"))
