@@ -510,7 +510,8 @@ def test_router_sends_adaptive_jobs_and_reports_k_under_load(target, tmp_path):
     from deployments.router import Router
     from deployments.tenancy import TenancyGate
     from protos.specdec.v1 import specdec_pb2 as pb
-    from tests.deployments.test_openai_api import Context, LocalDraftHandle
+    from tests.deployments.grpc_context import RecordingContext
+    from tests.deployments.test_openai_api import LocalDraftHandle
 
     t_folder = build_tiny_model(tmp_path / "t", seed=0, max_positions=1024)
     d_folder = build_tiny_model(tmp_path / "d", seed=1, base=target.model, noise=0.03, max_positions=1024)
@@ -540,8 +541,8 @@ def test_router_sends_adaptive_jobs_and_reports_k_under_load(target, tmp_path):
                                 speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=3))
 
     async def main():
-        out = await asyncio.gather(router.Generate(greedy, Context()), router.Generate(seeded, Context()))
-        return out, await router.GetTenantStats(pb.GetTenantStatsRequest(), Context())
+        out = await asyncio.gather(router.Generate(greedy, RecordingContext()), router.Generate(seeded, RecordingContext()))
+        return out, await router.GetTenantStats(pb.GetTenantStatsRequest(), RecordingContext())
 
     (g, s), stats = asyncio.run(main())
     by_len = {len(j.request.prompt_token_ids.ids): j for j in jobs}

@@ -21,6 +21,7 @@ from specdec.types import (
     Usage,
     VerifyResult,
 )
+from tests.deployments.grpc_context import RecordingContext
 
 
 def test_minimal_prompt_request_gets_core_defaults():
@@ -189,20 +190,6 @@ def test_every_finish_reason_has_a_proto_value():
 # --- status table ---------------------------------------------------------------------------
 
 
-class FakeContext:
-    def __init__(self):
-        self.code = self.details = self.trailing = None
-
-    def set_code(self, code):
-        self.code = code
-
-    def set_details(self, details):
-        self.details = details
-
-    def set_trailing_metadata(self, md):
-        self.trailing = md
-
-
 @pytest.mark.parametrize(
     "exc, code",
     [
@@ -222,7 +209,7 @@ def test_status_table(exc, code):
 
 
 def test_abort_with_sets_code_details_and_returns_empty_response():
-    ctx = FakeContext()
+    ctx = RecordingContext()
     out = abort_with(ctx, errors.ResourceExhaustedError("tokens_per_minute exceeded", "tokens_per_minute", 2.0), pb.GenerateResponse)
     assert out == pb.GenerateResponse()
     assert ctx.code is grpc.StatusCode.RESOURCE_EXHAUSTED and "tokens_per_minute" in ctx.details
@@ -230,7 +217,7 @@ def test_abort_with_sets_code_details_and_returns_empty_response():
 
 
 def test_internal_errors_do_not_leak_their_message():
-    ctx = FakeContext()
+    ctx = RecordingContext()
     assert abort_with(ctx, KeyError("secret-internal-state")) is None
     assert ctx.code is grpc.StatusCode.INTERNAL and "secret" not in ctx.details
 
@@ -252,7 +239,7 @@ def test_every_core_error_is_mapped():
 def test_abort_stream_sets_code_then_raises():
     from deployments.grpc_status import StreamAborted, abort_stream
 
-    ctx = FakeContext()
+    ctx = RecordingContext()
     with pytest.raises(StreamAborted):
         abort_stream(ctx, errors.InvalidRequestError("prompt is empty"))
     assert ctx.code is grpc.StatusCode.INVALID_ARGUMENT and ctx.details == "prompt is empty"

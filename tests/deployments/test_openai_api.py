@@ -23,6 +23,7 @@ from deployments.tenancy import TenancyGate
 from protos.specdec.v1 import specdec_pb2 as pb
 from specdec.testing.tiny import build_tiny_model
 from tests.conftest import load_tiny, target_greedy
+from tests.deployments.grpc_context import RecordingContext
 from tests.deployments.test_draft import Wire
 
 KEY = "sk-http-alpha-0001"
@@ -89,24 +90,6 @@ class LocalDraftHandle:
         return self._Method(ready)
 
 
-class Context:
-    """A gRPC servicer context that records the status (as Serve's proxy context does)."""
-
-    def __init__(self, metadata=()):
-        self.md = tuple(metadata)
-        self.code = None
-        self.details = None
-
-    def invocation_metadata(self):
-        return self.md
-
-    def set_code(self, code):
-        self.code = code
-
-    def set_details(self, details):
-        self.details = details
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("http")
@@ -145,8 +128,8 @@ async def _raw(app, method: str, path: str, body=None, headers=None) -> httpx2.R
         return await c.request(method, path, headers=h, content=body if isinstance(body, (bytes, str)) else json.dumps(body))
 
 
-def _grpc(router: Router, req: pb.GenerateRequest, key: str = KEY) -> tuple[pb.GenerateResponse, Context]:
-    ctx = Context((("authorization", f"Bearer {key}"),))
+def _grpc(router: Router, req: pb.GenerateRequest, key: str = KEY) -> tuple[pb.GenerateResponse, RecordingContext]:
+    ctx = RecordingContext((("authorization", f"Bearer {key}"),))
     return _run(router.Generate(req, ctx)), ctx
 
 
@@ -324,12 +307,12 @@ def test_tenant_stats_of_an_unknown_proposer_value_is_invalid_argument(stack):
     """GetTenantStats with a Proposer enum value the server does not know (a newer client's)
     answered with the default proposer's statistics as if it were unset."""
     router = stack["router"]
-    ctx = Context((("authorization", f"Bearer {KEY}"),))
+    ctx = RecordingContext((("authorization", f"Bearer {KEY}"),))
     _run(router.GetTenantStats(pb.GetTenantStatsRequest(proposer=9), ctx))
     assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT
     assert ctx.details == ("invalid request: proposer: Input should be PROPOSER_DRAFT, PROPOSER_NGRAM, PROPOSER_NONE "
                            "or unset, got 9")
-    ctx = Context((("authorization", f"Bearer {KEY}"),))
+    ctx = RecordingContext((("authorization", f"Bearer {KEY}"),))
     got = _run(router.GetTenantStats(pb.GetTenantStatsRequest(proposer=pb.PROPOSER_NGRAM), ctx))
     assert ctx.code is None and got.tenant_id == "alpha" and got.proposer == pb.PROPOSER_NGRAM
 
@@ -686,7 +669,7 @@ def test_a_deadline_of_no_time_says_it_passed_before_starting(stack, raw):
                      headers={"specdec-timeout-s": raw}))
     assert resp.status_code == 504
     assert resp.json()["error"]["message"] == f"the request's deadline had passed before it started (specdec-timeout-s {raw})"
-    ctx = Context((("authorization", f"Bearer {KEY}"), ("specdec-timeout-s", raw)))
+    ctx = RecordingContext((("authorization", f"Bearer {KEY}"), ("specdec-timeout-s", raw)))
     _run(stack["router"].Generate(pb.GenerateRequest(prompt=PROMPT, max_tokens=5), ctx))
     assert ctx.code == grpc.StatusCode.DEADLINE_EXCEEDED and ctx.details == resp.json()["error"]["message"]
 

@@ -31,6 +31,7 @@ from specdec.control.tenants import hash_api_key
 from specdec.testing.sim import frozen_cost_model_factory
 from specdec.types import DraftBlock
 from tests.conftest import target_greedy
+from tests.deployments.grpc_context import RecordingContext
 
 KEYS = {"agree": "sk-agree-key", "disagree": "sk-disagree-key", "small": "sk-small-key", "other": "sk-other-key"}
 
@@ -64,21 +65,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.t
-
-
-class FakeContext:
-    def __init__(self):
-        self.code = self.details = None
-        self.trailing = ()
-
-    def set_code(self, c):
-        self.code = c
-
-    def set_details(self, d):
-        self.details = d
-
-    def set_trailing_metadata(self, md):
-        self.trailing = md
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +204,7 @@ def req(**kw):
 
 
 def grpc_of(exc):
-    ctx = FakeContext()
+    ctx = RecordingContext()
     abort_with(ctx, exc)
     return ctx
 
