@@ -3,9 +3,7 @@
 :func:`check_specdec` checks the deployment against its AppConfig
 (``k8s/render_serve_config.py``): serveConfigV2 equal to the Serve config of the profile and,
 apart from :data:`K8S_OVERRIDES`, to the committed ``deployments/*.yaml`` (and valid for Ray
-Serve's own schema); GPUs and CPUs per worker group enough for the tensor-parallel placement
-group and every deployment at max_replicas; custom resources that pin each deployment to its
-pool; head ``num-cpus: "0"``; container port names; readiness on Serve's ``/-/healthz``; the
+Serve's own schema); worker-group capacity and pool pinning (:mod:`capacity_checks`); head ``num-cpus: "0"``; container port names; readiness on Serve's ``/-/healthz``; the
 tenants Secret mounted where the router reads it and holding only hashes; the model cache;
 Services, monitors and budgets whose selectors match the pods; one tagged image.
 
@@ -18,8 +16,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import json
-import math
 import os
 import re
 import sys
@@ -39,9 +35,9 @@ from render_serve_config import (  # noqa: E402
     OVERLAY_PRESETS,
     TENANTS_FILE,
 )
+from capacity_checks import GPU, check_capacity, limit_of, parse_quantity, ray_container  # noqa: E402
 from schema_check import pod_templates  # noqa: E402
 
-GPU = "nvidia.com/gpu"
 #: Container ports every Ray node declares (name -> port); the head also has gcs-server and dashboard.
 WORKER_PORTS = {"serve": 8000, "serve-grpc": 9000, "metrics": 8080}
 HEAD_PORTS = {**WORKER_PORTS, "gcs-server": 6379, "dashboard": 8265}
@@ -49,33 +45,6 @@ HEAD_PORTS = {**WORKER_PORTS, "gcs-server": 6379, "dashboard": 8265}
 REQUIRED_KINDS = {"RayService", "Secret", "Service", "PersistentVolumeClaim", "PodDisruptionBudget"}
 #: Shape of generate_api_key() (specdec/control/tenants.py): a plaintext key must never be rendered.
 PLAINTEXT_KEY = re.compile(r"sk-[A-Za-z0-9_-]{20,}")
-
-
-def _ray_container(template: dict) -> dict:
-    """The Ray container of a pod template (KubeRay: index 0 unless RAY_CONTAINER_INDEX)."""
-    containers = (template.get("spec") or {}).get("containers") or [{}]
-    return containers[0]
-
-
-def parse_quantity(q: Any) -> float:
-    """A Kubernetes quantity (``"500m"``, ``2``, ``"8Gi"``) as a number."""
-    if isinstance(q, (int, float)):
-        return float(q)
-    m = re.fullmatch(r"([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)", str(q).strip())
-    if not m:
-        raise ValueError(f"not a quantity: {q!r}")
-    num, suffix = float(m.group(1)), m.group(2)
-    factors = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-               "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "n": 1e-9, "u": 1e-6}
-    if suffix not in factors:
-        raise ValueError(f"unknown quantity suffix in {q!r}")
-    return num * factors[suffix]
-
-
-def _limit(container: dict, name: str) -> float:
-    """A container's limit of resource ``name`` (0 when absent): Ray's count comes from it."""
-    limits = (container.get("resources") or {}).get("limits") or {}
-    return parse_quantity(limits[name]) if name in limits else 0.0
 
 
 def _labels_of(template: dict, node_type: str, group: str) -> dict:
@@ -172,8 +141,8 @@ def check_specdec(overlay: str, docs: list[dict]) -> list[str]:
     head = rc.get("headGroupSpec") or {}
     if (head.get("rayStartParams") or {}).get("num-cpus") != "0":
         errors.append('headGroupSpec.rayStartParams.num-cpus must be "0" (no replica on the head)')
-    head_c = _ray_container(head.get("template") or {})
-    if _limit(head_c, GPU):
+    head_c = ray_container(head.get("template") or {})
+    if limit_of(head_c, GPU):
         errors.append("the head must not request GPUs")
     errors += _check_ports("head", head_c, HEAD_PORTS)
 
@@ -188,7 +157,7 @@ def check_specdec(overlay: str, docs: list[dict]) -> list[str]:
         name = g.get("groupName")
         tmpl = g.get("template") or {}
         pod = tmpl.get("spec") or {}
-        c = _ray_container(tmpl)
+        c = ray_container(tmpl)
         errors += _check_ports(f"workerGroup {name}", c, WORKER_PORTS)
         probe = (c.get("readinessProbe") or {}).get("httpGet") or {}
         if probe.get("path") != "/-/healthz" or probe.get("port") not in (8000, "serve"):
@@ -203,19 +172,19 @@ def check_specdec(overlay: str, docs: list[dict]) -> list[str]:
                 errors.append(f"workerGroup {name}: no {key} limit (Ray counts its resources from limits)")
             if key == GPU and (req is not None or lim is not None) and (req is None or lim is None or parse_quantity(req) != parse_quantity(lim)):
                 errors.append(f"workerGroup {name}: {GPU} requests must equal limits")
-        if _limit(c, GPU):
+        if limit_of(c, GPU):
             tol = pod.get("tolerations") or []
             if not any(t.get("key") == GPU for t in tol):
                 errors.append(f"workerGroup {name}: GPU pods need a toleration for the {GPU} taint")
             if not pod.get("nodeSelector") and not pod.get("affinity"):
                 errors.append(f"workerGroup {name}: GPU pods need a nodeSelector (or affinity) for their node pool")
-            if _limit(c, GPU) != int(_limit(c, GPU)):
+            if limit_of(c, GPU) != int(limit_of(c, GPU)):
                 errors.append(f"workerGroup {name}: {GPU} must be a whole number")
         errors += _check_mounts(f"workerGroup {name}", tmpl, docs, tenants_dir, tenants_key, cfg)
     errors += _check_mounts("head", head.get("template") or {}, docs, tenants_dir, tenants_key, cfg, models=False)
 
     # GPUs per group match the AppConfig.
-    errors += _check_capacity(cfg, by_name)
+    errors += check_capacity(cfg, by_name)
 
     # Secret: tenants hashes only.
     errors += _check_tenants_secret(docs, tenants_key)
@@ -249,7 +218,7 @@ def _volume_sources(pod: dict) -> dict[str, dict]:
 def _check_mounts(where, tmpl, docs, tenants_dir, tenants_key, cfg, models=True) -> list[str]:
     errors = []
     pod = tmpl.get("spec") or {}
-    c = _ray_container(tmpl)
+    c = ray_container(tmpl)
     vols = _volume_sources(pod)
     secret_names = {d["metadata"]["name"] for d in docs if d.get("kind") == "Secret"}
     pvc_names = {d["metadata"]["name"] for d in docs if d.get("kind") == "PersistentVolumeClaim"}
@@ -287,100 +256,6 @@ def _check_mounts(where, tmpl, docs, tenants_dir, tenants_key, cfg, models=True)
                           and mount_of(i, MODEL_CACHE_DIR) for i in inits)
         if "specdec prefetch" not in text or not all(r in words for r in roles) or not init_env_ok:
             errors.append(f"{where}: an init container must assemble the demo models {sorted(roles)} into {MODEL_CACHE_DIR}")
-    return errors
-
-
-def _check_capacity(cfg, groups: dict[str, dict]) -> list[str]:
-    """GPU/CPU counts of the worker groups against the AppConfig."""
-    errors = []
-    cont = {name: _ray_container(g.get("template") or {}) for name, g in groups.items()}
-    gpu = {name: _limit(c, GPU) for name, c in cont.items()}
-    cpu = {name: _limit(c, "cpu") for name, c in cont.items()}
-    pg_cpu = sum(b["CPU"] for b in cfg.target_bundles())
-    tp_gpus = cfg.target_tp * cfg.target_gpus_per_worker
-    if tp_gpus:
-        if "target" not in groups:
-            errors.append("the AppConfig's target uses GPUs: a worker group named 'target' is needed")
-        else:
-            if gpu["target"] != math.ceil(tp_gpus):
-                errors.append(f"workerGroup target: {GPU} limit {gpu['target']:g} != target_tp x target_gpus_per_worker "
-                              f"= {cfg.target_tp} x {cfg.target_gpus_per_worker:g}")
-            if cpu["target"] < pg_cpu:
-                errors.append(f"workerGroup target: cpu limit {cpu['target']:g} < the placement group's {pg_cpu:g} CPUs (STRICT_PACK)")
-            if groups["target"].get("maxReplicas", 0) < cfg.target.max_replicas:
-                errors.append(f"workerGroup target: maxReplicas < the Target deployment's max_replicas {cfg.target.max_replicas}")
-    if cfg.draft_num_gpus:
-        if "draft" not in groups:
-            errors.append("the AppConfig's draft uses a GPU: a worker group named 'draft' is needed")
-        else:
-            if gpu["draft"] < max(cfg.draft_num_gpus, 1):
-                errors.append(f"workerGroup draft: {GPU} limit {gpu['draft']:g} < draft_num_gpus {cfg.draft_num_gpus:g}")
-            if cpu["draft"] < cfg.draft_num_cpus:
-                errors.append(f"workerGroup draft: cpu limit {cpu['draft']:g} < draft_num_cpus {cfg.draft_num_cpus:g}")
-            per_pod = min(math.floor(gpu["draft"] / cfg.draft_num_gpus + 1e-9), math.floor(cpu["draft"] / cfg.draft_num_cpus + 1e-9))
-            if groups["draft"].get("maxReplicas", 0) * per_pod < cfg.draft.max_replicas:
-                errors.append("workerGroup draft: maxReplicas x drafts per pod < the Draft deployment's max_replicas")
-    if not tp_gpus and not cfg.draft_num_gpus and any(gpu.values()):
-        errors.append(f"the AppConfig uses no GPU but worker groups {sorted(n for n, v in gpu.items() if v)} request {GPU}")
-    # Some pod must hold a whole target placement group; the whole cluster at maxReplicas must hold
-    # every deployment at max_replicas.
-    fits = [n for n in groups if cpu[n] >= pg_cpu and gpu[n] >= math.ceil(tp_gpus)]
-    if not fits:
-        errors.append(f"no worker group can hold the target's placement group ({pg_cpu:g} CPU, {tp_gpus:g} GPU, STRICT_PACK)")
-    need_cpu = (cfg.target.max_replicas * pg_cpu + cfg.router.max_replicas * cfg.router_num_cpus
-                + cfg.draft.max_replicas * cfg.draft_num_cpus)
-    need_gpu = cfg.target.max_replicas * tp_gpus + cfg.draft.max_replicas * cfg.draft_num_gpus
-    have_cpu = sum(groups[n].get("maxReplicas", 0) * cpu[n] for n in groups)
-    have_gpu = sum(groups[n].get("maxReplicas", 0) * gpu[n] for n in groups)
-    if have_cpu < need_cpu or have_gpu < need_gpu:
-        errors.append(f"worker groups at maxReplicas give {have_cpu:g} CPU / {have_gpu:g} GPU < the "
-                      f"{need_cpu:g} CPU / {need_gpu:g} GPU of every deployment at max_replicas")
-    errors += _check_pinning(cfg, groups)
-    return errors
-
-
-def group_custom_resources(group: dict) -> dict[str, float]:
-    """The custom Ray resources a worker group advertises (``rayStartParams.resources``, the
-    shell-quoted JSON KubeRay passes to ``ray start --resources``)."""
-    raw = (group.get("rayStartParams") or {}).get("resources")
-    if not raw:
-        return {}
-    text = raw.strip()
-    if len(text) >= 2 and text[0] == text[-1] == '"':
-        text = text[1:-1].replace('\\"', '"')
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return {"<unparseable>": 0.0}
-    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {"<unparseable>": 0.0}
-
-
-def _check_pinning(cfg, groups: dict[str, dict]) -> list[str]:
-    """Each deployment's custom resources are advertised by the worker group meant for it: the
-    Target's by the group that holds its GPUs, the Draft's and Router's by another one."""
-    errors = []
-    adv = {name: group_custom_resources(g) for name, g in groups.items()}
-    for name, res in adv.items():
-        if "<unparseable>" in res:
-            errors.append(f"workerGroup {name}: rayStartParams.resources is not the quoted JSON KubeRay expects")
-    wants = {"Router": cfg.router_resources, "Draft": cfg.draft_resources, "Target": cfg.target_resources}
-    homes: dict[str, set[str]] = {}
-    for dep, res in wants.items():
-        for key, amount in res.items():
-            have = [n for n, r in adv.items() if r.get(key, 0.0) >= amount]
-            if not have:
-                errors.append(f"{dep} needs custom resource {key!r} that no worker group advertises: it would never be placed")
-            homes[dep] = homes.get(dep, set()) | set(have)
-    tp_gpus = cfg.target_tp * cfg.target_gpus_per_worker
-    if tp_gpus and "target" in groups:
-        if cfg.draft_num_gpus and not cfg.draft_resources:
-            errors.append("the Draft uses a GPU slice but is not pinned to its pool (draft_resources): "
-                          "it may land on a target pod and break the Target's STRICT_PACK GPU placement")
-        for dep in ("Router", "Draft"):
-            if "target" in homes.get(dep, set()):
-                errors.append(f"{dep} is pinned to a resource the target group advertises")
-        if "Target" in homes and homes["Target"] != {"target"}:
-            errors.append(f"Target is pinned to groups {sorted(homes['Target'])}, not only 'target'")
     return errors
 
 
@@ -479,59 +354,4 @@ def _check_selectors(spec: dict, docs: list[dict], pods: list[tuple[str, dict]])
     for _, labels in pods:
         if labels.get("app.kubernetes.io/name") == "kuberay":
             errors.append("pod label app.kubernetes.io/name is overwritten by KubeRay; select on part-of")
-    return errors
-
-
-#: where the Grafana dashboard is
-DASHBOARD = K8S_DIR / "grafana" / "specdec-dashboard.json"
-
-
-def exported_metric_names() -> dict[str, str]:
-    """The names Prometheus sees for every metric the code defines
-    (:data:`deployments.metrics.METRICS`): ``"ray_" + name`` (+ ``"_total"`` for counters) ->
-    kind. Histograms are also read through ``_bucket``, ``_sum`` and ``_count``."""
-    from deployments.metrics import METRICS
-
-    return {"ray_" + name + ("_total" if kind == "counter" else ""): kind for name, (kind, *_) in METRICS.items()}
-
-
-def check_dashboard(dashboard: dict | None = None, readme: str | None = None) -> list[str]:
-    """The Grafana dashboard reads only metrics the code exports, each documented in
-    ``k8s/README.md``'s metric table, and every panel has a query.
-
-    Args:
-        dashboard: the dashboard JSON (default: :data:`DASHBOARD`).
-        readme: the text of ``k8s/README.md`` (default: read from disk).
-
-    Returns:
-        error strings (empty: valid): a ``ray_specdec_*`` name no metric of
-        :mod:`deployments.metrics` exports (with its panel), a histogram suffix on a
-        non-histogram, a used metric missing from the README, a panel without targets.
-    """
-    if dashboard is None:
-        dashboard = json.loads(DASHBOARD.read_text())
-    if readme is None:
-        readme = (K8S_DIR / "README.md").read_text()
-    exported = exported_metric_names()
-    errors: list[str] = []
-    used: set[str] = set()
-    for panel in dashboard.get("panels") or []:
-        title = panel.get("title", "?")
-        if not panel.get("targets"):
-            errors.append(f"panel {title!r} has no query")
-        for t in panel.get("targets") or []:
-            for name in re.findall(r"\bray_specdec_[a-z_]+", t.get("expr", "")):
-                base = re.sub(r"_(bucket|sum|count)$", "", name)
-                if name in exported:
-                    used.add(name)
-                elif base != name and exported.get(base) == "histogram":
-                    used.add(base)
-                elif base in exported:
-                    errors.append(f"panel {title!r}: {name} reads a {exported[base]} as a histogram")
-                else:
-                    errors.append(f"panel {title!r}: {name} is not a metric the code exports "
-                                  "(deployments/metrics.py METRICS, with ray_ and _total for counters)")
-    for name in sorted(used):
-        if f"`{name}`" not in readme:
-            errors.append(f"{name} is used by the dashboard but not documented in k8s/README.md")
     return errors

@@ -11,7 +11,7 @@ No Kubernetes API server is needed (none is reachable from CI):
 3. :func:`specdec_checks.check_specdec` checks the deployment against its AppConfig: Serve
    config, placement and resources, ports, readiness, the tenants Secret, the model cache,
    selectors, image (``k8s/specdec_checks.py``).
-4. :func:`specdec_checks.check_dashboard`: the Grafana dashboard reads only metric names the code
+4. :func:`dashboard_check.check_dashboard`: the Grafana dashboard reads only metric names the code
    exports (``deployments/metrics.py``), each documented in ``k8s/README.md``.
 
 Every check returns a list of error strings (empty: valid), so a test can break a rendered object
@@ -36,7 +36,8 @@ if str(K8S_DIR) not in sys.path:
 
 import render_serve_config as rsc  # noqa: E402  (adds the repository root to sys.path)
 from schema_check import validate_schemas  # noqa: E402
-from specdec_checks import check_dashboard, check_specdec  # noqa: E402
+from dashboard_check import check_dashboard  # noqa: E402
+from specdec_checks import check_specdec  # noqa: E402
 
 
 class KubectlMissing(RuntimeError):

@@ -36,6 +36,8 @@ val = _load(K8S / "validate.py", "specdec_k8s_validate")  # rendering, validate_
 # The modules validate.py imports, under the names it imports them by (one copy each):
 schemas = _load(K8S / "schema_check.py", "schema_check")  # generic schema validation
 checks = _load(K8S / "specdec_checks.py", "specdec_checks")  # what specdec needs of its manifests
+capacity = _load(K8S / "capacity_checks.py", "capacity_checks")  # worker groups: GPUs, CPUs, pinning
+dashboard = _load(K8S / "dashboard_check.py", "dashboard_check")  # the Grafana dashboard against the metrics
 rsc = val.rsc  # the render_serve_config module validate.py uses (one copy)
 
 OVERLAYS = sorted(rsc.OVERLAY_PRESETS)
@@ -152,7 +154,7 @@ def test_gpu_counts_match_tensor_parallel_degree(rendered):
     assert target["requests"][GPU] == target["limits"][GPU]
     draft = _container(groups["draft"])["resources"]
     assert float(draft["limits"][GPU]) >= cfg.draft_num_gpus > 0
-    assert float(checks.parse_quantity(target["limits"]["cpu"])) >= sum(b["CPU"] for b in cfg.target_bundles())
+    assert float(capacity.parse_quantity(target["limits"]["cpu"])) >= sum(b["CPU"] for b in cfg.target_bundles())
     for name in ("draft", "target"):
         pod = groups[name]["template"]["spec"]
         assert {"key": GPU, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
@@ -347,11 +349,11 @@ def test_missing_kubectl_fails_clearly(monkeypatch):
 
 
 def test_parse_quantity():
-    assert checks.parse_quantity("500m") == 0.5
-    assert checks.parse_quantity("8Gi") == 8 * 2**30
-    assert checks.parse_quantity(2) == 2
+    assert capacity.parse_quantity("500m") == 0.5
+    assert capacity.parse_quantity("8Gi") == 8 * 2**30
+    assert capacity.parse_quantity(2) == 2
     with pytest.raises(ValueError):
-        checks.parse_quantity("lots")
+        capacity.parse_quantity("lots")
 
 
 # --- Grafana dashboard ------------------------------------------------------------------------------
@@ -365,8 +367,8 @@ def test_grafana_dashboard():
                   "predicted vs measured speedup", "draft position", "inter-token", "k under load",
                   "batch seen per tenant"):
         assert topic in titles, topic
-    assert checks.check_dashboard(dash) == []
-    exported = checks.exported_metric_names()
+    assert dashboard.check_dashboard(dash) == []
+    exported = dashboard.exported_metric_names()
     used = set()
     for p in dash["panels"]:
         for t in p["targets"]:
@@ -384,15 +386,15 @@ def test_grafana_dashboard_check_notices_unknown_misread_and_undocumented_metric
     panel = next(p for p in broken["panels"] if p["title"].startswith("K under load"))
     panel["targets"][0]["expr"] = "max by (tenant) (ray_specdec_batch_kk)"
     panel["targets"][1]["expr"] = "rate(ray_specdec_batch_k_sum[1m])"
-    errors = checks.check_dashboard(broken)
+    errors = dashboard.check_dashboard(broken)
     assert len(errors) == 2
     assert "ray_specdec_batch_kk is not a metric the code exports" in errors[0]
     assert "ray_specdec_batch_k_sum reads a gauge as a histogram" in errors[1]
     readme = (K8S / "README.md").read_text().replace("`ray_specdec_batch_rows_seen`", "`rows_seen`")
-    assert checks.check_dashboard(dash, readme) == [
+    assert dashboard.check_dashboard(dash, readme) == [
         "ray_specdec_batch_rows_seen is used by the dashboard but not documented in k8s/README.md"]
     panel["targets"] = []
-    assert "panel 'K under load per tenant and draft replica' has no query" in checks.check_dashboard(broken)
+    assert "panel 'K under load per tenant and draft replica' has no query" in dashboard.check_dashboard(broken)
 
 
 def test_documented_cluster_overlay_replaces_tenants_and_image(tmp_path):
