@@ -17,26 +17,9 @@ from deployments.target_info import TargetInfo
 from deployments.tenancy import TenancyGate
 from protos.specdec.v1 import specdec_pb2 as pb
 from specdec.control.tenants import hash_api_key
+from tests.deployments.grpc_context import RecordingContext
 
 KEY = "sk-router-order-key"
-
-
-class Ctx:
-    def __init__(self, metadata):
-        self.metadata = list(metadata)
-        self.code = self.details = None
-
-    def invocation_metadata(self):
-        return self.metadata
-
-    def set_code(self, c):
-        self.code = c
-
-    def set_details(self, d):
-        self.details = d
-
-    def set_trailing_metadata(self, md):
-        pass
 
 
 class Clock:
@@ -73,11 +56,11 @@ def test_unauthenticated_caller_is_refused_before_tokenizing(router):
         ([], "missing API key: send 'authorization: Bearer <key>' (gRPC metadata or HTTP header)"),
         ([("authorization", "Bearer sk-wrong")], "unknown API key"),
     ]:
-        ctx = Ctx(metadata)
+        ctx = RecordingContext(metadata)
         asyncio.run(r.Generate(big, ctx))
         assert (ctx.code.name, ctx.details) == ("UNAUTHENTICATED", details)
     # also a request that would fail validation: the unauthenticated caller learns nothing more
-    ctx = Ctx([])
+    ctx = RecordingContext([])
     asyncio.run(r.Generate(pb.GenerateRequest(prompt="x", max_tokens=0), ctx))
     assert ctx.code.name == "UNAUTHENTICATED"
     assert calls == []
