@@ -37,6 +37,7 @@ from deployments.grpc_status import details_for
 from deployments.openai_requests import OpenAIRequest, metadata_from_headers, translate
 from deployments.openai_responses import (
     SSE_DONE,
+    TextOffsets,
     TokenText,
     chunk_envelope,
     error_body,
@@ -250,7 +251,7 @@ async def run_unary(router: Any, req: OpenAIRequest, metadata: Mapping[str, str]
 
 async def sse_events(req: OpenAIRequest, started: list[tuple[Any, Any]], text: TokenText) -> AsyncIterator[bytes]:
     """The SSE body of a streamed response."""
-    offsets = [0] * len(started)
+    offsets = [TextOffsets(text) for _ in started]
     firsts = [True] * len(started)
     finals: list = [None] * len(started)
     stream = merged(started)
@@ -258,7 +259,6 @@ async def sse_events(req: OpenAIRequest, started: list[tuple[Any, Any]], text: T
         async for i, c in stream:
             yield sse(stream_chunk(req, i, c, text, offsets[i], firsts[i]))
             firsts[i] = False
-            offsets[i] += len(c.text)
             if c.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
                 finals[i] = c
         if req.include_usage:

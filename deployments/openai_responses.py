@@ -21,8 +21,10 @@ while the models load (``Retry-After: 1``), 504 deadline passed, 500 anything un
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
+import re
 from typing import Any, Sequence
 
 import grpc
@@ -148,12 +150,26 @@ def pooled_stats(all_stats: Sequence[pb.SpeculationStats]) -> dict:
 
 
 class TokenText:
-    """Token ids -> the text pieces and bytes OpenAI's logprobs show (the tokenizer's decode of
-    each id alone)."""
+    """Token ids -> the text pieces and bytes OpenAI's logprobs show.
+
+    ``text(id)``: the tokenizer's decode of the id alone, special tokens included by name (as
+    vLLM's ``convert_ids_list_to_tokens``: ``'<|im_end|>'``, so a client can see the end of
+    the answer among the alternatives), though ``text`` itself skips them (vLLM's
+    ``skip_special_tokens=True``).
+
+    :meth:`bytes_of`: the token's own UTF-8 bytes, as OpenAI defines ``bytes`` (a character
+    spelled by several tokens is the concatenation of their bytes; the decode of such a piece
+    alone is U+FFFD, whose bytes would be ``[239, 191, 189]``). Read from the vocabulary entry
+    for byte-level BPE (GPT-2's byte-to-character table) and SentencePiece byte-fallback pieces
+    (``<0xE2>``), used only when those bytes decode to the token's own decode; otherwise the
+    UTF-8 encoding of ``text(id)``.
+    """
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self._cache: dict[int, str] = {}
+        self._bytes: dict[int, bytes] = {}
+        self._byte_of_char: dict[str, int] | None = None
 
     def __call__(self, token_id: int) -> str:
         t = self._cache.get(token_id)
@@ -162,18 +178,68 @@ class TokenText:
             self._cache[token_id] = t
         return t
 
+    def _raw_bytes(self, token_id: int) -> bytes | None:
+        piece = self.tokenizer.convert_ids_to_tokens(int(token_id))
+        if not isinstance(piece, str) or not piece:
+            return None
+        m = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+        if m:  # SentencePiece byte fallback
+            return bytes([int(m.group(1), 16)])
+        if self._byte_of_char is None:
+            from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-def completion_logprobs(ids: Sequence[int], logprobs: Sequence[float], text: TokenText, offset: int = 0,
+            self._byte_of_char = {c: b for b, c in bytes_to_unicode().items()}
+        if all(c in self._byte_of_char for c in piece):  # byte-level BPE
+            return bytes(self._byte_of_char[c] for c in piece)
+        return None
+
+    def bytes_of(self, token_id: int) -> bytes:
+        """The token's UTF-8 bytes (see the class docstring)."""
+        b = self._bytes.get(token_id)
+        if b is None:
+            shown = self(token_id)
+            raw = self._raw_bytes(token_id)
+            b = raw if raw is not None and raw.decode("utf-8", errors="replace") == shown else shown.encode("utf-8")
+            self._bytes[token_id] = b
+        return b
+
+
+class TextOffsets:
+    """Completions' ``text_offset``: where each token's text starts in the choice's ``text``
+    (characters; one instance per choice, fed its ids in order, chunk by chunk).
+
+    The text is the tokens' bytes (:meth:`TokenText.bytes_of`) decoded as UTF-8 with
+    replacement, special tokens skipped (as ``text`` skips them), so a special token takes no
+    characters, and a token that continues a character spelled over several tokens starts just
+    after that character's start. Offset i is the length of the text of the tokens before i
+    (an incomplete character at their end counted as the one character it becomes).
+    """
+
+    def __init__(self, text: TokenText):
+        self._text = text
+        self._special = set(getattr(text.tokenizer, "all_special_ids", ()) or ())
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._chars = 0
+
+    def starts(self, ids: Sequence[int]) -> list[int]:
+        """Start offsets (characters into the whole text) of ``ids``, the next ids of the choice."""
+        out = []
+        for t in ids:
+            pending = bool(self._decoder.getstate()[0])
+            out.append(self._chars + (1 if pending else 0))
+            if int(t) not in self._special:
+                self._chars += len(self._decoder.decode(self._text.bytes_of(int(t))))
+        return out
+
+
+def completion_logprobs(ids: Sequence[int], logprobs: Sequence[float], text: TokenText, offsets: Sequence[int],
                         top: Sequence[pb.TopLogprobs] = (), top_n: int = 0) -> dict:
     """Completions' ``logprobs`` object: tokens, token_logprobs, top_logprobs (per position a
     dict token text -> logprob, or None when N = ``top_n`` = 0; ids that decode to the same text
-    share one key, with the most likely one's logprob), text_offset. With N > 0 ``top_logprobs``
-    is a list also when ``ids`` is empty (a streamed chunk, an answer cut by a stop string)."""
+    share one key, with the most likely one's logprob), text_offset (``offsets``, from
+    :class:`TextOffsets`). With N > 0 ``top_logprobs`` is a list also when ``ids`` is empty (a
+    streamed chunk, an answer cut by a stop string)."""
     tokens = [text(t) for t in ids]
-    offsets = []
-    for tok in tokens:
-        offsets.append(offset)
-        offset += len(tok)
     tops = None
     if top or top_n:  # several ids may decode to the same text: the most likely one's logprob is kept
         tops = []
@@ -183,12 +249,11 @@ def completion_logprobs(ids: Sequence[int], logprobs: Sequence[float], text: Tok
                 d.setdefault(text(i), float(v))
             tops.append(d)
     return {"tokens": tokens, "token_logprobs": [float(x) for x in logprobs], "top_logprobs": tops,
-            "text_offset": offsets}
+            "text_offset": list(offsets)}
 
 
 def _token_entry(text: TokenText, token_id: int, logprob: float) -> dict:
-    s = text(token_id)
-    return {"token": s, "logprob": float(logprob), "bytes": list(s.encode("utf-8"))}
+    return {"token": text(token_id), "logprob": float(logprob), "bytes": list(text.bytes_of(token_id))}
 
 
 def chat_logprobs(ids: Sequence[int], logprobs: Sequence[float], text: TokenText,
@@ -205,13 +270,15 @@ def chat_logprobs(ids: Sequence[int], logprobs: Sequence[float], text: TokenText
 
 
 def _logprobs(req: OpenAIRequest, ids: Sequence[int], logprobs: Sequence[float], text: TokenText,
-              top: Sequence[pb.TopLogprobs], offset: int = 0) -> dict | None:
+              top: Sequence[pb.TopLogprobs], offsets: TextOffsets | None = None) -> dict | None:
     """A choice's ``logprobs`` in the shape of ``req``'s endpoint; None when not asked for.
-    ``offset``: completions' ``text_offset`` of the first token (characters before it)."""
+    ``offsets``: the choice's :class:`TextOffsets` (completions' ``text_offset``; a new one when
+    None, for a whole answer)."""
     if req.top_logprobs is None:
         return None
     if req.endpoint == "completions":
-        return completion_logprobs(ids, logprobs, text, offset, top, req.top_logprobs)
+        starts = (offsets or TextOffsets(text)).starts(ids)
+        return completion_logprobs(ids, logprobs, text, starts, top, req.top_logprobs)
     return chat_logprobs(ids, logprobs, text, top)
 
 
@@ -252,10 +319,11 @@ def chunk_envelope(req: OpenAIRequest, choices: list) -> dict:
 
 
 def stream_chunk(req: OpenAIRequest, index: int, chunk: pb.GenerateStreamChunk, text: TokenText,
-                 offset: int, first: bool) -> dict:
-    """One SSE chunk of choice ``index`` from one relayed stream chunk."""
+                 offsets: TextOffsets, first: bool) -> dict:
+    """One SSE chunk of choice ``index`` from one relayed stream chunk (``offsets``: the
+    choice's :class:`TextOffsets`, fed every chunk of the choice in order)."""
     last = chunk.finish_reason != pb.FINISH_REASON_UNSPECIFIED
-    lp = _logprobs(req, chunk.token_ids, chunk.logprobs, text, chunk.top_logprobs, offset)
+    lp = _logprobs(req, chunk.token_ids, chunk.logprobs, text, chunk.top_logprobs, offsets)
     choice: dict = {"index": index}
     if req.endpoint == "completions":
         choice["text"] = chunk.text

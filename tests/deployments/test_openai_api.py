@@ -194,7 +194,9 @@ def test_chat_unary_and_stream_equal_grpc(stack):
     lp = unary.choices[0].logprobs.content
     assert [e.logprob for e in lp] == pytest.approx(list(grpc_resp.logprobs), abs=1e-5)
     assert [e.token for e in lp] == [stack["target"].tokenizer.decode([t]) for t in grpc_resp.token_ids]
-    assert all(e.bytes == list(e.token.encode()) and e.top_logprobs == [] for e in lp)
+    assert all(e.top_logprobs == [] for e in lp)
+    # bytes: each token's own UTF-8 bytes (OpenAI's definition), together the content
+    assert b"".join(bytes(e.bytes) for e in lp).decode("utf-8", errors="replace") == msg.content
     # streaming: role first, content deltas, then a usage chunk with no choices
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == grpc_resp.text
@@ -220,6 +222,64 @@ def test_completion_logprobs_shape_and_token_id_prompt(stack):
     assert lp.token_logprobs == pytest.approx(list(grpc_resp.logprobs), abs=1e-5)
     assert "".join(lp.tokens) == choice.text
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+
+
+def test_logprobs_show_special_tokens_by_name_but_offsets_and_bytes_follow_the_text(stack):
+    """Logprob token strings are the decode of each id alone, special tokens by name, as vLLM's
+    (``'<|endoftext|>'``, ``'<|im_end|>'``: a client sees the end of the answer among the
+    alternatives), while ``text`` skips special tokens. ``text_offset`` indexes ``text`` (it
+    counted ``'<|endoftext|>'``'s 13 characters and one per piece of a split character, so
+    offsets ran past the text) and chat's ``bytes`` are each token's own bytes (a byte of a split
+    character was ``[239, 191, 189]``, the bytes of U+FFFD). Tiny target, greedy: "hello" gives
+    ``<|endoftext|>`` (id 0) as its 4th token and lone bytes of split characters."""
+    tok = stack["target"].tokenizer
+
+    async def go():
+        client = _client(stack["app"])
+        args = dict(model=MODEL, prompt="hello", max_tokens=12, temperature=0, logprobs=2)
+        unary = await client.completions.create(**args)
+        chunks = [c async for c in await client.completions.create(stream=True, **args)]
+        chat = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                    max_tokens=40, temperature=0, logprobs=True, top_logprobs=1)
+        return unary, chunks, chat
+
+    unary, chunks, chat = _run(go())
+    c = unary.choices[0]
+    ids = c.model_extra["token_ids"]
+    assert ids == [208, 138, 216, 0, 235, 22, 24, 274, 298, 68, 80, 103]
+    assert c.logprobs.tokens[3] == "<|endoftext|>" and "<|endoftext|>" not in c.text
+    # offset i = the length of the text of tokens 0..i-1 (special tokens skipped, as in text)
+    expected = [len(tok.decode(ids[:i], skip_special_tokens=True)) for i in range(len(ids))]
+    assert c.logprobs.text_offset == expected == [0, 1, 2, 3, 3, 4, 5, 6, 8, 18, 19, 20]
+    assert all(c.text[o:].startswith(t) for o, t in zip(expected, c.logprobs.tokens) if t.isalnum())
+    streamed = [o for ch in chunks for o in ch.choices[0].logprobs.text_offset]
+    assert streamed == expected and "".join(ch.choices[0].text for ch in chunks) == c.text
+    # chat: every token with its own bytes; the last is EOS, shown by name, not in the content
+    content = chat.choices[0].message.content
+    lp = chat.choices[0].logprobs.content
+    assert chat.choices[0].finish_reason == "stop" and lp[-1].token == "<|im_end|>"
+    assert lp[-1].bytes == list(b"<|im_end|>") and "<|im_end|>" not in content
+    assert lp[1].token == "\ufffd" and lp[1].bytes == [130]  # a lone byte of a split character
+    assert b"".join(bytes(e.bytes) for e in lp[:-1]).decode("utf-8", errors="replace") == content
+    assert all(e.top_logprobs[0].bytes == e.bytes for e in lp)  # greedy: the top alternative is the token
+
+
+def test_token_bytes_and_offsets_of_characters_split_over_tokens():
+    """Byte-level BPE spells a character outside its vocabulary with one token per byte: the
+    bytes of the tokens join to the character, and offsets count it once (tiny tokenizer: 320
+    ids, so '中' and '😀' are 3 and 4 tokens)."""
+    from deployments.openai_responses import TextOffsets, TokenText
+    from specdec.testing.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    text = TokenText(tok)
+    ids = tok.encode("a中<|im_end|>😀 b", add_special_tokens=False)
+    assert [len(text.bytes_of(i)) for i in ids] == [1, 1, 1, 1, 10, 1, 1, 1, 1, 2]
+    assert b"".join(text.bytes_of(i) for i in ids) == "a中<|im_end|>😀 b".encode()
+    offsets = TextOffsets(text)
+    got = offsets.starts(ids[:5]) + offsets.starts(ids[5:])  # fed in two chunks, as a stream
+    assert got == [len(tok.decode(ids[:i], skip_special_tokens=True)) for i in range(len(ids))]
+    assert got == [0, 1, 2, 2, 2, 2, 3, 3, 3, 3]
 
 
 def test_completion_top_logprobs_is_a_list_in_every_chunk(stack):
