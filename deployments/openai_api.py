@@ -388,6 +388,9 @@ def build_app(router: Any):
 
     async def _serve(request: Request, endpoint: str):
         try:
+            metadata = metadata_from_headers(request.headers)
+            # the key first, as gRPC's path: an unknown caller gets 401 whatever its body holds
+            router.gate.authenticate_caller(metadata)
             try:
                 body = await request.json()
             except ValueError:
@@ -395,7 +398,6 @@ def build_app(router: Any):
             except RecursionError:  # json's decoder recurses per nesting level
                 raise InvalidRequestError("the request body is JSON nested too deeply") from None
             req = translate(body, endpoint, ids)
-            metadata = metadata_from_headers(request.headers)
             if not req.stream:
                 results = await run_unary(router, req, metadata)
                 return JSONResponse(unary_response(req, results, text))

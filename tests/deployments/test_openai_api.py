@@ -412,6 +412,26 @@ def test_grpc_and_http_share_one_validation(stack, grpc_req, body):
 # --- errors --------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("body", [
+    {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
+    {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "functions": []},
+    {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 0},
+    "not json",
+], ids=["unknown-model", "unknown-field", "bad-n", "not-json"])
+@pytest.mark.parametrize("auth, message", [("Bearer sk-not-a-key", "unknown API key"), (None, None)],
+                         ids=["unknown-key", "no-key"])
+def test_an_unauthenticated_caller_gets_401_whatever_its_body(stack, body, auth, message):
+    """The key is checked before the body, as on the gRPC path (and OpenAI's API): a bad body
+    with an unknown key was answered 404 (unknown model) or 400, telling an unauthenticated
+    caller about the server."""
+    raw = body if isinstance(body, str) else json.dumps(body)
+    resp = _run(_raw(stack["app"], "POST", "/v1/chat/completions", raw, headers={"Authorization": auth or ""}))
+    assert resp.status_code == 401 and resp.json()["error"]["type"] == "authentication_error"
+    if message:
+        assert resp.json()["error"]["message"] == message
+
+
+
 def _status_of(coro):
     try:
         _run(coro)
