@@ -207,6 +207,7 @@ def run_serve(args) -> int:
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     _stop_on_sigterm()
+    serving = False
     try:
         serve.start(
             http_options=HTTPOptions(host="0.0.0.0", port=cfg.http_port),
@@ -224,12 +225,15 @@ def run_serve(args) -> int:
             demo_request(address, cfg.app_name, args.message, args.max_tokens)
         if args.keep_running:
             _log("serving; Ctrl-C to stop")
-            try:
-                while True:
-                    time.sleep(3600)
-            except KeyboardInterrupt:
-                pass
+            serving = True
+            while True:
+                time.sleep(3600)
         return 0
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the way to stop --keep-running; earlier, no traceback
+        if serving:
+            return 0
+        _log("interrupted")
+        return 130
     finally:
         _log("shutting down")
         try:

@@ -65,3 +65,31 @@ def test_client_flags_carry_the_sampling_surface():
     assert (req.min_tokens, req.logprobs, req.top_logprobs) == (3, True, 4)
     with pytest.raises(InvalidArgument, match="--logit-bias must be ID=BIAS, got 'seven'"):
         cli.request_kwargs(p.parse_args(["x", "--logit-bias", "seven"]))
+
+
+def test_ctrl_c_while_the_models_load_shuts_down_without_a_traceback(monkeypatch, capsys):
+    """Ctrl-C (or SIGTERM) while ``serve.run`` waits for the models raised KeyboardInterrupt out
+    of ``specdec serve`` (a traceback); now it says so, shuts Serve and Ray down, exits 130."""
+    import ray
+    from ray import serve
+
+    import deployments.app
+
+    calls = []
+
+    def loading(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: calls.append("ray.init"))
+    monkeypatch.setattr(ray, "shutdown", lambda *a, **k: calls.append("ray.shutdown"))
+    monkeypatch.setattr(serve, "start", lambda *a, **k: calls.append("serve.start"))
+    monkeypatch.setattr(serve, "run", loading)
+    monkeypatch.setattr(serve, "shutdown", lambda *a, **k: calls.append("serve.shutdown"))
+    monkeypatch.setattr(deployments.app, "build_app", lambda cfg: None)
+    monkeypatch.setattr(cli, "_stop_on_sigterm", lambda: None)
+    for keep_running in ([], ["--keep-running"]):
+        calls.clear()
+        assert cli.run_serve(_args("--target", "/models/t", "--draft", "none", *keep_running)) == 130
+        assert calls == ["ray.init", "serve.start", "serve.shutdown", "ray.shutdown"]
+        err = capsys.readouterr().err
+        assert "[specdec serve] interrupted\n[specdec serve] shutting down\n" in err and "Traceback" not in err
