@@ -117,6 +117,8 @@ def _check_json_types(body: Mapping[str, Any]) -> None:
     for name in _BOOL:
         if name in body and not isinstance(body[name], bool):
             raise InvalidRequestError(f"{name} must be true or false, got {body[name]!r}")
+    if "user" in body and not isinstance(body["user"], str):
+        raise InvalidRequestError(f"user must be a string, got {body['user']!r}")
     ids = body.get("stop_token_ids")
     if ids is not None and not (isinstance(ids, list) and all(_is_int(t) for t in ids)):
         raise InvalidRequestError(f"stop_token_ids must be a list of token ids, got {ids!r}")

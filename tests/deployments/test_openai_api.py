@@ -476,6 +476,7 @@ def test_errors_through_the_openai_client(stack):
     ("logit_bias", {"5": "1.5"}, "logit_bias must be an object of token id -> number, got {'5': '1.5'}"),
     ("speculation", {"max_k": "4"}, "speculation.max_k must be a whole number, got '4'"),
     ("speculation", {"draft_min_confidence": True}, "speculation.draft_min_confidence must be a number, got True"),
+    ("user", 5, "user must be a string, got 5"),
 ])
 def test_wrong_json_types_are_400_naming_the_field(stack, field, value, message):
     """pydantic's loose conversion took ``"max_tokens": true`` as 1 token, ``"5"`` as 5 and
