@@ -154,8 +154,8 @@ def _prompt(value: Any, data: dict) -> None:
 
 
 def _content(i: int, content: Any) -> str:
-    if content is None:
-        return ""
+    if content is None:  # OpenAI refuses it too (it allows none only beside tool_calls, refused here)
+        raise InvalidRequestError(f"messages.{i}.content is required (a string or a list of text parts)")
     if isinstance(content, str):
         return content
     if isinstance(content, list):
