@@ -172,7 +172,7 @@ async def start_choices(router: Any, req: OpenAIRequest, metadata: Mapping[str, 
     """
     if req.n > 1:
         _refuse_n_over_the_tenants_concurrency(router, req.n, metadata)
-    gens = [router.generate_stream(req.choice_data(i), metadata) for i in range(req.n)]
+    gens = [router.generate_stream(req.choice_data(i), metadata, req.default_max_tokens) for i in range(req.n)]
     if req.n > 1:
         gens = [DrainedChoice(g) for g in gens]
     firsts = [asyncio.ensure_future(g.__anext__()) for g in gens]

@@ -14,7 +14,7 @@ Only what gRPC has no field for is checked here (``model``, ``n``, ``stream``, t
 Field mapping (OpenAI -> core request): ``prompt`` (string, or a list of token ids) ->
 ``prompt`` / ``prompt_token_ids``; ``messages`` -> ``messages`` (``developer`` is ``system``;
 content parts of type ``text`` are joined); ``max_tokens`` / ``max_completion_tokens`` ->
-``max_tokens`` (completions default 16 as OpenAI's, chat the server's 128); ``temperature``
+``max_tokens`` (completions default 16 as OpenAI's, chat the server's 128, either at most the tenant's limit); ``temperature``
 (default 1.0, as OpenAI: send 0 for greedy), ``top_p``, ``seed`` and the non-OpenAI ``top_k``
 (``-1`` = off, as vLLM) -> ``sampling``; ``stop`` (a string or a list) -> ``stop``;
 ``min_p``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` ->
@@ -38,6 +38,8 @@ from specdec.errors import InvalidRequestError, ModelNotFoundError
 MAX_N = 16
 #: Most alternatives per position in ``top_logprobs`` / completions ``logprobs``.
 MAX_TOP_LOGPROBS = 20
+#: ``max_tokens`` of a completions request that sets none (OpenAI's default; chat: the server's).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 #: Header of the session id (sticky routing; Serve's HTTP proxy reads the same header).
 SESSION_HEADER = "x-session-id"
 
@@ -76,6 +78,8 @@ class OpenAIRequest:
         stream: answer with server-sent events.
         include_usage: streaming: a last chunk carries ``usage``.
         top_logprobs: None (no logprobs), else alternatives per position (0..20).
+        default_max_tokens: ``max_tokens`` when the body sets none (completions: 16; None: the
+            server's), at most the tenant's limit (the router applies it).
     """
 
     endpoint: str
@@ -87,6 +91,7 @@ class OpenAIRequest:
     top_logprobs: int | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = ""
+    default_max_tokens: int | None = None
 
     def choice_data(self, i: int) -> dict:
         """The core request dict of choice ``i`` (a seeded request: seed + i)."""
@@ -240,7 +245,8 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
         top = body.get("logprobs")
         if top is not None and (not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS):
             raise InvalidRequestError(f"logprobs must be a whole number in 0..{MAX_TOP_LOGPROBS}, got {top!r}")
-        data["max_tokens"] = body.get("max_tokens", 16)  # OpenAI's default for completions
+        if "max_tokens" in body:
+            data["max_tokens"] = body["max_tokens"]
     else:
         if "messages" not in body:
             raise InvalidRequestError("messages is required")
@@ -292,7 +298,8 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
         data["speculation"] = {("k" if k == "max_k" else k): v for k, v in spec.items() if v is not None}
     kind = "cmpl" if endpoint == "completions" else "chatcmpl"
     return OpenAIRequest(endpoint=endpoint, model=model, data=data, n=n, stream=stream,
-                         include_usage=include_usage, top_logprobs=top, id=f"{kind}-{uuid.uuid4().hex}")
+                         include_usage=include_usage, top_logprobs=top, id=f"{kind}-{uuid.uuid4().hex}",
+                         default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS if endpoint == "completions" else None)
 
 
 def metadata_from_headers(headers: Mapping[str, str]) -> dict[str, str]:

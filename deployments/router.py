@@ -309,7 +309,20 @@ class Router:
                             tenant=adm.tenant_id, tenant_weight=getattr(adm, "batch_weight", 1.0),
                             batch_adaptive=batch_adaptive, k_min=min(getattr(adm, "k_min", 0), k) if batch_adaptive else 0)
 
-    async def _prepare(self, data: Mapping[str, Any], metadata: Mapping[str, str]) -> tuple[xpb.DraftJob, str, Any]:
+    @staticmethod
+    def _default_max_tokens(data: Mapping[str, Any], tenant: Any, default: int | None) -> Mapping[str, Any]:
+        """``data`` with ``max_tokens`` set when the caller left it out: ``default`` (the
+        server's, :class:`GenerationRequest`'s, when None), at most the tenant's
+        ``limits.max_tokens``. A default is the server's choice, so it never makes a request
+        fail a tenant limit; a ``max_tokens`` the caller set over the limit still does."""
+        if data.get("max_tokens") is not None:
+            return data
+        most = getattr(getattr(tenant, "limits", None), "max_tokens", None)
+        value = GenerationRequest.model_fields["max_tokens"].default if default is None else default
+        return {**data, "max_tokens": min(value, most) if isinstance(most, int) else value}
+
+    async def _prepare(self, data: Mapping[str, Any], metadata: Mapping[str, str],
+                       default_max_tokens: int | None = None) -> tuple[xpb.DraftJob, str, Any]:
         """Validate, tokenize, admit (tenancy) and build the draft job; returns the admission too.
 
         The one admission path of both APIs: gRPC passes ``convert.request_to_dict(proto)`` and
@@ -324,6 +337,7 @@ class Router:
         tenant = self.gate.authenticate_caller(  # before any work on the prompt
             metadata, named_proposer if isinstance(named_proposer, str) else "unknown")
         self._refuse_too_many_messages(data)
+        data = self._default_max_tokens(data, tenant, default_max_tokens)
         req = parse_request(dict(data), convert.PROTO_FIELD_NAMES)  # fields named as the caller sent them
         proposer, k = self._hints(data)
         spec_given = data.get("speculation") or {}
@@ -349,8 +363,8 @@ class Router:
             raise
         return job, routing_key, adm
 
-    async def generate_stream(self, data: Mapping[str, Any],
-                              metadata: Mapping[str, str]) -> AsyncIterator[pb.GenerateStreamChunk]:
+    async def generate_stream(self, data: Mapping[str, Any], metadata: Mapping[str, str],
+                              default_max_tokens: int | None = None) -> AsyncIterator[pb.GenerateStreamChunk]:
         """One generation, admitted and relayed: the shared code path of the gRPC and HTTP APIs.
 
         Args:
@@ -358,6 +372,8 @@ class Router:
                 (only the fields the caller set).
             metadata: lower-case keys: ``authorization`` (``Bearer <key>``), optionally
                 ``session_id`` and ``specdec-timeout-s``.
+            default_max_tokens: ``max_tokens`` when ``data`` has none (None: the server's
+                default), clipped to the tenant's limit (the OpenAI API's completions: 16).
 
         Yields:
             ``GenerateStreamChunk`` protos; the last carries finish reason, usage and stats.
@@ -368,7 +384,7 @@ class Router:
             (also when the caller stops iterating: the draft's stream is cancelled and both
             caches are freed).
         """
-        job, key, adm = await self._prepare(data, metadata)
+        job, key, adm = await self._prepare(data, metadata, default_max_tokens)
         t0 = time.perf_counter()
         ttft = last_at = None
         n_tokens = 0

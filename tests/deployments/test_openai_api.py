@@ -492,6 +492,34 @@ def test_wrong_json_types_are_400_naming_the_field(stack, field, value, message)
     assert resp.status_code == 400 and resp.json()["error"]["message"] == message
 
 
+def test_a_default_max_tokens_is_at_most_the_tenants_limit(stack):
+    """A request that sets no max_tokens gets the server's default (chat and gRPC 128,
+    completions 16) clipped to its tenant's ``limits.max_tokens``: tenant small (8) had every
+    request without max_tokens refused with "max_tokens=128 (or 16) exceeds the limit", a number
+    the caller never sent. A max_tokens the caller sets over the limit is still 400."""
+    spec = {"ignore_eos": True, "speculation": {"proposer": "ngram"}}
+
+    async def go(app):
+        small = await _client(app, key=SMALL_KEY).completions.create(model=MODEL, prompt="x", temperature=0,
+                                                                     extra_body=spec)
+        plain = await _client(app).completions.create(model=MODEL, prompt="x", temperature=0, extra_body=spec)
+        return small, plain
+
+    app = openai_api.build_app(stack["make_router"]())
+    small, plain = _run(go(app))
+    over = _status_of(_client(app, key=SMALL_KEY).completions.create(model=MODEL, prompt="x", max_tokens=9,
+                                                                      extra_body=spec))
+    assert small.usage.completion_tokens == 8 and small.choices[0].finish_reason == "length"
+    assert over.status_code == 400
+    assert over.body["message"] == "max_tokens=9 exceeds the limit of tenant 'small', 8 (limits.max_tokens)"
+    assert plain.usage.completion_tokens == 16  # OpenAI's completions default, under alpha's 1024
+    got, ctx = _grpc(stack["make_router"](), pb.GenerateRequest(
+        prompt="x", ignore_eos=True, speculation=pb.SpeculationHints(proposer=pb.PROPOSER_NGRAM)), key=SMALL_KEY)
+    assert ctx.code is None and len(got.token_ids) == 8 and got.finish_reason == pb.FINISH_REASON_MAX_TOKENS
+    got, ctx = _grpc(stack["router"], pb.GenerateRequest(prompt="x", ignore_eos=True, max_tokens=0))
+    assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT  # an explicit 0 is the caller's, still refused
+
+
 def test_rate_limit_is_429_with_retry_after(stack):
     """Tenant small: 20 tokens per minute; each request reserves prompt + max_tokens = 1 + 8."""
     router = stack["make_router"]()
