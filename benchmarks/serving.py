@@ -208,7 +208,7 @@ def batch_delta(before: dict | None, after: dict | None) -> dict | None:
 
 
 #: AppConfig fields a ``--modes`` entry may set (``batched:batch_window_s=0.05``).
-MODE_FIELDS = {"batch_window_s": float, "max_batch_positions": int, "cpu_threads": int, "draft_cpu_threads": int,
+MODE_FIELDS = {"batch_window_s": float, "batch_fill_wait_s": float, "max_batch_positions": int, "cpu_threads": int, "draft_cpu_threads": int,
                "admission_slots": int}
 
 
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="also write the JSON here")
     parser.add_argument("--modes", default="batched",
                         help="comma list of unbatched/batched, each optionally with :field=value settings "
-                        "(batch_window_s, max_batch_positions, cpu_threads, draft_cpu_threads, admission_slots; e.g. "
+                        "(batch_window_s, batch_fill_wait_s, max_batch_positions, cpu_threads, draft_cpu_threads, admission_slots; e.g. "
                         "batched:batch_window_s=0.05): the concurrency runs are repeated per mode in this run (the app "
                         "is redeployed with target_batching/draft_batching and the settings); the in-process "
                         "comparison runs with the first mode only")

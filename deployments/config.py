@@ -102,6 +102,12 @@ class AppConfig(BaseModel):
     batch_window_s: float = Field(
         0.002, ge=0, le=1, description="seconds the target waits after a block arrives for others to join its forward",
     )
+    batch_fill_wait_s: float = Field(
+        1.0, ge=0, le=60, description="fill the target's batched forwards: while blocks wait, the target also "
+        "waits for the sessions it answered recently and expects back (each for at most twice the replica's median "
+        "answer-to-next-block gap), at most this many seconds after the first waiting block arrived; 0: only "
+        "batch_window_s (sessions that drafted at different times then alternate between half-full forwards)",
+    )
     admission_slots: int | None = Field(
         None, ge=1, le=100000,
         description="requests one router replica lets into the batch at once (fair-admission slots); the rest "
