@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.control.batch_k import BatchKController, BatchKSessions, GoodputGuard
+from specdec.control.batch_k import BatchCostModel, BatchKController, BatchKSessions, GoodputGuard
 from specdec.control.objective import expected_tokens_per_step
+from specdec.types import BatchShape
 
 
 def _controller(verify, draft) -> BatchKController:
@@ -47,6 +48,102 @@ def test_flat_verify_cost_and_high_acceptance_pick_k_above_0():
     # 3 draft forwards of 8 rows, 5 of 4 rows; 4 x 9 + 4 x 4 = 52 positions interpolated 40..400
     assert d.step_s == pytest.approx(3 * 0.038 + 5 * 0.034 + 0.34 + (0.70 - 0.34) * 12 / 360)
     assert d.positions == 52 and d.rows == 8
+
+
+def _simulate(extrapolation: str, verify, draft, prefill: list[BatchShape], rounds: int = 30):
+    """Served K under load without the guard: 4 code sessions (accept every draft) and 4
+    creative ones (accept 1 per step) step once per round on one draft replica. Round 0 is
+    every session's first step, verified by the prompts' prefill forwards ``prefill`` (4
+    sessions each); after it every round is one batched verify of 8 rows costing
+    ``verify(positions)`` s and the batched draft forwards ``draft(rows)`` s of the drafting
+    sessions (measured 4- and 8-row draft forwards known beforehand). Returns the (code,
+    creative) K per round and the tokens/s of rounds 1.. under those true costs."""
+    c = BatchKController(budget=128, cost=BatchCostModel(max_positions=512, verify_extrapolation=extrapolation))
+    for r in (4, 8):
+        c.observe_tick(0, 0, 0.0, [(r, draft(r))])
+    live = BatchKSessions(c)
+    keys = [("code", i) for i in range(4)] + [("creative", i) for i in range(4)]
+    for key in keys:
+        live.join(key, key[0], "draft", k_range=(0, 8))
+    sched = {key: live.schedule(key[0], 8) for key in keys}
+    ks_seen, tokens, seconds = [], 0, 0.0
+    for rnd in range(rounds):
+        ks = [sched[key]() for key in keys]
+        if rnd == 0:
+            shapes, drafts = [prefill[0]] * 4 + [prefill[1]] * 4, []
+        else:
+            p = sum(k + 1 for k in ks)
+            shapes = [BatchShape(rnd + 2, 8, p, verify(p))] * 8
+            drafts = [(n, draft(n)) for n in (sum(1 for k in ks if k > j) for j in range(max(ks)))]
+            seconds += shapes[0].seconds + sum(s for _, s in drafts)
+        for i, (key, k) in enumerate(zip(keys, ks)):
+            accepted = k if key[0] == "code" else min(k, 1)
+            tokens += accepted + 1 if rnd else 0
+            live.observe_step(key, k, accepted, shapes[i], drafts if i == 0 else ())
+        ks_seen.append((ks[0], ks[-1]))
+    return ks_seen, tokens / seconds
+
+
+#: the first forwards the served int4 run measured: prompts' prefill chunks, 57 positions
+#: (1 row) in 5.52 s and 64 positions (5 rows) in 3.11 s (docs/bench/batching/int4/served-tenants-guard.md)
+SERVED_PREFILLS = [BatchShape(1, 1, 57, 5.52), BatchShape(2, 5, 64, 3.11)]
+
+
+def test_batch_cost_model_below_prefill_forwards_is_proportional_not_flat():
+    """Only the two prefill forwards measured: the old extrapolation (least-squares slope, here
+    negative, clamped at 0) predicted a decode forward of 8 positions (K = 0 for 8 rows) and
+    one of 40 (K = 4) both at 5.52 s, and 72 (K = 8) at 3.11 s; the new one goes through the
+    origin below (5.52 · p / 57) and from the dearest measured forward above."""
+    old, new = BatchCostModel(verify_extrapolation="trend"), BatchCostModel()
+    for m in (old, new):
+        for s in SERVED_PREFILLS:
+            m.observe_verify(s.rows, s.positions, s.seconds)
+    assert [old.verify_s(8, p) for p in (8, 16, 40, 72)] == pytest.approx([5.52, 5.52, 5.52, 3.11])
+    assert [new.verify_s(8, p) for p in (8, 16, 40, 72)] == pytest.approx(
+        [5.52 * 8 / 57, 5.52 * 16 / 57, 5.52 * 40 / 57, 5.52])
+    assert new.verify_s(5, 64) == pytest.approx(3.11) and new.verify_s(1, 60) == pytest.approx(5.52 - 2.41 * 3 / 7)
+    with pytest.raises(ValueError, match="extrapolation"):
+        BatchCostModel(verify_extrapolation="flat")
+
+
+def test_int4_like_costs_from_prefill_forwards_choose_k0_without_the_guard():
+    """int4-like true costs (verify 0.05 + 0.075 s per position, draft 0.08 + 0.026 s per row),
+    the model starting from the served run's two prefill forwards, no goodput guard: with the
+    old extrapolation the controller speculates from round 1 on (K = 8 for code, 6 for
+    creative from round 3: the 64-position forward it keeps running is predicted at the
+    prefill's 3.11 s, the K = 0 forward at 5.52 s, and never measured) at 6.3 tok/s; with the
+    new one it chooses K = 0 from the start and holds it (no probe either: at acceptance 0.9
+    K = 0 is still best), 8 tokens per 0.65 s, the best batch under the true costs."""
+    def verify(p):
+        return 0.05 + 0.075 * p
+
+    def draft(r):
+        return 0.08 + 0.026 * r
+
+    ks_old, tps_old = _simulate("trend", verify, draft, SERVED_PREFILLS)
+    ks_new, tps_new = _simulate("monotone", verify, draft, SERVED_PREFILLS)
+    assert ks_old[1:3] == [(7, 7), (8, 8)] and ks_old[3:] == [(8, 6)] * 27
+    assert tps_old == pytest.approx(6.29, abs=0.01)
+    assert ks_new == [(0, 0)] * 30
+    assert tps_new == pytest.approx(8 / verify(8))
+    # the true best: no (code K, creative K) beats K = 0 for both
+    for kc in range(0, 9):
+        for kr in range(0, 9):
+            p = 4 * (kc + 1) + 4 * (kr + 1)
+            t = verify(p) + sum(draft(4 * (kc > j) + 4 * (kr > j)) for j in range(max(kc, kr)))
+            assert 4 * (kc + 1) + 4 * (min(kr, 1) + 1) <= 8 / verify(8) * t + 1e-9
+
+
+def test_flat_costs_from_a_prefill_forward_speculate_after_one_k0_round():
+    """GPU-like flat true costs (verify 0.30 + 0.001 s per position): from prefill forwards of
+    400 and 380 positions the new extrapolation predicts decode forwards cheap in proportion,
+    so round 1 runs at K = 0, measures an 8-position forward, and from round 2 on the
+    controller speculates exactly as the old extrapolation did one round earlier."""
+    prefills = [BatchShape(1, 1, 400, 0.70), BatchShape(2, 2, 380, 0.68)]
+    ks_old, _ = _simulate("trend", lambda p: 0.30 + 0.001 * p, lambda r: 0.03 + 0.001 * r, prefills)
+    ks_new, _ = _simulate("monotone", lambda p: 0.30 + 0.001 * p, lambda r: 0.03 + 0.001 * r, prefills)
+    assert ks_new[:2] == [(0, 0), (0, 0)] and ks_new[2:] == ks_old[1:-1]
+    assert ks_new[-1] == (8, 2)
 
 
 def _run(guard: GoodputGuard, spec_rate: float, plain_rate: float, steps: int) -> str:

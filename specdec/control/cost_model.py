@@ -12,10 +12,16 @@ no round trip.
 - ``verify_s(p)``: target scoring of p positions plus verification. Kept as one EWMA per p
   because the curve is hardware-specific and need not be monotonic (measured on one box:
   K=1 0.37 s, K=2 0.70 s, K=3 1.02 s, K=4 0.68 s: a different kernel path). Unseen p are
-  interpolated linearly between the nearest measured sizes; outside the measured range they are
+  interpolated linearly between the nearest measured sizes; above the measured range they are
   extrapolated with the least-squares slope of the measured points, clamped at >= 0 (never
-  cheaper for more positions), and going down additionally at most ``t_lo / p_lo`` so the value
-  stays positive. With a single measured size the prior's shape is scaled through it.
+  cheaper for more positions), and below it with the same slope, at most ``t_lo / p_lo`` so
+  the value stays positive (``extrapolation="trend"``, the default). With a single measured
+  size the prior's shape is scaled through it. ``extrapolation="monotone"`` (the batch cost
+  model's, :class:`specdec.control.batch_k.BatchCostModel`, whose smallest measured forward may
+  be a prompt's prefill, whose trend says nothing about a decode forward) is never flat below
+  and never drops above: below the smallest measured size on the line through the origin,
+  ``t_lo · p / p_lo``; above the largest from the dearest measured size, ``max_t + slope · (p - p_hi)`` with the
+  least-squares slope clamped at >= 0 (the prior's relative slope with a single point).
 - ``round_trip_s``: draft↔target transport per step (serialization, RPC), measured separately
   by the caller. If a caller cannot separate it, it lands in the draft figure (amortized per
   token, so slightly mis-scaled when K changes).
@@ -70,6 +76,12 @@ class CostModel:
         prior_round_trip_s: prior draft↔target round trip per K > 0 step.
         ewma_weight: weight of a new observation once warmed up.
         max_positions: largest number of positions scored (K + 1).
+        extrapolation: outside the measured sizes, ``"trend"`` (the least-squares slope of the
+            measured points, flat where it is <= 0) or ``"monotone"`` (through the origin
+            below, from the dearest measured size above). Module docstring.
+
+    Raises:
+        ValueError: a prior out of range or an unknown ``extrapolation``.
 
     ``CostModel(prior_verify_s=1, prior_verify_slope=0, prior_draft_s_per_token=c)`` with no
     observations is Leviathan et al.'s constant-cost model: step_time(k) = 1 + c·k.
@@ -84,7 +96,11 @@ class CostModel:
         prior_round_trip_s: float = 0.0,
         ewma_weight: float = 0.2,
         max_positions: int = MAX_SPECULATION_LENGTH + 1,
+        extrapolation: str = "trend",
     ):
+        if extrapolation not in ("trend", "monotone"):
+            raise ValueError(f"extrapolation must be 'trend' or 'monotone', got {extrapolation!r}")
+        self.extrapolation = extrapolation
         if not prior_verify_s > 0:
             raise ValueError(f"prior_verify_s must be > 0, got {prior_verify_s}")
         if prior_verify_slope < 0 or prior_draft_s_per_token < 0 or prior_round_trip_s < 0:
@@ -143,6 +159,9 @@ class CostModel:
         for p, t in pts:
             if p == positions:
                 return t
+        if self.extrapolation == "monotone" and positions < pts[0][0]:
+            p_lo, t_lo = pts[0]
+            return t_lo * positions / p_lo
         if len(pts) == 1:
             p0, t0 = pts[0]
             return t0 * self._prior_verify(positions) / self._prior_verify(p0)
@@ -161,6 +180,8 @@ class CostModel:
             slope = min(slope, t_lo / p_lo)
             return t_lo - slope * (p_lo - positions)
         p_hi, t_hi = pts[-1]
+        if self.extrapolation == "monotone":
+            t_hi = max(t for _, t in pts)
         return t_hi + slope * (positions - p_hi)
 
     def step_terms(self, k: int) -> dict[str, float]:
