@@ -212,8 +212,54 @@ def test_batch_k_sessions_guard_overrules_the_model_when_measured_slower():
     assert ks[:8] == [4] * 8
     assert ks[8:12] == [0] * 4 and ks[12] == 4
     assert ks[13:33] == [0] * 20
-    g = live.guard.snapshot()
-    assert live.guard.vetoes >= 1 and live.guard.explorations == 1
+    guard = live.guards["code"]
+    g = guard.snapshot()
+    assert guard.vetoes >= 1 and guard.explorations == 1
     assert g["goodput_plain"] == pytest.approx(4 * 1 / 0.25)  # 4 sessions x 1 token per 0.25 s
     assert g["goodput_spec"] == pytest.approx(4 * 2 / 1.0)
-    assert live.stats()["guard"]["vetoes"] == live.guard.vetoes
+    assert live.stats()["guards"] == {"code": g}
+    assert live.tenant_stats("code")["k_under_load"] == 0 and live.tenant_stats("code")["k_model"] == 4
+
+
+def test_goodput_guard_is_per_tenant_a_paying_tenant_keeps_its_k():
+    """Two tenants, 4 sessions each, K range 0..2; the model (flat verify costs) has both at
+    K = 2. True step wall time: 0.2 s, + 0.1 s while any code session speculates, + 0.3 s while
+    any creative one does (costs the model does not see); code accepts both drafts (3 tokens
+    per step), creative one of two (2 tokens). Batch tokens per second (8 steps per round):
+    both at K = 2: 20 / 0.6 = 33.3; code only: 16 / 0.3 = 53.3; creative only: 12 / 0.5 = 24;
+    none: 8 / 0.2 = 40. A guard shared by all tenants can only hold both at K = 0 (40); one
+    guard per tenant, each comparing the batch with and without its tenant's speculation,
+    vetoes creative and keeps code at K = 2 (53.3). Explorations do not overlap: code's first
+    (round 2), then creative's (round 3), which vetoes creative; its rechecks (rounds 11, 24,
+    49) lose again and double the hold (48, 96, 192 steps); code explores once every 32 of
+    its spec steps and is never vetoed."""
+    c = _controller(lambda p: 0.30 + 0.001 * p, lambda r: 0.03 + 0.001 * r)
+    live = BatchKSessions(c, guard=GoodputGuard(min_steps=8, explore_every=32, hold=48))
+    keys = [("code", i) for i in range(4)] + [("creative", i) for i in range(4)]
+    for key in keys:
+        live.join(key, key[0], "draft", k_range=(0, 2))
+    sched = {key: live.schedule(key[0], 2) for key in keys}
+    rounds, tokens, seconds = [], 0, 0.0
+    for rnd in range(60):
+        ks = [sched[key]() for key in keys]
+        assert ks == [ks[0]] * 4 + [ks[4]] * 4  # one K per tenant in a round
+        wall = 0.2 + 0.1 * (ks[0] > 0) + 0.3 * (ks[4] > 0)
+        for key, k in zip(keys, ks):
+            accepted = k if key[0] == "code" else k // 2
+            live.observe_step(key, k, accepted, None, draft_s=0.0, verify_s=wall)
+            if rnd >= 12:
+                tokens += accepted + 1
+        seconds += wall if rnd >= 12 else 0.0
+        rounds.append(f"{ks[0]}{ks[4]}")
+    assert " ".join(rounds) == (
+        "22 22 02 20 22 20 20 20 00 20 20 22 20 00 20 20 20 20 00 20 20 20 20 00 22 20 20 20 00 20 "
+        "20 20 20 00 20 20 20 20 00 20 20 20 20 00 20 20 20 20 00 22 20 20 20 00 20 20 20 20 00 20")
+    code, creative = live.guards["code"], live.guards["creative"]
+    assert (code.vetoes, code.explorations, code.forced) == (0, 12, False)
+    assert (creative.vetoes, creative.explorations, creative.snapshot()["forced"]) == (4, 1, "veto")
+    assert creative.goodput("spec") == pytest.approx(20 / 0.6, rel=0.02)  # its recheck: both at K = 2
+    stats = {t: live.tenant_stats(t) for t in ("code", "creative")}
+    assert [(s["k_under_load"], s["k_model"]) for s in stats.values()] == [(2, 2), (0, 2)]
+    # rounds 12..59: 36 at (2, 0), 10 code explorations at (0, 0), 2 creative rechecks at (2, 2)
+    assert tokens / seconds == pytest.approx((36 * 16 + 10 * 8 + 2 * 20) / (36 * 0.3 + 10 * 0.2 + 2 * 0.6))
+    assert tokens / seconds == pytest.approx(49.71, abs=0.01)  # against 40 with both held at K = 0

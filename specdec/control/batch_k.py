@@ -23,8 +23,9 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from specdec.control.acceptance import AcceptanceEstimator
 from specdec.control.objective import expected_tokens_per_step
@@ -265,6 +266,8 @@ class BatchKController:
         probe_memory: trials the tenant's old counts weigh when a probe starts (≥ 0).
         probe_backoff: the interval between probes that find nothing grows up to
             ``probe_every · probe_backoff`` (≥ 1; 1: fixed interval).
+        clock: seconds; when each tenant's K was decided (:attr:`k_decided_at`; Unix time by
+            default, comparable between replicas).
 
     Raises:
         ValueError: a probe setting out of its range.
@@ -274,7 +277,7 @@ class BatchKController:
                  k_ranges: dict[str, tuple[int, int]] | None = None,
                  estimator: AcceptanceEstimator | None = None, cost: BatchCostModel | None = None,
                  probe_every: int = 32, probe_steps: int = 4, probe_alpha: float = 0.9,
-                 probe_memory: float = 8.0, probe_backoff: int = 4):
+                 probe_memory: float = 8.0, probe_backoff: int = 4, clock: Callable[[], float] = time.time):
         if probe_every < 0 or probe_steps < 1 or not 0 < probe_alpha <= 1 or probe_memory < 0 or probe_backoff < 1:
             raise ValueError("need probe_every >= 0, probe_steps >= 1, 0 < probe_alpha <= 1, probe_memory >= 0, "
                              f"probe_backoff >= 1; got {probe_every}, {probe_steps}, {probe_alpha}, "
@@ -297,6 +300,9 @@ class BatchKController:
         self.last: BatchKDecision | None = None
         #: tenant -> the K chosen for it at the last decision that included it
         self.k_by_tenant: dict[str, int] = {}
+        #: tenant -> ``clock()`` of that decision (Unix seconds by default)
+        self.k_decided_at: dict[str, float] = {}
+        self.clock = clock
         #: (rows, positions) of every verify forward seen, for statistics
         self.batches: list[tuple[int, int]] = []
 
@@ -340,6 +346,8 @@ class BatchKController:
         self._loads = loads
         self.last = choose_batch_ks(loads, self.cost, self.budget)
         self.k_by_tenant.update({t: k for t, k in self.last.ks.items() if "\x00" not in t})
+        now = self.clock()
+        self.k_decided_at.update({t: now for t in self.last.ks if "\x00" not in t})
         return self.last
 
     def k_for(self, tenant: str) -> int | None:
@@ -415,8 +423,9 @@ class _Joined:
     tenant: str
     proposer: str
     adaptive: bool
-    k: int = 0  # a fixed session's K
+    k: int = 0  # a fixed session's K (an adaptive one's ceiling)
     last_k: int | None = None  # the K of its last step (None: no step yet)
+    k_min: int = 0  # an adaptive session's K while its tenant's guard forces K = 0
 
 
 def merge_report(pool: AcceptanceEstimator, report: dict, max_steps: int = 1_000_000) -> int:
@@ -488,17 +497,24 @@ class GoodputGuard:
     verify round trip as the session saw them, n_s = sessions stepping concurrently when it
     ended: a session's rate tokens_s / seconds_s times the sessions running is the batch's rate,
     so a batch that drains while one regime runs does not flatter it), each sum decayed by
-    ``decay`` per step recorded in that regime (memory ~ 1 / (1 - decay) steps). A step counts
-    in regime ``spec`` when the model had some adaptive tenant at K > 0 and ``plain`` when it
-    had none there or the guard forced K = 0 (a probe's steps and a generation's first step,
-    which also prefills the target, count in neither). It includes what speculation costs the
-    other tenants (their steps slow down too).
+    ``decay`` per step recorded in that regime (memory ~ 1 / (1 - decay) steps).
+
+    **One guard per tenant** (:class:`BatchKSessions`): tenant t's guard gets the steps of
+    *every* adaptive session (any tenant's), each in regime ``spec`` when the model had t at
+    K > 0 and ``plain`` when it had t at K = 0 or t's guard forces K = 0 (a probe's steps and a
+    generation's first step, which also prefills the target, count in no guard). So it compares
+    the whole batch's goodput with and without t's speculation, including what t's speculation
+    costs the other tenants (their steps slow down too), and a veto holds only t at K = 0: a
+    tenant whose speculation pays keeps its K. Explorations of different tenants do not
+    overlap (``may_explore`` of :meth:`record`): with two tenants exploring at once, each
+    guard's ``plain`` would hold the other's K = 0 as well.
 
     Policy, in adaptive steps (summed over all sessions):
 
     - **explore**: while ``spec`` runs and ``plain`` has fewer than ``min_steps`` fresh steps,
       every ``explore_every`` steps (the first time after ``min_steps`` steps) force K = 0 for
-      ``min_steps`` steps, so that there is a measured ``plain`` to compare with;
+      ``min_steps`` steps, so that there is a measured ``plain`` to compare with (an
+      exploration due while ``may_explore`` is False waits for the next ``spec`` step);
     - **veto**: once both regimes hold ``min_steps`` fresh steps and
       ``goodput(spec) < goodput(plain) · (1 - margin)``, force K = 0 for ``hold`` steps (doubled
       after each veto that a recheck confirms, up to ``hold · max_backoff``), then let the
@@ -541,10 +557,20 @@ class GoodputGuard:
         self.vetoes = 0
         self.explorations = 0
 
+    def fresh(self) -> "GoodputGuard":
+        """A new guard with this one's settings and nothing measured (one per tenant)."""
+        return GoodputGuard(min_steps=self.min_steps, explore_every=self.explore_every, hold=self.hold,
+                            max_backoff=self.max_backoff, margin=self.margin, decay=self.decay)
+
     @property
     def forced(self) -> bool:
         """Whether K = 0 is forced now (an exploration or a veto)."""
         return self._forced_left > 0
+
+    @property
+    def exploring(self) -> bool:
+        """Whether K = 0 is forced now for an exploration (not a veto)."""
+        return self._forced_left > 0 and self._forced_why == "explore"
 
     def goodput(self, regime: str) -> float | None:
         """Measured tokens per step-second of ``regime`` ("spec" or "plain"), None before any step."""
@@ -555,10 +581,11 @@ class GoodputGuard:
         """Fresh steps measured in ``regime``."""
         return self._sums[regime][2]
 
-    def record(self, regime: str, tokens: float, seconds: float) -> None:
+    def record(self, regime: str, tokens: float, seconds: float, may_explore: bool = True) -> None:
         """One adaptive step of ``regime`` emitted ``tokens`` tokens (weighted: n_s · tokens_s of
         the class docstring) in ``seconds`` seconds of wall time; then the policy (class
-        docstring) moves on by one step.
+        docstring) moves on by one step. ``may_explore`` False: an exploration due now waits
+        (another tenant's guard is exploring).
 
         Raises:
             ValueError: an unknown regime, tokens < 1 or seconds not finite and > 0.
@@ -591,7 +618,7 @@ class GoodputGuard:
                 return
             if self._rechecking:
                 self._rechecking, self._hold = False, self.hold
-        if ns >= self.min_steps and (npl < self.min_steps or self._since_explore >= self.explore_every):
+        if may_explore and ns >= self.min_steps and (npl < self.min_steps or self._since_explore >= self.explore_every):
             self._sums["plain"] = [0.0, 0.0, 0]  # explore with fresh steps
             self._since_explore = 0
             self.explorations += 1
@@ -627,9 +654,13 @@ class BatchKSessions:
         controller: the batch controller (its ``budget`` is the target's positions budget;
             its probe settings say how a tenant held at K = 0 is re-probed).
         recent: steps per tenant the rows/positions means are over.
-        guard: a :class:`GoodputGuard`: while it forces K = 0 every adaptive step runs at its
-            tenant's k_min (no probes); each adaptive step's tokens and wall seconds
-            (``draft_s + verify_s`` of :meth:`observe_step`) feed it. None: the model alone.
+        guard: a :class:`GoodputGuard` whose settings every tenant's own guard takes
+            (:meth:`GoodputGuard.fresh`, made when the tenant first joins; :attr:`guards`):
+            while tenant t's guard forces K = 0 every adaptive step of t runs at t's k_min (no
+            probes) and the model decides the other tenants' K with t's sessions at that K;
+            every adaptive step's tokens and wall seconds (``draft_s + verify_s`` of
+            :meth:`observe_step`) feed every tenant's guard (:class:`GoodputGuard`, "One guard
+            per tenant"). None: the model alone.
         trace: a file that gets one JSON line per step observed and per decision (diagnostics:
             the decision's predicted step seconds and the cost terms it used, against each
             step's measured draft and verify seconds and the forward that verified it); None: off.
@@ -638,8 +669,11 @@ class BatchKSessions:
     def __init__(self, controller: BatchKController, recent: int = 200, trace: str | None = None,
                  guard: GoodputGuard | None = None):
         self.controller = controller
-        #: overrules the model with K = 0 when the adaptive steps' measured goodput says so (None: off)
+        #: the settings of the per-tenant guards (None: no guard)
         self.guard = guard
+        #: tenant -> its guard: overrules the model with K = 0 for that tenant when the adaptive
+        #: steps' measured goodput says its speculation does not pay
+        self.guards: dict[str, GoodputGuard] = {}
         self._trace = open(trace, "a", buffering=1) if trace else None
         self._lock = threading.Lock()
         self._joined: dict[Any, _Joined] = {}
@@ -680,10 +714,12 @@ class BatchKSessions:
         if not 0 <= k_range[0] <= k_range[1]:
             raise ValueError(f"bad K range {k_range}")
         with self._lock:
-            self._joined[key] = _Joined(tenant, proposer, adaptive, int(k_range[1]))
+            self._joined[key] = _Joined(tenant, proposer, adaptive, int(k_range[1]), k_min=int(k_range[0]))
             self.controller.weights[tenant] = float(weight)
             if adaptive:
                 self.controller.k_ranges[tenant] = (int(k_range[0]), int(k_range[1]))
+                if self.guard is not None and tenant not in self.guards:
+                    self.guards[tenant] = self.guard.fresh()
             self._dirty = True
 
     def leave(self, key: Any) -> None:
@@ -696,7 +732,10 @@ class BatchKSessions:
         counts: dict[tuple[str, str], int] = {}
         fixed: dict[tuple[str, str, int], int] = {}
         for j in self._joined.values():
-            if j.adaptive and j.proposer != "none":
+            if j.adaptive and j.proposer != "none" and self._forced_locked(j.tenant):
+                key = (j.tenant, j.proposer, j.k_min)  # held at k_min by its guard: decided for the others
+                fixed[key] = fixed.get(key, 0) + 1
+            elif j.adaptive and j.proposer != "none":
                 counts[(j.tenant, j.proposer)] = counts.get((j.tenant, j.proposer), 0) + 1
             else:
                 key = (j.tenant, j.proposer, j.k if j.proposer != "none" else 0)
@@ -709,8 +748,12 @@ class BatchKSessions:
                                    "rows": d.rows, "positions": d.positions,
                                    "loads": {t: [l.sessions, l.alpha, l.fixed_k] for t, l in self.controller._loads.items()},
                                    "cost": self.controller.cost.snapshot(),
-                                   "guard": None if self.guard is None else self.guard.snapshot()})
+                                   "guard": {t: g.snapshot() for t, g in self.guards.items()}})
         self._dirty = False
+
+    def _forced_locked(self, tenant: str) -> bool:
+        g = self.guards.get(tenant)
+        return g is not None and g.forced
 
     def _write_trace(self, rec: dict) -> None:
         import json
@@ -747,7 +790,7 @@ class BatchKSessions:
             with self._lock:
                 if self._dirty:
                     self._decide_locked()
-                if self.guard is not None and self.guard.forced:
+                if self._forced_locked(tenant):
                     return min(k_min, cap)
                 chosen = self.controller.step_k(tenant, cap, k_min)
                 if self.controller.caps:  # a probe capped the evidence: order matters to the pool
@@ -782,11 +825,10 @@ class BatchKSessions:
                                    "batch": None if batch is None else [batch.forward, batch.rows, batch.positions,
                                                                         batch.seconds],
                                    "draft_forwards": list(draft_forwards)})
-            if j is not None and j.adaptive and self.guard is not None and j.last_k is not None \
+            if j is not None and j.adaptive and self.guards and j.last_k is not None \
                     and draft_s is not None and verify_s is not None and draft_s + verify_s > 0:
-                regime = self._regime_locked(j.tenant, int(k))
-                if regime is not None:
-                    self.guard.record(regime, (int(accepted) + 1) * len(self._joined), draft_s + verify_s)
+                self._guard_step_locked(j.tenant, int(k), (int(accepted) + 1) * len(self._joined),
+                                        draft_s + verify_s)
             if j is not None:
                 if k > 0 and j.last_k in (None, 0):
                     draft_forwards = ()
@@ -813,16 +855,26 @@ class BatchKSessions:
                     batch.seconds if new_forward else 0.0, list(draft_forwards))
                 self._dirty = True
 
-    def _regime_locked(self, tenant: str, k: int) -> str | None:
-        """The :class:`GoodputGuard` regime an adaptive step of ``tenant`` at K = ``k`` counts in
-        (None: in neither: a probe's step, or a K > 0 step that straddled the start of a forced K = 0)."""
-        if self.guard.forced:
-            return "plain" if k == 0 else None
-        last = self.controller.last
-        if k > 0 and self.controller.k_for(tenant) == 0:
-            return None  # a probe of a tenant held at K = 0
-        spec = last is not None and any(v > 0 for t, v in last.ks.items() if "\x00" not in t)
-        return "spec" if spec else "plain"
+    def _guard_step_locked(self, tenant: str, k: int, tokens: float, seconds: float) -> None:
+        """Record one adaptive step of ``tenant`` at K = ``k`` (``tokens`` weighted by the sessions
+        stepping, ``seconds`` of wall time) in the guard of every tenant that has adaptive
+        sessions here, each in its own regime (:class:`GoodputGuard`, "One guard per tenant").
+        A probe's step (K > 0 while the model holds ``tenant`` at K = 0) and a K > 0 step of a
+        tenant whose guard forces K = 0 (it straddled the start of the forcing) count in none.
+        A guard whose forcing starts or ends marks the decision stale."""
+        if k > 0 and (self._forced_locked(tenant) or self.controller.k_for(tenant) == 0):
+            return
+        active = {j.tenant for j in self._joined.values() if j.adaptive and j.proposer != "none"}
+        for t in sorted(active):
+            g = self.guards.get(t)
+            if g is None:
+                continue
+            was = g.forced
+            regime = "plain" if was or not (self.controller.k_for(t) or 0) > 0 else "spec"
+            others = any(o.exploring for n, o in self.guards.items() if n != t)
+            g.record(regime, tokens, seconds, may_explore=not others)
+            if g.forced != was:
+                self._dirty = True
 
     # --- acceptance shared by the replicas ------------------------------------------------------
 
@@ -909,14 +961,29 @@ class BatchKSessions:
         return taken
 
     def tenant_stats(self, tenant: str) -> dict:
-        """``{"k_under_load": K chosen at the last decision or None, "rows_per_step",
-        "positions_per_step": means over the tenant's recent steps (0.0 without any),
-        "steps": how many, "sessions": adaptive sessions held now}``."""
+        """One tenant's K under load here, as plain data::
+
+            {"k_under_load": the K its adaptive steps run at now (its k_min while its guard
+                 forces K = 0, else the K of the last decision that included it; None before any),
+             "k_model": the K of the last decision that included it (None before any),
+             "decided_at": Unix time (s) of that decision (None before any),
+             "guard": its guard's GoodputGuard.snapshot() (None without a guard),
+             "rows_per_step", "positions_per_step": means over its recent steps (0.0 without any),
+             "steps": how many, "sessions": sessions of it held now}
+        """
         with self._lock:
             shapes = list(self._shapes.get(tenant, ()))
             n = len(shapes)
+            model_k = self.controller.k_by_tenant.get(tenant)
+            g = self.guards.get(tenant)
+            k = model_k
+            if g is not None and g.forced:
+                k = self.controller.k_ranges.get(tenant, (0, 0))[0]
             return {
-                "k_under_load": self.controller.k_by_tenant.get(tenant),
+                "k_under_load": k,
+                "k_model": model_k,
+                "decided_at": self.controller.k_decided_at.get(tenant),
+                "guard": None if g is None else g.snapshot(),
                 "rows_per_step": sum(r for r, _ in shapes) / n if n else 0.0,
                 "positions_per_step": sum(p for _, p in shapes) / n if n else 0.0,
                 "steps": n,
@@ -930,4 +997,4 @@ class BatchKSessions:
         out = {t: self.tenant_stats(t) for t in sorted(tenants)}
         with self._lock:
             return {"tenants": out, "controller": self.controller.stats(), "decisions": self.decisions,
-                    "guard": None if self.guard is None else self.guard.snapshot()}
+                    "guards": {t: g.snapshot() for t, g in sorted(self.guards.items())}}
