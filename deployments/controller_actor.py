@@ -34,6 +34,12 @@ separate :class:`specdec.control.acceptance.AcceptanceEstimator` from the per-re
 controller's: that one is fed whole requests when they end (router replicas), this one per-step
 counts (draft replicas); feeding one with both would count every step twice.
 
+K under load per draft replica: the same report carries the replica's K under load per tenant
+(:meth:`specdec.control.batch_k.BatchKSessions.tenant_views`); the state keeps the latest view of
+every replica (for ``batch_view_ttl_s``, default 300 s, after its last report) and
+:meth:`SharedTenantState.tenant_stats` lists them under ``"batch_replicas"``, so that
+``GetTenantStats`` shows every replica's K, not only that of whichever replica answers a call.
+
 Persistence: what the controller learned (acceptance estimates, cost models, K state) and the
 usage counters are saved at most every ``snapshot_every_s`` (default 30 s) to a store, and
 loaded when the state is created. A snapshot is versioned plain data (JSON, no pickled objects),
@@ -119,6 +125,8 @@ class SharedTenantState:
         clock: monotonic seconds (tests inject one; also used by the controller when given).
         store: where snapshots go (``load() -> bytes | None``, ``save(bytes)``); None: none.
         snapshot_every_s: least time between two snapshots (saved after a request completes).
+        batch_view_ttl_s: a draft replica's K-under-load view is dropped this many seconds
+            after its last report (a replica gone, or idle: its K is no longer current).
     """
 
     def __init__(
@@ -128,6 +136,7 @@ class SharedTenantState:
         clock: Callable[[], float] | None = None,
         store: Any = None,
         snapshot_every_s: float = 30.0,
+        batch_view_ttl_s: float = 300.0,
     ):
         kw = dict(controller_kwargs or {})
         self.clock = clock or time.monotonic
@@ -138,6 +147,9 @@ class SharedTenantState:
         self.batch_acceptance = AcceptanceEstimator()
         #: draft replica id -> clock of its last report
         self.batch_replicas: dict[str, float] = {}
+        #: draft replica id -> {tenant: its K under load there} as of that report
+        self.batch_views: dict[str, dict[str, dict]] = {}
+        self.batch_view_ttl_s = float(batch_view_ttl_s)
         self.limiter = RateLimiter(clock=self.clock)
         self.lease_ttl_s = lease_ttl_s
         #: lease id -> (RateLease, monotonic time after which it expires)
@@ -309,8 +321,11 @@ class SharedTenantState:
         Raises:
             ValueError: a malformed report (nothing merged).
         """
+        views = _replica_views(report.get("tenants") or {})
         merge_report(self.batch_acceptance, dict(report))
         self.batch_replicas[str(replica)] = self.clock()
+        if "tenants" in report:
+            self.batch_views[str(replica)] = views
         self.snapshot()
         return self.batch_acceptance.export_counts()
 
@@ -324,7 +339,23 @@ class SharedTenantState:
             "tenant_id": tenant,
             "proposers": per,
             "usage": dict(self.usage.get(tenant, {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0})),
+            "batch_replicas": self.batch_k_views(tenant),
         }
+
+    def batch_k_views(self, tenant: str) -> list[dict]:
+        """``tenant``'s K under load on every draft replica that reported it within
+        ``batch_view_ttl_s``: :meth:`BatchKSessions.tenant_views` entries plus ``"replica"`` (its
+        id) and ``"reported_s_ago"`` (seconds since its report), most recent report first."""
+        now = self.clock()
+        for r, at in list(self.batch_replicas.items()):
+            if now - at > self.batch_view_ttl_s:
+                self.batch_views.pop(r, None)
+        out = []
+        for r, views in self.batch_views.items():
+            v = views.get(tenant)
+            if v is not None:
+                out.append(dict(v, replica=r, reported_s_ago=max(0.0, now - self.batch_replicas[r])))
+        return sorted(out, key=lambda v: (v["reported_s_ago"], v["replica"]))
 
     def batch_k_replicas(self) -> dict[str, float]:
         """Draft replica id -> clock of its last acceptance report (:meth:`sync_batch_acceptance`)."""
@@ -343,6 +374,36 @@ class SharedTenantState:
 
     def ping(self) -> str:
         return "ok"
+
+
+_VIEW_INTS = ("k_under_load", "k_model", "steps", "sessions")
+_VIEW_FLOATS = ("decided_at", "rows_per_step", "positions_per_step")
+
+
+def _replica_views(raw: Any) -> dict[str, dict]:
+    """A report's ``"tenants"`` (:meth:`BatchKSessions.tenant_views`) as checked plain data.
+
+    Raises:
+        ValueError: not a mapping of tenant name to a mapping of those fields (numbers >= 0,
+            ``k_under_load``/``k_model``/``decided_at`` may be None).
+    """
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"tenants: expected a mapping, got {type(raw).__name__}")
+    out = {}
+    for t, v in raw.items():
+        if not isinstance(t, str) or not isinstance(v, Mapping):
+            raise ValueError(f"tenants: entry {t!r} is not tenant -> mapping")
+        view: dict[str, Any] = {"guard_forced": bool(v.get("guard_forced", False))}
+        for f in _VIEW_INTS + _VIEW_FLOATS:
+            x = v.get(f)
+            if x is None and f in ("k_under_load", "k_model", "decided_at"):
+                view[f] = None
+                continue
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0 or x == float("inf"):
+                raise ValueError(f"tenants: {t!r} {f}: expected a finite number >= 0, got {x!r}")
+            view[f] = int(x) if f in _VIEW_INTS else float(x)
+        out[t] = view
+    return out
 
 
 def _actor_class():

@@ -524,10 +524,11 @@ class Draft:
         return {"sent": sent, "taken": [list(k) for k in taken]}
 
     async def BatchKStats(self, tenant: str) -> dict:
-        """K under load for ``tenant`` on this replica: ``{"k_under_load", "rows_per_step",
-        "positions_per_step", "steps", "sessions"}`` (:meth:`BatchKSessions.tenant_stats`);
-        ``{}`` when ``served_batch_k`` is off."""
-        return {} if self.batch_k is None else self.batch_k.tenant_stats(tenant)
+        """K under load for ``tenant`` on this replica: its
+        :meth:`BatchKSessions.tenant_view` (``{"k_under_load", "k_model", "decided_at",
+        "guard_forced", "rows_per_step", "positions_per_step", "steps", "sessions"}``) plus
+        ``"replica"``: this replica's id; ``{}`` when ``served_batch_k`` is off."""
+        return {} if self.batch_k is None else dict(self.batch_k.tenant_view(tenant), replica=self.replica_id)
 
     # --- readiness and debugging -------------------------------------------------------------
 

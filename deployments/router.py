@@ -474,6 +474,7 @@ class Router:
 
         The tenant comes from the API key, so a tenant can never read another's.
         """
+        from deployments.batch_k_stats import fill_batch_load, merge_views
         from deployments.tenancy import proposer_name, tenant_stats_to_proto
 
         try:
@@ -495,16 +496,17 @@ class Router:
             msg.batch.max_rows = int(load["max_rows"])
         except Exception:
             log.debug("target BatchStats unavailable", exc_info=True)
-        try:  # K under load for this tenant, as the draft replica's batch controller sees it
+        # K under load for this tenant: the answering draft replica's, and every replica's as
+        # of its last exchange with the shared controller (deployments.batch_k_stats)
+        mine = None
+        try:
             mine = await asyncio.wait_for(self.draft.BatchKStats.remote(stats["tenant_id"]), timeout=5)
-            if mine:
-                if mine.get("k_under_load") is not None:
-                    msg.batch.k_under_load = int(mine["k_under_load"])
-                msg.batch.tenant_rows_per_step = float(mine["rows_per_step"])
-                msg.batch.tenant_positions_per_step = float(mine["positions_per_step"])
-                msg.batch.tenant_steps = int(mine["steps"])
         except Exception:
             log.debug("draft BatchKStats unavailable", exc_info=True)
+        try:
+            fill_batch_load(msg.batch, merge_views(stats.get("batch_replicas") or [], mine), time.time())
+        except Exception:
+            log.exception("K under load views")
         return msg
 
     def __serve_build_asgi_app__(self):

@@ -884,7 +884,8 @@ class BatchKSessions:
 
             {"segments": [{"steps": [[tenant, proposer, K, accepted, count], ...],
                            "cap": [tenant, proposer, trials] or None}, ...],
-             "raw_steps": [[tenant, proposer, K > 0 steps this replica's estimate holds], ...]}
+             "raw_steps": [[tenant, proposer, K > 0 steps this replica's estimate holds], ...],
+             "tenants": {tenant: its K under load here, :meth:`tenant_view`}}
 
         A segment's ``cap`` is the evidence cap a probe started here applied after the
         segment's steps (:meth:`AcceptanceEstimator.cap_evidence`), so that the pool caps the
@@ -899,7 +900,22 @@ class BatchKSessions:
             self._segments, self._unsynced = [], collections.Counter()
             est = self.controller.estimator
             raw = [[t, p, est.raw_steps((t, p))] for t, p in est.keys()]
-        return {"segments": segs, "raw_steps": raw}
+        return {"segments": segs, "raw_steps": raw, "tenants": self.tenant_views()}
+
+    def tenant_view(self, tenant: str) -> dict:
+        """``tenant``'s K under load here as plain scalars: :meth:`tenant_stats` with the guard's
+        snapshot replaced by ``"guard_forced"`` (whether its guard holds it at K = 0 now)."""
+        st = self.tenant_stats(tenant)
+        guard = st.pop("guard")
+        st["guard_forced"] = bool(guard and guard["forced"])
+        return st
+
+    def tenant_views(self) -> dict[str, dict]:
+        """Every tenant seen here -> :meth:`tenant_view` (for the shared controller, which answers
+        ``GetTenantStats`` with every draft replica's K under load)."""
+        with self._lock:
+            tenants = set(self._shapes) | {j.tenant for j in self._joined.values()} | set(self.controller.k_by_tenant)
+        return {t: self.tenant_view(t) for t in sorted(tenants)}
 
     def restore_report(self, report: dict) -> None:
         """A report of :meth:`take_sync_report` was not delivered: its steps (and caps) go with

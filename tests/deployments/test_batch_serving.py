@@ -496,6 +496,80 @@ def test_two_draft_replicas_pool_acceptance_through_the_shared_state(target, tmp
     assert set(reps[1].batch_k.controller.k_by_tenant) == {"creative"}
 
 
+def test_tenant_stats_show_the_k_under_load_of_every_draft_replica(target, tmp_path):
+    """One tenant's adaptive jobs on two draft replicas (each its own batch controller) sharing
+    the controller state (a local SharedTenantState for the actor); a router whose draft handle
+    always reaches replica A. GetTenantStats lists both replicas, each with the K under load and
+    steps its own controller has (B's as of its last exchange), names the replica whose decision
+    is the most recent as the source of k_under_load, and sums the steps over both."""
+    import asyncio
+    import shutil
+
+    from deployments.config import AppConfig
+    from deployments.controller_actor import ControllerClient
+    from deployments.draft import Draft
+    from deployments.metrics import SpecDecMetrics
+    from deployments.router import Router
+    from deployments.tenancy import TenancyGate
+    from protos.specdec.v1 import specdec_pb2 as pb
+    from specdec.testing.tiny import build_tiny_model as build
+    from tests.deployments.grpc_context import RecordingContext
+    from tests.deployments.test_openai_api import LocalDraftHandle
+
+    t_folder = tmp_path / "t"
+    shutil.copytree(build(tmp_path / "t0", seed=0, max_positions=1024), t_folder)
+    d_folder = build(tmp_path / "d", seed=1, base=target.model, noise=0.03, max_positions=1024)
+    wire = BatchingWire(target, budget=64)
+    shared = ControllerClient.local()
+    cfg = AppConfig(target_model=str(t_folder), draft_model=str(d_folder), cpu_threads=1, batch_window_s=0.01,
+                    max_batch_positions=64, batch_k_sync_s=1e-9)
+    reps = [Draft(cfg, send_factory=lambda key: wire.send, metrics=SpecDecMetrics(backend=None), controller=shared)
+            for _ in range(2)]
+    rng = random.Random(13)
+
+    def job(i):
+        req = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[rng.randrange(3, 300) for _ in range(4 + i)]),
+                                 max_tokens=16, ignore_eos=True,
+                                 speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=4))
+        return xpb.DraftJob(session_id=f"s{i}", request=req, tenant="default", batch_adaptive=True)
+
+    jobs = [(reps[i % 2], job(i)) for i in range(4)]
+
+    async def run_one(rep, j):
+        chunks = [pb.GenerateStreamChunk.FromString(raw) async for raw in rep.Generate(j.SerializeToString())]
+        return convert.join_chunks(chunks)
+
+    class Handle(LocalDraftHandle):
+        @property
+        def BatchKStats(self):
+            return self._Method(self.draft.BatchKStats)
+
+    router = Router(cfg, draft=Handle(reps[0]), gate=TenancyGate(None, shared, SpecDecMetrics(backend=None)))
+
+    async def main():
+        got = await asyncio.gather(*[run_one(r, j) for r, j in jobs])
+        for r in reps:
+            if r._sync_task is not None:
+                await r._sync_task
+            await r.SyncBatchK()
+        return got, await router.GetTenantStats(pb.GetTenantStatsRequest(), RecordingContext())
+
+    got, stats = asyncio.run(main())
+    views = {r.replica_id: r.batch_k.tenant_view("default") for r in reps}
+    assert all(v["decided_at"] is not None for v in views.values())
+    by_id = {m.replica: m for m in stats.batch.replicas}
+    assert set(by_id) == set(views) and stats.batch.replicas[0].replica == reps[0].replica_id
+    for rid, v in views.items():
+        m = by_id[rid]
+        assert (m.k_under_load, m.k_model, m.tenant_steps, m.guard_forced) == (
+            v["k_under_load"], v["k_model"], v["steps"], v["guard_forced"])
+    assert by_id[reps[0].replica_id].reported_s_ago == 0.0
+    latest = max(views, key=lambda rid: views[rid]["decided_at"])
+    assert stats.batch.k_under_load_replica == latest
+    assert stats.batch.k_under_load == views[latest]["k_under_load"]
+    assert stats.batch.tenant_steps == sum(g.stats.steps for g in got) == sum(v["steps"] for v in views.values())
+
+
 def test_router_sends_adaptive_jobs_and_reports_k_under_load(target, tmp_path):
     """Through the router (gRPC methods, open mode): an adaptive greedy request becomes a
     batch-adaptive DraftJob with the request's K as ceiling; a seeded sampled one keeps a fixed K;
@@ -554,7 +628,8 @@ def test_router_sends_adaptive_jobs_and_reports_k_under_load(target, tmp_path):
         prompt_token_ids=[5, 17, 42, 9, 100], max_tokens=20, ignore_eos=True, speculation={"k": 5})).token_ids
     assert max(dict(g.stats.k_counts)) <= 5
     assert stats.tenant_id == "default" and stats.batch.HasField("k_under_load")
-    assert stats.batch.k_under_load == draft.batch_k.controller.k_by_tenant["default"]
+    assert stats.batch.k_under_load == draft.batch_k.tenant_view("default")["k_under_load"]
+    assert stats.batch.k_under_load_replica == draft.replica_id and len(stats.batch.replicas) == 1
     assert stats.batch.tenant_steps == g.stats.steps + s.stats.steps
     assert stats.batch.tenant_rows_per_step >= 1 and stats.batch.tenant_positions_per_step >= stats.batch.tenant_rows_per_step
 

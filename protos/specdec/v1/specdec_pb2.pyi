@@ -282,7 +282,7 @@ class GetTenantStatsResponse(_message.Message):
     def __init__(self, tenant_id: _Optional[str] = ..., proposer: _Optional[_Union[Proposer, str]] = ..., acceptance_rate: _Optional[float] = ..., current_k: _Optional[int] = ..., predicted_speedup: _Optional[float] = ..., cost: _Optional[_Union[CostTerms, _Mapping]] = ..., usage: _Optional[_Union[TenantUsage, _Mapping]] = ..., stats: _Optional[_Union[SpeculationStats, _Mapping]] = ..., batch: _Optional[_Union[BatchLoad, _Mapping]] = ...) -> None: ...
 
 class BatchLoad(_message.Message):
-    __slots__ = ("forwards", "mean_rows", "mean_positions", "max_rows", "k_under_load", "tenant_rows_per_step", "tenant_positions_per_step", "tenant_steps")
+    __slots__ = ("forwards", "mean_rows", "mean_positions", "max_rows", "k_under_load", "tenant_rows_per_step", "tenant_positions_per_step", "tenant_steps", "k_under_load_replica", "replicas")
     FORWARDS_FIELD_NUMBER: _ClassVar[int]
     MEAN_ROWS_FIELD_NUMBER: _ClassVar[int]
     MEAN_POSITIONS_FIELD_NUMBER: _ClassVar[int]
@@ -291,6 +291,8 @@ class BatchLoad(_message.Message):
     TENANT_ROWS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
     TENANT_POSITIONS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
     TENANT_STEPS_FIELD_NUMBER: _ClassVar[int]
+    K_UNDER_LOAD_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     forwards: int
     mean_rows: float
     mean_positions: float
@@ -299,4 +301,30 @@ class BatchLoad(_message.Message):
     tenant_rows_per_step: float
     tenant_positions_per_step: float
     tenant_steps: int
-    def __init__(self, forwards: _Optional[int] = ..., mean_rows: _Optional[float] = ..., mean_positions: _Optional[float] = ..., max_rows: _Optional[int] = ..., k_under_load: _Optional[int] = ..., tenant_rows_per_step: _Optional[float] = ..., tenant_positions_per_step: _Optional[float] = ..., tenant_steps: _Optional[int] = ...) -> None: ...
+    k_under_load_replica: str
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaKUnderLoad]
+    def __init__(self, forwards: _Optional[int] = ..., mean_rows: _Optional[float] = ..., mean_positions: _Optional[float] = ..., max_rows: _Optional[int] = ..., k_under_load: _Optional[int] = ..., tenant_rows_per_step: _Optional[float] = ..., tenant_positions_per_step: _Optional[float] = ..., tenant_steps: _Optional[int] = ..., k_under_load_replica: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaKUnderLoad, _Mapping]]] = ...) -> None: ...
+
+class ReplicaKUnderLoad(_message.Message):
+    __slots__ = ("replica", "k_under_load", "k_model", "guard_forced", "decided_s_ago", "reported_s_ago", "tenant_rows_per_step", "tenant_positions_per_step", "tenant_steps", "sessions")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    K_UNDER_LOAD_FIELD_NUMBER: _ClassVar[int]
+    K_MODEL_FIELD_NUMBER: _ClassVar[int]
+    GUARD_FORCED_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_S_AGO_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_S_AGO_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ROWS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    TENANT_POSITIONS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    TENANT_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    k_under_load: int
+    k_model: int
+    guard_forced: bool
+    decided_s_ago: float
+    reported_s_ago: float
+    tenant_rows_per_step: float
+    tenant_positions_per_step: float
+    tenant_steps: int
+    sessions: int
+    def __init__(self, replica: _Optional[str] = ..., k_under_load: _Optional[int] = ..., k_model: _Optional[int] = ..., guard_forced: _Optional[bool] = ..., decided_s_ago: _Optional[float] = ..., reported_s_ago: _Optional[float] = ..., tenant_rows_per_step: _Optional[float] = ..., tenant_positions_per_step: _Optional[float] = ..., tenant_steps: _Optional[int] = ..., sessions: _Optional[int] = ...) -> None: ...
