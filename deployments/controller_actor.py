@@ -20,7 +20,10 @@ allow N times the limit). So that state lives in one place:
   serving continues with per-replica estimates rather than failing requests.
 
 Per request a router makes two calls: :meth:`SharedTenantState.admit` (rate limits + K decision,
-one round trip) and :meth:`SharedTenantState.complete` (release + feedback + usage).
+one round trip) and :meth:`SharedTenantState.complete` (release + feedback + usage). A request
+whose K the draft replica chooses per step (``batch_adaptive``: K under load) skips the
+per-request controller in both: its K and its acceptance live with the draft replicas and the
+pool below, one place.
 
 Acceptance shared by the draft replicas (K under load): each draft replica chooses every step's
 K from its own batch (:class:`specdec.control.batch_k.BatchKSessions`), and the costs behind
@@ -228,12 +231,16 @@ class SharedTenantState:
         policy: Mapping,
         requested_k: int | None,
         timeout_s: float | None = None,
+        batch_adaptive: bool = False,
     ) -> dict:
         """Reserve rate limits for one request and decide its K, in one call.
 
         Args:
             timeout_s: the request's own time budget in seconds; its lease expires
                 ``LEASE_GRACE_S`` after it (None: after ``lease_ttl_s``).
+            batch_adaptive: the request's K is chosen per step by the draft replica's batch
+                controller (K under load): the per-request controller is not asked; the
+                decision is :func:`batch_decision` (K = ``requested_k``, the ceiling).
 
         Returns:
             ``{"lease": id (str), "decision": KDecision dict}``, or ``{"error": {"message",
@@ -250,6 +257,8 @@ class SharedTenantState:
         self._leases[lease_id] = (lease, self.clock() + ttl)
         u = self.usage.setdefault(tenant_id, {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0})
         u["requests"] += 1
+        if batch_adaptive:
+            return {"lease": lease_id, "decision": batch_decision(tenant_id, proposer, int(requested_k or 0))}
         return {"lease": lease_id, "decision": self.decide(tenant_id, proposer, policy, requested_k)}
 
     def complete(
@@ -262,9 +271,13 @@ class SharedTenantState:
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
         used_tokens: int | None = None,
+        batch_adaptive: bool = False,
     ) -> None:
         """End one admitted request: release its lease (refunding unused tokens), feed its
         stats (if any steps ran) to the controller and add its usage. Idempotent per lease.
+        A ``batch_adaptive`` request's stats are not fed to the per-request controller: its
+        steps reach the acceptance pool of the draft replicas (:meth:`sync_batch_acceptance`),
+        which chose its K; feeding both would count them twice in two places.
 
         A lease this state does not hold (admitted by a previous incarnation, expired) or held
         by another tenant is not released (logged); the usage and feedback still count."""
@@ -278,7 +291,7 @@ class SharedTenantState:
         u = self.usage.setdefault(tenant_id, {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0})
         u["prompt_tokens"] += int(prompt_tokens)
         u["completion_tokens"] += int(completion_tokens)
-        if stats and int(stats.get("steps", 0)) > 0:
+        if stats and int(stats.get("steps", 0)) > 0 and not batch_adaptive:
             self.record(tenant_id, proposer, stats, costs)
         self.snapshot()
 
@@ -331,10 +344,16 @@ class SharedTenantState:
 
     def tenant_stats(self, tenant: str) -> dict:
         """One tenant's view: per proposer its controller state (α̂, counts, K, last decision
-        with cost terms and predicted speedup) and the proposer's cost model; its usage."""
+        with cost terms and predicted speedup) and the proposer's cost model, and under
+        ``"batch_acceptance"`` the counts pooled from the draft replicas' steps (K under load)
+        when there are any; its usage; every draft replica's K under load
+        (``"batch_replicas"``, :meth:`batch_k_views`)."""
         per = self.controller.tenant_stats(tenant)
         for proposer, d in per.items():
             d["cost_model"] = self.controller.cost_model(proposer).snapshot()
+        for t, proposer in self.batch_acceptance.keys():
+            if t == tenant and self.batch_acceptance.raw_steps((t, proposer)) > 0:
+                per.setdefault(proposer, {})["batch_acceptance"] = self.batch_acceptance.snapshot((t, proposer)).as_dict()
         return {
             "tenant_id": tenant,
             "proposers": per,
@@ -374,6 +393,18 @@ class SharedTenantState:
 
     def ping(self) -> str:
         return "ok"
+
+
+def batch_decision(tenant: str, proposer: str, k_cap: int) -> dict:
+    """The admission decision of a request whose K the draft replica's batch controller chooses
+    per step (K under load): no per-request choice, ``k`` is the request's ceiling.
+
+    Returns:
+        ``{"tenant", "proposer", "k": k_cap, "reason": "K under load", "batch": True,
+        "probe": False, "probe_steps": None}``.
+    """
+    return {"tenant": tenant, "proposer": proposer, "k": int(k_cap), "reason": "K under load", "batch": True,
+            "probe": False, "probe_steps": None}
 
 
 _VIEW_INTS = ("k_under_load", "k_model", "steps", "sessions")
@@ -495,13 +526,15 @@ class ControllerClient:
                 self._fallback = SharedTenantState()
             return getattr(self._fallback, method)(*args)
 
-    async def admit(self, tenant_id, limits, tokens, proposer, policy, requested_k, timeout_s=None) -> dict:
+    async def admit(self, tenant_id, limits, tokens, proposer, policy, requested_k, timeout_s=None,
+                    batch_adaptive=False) -> dict:
         return await self._call("admit", tenant_id, dict(limits), tokens, proposer, dict(policy), requested_k,
-                                timeout_s)
+                                timeout_s, batch_adaptive)
 
     async def complete(self, lease_id, tenant_id, proposer, stats=None, costs=None,
-                       prompt_tokens=0, completion_tokens=0, used_tokens=None) -> None:
-        args = (lease_id, tenant_id, proposer, stats, costs, prompt_tokens, completion_tokens, used_tokens)
+                       prompt_tokens=0, completion_tokens=0, used_tokens=None, batch_adaptive=False) -> None:
+        args = (lease_id, tenant_id, proposer, stats, costs, prompt_tokens, completion_tokens, used_tokens,
+                batch_adaptive)
         if self._fallback is not None and self._fallback.holds_lease(lease_id):
             # admitted by the fallback while the actor was away: released there
             return self._fallback.complete(*args)

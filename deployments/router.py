@@ -290,20 +290,18 @@ class Router:
              deadline: float) -> xpb.DraftJob:
         msg = convert.request_to_proto(req)
         msg.prompt_token_ids.CopyFrom(pb.TokenIds(ids=list(prompt)))  # the oneof now holds the ids
-        k = adm.chosen_k if adm.proposer != "none" else 0
-        # K under load: the draft replica picks each step's K (at most the request's ceiling)
-        batch_adaptive = bool(self.cfg.served_batch_k and getattr(adm, "adaptive", False)
-                              and adm.proposer != "none" and getattr(adm, "k_cap", 0) > 0)
-        if batch_adaptive:
-            k = adm.k_cap
+        # K under load (the gate's batch_adaptive): the draft replica picks each step's K, at most
+        # the request's ceiling; the per-request controller was not asked (deployments.tenancy)
+        batch_adaptive = bool(getattr(adm, "batch_adaptive", False))
+        k = adm.k_cap if batch_adaptive else (adm.chosen_k if adm.proposer != "none" else 0)
         msg.speculation.CopyFrom(pb.SpeculationHints(
             proposer=convert.PROPOSER_TO_PROTO[adm.proposer], max_k=k,
             draft_min_confidence=req.speculation.draft_min_confidence,
         ))
         seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
         msg.sampling.seed = seed
-        # the per-request controller's probes judge one request's step costs; under batch-adaptive
-        # K the draft replica's controller judges the batch and re-probes a tenant held at K = 0
+        # a probe of the per-request controller (never for a batch-adaptive job: the draft
+        # replica's controller re-probes a tenant it holds at K = 0)
         probe = int(adm.decision.get("probe_steps") or 0) if adm.decision.get("probe") and not batch_adaptive else 0
         return xpb.DraftJob(session_id=session_id, request=msg, deadline_unix_s=deadline, probe_steps=probe,
                             tenant=adm.tenant_id, tenant_weight=getattr(adm, "batch_weight", 1.0),
@@ -352,7 +350,8 @@ class Router:
         named = spec_given.get("proposer") is not None
         adm = await self.gate.admit(metadata, req, prompt_tokens=len(prompt),
                                     default_proposers=None if named else self._default_proposers(),
-                                    tenant=tenant, timeout_s=max(0.0, deadline - time.time()))
+                                    tenant=tenant, timeout_s=max(0.0, deadline - time.time()),
+                                    batch_k=self.cfg.served_batch_k)
         try:
             await self._ensure_ready()
             generation_id = uuid.uuid4().hex
@@ -475,7 +474,7 @@ class Router:
         The tenant comes from the API key, so a tenant can never read another's.
         """
         from deployments.batch_k_stats import fill_batch_load, merge_views
-        from deployments.tenancy import proposer_name, tenant_stats_to_proto
+        from deployments.tenancy import proposer_name, tenant_stats_to_proto, uses_batch_k
 
         try:
             _refuse_undecodable(request)
@@ -505,6 +504,8 @@ class Router:
             log.debug("draft BatchKStats unavailable", exc_info=True)
         try:
             fill_batch_load(msg.batch, merge_views(stats.get("batch_replicas") or [], mine), time.time())
+            if uses_batch_k(stats, proposer) and msg.batch.HasField("k_under_load"):
+                msg.current_k = msg.batch.k_under_load  # its K is the draft replicas', one place
         except Exception:
             log.exception("K under load views")
         return msg

@@ -39,7 +39,13 @@ What :meth:`TenancyGate.admit` does, in order, and the error of each step (gRPC 
    (``decision["probe"]``) speculates only its first ``decision["probe_steps"]`` steps. A sampled request with a
    ``seed`` is not adapted: it runs at the tenant's ``fixed_k``, else its own ``k`` clipped to
    the tenant's range, so that the same seeded request gives the same output every time (a
-   sampled output depends on K, its distribution does not).
+   sampled output depends on K, its distribution does not). With ``batch_k`` (the config's
+   ``served_batch_k``) an adaptive request (policy adaptive, a proposer, a ceiling K > 0) is
+   *batch-adaptive*: the draft replica's batch controller chooses its K per step (K under load,
+   :mod:`specdec.control.batch_k`), so the per-request controller is not asked
+   (``decision["batch"]``, K = the ceiling, no probe) and, in :meth:`TenancyGate.complete`, not
+   fed: the request's steps reach the draft replicas' acceptance pool, the one place its K and
+   acceptance come from (``GetTenantStats`` too).
 
 :meth:`TenancyGate.complete` releases the slot and the lease (refunding tokens not generated),
 feeds the request's counters and step timings to the controller, adds usage and records the
@@ -146,6 +152,8 @@ class Admission:
     k_cap: int = 0
     k_min: int = 0
     adaptive: bool = False
+    #: the draft replica's batch controller chooses its K per step (module docstring)
+    batch_adaptive: bool = False
     started: float = field(default_factory=time.perf_counter)
     _slot: bool = False
     _done: bool = False
@@ -169,6 +177,8 @@ class TenancyGate:
         count_prompt_tokens: ``request -> prompt tokens`` (e.g. ``len(engine.encode(r))``);
             without it only ``prompt_token_ids`` requests are measured exactly, text prompts
             are estimated at one token per 4 characters (an upper-bound-ish guess for limits).
+        batch_k: adaptive requests are batch-adaptive (K under load on the draft replica;
+            module docstring); False: the per-request controller decides every request's K.
     """
 
     def __init__(
@@ -180,7 +190,9 @@ class TenancyGate:
         capacity: int = 8,
         max_queue_per_tenant: int = 64,
         count_prompt_tokens: Callable[[GenerationRequest], int] | None = None,
+        batch_k: bool = False,
     ):
+        self.batch_k = bool(batch_k)
         if isinstance(tenants, (str, os.PathLike)):
             tenants = TenantRegistry.from_yaml(tenants)
         self._open = tenants is None
@@ -199,6 +211,7 @@ class TenancyGate:
         draft replica steps at once, so requests beyond it wait here, fairly by tenant, rather
         than in Serve's first-come queue)."""
         kw.setdefault("capacity", cfg.router_admission_slots())
+        kw.setdefault("batch_k", cfg.served_batch_k)
         return cls(cfg.tenants_file, controller, **kw)
 
     @property
@@ -246,7 +259,7 @@ class TenancyGate:
 
     async def admit(self, metadata: Any, request: GenerationRequest, prompt_tokens: int | None = None,
                     default_proposers: Iterable[str] | None = None, *, tenant: Tenant | None = None,
-                    timeout_s: float | None = None) -> Admission:
+                    timeout_s: float | None = None, batch_k: bool | None = None) -> Admission:
         """Authenticate, check, rate-limit, wait for a fair slot and decide K (module docstring).
 
         Args:
@@ -258,6 +271,8 @@ class TenancyGate:
             tenant: the caller's tenant when already authenticated (:meth:`authenticate_caller`).
             timeout_s: the request's time budget in seconds: its rate lease lives that long
                 (plus a grace) before it expires unreleased; None: the shared state's default.
+            batch_k: whether an adaptive request is batch-adaptive (module docstring); None:
+                the gate's own ``batch_k``.
 
         Raises:
             AuthenticationError, InvalidRequestError, ResourceExhaustedError.
@@ -280,8 +295,11 @@ class TenancyGate:
         if not request.sampling.greedy and request.sampling.seed is not None:
             policy["adaptive"] = False  # reproducible: a sampled output depends on K
         limits = tenant.limits.model_dump()
+        batch_adaptive = ((self.batch_k if batch_k is None else bool(batch_k)) and bool(policy["adaptive"]) and checked.proposer != "none"
+                          and int(checked.k_max or 0) > 0)
         got = await self.controller.admit(
-            tid, limits, n_prompt + request.max_tokens, checked.proposer, policy, checked.k_max, timeout_s
+            tid, limits, n_prompt + request.max_tokens, checked.proposer, policy, checked.k_max, timeout_s,
+            batch_adaptive,
         )
         if "error" in got:
             err = got["error"]
@@ -300,12 +318,14 @@ class TenancyGate:
             k_cap=int(checked.k_max or 0),
             k_min=int(checked.k_min),
             adaptive=bool(policy["adaptive"]),
+            batch_adaptive=batch_adaptive,
         )
         t_q = time.perf_counter()
         try:
             await self.admission.acquire(tid)
         except BaseException as e:
-            await self.controller.complete(adm.lease_id, tid, adm.proposer, used_tokens=n_prompt)
+            await self.controller.complete(adm.lease_id, tid, adm.proposer, used_tokens=n_prompt,
+                                           batch_adaptive=batch_adaptive)
             adm._done = True
             if isinstance(e, SpecDecError):
                 self._refused(tid, proposer, e)
@@ -354,6 +374,7 @@ class TenancyGate:
             await self.controller.complete(
                 admission.lease_id, admission.tenant_id, admission.proposer, stats, costs,
                 admission.prompt_tokens, completion, admission.prompt_tokens + completion,
+                admission.batch_adaptive,
             )
         except Exception:
             log.exception("controller.complete failed for tenant %r", admission.tenant_id)
@@ -364,7 +385,7 @@ class TenancyGate:
                 status_name(exc) if not isinstance(exc, asyncio.CancelledError) else "CANCELLED",
                 result,
                 ttft_s,
-                admission.decision,
+                None if admission.batch_adaptive else admission.decision,  # no per-request K to gauge
                 inter_token_s=inter_token_s,
                 prompt_tokens=admission.prompt_tokens,
                 queue_s=admission.queued_s,
@@ -396,15 +417,31 @@ def proposer_name(enum_value: int) -> str | None:
     return {v: k for k, v in _PROPOSER_ENUM.items()}.get(int(enum_value))
 
 
+def stats_proposer(stats: Mapping, proposer: str | None) -> str:
+    """The proposer a ``GetTenantStats`` answer is for: ``proposer``, else the tenant's default."""
+    return proposer or stats.get("default_proposer") or "draft"
+
+
+def uses_batch_k(stats: Mapping, proposer: str | None) -> bool:
+    """Whether the answer's acceptance and K come from the draft replicas (K under load): their
+    pool holds steps of the tenant with that proposer (:func:`tenant_stats_to_proto`)."""
+    p = (stats.get("proposers") or {}).get(stats_proposer(stats, proposer)) or {}
+    return bool(p.get("batch_acceptance"))
+
+
 def tenant_stats_to_proto(stats: Mapping, proposer: str | None = None):
     """``GetTenantStatsResponse`` for one proposer of :meth:`TenancyGate.tenant_stats`'s dict.
 
     ``proposer`` None: the tenant's default proposer. A proposer the tenant never used gets
-    only its id, usage and ``current_k`` 0 (acceptance and speedup unset).
+    only its id, usage and ``current_k`` 0 (acceptance and speedup unset). A proposer whose
+    steps the draft replicas pooled (``"batch_acceptance"``: K under load) takes its acceptance
+    and counters from that pool, and neither ``current_k``, ``predicted_speedup`` nor ``cost``
+    from the per-request controller (its K is the draft replicas': the router sets
+    ``current_k`` from ``batch.k_under_load``, :func:`uses_batch_k`).
     """
     from protos.specdec.v1 import specdec_pb2 as pb
 
-    proposer = proposer or stats.get("default_proposer") or "draft"
+    proposer = stats_proposer(stats, proposer)
     msg = pb.GetTenantStatsResponse(tenant_id=stats["tenant_id"], proposer=_PROPOSER_ENUM.get(proposer, 0))
     u = stats.get("usage") or {}
     msg.usage.requests = int(u.get("requests", 0))
@@ -413,14 +450,15 @@ def tenant_stats_to_proto(stats: Mapping, proposer: str | None = None):
     p = (stats.get("proposers") or {}).get(proposer)
     if not p:
         return msg
-    acc = p.get("acceptance") or {}
+    batch = p.get("batch_acceptance")
+    acc = batch or p.get("acceptance") or {}
     if acc.get("evidence", 0) > 0 or acc.get("alpha") is not None:
         msg.acceptance_rate = float(acc["alpha"])
-    msg.current_k = int(p.get("current_k") or 0)
-    last = p.get("last_decision")
+    msg.current_k = 0 if batch else int(p.get("current_k") or 0)
+    last = None if batch else p.get("last_decision")
     if last is not None:
         msg.predicted_speedup = float(last["predicted_speedup"])
-    cm = p.get("cost_model") or {}
+    cm = {} if batch else p.get("cost_model") or {}
     if cm:
         msg.cost.draft_per_token_s = float(cm.get("draft_s_per_token", 0.0))
         msg.cost.round_trip_s = float(cm.get("round_trip_s", 0.0))

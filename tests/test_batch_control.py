@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -132,8 +133,9 @@ def test_batch_k_sessions_served_controller():
     assert k_creative == 0 and k_code >= 2
     assert live.k_for("code", 1) == 1  # never above the request's ceiling
     stats = live.tenant_stats("code")
-    assert stats == {"k_under_load": k_code, "rows_per_step": 8.0, "positions_per_step": 40.0,
-                     "steps": 160, "sessions": 4}
+    assert stats == {"k_under_load": k_code, "k_model": k_code, "decided_at": live.controller.k_decided_at["code"],
+                     "guard": None, "rows_per_step": 8.0, "positions_per_step": 40.0, "steps": 160, "sessions": 4}
+    assert live.controller.k_decided_at["code"] == pytest.approx(time.time(), abs=60)
     assert live.tenant_stats("creative")["sessions"] == 5
     # a probe of the per-request controller: the ceiling for its first two steps, then the
     # tenant's K under load; held at K = 0, after 32 steps at K = 0 a probe of 4 consecutive

@@ -634,6 +634,80 @@ def test_router_sends_adaptive_jobs_and_reports_k_under_load(target, tmp_path):
     assert stats.batch.tenant_rows_per_step >= 1 and stats.batch.tenant_positions_per_step >= stats.batch.tenant_rows_per_step
 
 
+def test_router_leaves_batch_adaptive_jobs_to_the_draft_replica_controller(target, tmp_path):
+    """served_batch_k: the router's per-request controller neither decides nor learns from an
+    adaptive request (the draft replica's batch controller chooses its K per step and pools its
+    acceptance); a seeded sampled request (fixed K) still goes through it. GetTenantStats then
+    takes acceptance, counters and K from the draft replicas' side: the pooled α̂ and steps,
+    current_k = k_under_load, no per-request predicted speedup or costs."""
+    import asyncio
+
+    from deployments.config import AppConfig
+    from deployments.controller_actor import ControllerClient
+    from deployments.draft import Draft
+    from deployments.metrics import SpecDecMetrics
+    from deployments.router import Router
+    from deployments.tenancy import TenancyGate
+    from protos.specdec.v1 import specdec_pb2 as pb
+    from tests.deployments.grpc_context import RecordingContext
+    from tests.deployments.test_openai_api import LocalDraftHandle
+
+    t_folder = build_tiny_model(tmp_path / "t", seed=0, max_positions=1024)
+    d_folder = build_tiny_model(tmp_path / "d", seed=1, base=target.model, noise=0.03, max_positions=1024)
+    cfg = AppConfig(target_model=str(t_folder), draft_model=str(d_folder), cpu_threads=1, default_max_k=4,
+                    batch_k_sync_s=1e-9)
+    shared = ControllerClient.local({})
+    wire = BatchingWire(target, budget=64)
+    draft = Draft(cfg, send_factory=lambda key: wire.send, metrics=SpecDecMetrics(backend=None), controller=shared)
+    jobs = []
+    generate = draft.Generate
+
+    def spy(payload):
+        jobs.append(xpb.DraftJob.FromString(payload))
+        return generate(payload)
+
+    draft.Generate = spy
+
+    class Handle(LocalDraftHandle):
+        @property
+        def BatchKStats(self):
+            return self._Method(self.draft.BatchKStats)
+
+    router = Router(cfg, draft=Handle(draft), gate=TenancyGate(None, shared, SpecDecMetrics(backend=None)))
+    greedy = [pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5 + i, 17, 42, 9, 100]), max_tokens=16,
+                                 ignore_eos=True, speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT))
+              for i in range(2)]
+    seeded = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5, 17, 42]), max_tokens=10, ignore_eos=True,
+                                sampling=pb.SamplingParams(temperature=0.8, seed=4),
+                                speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=3))
+
+    async def main():
+        out = await asyncio.gather(*[router.Generate(r, RecordingContext()) for r in greedy + [seeded]])
+        if draft._sync_task is not None:
+            await draft._sync_task
+        await draft.SyncBatchK()
+        return out, await router.GetTenantStats(pb.GetTenantStatsRequest(), RecordingContext())
+
+    (g0, g1, s), stats = asyncio.run(main())
+    assert [j.batch_adaptive for j in jobs] == [True, True, False]
+    assert [(j.request.speculation.max_k, j.probe_steps) for j in jobs[:2]] == [(4, 0), (4, 0)]
+    state = shared.state
+    per_request = state.controller.tenant_stats("default")["draft"]
+    assert per_request["decisions"] == 1  # the seeded request's only
+    assert state.controller.estimator.snapshot(("default", "draft")).raw_steps == sum(
+        n for k, n in dict(s.stats.k_counts).items() if k > 0)
+    assert state.usage["default"]["requests"] == 3
+    assert state.usage["default"]["completion_tokens"] == 16 + 16 + 10
+    pooled = state.batch_acceptance.snapshot(("default", "draft"))
+    spec_steps = sum(sum(n for k, n in dict(g.stats.k_counts).items() if k > 0) for g in (g0, g1, s))
+    assert spec_steps > 0 and pooled.raw_steps == spec_steps  # every drafted step, once
+    assert stats.acceptance_rate == pytest.approx(pooled.alpha)
+    assert stats.stats.proposed == round(pooled.proposed) and stats.stats.accepted == round(pooled.accepted)
+    assert stats.batch.HasField("k_under_load") and stats.current_k == stats.batch.k_under_load
+    assert stats.current_k == draft.batch_k.tenant_view("default")["k_under_load"]
+    assert not stats.HasField("predicted_speedup") and not stats.cost.verify_s_by_positions
+
+
 def test_router_admission_is_sized_to_what_the_draft_replica_steps(tmp_path):
     """The router's fair-admission slots default to the draft replica's max_ongoing_requests (what
     one draft replica steps in its batch), so with the router holding more requests than that,
