@@ -92,6 +92,11 @@ class PromptTooManyCharactersError(PromptTooLongError):
 MAX_RESUMES = 3
 
 
+def _remaining(deadline_unix_s: float) -> float | None:
+    """Seconds until ``deadline_unix_s`` (at least 0), or None without a deadline (0)."""
+    return max(0.0, deadline_unix_s - time.time()) if deadline_unix_s else None
+
+
 def metadata_dict(grpc_context: Any) -> dict[str, str]:
     """The invocation metadata of a call as a dict (empty without a context)."""
     if grpc_context is None:
@@ -422,7 +427,15 @@ class Router:
             stream = self.draft.options(session_id=routing_key, stream=True).Generate.remote(job.SerializeToString())
             finished = False
             try:
-                async for raw in stream:
+                chunks = stream.__aiter__()
+                while True:
+                    try:  # the deadline is kept here too: a step (a long prefill, a loaded CPU) can
+                        # outlast it, and the draft replica checks it only between steps
+                        raw = await asyncio.wait_for(chunks.__anext__(), _remaining(job.deadline_unix_s))
+                    except StopAsyncIteration:
+                        break
+                    except (asyncio.TimeoutError, TimeoutError):
+                        raise DeadlineExceededError("the request's deadline passed during generation") from None
                     chunk = progress.see(raw)
                     finished = chunk.finish_reason != pb.FINISH_REASON_UNSPECIFIED
                     yield chunk

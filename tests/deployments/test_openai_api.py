@@ -775,6 +775,54 @@ def test_deadline_is_504_before_the_first_token(stack):
     assert resp.json()["error"]["message"] == "the request's deadline passed during generation"
 
 
+class StalledDraftHandle(LocalDraftHandle):
+    """Streams the first chunk of the real draft replica, then stalls for a minute before the
+    next (a step on a loaded CPU, a long prefill) unless cancelled; records the stall's end."""
+
+    stalls: list[str] = []
+
+    @property
+    def Generate(self):
+        async def gen(payload):
+            inner = self.draft.Generate(payload)
+            try:
+                async for raw in inner:
+                    yield raw
+                    try:
+                        await asyncio.sleep(60)
+                    except asyncio.CancelledError:
+                        self.stalls.append("cancelled")
+                        raise
+            finally:
+                await inner.aclose()
+
+        return self._Method(lambda payload: LocalStream(gen(payload)))
+
+
+def test_a_step_that_outlasts_the_deadline_is_cut_at_the_deadline(stack):
+    """The draft replica checks the deadline between steps, so a step that outlasted it (demo pair
+    on a loaded CPU: specdec-timeout-s 1 answered 504 after 13.8 s) held the answer back; the
+    router keeps the deadline too: 504 at the deadline, the generation cancelled, slot freed."""
+    import time
+
+    cfg = stack["cfg"]
+    gate = TenancyGate(cfg.tenants_file, ControllerClient.local({}), SpecDecMetrics(backend=None))
+    handle = StalledDraftHandle(stack["draft"])
+    router = Router(cfg, draft=handle, gate=gate)
+    t0 = time.perf_counter()
+    resp = _run(_raw(openai_api.build_app(router), "POST", "/v1/completions",
+                     {"model": MODEL, "prompt": PROMPT, "max_tokens": 50, "temperature": 0},
+                     headers={"specdec-timeout-s": "1.5"}))
+    took = time.perf_counter() - t0
+    assert resp.status_code == 504 and resp.json()["error"] == {
+        "message": "the request's deadline passed during generation", "type": "timeout", "param": None, "code": None}
+    assert took < 10, took  # not the 60 s stall
+    assert handle.stalls == ["cancelled"] and gate.admission.running == 0 and stack["draft"].Sessions() == []
+    ctx = RecordingContext((("authorization", f"Bearer {KEY}"), ("specdec-timeout-s", "1.5")))
+    _run(router.Generate(pb.GenerateRequest(prompt=PROMPT, max_tokens=50), ctx))
+    assert ctx.code == grpc.StatusCode.DEADLINE_EXCEEDED and ctx.details == resp.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("raw", ["0", "-1"])
 def test_a_deadline_of_no_time_says_it_passed_before_starting(stack, raw):
     """specdec-timeout-s 0 or negative was admitted and answered "the request's deadline passed
