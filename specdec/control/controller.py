@@ -61,111 +61,30 @@ Shared state across router replicas: the controller is a plain object whose meth
 return plain data (str, int, dict, dataclasses), so one instance can live in one Ray actor that
 all replicas call (``decide`` before a request, ``record`` after). Not thread-safe: its owner
 serializes calls (a Ray actor does by default).
+
+The parts: :mod:`specdec.control.k_decision` (:class:`KDecision`, :func:`k_schedule`, the
+per-key state), :mod:`specdec.control.controller_feedback` (what finished requests teach it),
+:mod:`specdec.control.controller_snapshot` (its learned state as plain data); this module
+holds the deciding.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
-import math
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
 from specdec.control.acceptance import AcceptanceEstimator
+from specdec.control.controller_feedback import RequestFeedback
+from specdec.control.controller_snapshot import LearnedState
 from specdec.control.cost_model import CostModel
-from specdec.control.objective import KCandidate, block_length_distribution, choose_k, evaluate_k, evaluate_variable_k
+from specdec.control.k_decision import KDecision, KState, k_schedule
+from specdec.control.objective import (VARIABLE_LENGTH_PROPOSERS, KCandidate, block_length_distribution, choose_k,
+                                       evaluate_k, evaluate_variable_k)
+
+__all__ = ["KController", "KDecision", "VARIABLE_LENGTH_PROPOSERS", "k_schedule"]
 
 log = logging.getLogger(__name__)
-
-
-#: Proposers whose block length is set by the proposer itself (K is a cap): see the module doc.
-VARIABLE_LENGTH_PROPOSERS = frozenset({"ngram"})
-
-
-@dataclass(frozen=True)
-class KDecision:
-    """An explainable K decision for one request (plain data).
-
-    Attributes:
-        tenant, proposer: whom it is for.
-        k: the K to run with.
-        reason: one of ``"speculation off"``, ``"fixed"``, ``"initial"``, ``"hold"``,
-            ``"switch: gain"``, ``"switch: consistent"``, ``"switch: from K = 0"``, ``"clipped to range"``, ``"probe"``.
-        alpha: the acceptance estimate used (α̂, prior included).
-        alpha_evidence: decayed observed trials behind α̂ (0: prior only).
-        position_alphas: measured per-position acceptance used (may be empty).
-        expected_tokens: E[N(k)] for the chosen k.
-        predicted_speedup: tokens/s at k over plain decoding.
-        draft_s, verify_s, round_trip_s, step_time_s: cost terms of a step at k (seconds).
-        baseline_step_time_s: step_time(0), plain decoding.
-        k_min, k_max: the range chosen in (policy ∩ request).
-        best_k: the unconstrained-by-hysteresis best K in the range (may differ from k).
-        probe: True when this request is a re-probe from K = 0.
-        probe_steps: for a probe, the number of steps run at ``k`` before plain decoding
-            (None: the whole request); None otherwise.
-        candidates: every K considered.
-    """
-
-    tenant: str
-    proposer: str
-    k: int
-    reason: str
-    alpha: float
-    alpha_evidence: float
-    position_alphas: tuple[float, ...]
-    expected_tokens: float
-    predicted_speedup: float
-    draft_s: float
-    verify_s: float
-    round_trip_s: float
-    step_time_s: float
-    baseline_step_time_s: float
-    k_min: int
-    k_max: int
-    best_k: int
-    probe: bool = False
-    probe_steps: int | None = None
-    candidates: tuple[KCandidate, ...] = field(default=())
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def k_schedule(self) -> int | Callable[[], int]:
-        """What to pass as ``k`` to :meth:`specdec.engine.engine.SpeculativeEngine.start`.
-
-        ``k`` itself, except for a probe limited to ``probe_steps`` steps: then a callable that
-        returns ``k`` for the first ``probe_steps`` calls (one per step) and 0 afterwards.
-        """
-        return k_schedule(self.k, self.probe_steps if self.probe else None)
-
-
-def k_schedule(k: int, steps: int | None) -> int | Callable[[], int]:
-    """``k`` for ``steps`` speculation steps, then 0 (plain ``k`` when ``steps`` is None)."""
-    if steps is None:
-        return k
-    calls = [0]
-
-    def schedule() -> int:
-        calls[0] += 1
-        return k if calls[0] <= steps else 0
-
-    return schedule
-
-
-@dataclass
-class _KState:
-    current_k: int | None = None
-    pending_k: int | None = None
-    pending_count: int = 0
-    zero_requests: int = 0
-    zero_since: float = 0.0
-    last_probe_at: float | None = None
-    probes_pending: int = 0  # probes decided whose results were not recorded yet
-    decisions: int = 0
-    probes: int = 0
-    switches: int = 0
-    last_decision: KDecision | None = None
 
 
 def _policy_fields(policy: Any) -> tuple[int, int, bool, int | None]:
@@ -179,13 +98,7 @@ def _policy_fields(policy: Any) -> tuple[int, int, bool, int | None]:
     return int(policy.k_min), int(policy.k_max), bool(policy.adaptive), policy.fixed_k
 
 
-def _finite_count(v: Any, name: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
-    return float(v)
-
-
-class KController:
+class KController(LearnedState, RequestFeedback):
     """Per-(tenant, proposer) K decisions from acceptance estimates and measured costs.
 
     Args:
@@ -260,88 +173,9 @@ class KController:
         self.length_half_life_steps = length_half_life_steps
         self.length_min_steps = length_min_steps
         self._costs: dict[str, CostModel] = {}
-        self._state: dict[tuple[str, str], _KState] = {}
+        self._state: dict[tuple[str, str], KState] = {}
         #: (tenant, proposer) -> decayed histogram of block lengths >= 1 (variable-length proposers)
         self._lengths: dict[tuple[str, str], list[float]] = {}
-
-    # ------------------------------------------------------------------ persistence
-
-    #: version of :meth:`export_learned`'s schema; data of another version is not imported
-    SNAPSHOT_VERSION = 2
-    #: fields of the per-(tenant, proposer) K state that a snapshot carries (all integers or None)
-    _K_STATE_FIELDS = ("current_k", "pending_k", "pending_count", "zero_requests", "decisions", "probes", "switches")
-
-    def export_learned(self) -> dict:
-        """What the controller has learned, as plain data (JSON-safe, no pickled objects)::
-
-            {"version": 2,
-             "acceptance": AcceptanceEstimator.export_counts(),
-             "costs": {proposer: CostModel.export_observations()},
-             "k_state": [{"tenant", "proposer", "current_k", "pending_k", "pending_count",
-                          "zero_requests", "decisions", "probes", "switches", "probed"}],
-             "lengths": [[tenant, proposer, decayed steps per block length]]}
-
-        Settings are not included: they come from the constructor, so a snapshot survives a
-        change of settings or of the classes' code.
-        """
-        return {
-            "version": self.SNAPSHOT_VERSION,
-            "acceptance": self.estimator.export_counts(),
-            "costs": {p: cm.export_observations() for p, cm in self._costs.items()},
-            "k_state": [
-                {"tenant": t, "proposer": p, **{f: getattr(st, f) for f in self._K_STATE_FIELDS},
-                 "probed": st.last_probe_at is not None}
-                for (t, p), st in self._state.items()
-            ],
-            "lengths": [[t, p, list(hist)] for (t, p), hist in self._lengths.items()],
-        }
-
-    def import_learned(self, data: Mapping) -> None:
-        """Replace the learned state with :meth:`export_learned`'s ``data``; all or nothing.
-
-        Fields missing from a K state entry (written before they existed) take their defaults.
-        Timestamps (time at K = 0, last probe) are set to now: the clock of the process that
-        wrote the snapshot may not be this one's. Cost models are made by
-        ``cost_model_factory`` and take the snapshot's measurements.
-
-        Raises:
-            ValueError: ``data`` is of another version.
-            ValueError, TypeError, KeyError: ``data`` is not of this shape.
-        """
-        if not isinstance(data, Mapping) or data.get("version") != self.SNAPSHOT_VERSION:
-            got = data.get("version") if isinstance(data, Mapping) else type(data).__name__
-            raise ValueError(f"snapshot version {got!r}, this controller reads version {self.SNAPSHOT_VERSION}")
-        now = self.clock()
-        estimator = copy.copy(self.estimator)  # same settings; its counts are replaced
-        estimator.import_counts(data["acceptance"])
-        costs = {}
-        for proposer, obs in dict(data["costs"]).items():
-            cm = self.cost_model_factory(str(proposer))
-            cm.import_observations(obs)
-            costs[str(proposer)] = cm
-        state: dict[tuple[str, str], _KState] = {}
-        for e in data["k_state"]:
-            t, p = e["tenant"], e["proposer"]
-            if not isinstance(t, str) or not isinstance(p, str):
-                raise TypeError(f"k_state key must be two strings, got {t!r}, {p!r}")
-            st = _KState(zero_since=now, last_probe_at=now if e.get("probed") else None)
-            for f in self._K_STATE_FIELDS:
-                if f not in e:
-                    continue
-                v = e[f]
-                if v is None and f in ("current_k", "pending_k"):
-                    setattr(st, f, None)
-                elif isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                    raise ValueError(f"k_state {f}: expected an integer >= 0, got {v!r}")
-                else:
-                    setattr(st, f, v)
-            state[(t, p)] = st
-        lengths: dict[tuple[str, str], list[float]] = {}
-        for t, p, hist in data.get("lengths", []):  # absent in snapshots written before it existed
-            if not isinstance(t, str) or not isinstance(p, str):
-                raise TypeError(f"lengths key must be two strings, got {t!r}, {p!r}")
-            lengths[(t, p)] = [_finite_count(x, "lengths") for x in hist]
-        self.estimator, self._costs, self._state, self._lengths = estimator, costs, state, lengths
 
     def cost_model(self, proposer: str) -> CostModel:
         """The cost model of ``proposer`` (created on first use)."""
@@ -366,7 +200,7 @@ class KController:
             k_max = 0
         k_min = min(p_min, k_max)
         key = (tenant, proposer)
-        st = self._state.setdefault(key, _KState())
+        st = self._state.setdefault(key, KState())
         st.decisions += 1
         cm = self.cost_model(proposer)
         alpha = self.estimator.alpha(key)
@@ -450,7 +284,7 @@ class KController:
             st.last_decision = d
         return d
 
-    def _adaptive(self, st: _KState, best: KCandidate, by_k: dict[int, KCandidate], now: float) -> tuple[int, str]:
+    def _adaptive(self, st: KState, best: KCandidate, by_k: dict[int, KCandidate], now: float) -> tuple[int, str]:
         cur = st.current_k
         if cur is None:
             self._set_k(st, best.k, now)
@@ -479,7 +313,7 @@ class KController:
             return best.k, "switch: consistent"
         return cur, "hold"
 
-    def _set_k(self, st: _KState, k: int, now: float) -> None:
+    def _set_k(self, st: KState, k: int, now: float) -> None:
         if st.current_k is not None and st.current_k != k:
             st.switches += 1
         if k == 0 and st.current_k != 0:
@@ -488,108 +322,6 @@ class KController:
             st.probes_pending = 0
         st.current_k = k
         st.pending_k, st.pending_count = None, 0
-
-    # ------------------------------------------------------------------ feedback
-
-    def record(self, tenant: str, proposer: str, stats: Any, costs: Mapping | None = None) -> None:
-        """Feed one finished request's :class:`specdec.types.SpeculationStats` (or its dict).
-
-        Args:
-            stats: the request's counters and draft/verify seconds.
-            costs: optional per-step timings (:meth:`specdec.control.adaptive.StepCosts.as_dict`):
-                ``{"verify_s_by_positions": {positions: [seconds, steps]}, "draft_s": s,
-                "drafted": tokens}``, with the first step (which carries the prompt prefill of
-                both models) left out. Preferred: ``stats`` alone cannot separate the prefill
-                from the steps, nor the verify times of different K within a request.
-
-        A request that drafted while the key is held at K = 0, after a probe was decided whose
-        result is not recorded yet, is that probe's result: the older counts are first
-        discounted by ``probe_discount`` and capped at ``probe_memory_trials`` trials.
-        Acceptance: all counters go to the estimator (K = 0 steps carry no signal). Costs, with
-        ``costs``: one observation of the mean verify seconds per number of positions seen,
-        and draft seconds per drafted token. Without: draft seconds per drafted token of the
-        whole request, and verify seconds per step of the request's dominant K (at least 3/4
-        of its steps, the other steps' share subtracted with the current model; the first
-        step's prefill is then included).
-        """
-        d = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
-        key = (tenant, proposer)
-        st = self._state.get(key)
-        if st is not None and st.current_k == 0 and st.probes_pending > 0 and int(d.get("proposed", 0)) > 0:
-            # A probe's result (K > 0 steps while held at K = 0): older counts are stale.
-            st.probes_pending -= 1
-            discount = getattr(self.estimator, "discount", None)
-            if discount is not None:
-                discount(key, self.probe_discount)
-            cap = getattr(self.estimator, "cap_evidence", None)
-            if cap is not None and self.probe_memory_trials is not None:
-                cap(key, self.probe_memory_trials)
-        self.estimator.record_stats(key, d)
-        if proposer in VARIABLE_LENGTH_PROPOSERS:
-            self._record_lengths(key, d.get("k_counts") or {})
-        cm = self.cost_model(proposer)
-        if costs is not None:
-            self.observe_costs(proposer, costs)
-            return
-        proposed = int(d.get("proposed", 0))
-        if proposed > 0 and d.get("draft_time_s"):
-            cm.observe_draft(proposed, float(d["draft_time_s"]))
-        k_counts = {int(k): int(v) for k, v in (d.get("k_counts") or {}).items() if int(v) > 0}
-        steps = sum(k_counts.values())
-        verify_total = float(d.get("verify_time_s") or 0.0)
-        if not k_counts or steps <= 0 or verify_total <= 0:
-            return
-        k_dom = max(k_counts, key=lambda k: (k_counts[k], k))
-        n_dom = k_counts[k_dom]
-        if n_dom * 4 < steps * 3:
-            return  # too mixed to attribute
-        rest = verify_total - sum(n * cm.verify_s(k + 1) for k, n in k_counts.items() if k != k_dom)
-        if rest > 0:
-            cm.observe_verify(k_dom + 1, rest / n_dom)
-
-    def _record_lengths(self, key: tuple[str, str], k_counts: Mapping) -> None:
-        """Add one request's block lengths >= 1 to the key's decayed histogram (module doc)."""
-        counts = {int(k): float(v) for k, v in k_counts.items() if int(k) >= 1 and float(v) > 0}
-        if not counts:
-            return
-        hist = self._lengths.setdefault(key, [])
-        factor = 0.5 ** (sum(counts.values()) / self.length_half_life_steps)
-        for i in range(len(hist)):
-            hist[i] *= factor
-        for length, n in counts.items():
-            while len(hist) <= length:
-                hist.append(0.0)
-            hist[length] += n
-
-    def block_lengths(self, tenant: str, proposer: str) -> list[float]:
-        """The decayed histogram of block lengths (index = length; index 0 unused) of a
-        variable-length proposer's key; empty when none was recorded."""
-        return list(self._lengths.get((tenant, proposer), []))
-
-    def observe_costs(self, proposer: str, costs: Mapping) -> None:
-        """Feed aggregated per-step timings of one request (see :meth:`record`'s ``costs``)."""
-        cm = self.cost_model(proposer)
-        for p, (secs, n) in (costs.get("verify_s_by_positions") or {}).items():
-            p, n = int(p), int(n)
-            if n > 0 and 1 <= p <= cm.max_positions:
-                cm.observe_verify(p, float(secs) / n)
-        drafted = int(costs.get("drafted") or 0)
-        if drafted > 0:
-            cm.observe_draft(drafted, float(costs.get("draft_s") or 0.0))
-        rtt = costs.get("round_trip_s")
-        if rtt is not None:
-            cm.observe_round_trip(float(rtt))
-
-    def observe_step(
-        self, proposer: str, k: int, draft_s: float, verify_s: float, round_trip_s: float | None = None
-    ) -> None:
-        """Feed one step's measured times (for callers that time steps individually)."""
-        cm = self.cost_model(proposer)
-        if k > 0:
-            cm.observe_draft(k, draft_s)
-        cm.observe_verify(k + 1, verify_s)
-        if round_trip_s is not None and k > 0:
-            cm.observe_round_trip(round_trip_s)
 
     # ------------------------------------------------------------------ views
 

@@ -31,6 +31,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+#: Proposers whose block length is set by the proposer itself (K is a cap, not every block's
+#: length: prompt lookup); evaluated with :func:`evaluate_variable_k` (see
+#: :mod:`specdec.control.controller`).
+VARIABLE_LENGTH_PROPOSERS = frozenset({"ngram"})
+
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
     """E[N(k)] = (1 - α^(k+1)) / (1 - α), tokens emitted per step (k + 1 at α = 1)."""

@@ -1,0 +1,218 @@
+"""K per tenant for one batch scheduler from what its ticks measure, with probes of tenants held at K = 0.
+
+Part of :mod:`specdec.control.batch_k`: :class:`BatchKController` keeps the acceptance
+estimates and the batch cost model, decides with
+:func:`specdec.control.batch_choice.choose_batch_ks` and re-probes a tenant it holds at K = 0.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from specdec.control.acceptance import AcceptanceEstimator
+from specdec.control.batch_choice import BatchKDecision, TenantLoad, choose_batch_ks
+from specdec.control.batch_cost import BatchCostModel
+
+
+@dataclass
+class _ProbeState:
+    """Per tenant: its steps held at K = 0 since the last probe, the probe in progress."""
+
+    held: int = 0  # steps at K = 0 since the last probe (or since it was held)
+    interval: int = 0  # held steps before the next probe (grows while probes find nothing)
+    left: int = 0  # steps left in the probe in progress
+    k: int = 0  # the probe's K
+
+
+class BatchKController:
+    """Chooses K per tenant for a :class:`specdec.engine.batch.BatchScheduler` from what its ticks measure.
+
+    The scheduler reports every tick (:meth:`observe_tick`) and every verified row
+    (:meth:`observe_row`); before planning a tick it asks :meth:`decide` with the running
+    sessions per tenant. A step of an adaptive request takes its K from :meth:`step_k`:
+    ``min(request K, tenant K)``, or a probe's K.
+
+    **Probes of a tenant held at K = 0.** A K = 0 step drafts nothing, so it teaches nothing
+    about acceptance: without probes a tenant held at K = 0 stays there after its traffic became
+    predictable. After ``probe_every`` steps of the tenant at K = 0 (over all its sessions),
+    its next ``probe_steps`` steps are a probe, at the K the batch optimum
+    (:func:`choose_batch_ks`, same load, same costs) would give the tenant if its acceptance were
+    ``probe_alpha`` (the K a tenant whose traffic turned predictable would get; no probe when
+    even that is K = 0: speculation cannot pay under this load at any plausible acceptance).
+    When the probe starts, the tenant's old counts are scaled down to ``probe_memory`` trials
+    (:meth:`AcceptanceEstimator.cap_evidence`): they predate the time at K = 0 (the step-based
+    decay stood still meanwhile), so the probe's few steps move α̂ most of the way to what they
+    measure, and the next decision (made as each probe step is recorded) returns the tenant to
+    K > 0 if speculation pays at the measured acceptance. A probe that leaves the tenant at
+    K = 0 doubles the interval before the next one, up to ``probe_every · probe_backoff``
+    steps, so that a tenant whose drafts do not agree pays at most ``probe_steps /
+    (probe_every · probe_backoff + probe_steps)`` of its steps for probes in the long run
+    (4 / 132 ≈ 3 % with the defaults); the interval is back to ``probe_every`` once the
+    tenant runs at K > 0 again. (The same idea as the per-request
+    :class:`specdec.control.controller.KController`'s step-limited probes, counted in steps
+    because here K is chosen per step.)
+
+    Args:
+        budget: the scheduler's positions budget.
+        weights: tenant -> fair-share weight (default 1).
+        k_ranges: tenant -> (k_min, k_max) (default 0..8).
+        estimator: acceptance estimator (keys ``(tenant, proposer)``).
+        cost: batch cost model.
+        probe_every: steps held at K = 0 before a probe (0: never probe).
+        probe_steps: consecutive steps of one probe (≥ 1).
+        probe_alpha: the acceptance the probe's K is chosen for, in (0, 1].
+        probe_memory: trials the tenant's old counts weigh when a probe starts (≥ 0).
+        probe_backoff: the interval between probes that find nothing grows up to
+            ``probe_every · probe_backoff`` (≥ 1; 1: fixed interval).
+        clock: seconds; when each tenant's K was decided (:attr:`k_decided_at`; Unix time by
+            default, comparable between replicas).
+
+    Raises:
+        ValueError: a probe setting out of its range.
+    """
+
+    def __init__(self, budget: int, *, weights: dict[str, float] | None = None,
+                 k_ranges: dict[str, tuple[int, int]] | None = None,
+                 estimator: AcceptanceEstimator | None = None, cost: BatchCostModel | None = None,
+                 probe_every: int = 32, probe_steps: int = 4, probe_alpha: float = 0.9,
+                 probe_memory: float = 8.0, probe_backoff: int = 4, clock: Callable[[], float] = time.time):
+        if probe_every < 0 or probe_steps < 1 or not 0 < probe_alpha <= 1 or probe_memory < 0 or probe_backoff < 1:
+            raise ValueError("need probe_every >= 0, probe_steps >= 1, 0 < probe_alpha <= 1, probe_memory >= 0, "
+                             f"probe_backoff >= 1; got {probe_every}, {probe_steps}, {probe_alpha}, "
+                             f"{probe_memory}, {probe_backoff}")
+        self.probe_every, self.probe_steps, self.probe_alpha = int(probe_every), int(probe_steps), float(probe_alpha)
+        self.probe_memory, self.probe_backoff = float(probe_memory), int(probe_backoff)
+        #: probes started (all tenants) and steps run as probes
+        self.probes = 0
+        self.probe_step_count = 0
+        self._probe: dict[str, _ProbeState] = {}
+        self._loads: dict[str, TenantLoad] = {}  # the loads of the last decision
+        self._proposer: dict[str, str] = {}  # tenant -> its adaptive proposer at the last decision
+        #: (tenant, proposer, trials) of every evidence cap a probe applied (for a shared pool)
+        self.caps: list[tuple[str, str, float]] = []
+        self.budget = budget
+        self.weights = dict(weights or {})
+        self.k_ranges = dict(k_ranges or {})
+        self.estimator = estimator or AcceptanceEstimator()
+        self.cost = cost or BatchCostModel(max_positions=max(4096, budget * 4))
+        self.last: BatchKDecision | None = None
+        #: tenant -> the K chosen for it at the last decision that included it
+        self.k_by_tenant: dict[str, int] = {}
+        #: tenant -> ``clock()`` of that decision (Unix seconds by default)
+        self.k_decided_at: dict[str, float] = {}
+        self.clock = clock
+        #: (rows, positions) of every verify forward seen, for statistics
+        self.batches: list[tuple[int, int]] = []
+
+    def observe_row(self, tenant: str, proposer: str, k: int, accepted: int) -> None:
+        self.estimator.record((tenant, proposer), k, accepted)
+
+    def observe_tick(self, rows: int, positions: int, verify_s: float, draft_forwards: Sequence[tuple[int, float]] = ()) -> None:
+        """A tick's verify forward (rows, positions fed, seconds) and its draft forwards (rows, seconds)."""
+        if rows >= 1 and positions >= rows:
+            self.cost.observe_verify(rows, positions, verify_s)
+            self.batches.append((rows, positions))
+        for r, s in draft_forwards:
+            if r >= 1:
+                self.cost.observe_draft(r, s)
+
+    def decide(self, sessions: dict[tuple[str, str], int],
+               fixed: dict[tuple[str, str, int], int] | None = None) -> BatchKDecision:
+        """K per tenant for the running sessions ``{(tenant, proposer): count}`` (one proposer per tenant used).
+
+        Args:
+            fixed: sessions in the same batch whose K is not chosen here (a seeded sampled
+                request, a tenant pinned to ``fixed_k``): ``{(tenant, proposer, K): count}``.
+                They count in the batch's step time and tokens at their own K, and take no
+                share of the budget from the tenants that adapt.
+        """
+        loads: dict[str, TenantLoad] = {}
+        for (tenant, proposer, k), n in (fixed or {}).items():
+            if n > 0:
+                loads[f"{tenant}\x00{proposer}\x00{k}"] = TenantLoad(
+                    sessions=n, alpha=self.estimator.alpha((tenant, proposer)) if k > 0 else 0.0,
+                    weight=1e-9, k_min=k, k_max=k, drafted=proposer == "draft", fixed_k=k)
+        for (tenant, proposer), n in sessions.items():
+            lo, hi = self.k_ranges.get(tenant, (0, 8))
+            prev = loads.get(tenant)
+            loads[tenant] = TenantLoad(
+                sessions=n + (prev.sessions if prev else 0),
+                alpha=self.estimator.alpha((tenant, proposer)),
+                weight=self.weights.get(tenant, 1.0), k_min=lo, k_max=hi, drafted=proposer == "draft",
+            )
+            self._proposer[tenant] = proposer
+        self._loads = loads
+        self.last = choose_batch_ks(loads, self.cost, self.budget)
+        self.k_by_tenant.update({t: k for t, k in self.last.ks.items() if "\x00" not in t})
+        now = self.clock()
+        self.k_decided_at.update({t: now for t in self.last.ks if "\x00" not in t})
+        return self.last
+
+    def k_for(self, tenant: str) -> int | None:
+        """The K chosen for ``tenant`` at the last decision (None before any)."""
+        return None if self.last is None else self.last.ks.get(tenant)
+
+    def probe_k(self, tenant: str, cap: int) -> int:
+        """The K a probe of ``tenant`` runs at: its K in the batch optimum of the last
+        decision's load if its acceptance were ``probe_alpha``, at most ``cap`` (0: a probe
+        would not pay even then, or the tenant was not in the last decision)."""
+        load = self._loads.get(tenant)
+        if load is None or cap < 1:
+            return 0
+        what_if = dict(self._loads)
+        what_if[tenant] = TenantLoad(load.sessions, self.probe_alpha, load.weight, min(load.k_min, cap),
+                                     min(load.k_max, cap), load.drafted, load.fixed_k)
+        return choose_batch_ks(what_if, self.cost, self.budget).ks.get(tenant, 0)
+
+    def step_k(self, tenant: str, cap: int, k_min: int = 0) -> int:
+        """The K of ``tenant``'s next step: its K under the last decision within
+        [min(k_min, cap), cap] (``cap`` before any decision), or a probe's K while the tenant
+        is held at K = 0 (class docstring). Call once per step; not thread-safe."""
+        chosen = self.k_for(tenant)
+        if chosen is None:
+            return cap
+        k = max(min(k_min, cap), min(cap, chosen))
+        ps = self._probe.setdefault(tenant, _ProbeState(interval=self.probe_every))
+        if k > 0:  # speculating: the next time it is held, probes start from the short interval
+            ps.held, ps.left, ps.interval = 0, 0, self.probe_every
+            return k
+        if ps.left > 0:
+            ps.left -= 1
+            self.probe_step_count += 1
+            return min(cap, ps.k)
+        if not self.probe_every or ps.held < ps.interval:
+            ps.held += 1
+            return 0
+        ps.held = 0
+        kp = self.probe_k(tenant, cap)
+        if kp <= 0:
+            return 0
+        ps.k, ps.left = kp, self.probe_steps - 1
+        ps.interval = min(ps.interval * 2, self.probe_every * self.probe_backoff)
+        proposer = self._proposer.get(tenant)
+        if proposer is not None:
+            self.estimator.cap_evidence((tenant, proposer), self.probe_memory)
+            self.caps.append((tenant, proposer, self.probe_memory))
+            del self.caps[:-1024]
+        self.probes += 1
+        self.probe_step_count += 1
+        return kp
+
+    def probing(self, tenant: str) -> bool:
+        """Whether a probe of ``tenant`` is in progress (steps of it are left)."""
+        ps = self._probe.get(tenant)
+        return ps is not None and ps.left > 0
+
+    def stats(self) -> dict:
+        """Plain data for tenant stats / metrics: K per tenant, batch shape seen, cost terms, α̂."""
+        recent = self.batches[-50:]
+        return {
+            "k_by_tenant": dict(self.k_by_tenant),
+            "predicted_tokens_per_s": self.last.tokens_per_s if self.last else None,
+            "mean_rows_per_forward": sum(r for r, _ in recent) / len(recent) if recent else None,
+            "mean_positions_per_forward": sum(p for _, p in recent) / len(recent) if recent else None,
+            "alpha": {f"{t}/{p}": self.estimator.alpha((t, p)) for t, p in self.estimator.keys()},
+            "cost": self.cost.snapshot(),
+        }

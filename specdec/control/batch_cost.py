@@ -1,0 +1,94 @@
+"""Measured seconds of batched target and draft forwards (K under load's cost model).
+
+Part of :mod:`specdec.control.batch_k`: :class:`BatchCostModel` gives the step time
+``T(K) = Σ_j D(rows drafting at j) + V(rows, positions)`` that
+:func:`specdec.control.batch_choice.choose_batch_ks` maximises tokens per second over.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from specdec.control.cost_model import CostModel
+
+
+class BatchCostModel:
+    """Measured seconds of batched forwards, as functions of what the batch holds.
+
+    - ``verify_s(rows, positions)``: one batched target forward of ``positions`` positions over
+      ``rows`` sessions = a per-positions curve + ``row_s`` per row beyond the first (cache
+      gathering, per-row decisions; an EWMA of the residuals against the curve). The curve is
+      an EWMA of the measured seconds per positions count, linear between measured counts,
+      above the largest on the least-squares slope of the measured points (never decreasing),
+      and **below the smallest on the line through the origin**: ``t_lo · positions / p_lo``;
+      above the largest, from the dearest measured forward on the least-squares slope of the
+      measured points, clamped at >= 0 (``extrapolation="monotone"`` of
+      :class:`specdec.control.cost_model.CostModel`).
+    - ``draft_s(rows)``: one batched draft forward (one draft position) of ``rows`` sessions.
+
+    Why the origin below. The first forwards a replica measures are its prompts' prefill
+    chunks (tens to hundreds of positions); every decode forward (rows · (K + 1) positions) lies
+    below them. Extrapolated on the measured slope, which between two noisy prefill forwards
+    is often <= 0 and then clamped flat (the per-request model's ``below="trend"``), a decode
+    forward of 8 positions (K = 0) and one of 40 (K = 4) were both predicted at the prefill's
+    5.5 s: speculation looked free, the controller chose K = 4, and running at K = 4 it never
+    measured a forward small enough to learn otherwise (served, int4 target, 2-core CPU,
+    docs/bench/batching/int4/served-tenants-guard.md); and above the largest, 72 positions (K = 8)
+    at the 64-position forward's 3.1 s, cheaper than the 57-position one. Proportional extrapolation is exact
+    where a forward's cost is linear in its positions (compute-bound: the CPU), and elsewhere
+    (memory-bound: a GPU's small forwards cost about the same) it errs towards the smaller
+    forward: the controller then runs it and measures a decode-sized forward, after which the
+    curve is interpolated between measured points. The flat error never corrects itself, this
+    one does after one decision.
+
+    Args:
+        max_positions: largest positions count recorded (the positions budget, or more).
+        prior_verify_s, prior_draft_s: priors of a 1-position verify and a 1-row draft forward
+            (seconds).
+        verify_extrapolation: of the verify curve outside its measured positions counts,
+            ``"monotone"`` (above) or ``"trend"`` (the model before it, kept for comparison in
+            tests).
+    """
+
+    def __init__(self, *, max_positions: int = 4096, prior_verify_s: float = 0.05, prior_draft_s: float = 0.01,
+                 verify_extrapolation: str = "monotone"):
+        self.verify = CostModel(prior_verify_s=prior_verify_s, prior_verify_slope=0.05, max_positions=max_positions,
+                                extrapolation=verify_extrapolation)
+        self.draft = CostModel(prior_verify_s=prior_draft_s, prior_verify_slope=0.05, max_positions=max_positions)
+        self._row_s = 0.0
+        self._row_n = 0
+
+    def observe_verify(self, rows: int, positions: int, seconds: float) -> None:
+        """One batched verify forward of ``rows`` sessions and ``positions`` positions took ``seconds``."""
+        if rows < 1 or positions < rows:
+            raise ValueError(f"need 1 <= rows <= positions, got rows={rows}, positions={positions}")
+        if rows > 1 and positions in self.verify._verify:
+            residual = (seconds - self.verify.verify_s(positions)) / (rows - 1)
+            self._row_n += 1
+            self._row_s += max(0.2, 1.0 / self._row_n) * (max(residual, 0.0) - self._row_s)
+        self.verify.observe_verify(positions, seconds)
+
+    def observe_draft(self, rows: int, seconds: float) -> None:
+        """One batched draft forward (one draft position) of ``rows`` sessions took ``seconds``."""
+        self.draft.observe_verify(rows, seconds)
+
+    def verify_s(self, rows: int, positions: int) -> float:
+        return self.verify.verify_s(positions) + self._row_s * max(0, rows - 1)
+
+    def draft_s(self, rows: int) -> float:
+        return 0.0 if rows <= 0 else self.draft.verify_s(rows)
+
+    def step_s(self, ks: Sequence[int], drafted: Sequence[bool]) -> float:
+        """Seconds of one batched step where session s drafts ``ks[s]`` tokens (0: plain decoding).
+
+        Args:
+            ks: K per session.
+            drafted: whether session s's drafts need draft forwards (False for prompt lookup).
+        """
+        drafting = [k for k, d in zip(ks, drafted) if d and k > 0]
+        t = sum(self.draft_s(sum(1 for k in drafting if k > j)) for j in range(max(drafting, default=0)))
+        return t + self.verify_s(len(ks), sum(k + 1 for k in ks))
+
+    def snapshot(self) -> dict:
+        return {"verify_s_by_positions": self.verify.snapshot()["verify_s"], "verify_row_s": self._row_s,
+                "draft_s_by_rows": self.draft.snapshot()["verify_s"]}

@@ -1,0 +1,327 @@
+"""K under load for generations stepped concurrently by one serving replica (the draft replica's).
+
+Part of :mod:`specdec.control.batch_k`: :class:`BatchKSessions` wraps a
+:class:`specdec.control.batch_controller.BatchKController` for sessions stepping in their own
+threads, with one :class:`specdec.control.goodput_guard.GoodputGuard` per tenant and the
+acceptance exchange of :class:`specdec.control.batch_exchange.AcceptanceExchange`.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from specdec.control.batch_controller import BatchKController
+from specdec.control.batch_exchange import AcceptanceExchange
+from specdec.control.goodput_guard import GoodputGuard
+
+
+@dataclass
+class _Joined:
+    tenant: str
+    proposer: str
+    adaptive: bool
+    k: int = 0  # a fixed session's K (an adaptive one's ceiling)
+    last_k: int | None = None  # the K of its last step (None: no step yet)
+    k_min: int = 0  # an adaptive session's K while its tenant's guard forces K = 0
+
+
+class BatchKSessions(AcceptanceExchange):
+    """K under load for generations stepped concurrently by one serving replica (thread-safe).
+
+    The served counterpart of ``BatchScheduler(controller=BatchKController(...))``: a draft
+    replica steps each generation in its own thread (its verify is a remote call that the target
+    batches with the other sessions'), so there is no tick to hook. Instead each generation
+    :meth:`join` s when it starts and :meth:`leave` s when it ends; its K per step comes from
+    :meth:`schedule` (the tenant's K under the current load, at most the request's K); and after
+    every step :meth:`observe_step` gets the block's K and accepted count, the batched target
+    forward that verified it (:class:`specdec.types.BatchShape`, reported back by the target:
+    rows, positions, seconds) and the batched draft forwards run since (rows, seconds). The
+    controller decides again (:meth:`BatchKController.decide` over the adaptive sessions held
+    here, per tenant and proposer) when the sessions changed or a new forward was measured,
+    at most once per such change.
+
+    Per tenant it keeps, for statistics, the K chosen at the last decision and the rows and
+    positions of the forwards its recent steps ran in (:meth:`tenant_stats`).
+
+    Args:
+        controller: the batch controller (its ``budget`` is the target's positions budget;
+            its probe settings say how a tenant held at K = 0 is re-probed).
+        recent: steps per tenant the rows/positions means are over.
+        guard: a :class:`GoodputGuard` whose settings every tenant's own guard takes
+            (:meth:`GoodputGuard.fresh`, made when the tenant first joins; :attr:`guards`):
+            while tenant t's guard forces K = 0 every adaptive step of t runs at t's k_min (no
+            probes) and the model decides the other tenants' K with t's sessions at that K;
+            every adaptive step's tokens and wall seconds (``draft_s + verify_s`` of
+            :meth:`observe_step`) feed every tenant's guard (:class:`GoodputGuard`, "One guard
+            per tenant"). None: the model alone.
+        trace: a file that gets one JSON line per step observed and per decision (diagnostics:
+            the decision's predicted step seconds and the cost terms it used, against each
+            step's measured draft and verify seconds and the forward that verified it); None: off.
+    """
+
+    def __init__(self, controller: BatchKController, recent: int = 200, trace: str | None = None,
+                 guard: GoodputGuard | None = None):
+        self.controller = controller
+        #: the settings of the per-tenant guards (None: no guard)
+        self.guard = guard
+        #: tenant -> its guard: overrules the model with K = 0 for that tenant when the adaptive
+        #: steps' measured goodput says its speculation does not pay
+        self.guards: dict[str, GoodputGuard] = {}
+        self._trace = open(trace, "a", buffering=1) if trace else None
+        self._lock = threading.Lock()
+        self._joined: dict[Any, _Joined] = {}
+        self._dirty = True
+        self._seen: collections.OrderedDict = collections.OrderedDict()  # forward keys measured
+        self._recent = recent
+        self._shapes: dict[str, collections.deque] = collections.defaultdict(
+            lambda: collections.deque(maxlen=recent))
+        #: tenant -> K used per step (most recent ``recent``), for tests and statistics
+        self.k_steps: dict[str, collections.deque] = collections.defaultdict(
+            lambda: collections.deque(maxlen=recent))
+        self.decisions = 0
+        #: (tenant, proposer, K, accepted) -> steps recorded since the last sync report (or
+        #: since the last probe's evidence cap: earlier ones are in ``_segments``)
+        self._unsynced: collections.Counter = collections.Counter()
+        #: (steps, the cap that followed them) since the last sync report, oldest first
+        self._segments: list[tuple[collections.Counter, tuple[str, str, float]]] = []
+
+    @property
+    def probes(self) -> int:
+        """Probes started of tenants held at K = 0 (:meth:`BatchKController.step_k`)."""
+        return self.controller.probes
+
+    def join(self, key: Any, tenant: str, proposer: str, *, adaptive: bool = True, weight: float = 1.0,
+             k_range: tuple[int, int] = (0, 8)) -> None:
+        """A generation starts (``key``: any hashable id). Adaptive ones get their K from the
+        decision; the others count in it at their own K (``k_range[1]``).
+
+        Args:
+            weight: the tenant's fair-share weight (policy ``batch_weight``).
+            k_range: the tenant's (k_min, k_max); for a non-adaptive generation (k, k) with its K.
+
+        Raises:
+            ValueError: ``weight <= 0`` or an empty K range.
+        """
+        if not weight > 0:
+            raise ValueError(f"weight must be > 0, got {weight}")
+        if not 0 <= k_range[0] <= k_range[1]:
+            raise ValueError(f"bad K range {k_range}")
+        with self._lock:
+            self._joined[key] = _Joined(tenant, proposer, adaptive, int(k_range[1]), k_min=int(k_range[0]))
+            self.controller.weights[tenant] = float(weight)
+            if adaptive:
+                self.controller.k_ranges[tenant] = (int(k_range[0]), int(k_range[1]))
+                if self.guard is not None and tenant not in self.guards:
+                    self.guards[tenant] = self.guard.fresh()
+            self._dirty = True
+
+    def leave(self, key: Any) -> None:
+        """The generation ``key`` ended (idempotent)."""
+        with self._lock:
+            if self._joined.pop(key, None) is not None:
+                self._dirty = True
+
+    def _decide_locked(self) -> None:
+        counts: dict[tuple[str, str], int] = {}
+        fixed: dict[tuple[str, str, int], int] = {}
+        for j in self._joined.values():
+            if j.adaptive and j.proposer != "none" and self._forced_locked(j.tenant):
+                key = (j.tenant, j.proposer, j.k_min)  # held at k_min by its guard: decided for the others
+                fixed[key] = fixed.get(key, 0) + 1
+            elif j.adaptive and j.proposer != "none":
+                counts[(j.tenant, j.proposer)] = counts.get((j.tenant, j.proposer), 0) + 1
+            else:
+                key = (j.tenant, j.proposer, j.k if j.proposer != "none" else 0)
+                fixed[key] = fixed.get(key, 0) + 1
+        if counts:
+            d = self.controller.decide(counts, fixed)
+            self.decisions += 1
+            if self._trace is not None:
+                self._write_trace({"decision": d.ks, "step_s": d.step_s, "tokens_per_s": d.tokens_per_s,
+                                   "rows": d.rows, "positions": d.positions,
+                                   "loads": {t: [l.sessions, l.alpha, l.fixed_k] for t, l in self.controller._loads.items()},
+                                   "cost": self.controller.cost.snapshot(),
+                                   "guard": {t: g.snapshot() for t, g in self.guards.items()}})
+        self._dirty = False
+
+    def _forced_locked(self, tenant: str) -> bool:
+        g = self.guards.get(tenant)
+        return g is not None and g.forced
+
+    def _write_trace(self, rec: dict) -> None:
+        import json
+        import time
+
+        rec["t"] = time.time()
+        try:
+            self._trace.write(json.dumps(rec, default=str) + "\n")
+        except Exception:  # diagnostics never break serving
+            pass
+
+    def k_for(self, tenant: str, cap: int, k_min: int = 0) -> int:
+        """The K of ``tenant``'s next step: its K under the current load within [k_min, cap]
+        (``cap`` before any decision)."""
+        with self._lock:
+            if self._dirty:
+                self._decide_locked()
+            chosen = self.controller.k_for(tenant)
+        return cap if chosen is None else max(min(k_min, cap), min(cap, chosen))
+
+    def schedule(self, tenant: str, cap: int, k_min: int = 0, probe_steps: int = 0):
+        """A ``k`` callable for :meth:`specdec.engine.engine.SpeculativeEngine.start`: ``cap`` for
+        the first ``probe_steps`` steps (a probe of the per-request controller), then
+        :meth:`BatchKController.step_k` each step: the tenant's K under the current load within
+        [k_min, cap], or, while the tenant is held at K = 0, now and then a probe of a few
+        consecutive steps (counted over all the tenant's generations here) so that its
+        acceptance estimate keeps learning and the tenant comes back when speculation pays."""
+        calls = [0]
+
+        def k() -> int:
+            calls[0] += 1
+            if calls[0] <= probe_steps:
+                return cap
+            with self._lock:
+                if self._dirty:
+                    self._decide_locked()
+                if self._forced_locked(tenant):
+                    return min(k_min, cap)
+                chosen = self.controller.step_k(tenant, cap, k_min)
+                if self.controller.caps:  # a probe capped the evidence: order matters to the pool
+                    for c in self.controller.caps:
+                        self._segments.append((self._unsynced, c))
+                        self._unsynced = collections.Counter()
+                    self.controller.caps.clear()
+                return chosen
+
+        return k
+
+    def observe_step(self, key: Any, k: int, accepted: int, batch: Any = None,
+                     draft_forwards: Sequence[tuple[int, float]] = (), *, draft_s: float | None = None,
+                     verify_s: float | None = None) -> None:
+        """One step of generation ``key`` ended.
+
+        Args:
+            k: drafts in its block; accepted: drafts the target accepted.
+            batch: the :class:`specdec.types.BatchShape` of the target forward that verified
+                it (each forward is measured once however many of its rows report it).
+            draft_forwards: ``(rows, seconds)`` of batched draft forwards run since the last call.
+                Left out when this is the generation's first drafting step or its first after a
+                K = 0 step: the block's first draft forward then also fed the prompt or every
+                token decoded at K = 0 (the draft does not run at K = 0), a prefill that is no
+                cost of a draft position and, taken as one, held a tenant at K = 0.
+        """
+        with self._lock:
+            j = self._joined.get(key)
+            if self._trace is not None:
+                self._write_trace({"step": id(key), "tenant": None if j is None else j.tenant, "k": int(k),
+                                   "accepted": int(accepted), "draft_s": draft_s, "verify_wall_s": verify_s,
+                                   "batch": None if batch is None else [batch.forward, batch.rows, batch.positions,
+                                                                        batch.seconds],
+                                   "draft_forwards": list(draft_forwards)})
+            if j is not None and j.adaptive and self.guards and j.last_k is not None \
+                    and draft_s is not None and verify_s is not None and draft_s + verify_s > 0:
+                self._guard_step_locked(j.tenant, int(k), (int(accepted) + 1) * len(self._joined),
+                                        draft_s + verify_s)
+            if j is not None:
+                if k > 0 and j.last_k in (None, 0):
+                    draft_forwards = ()
+                j.last_k = int(k)
+                self.k_steps[j.tenant].append(int(k))
+                if k > 0 and j.proposer != "none":
+                    self.controller.observe_row(j.tenant, j.proposer, int(k), int(accepted))
+                    self._unsynced[(j.tenant, j.proposer, int(k), int(accepted))] += 1
+                    if j.adaptive and self.controller.k_for(j.tenant) == 0:
+                        self._dirty = True  # a probe's step: decide again with what it measured
+                if batch is not None:
+                    self._shapes[j.tenant].append((int(batch.rows), int(batch.positions)))
+            new_forward = False
+            if batch is not None and batch.rows >= 1:
+                fkey = (batch.forward, batch.rows, batch.positions)
+                if fkey not in self._seen:
+                    self._seen[fkey] = None
+                    if len(self._seen) > 4096:
+                        self._seen.popitem(last=False)
+                    new_forward = True
+            if new_forward or draft_forwards:
+                self.controller.observe_tick(
+                    batch.rows if new_forward else 0, max(batch.positions, batch.rows) if new_forward else 0,
+                    batch.seconds if new_forward else 0.0, list(draft_forwards))
+                self._dirty = True
+
+    def _guard_step_locked(self, tenant: str, k: int, tokens: float, seconds: float) -> None:
+        """Record one adaptive step of ``tenant`` at K = ``k`` (``tokens`` weighted by the sessions
+        stepping, ``seconds`` of wall time) in the guard of every tenant that has adaptive
+        sessions here, each in its own regime (:class:`GoodputGuard`, "One guard per tenant").
+        A probe's step (K > 0 while the model holds ``tenant`` at K = 0) and a K > 0 step of a
+        tenant whose guard forces K = 0 (it straddled the start of the forcing) count in none.
+        A guard whose forcing starts or ends marks the decision stale."""
+        if k > 0 and (self._forced_locked(tenant) or self.controller.k_for(tenant) == 0):
+            return
+        active = {j.tenant for j in self._joined.values() if j.adaptive and j.proposer != "none"}
+        for t in sorted(active):
+            g = self.guards.get(t)
+            if g is None:
+                continue
+            was = g.forced
+            regime = "plain" if was or not (self.controller.k_for(t) or 0) > 0 else "spec"
+            others = any(o.exploring for n, o in self.guards.items() if n != t)
+            g.record(regime, tokens, seconds, may_explore=not others)
+            if g.forced != was:
+                self._dirty = True
+
+    def tenant_view(self, tenant: str) -> dict:
+        """``tenant``'s K under load here as plain scalars: :meth:`tenant_stats` with the guard's
+        snapshot replaced by ``"guard_forced"`` (whether its guard holds it at K = 0 now)."""
+        st = self.tenant_stats(tenant)
+        guard = st.pop("guard")
+        st["guard_forced"] = bool(guard and guard["forced"])
+        return st
+
+    def tenant_views(self) -> dict[str, dict]:
+        """Every tenant seen here -> :meth:`tenant_view` (for the shared controller, which answers
+        ``GetTenantStats`` with every draft replica's K under load)."""
+        with self._lock:
+            tenants = set(self._shapes) | {j.tenant for j in self._joined.values()} | set(self.controller.k_by_tenant)
+        return {t: self.tenant_view(t) for t in sorted(tenants)}
+
+    def tenant_stats(self, tenant: str) -> dict:
+        """One tenant's K under load here, as plain data::
+
+            {"k_under_load": the K its adaptive steps run at now (its k_min while its guard
+                 forces K = 0, else the K of the last decision that included it; None before any),
+             "k_model": the K of the last decision that included it (None before any),
+             "decided_at": Unix time (s) of that decision (None before any),
+             "guard": its guard's GoodputGuard.snapshot() (None without a guard),
+             "rows_per_step", "positions_per_step": means over its recent steps (0.0 without any),
+             "steps": how many, "sessions": sessions of it held now}
+        """
+        with self._lock:
+            shapes = list(self._shapes.get(tenant, ()))
+            n = len(shapes)
+            model_k = self.controller.k_by_tenant.get(tenant)
+            g = self.guards.get(tenant)
+            k = model_k
+            if g is not None and g.forced:
+                k = self.controller.k_ranges.get(tenant, (0, 0))[0]
+            return {
+                "k_under_load": k,
+                "k_model": model_k,
+                "decided_at": self.controller.k_decided_at.get(tenant),
+                "guard": None if g is None else g.snapshot(),
+                "rows_per_step": sum(r for r, _ in shapes) / n if n else 0.0,
+                "positions_per_step": sum(p for _, p in shapes) / n if n else 0.0,
+                "steps": n,
+                "sessions": sum(1 for j in self._joined.values() if j.tenant == tenant),
+            }
+
+    def stats(self) -> dict:
+        """:meth:`tenant_stats` of every tenant seen, plus the controller's :meth:`BatchKController.stats`."""
+        with self._lock:
+            tenants = set(self._shapes) | {j.tenant for j in self._joined.values()} | set(self.controller.k_by_tenant)
+        out = {t: self.tenant_stats(t) for t in sorted(tenants)}
+        with self._lock:
+            return {"tenants": out, "controller": self.controller.stats(), "decisions": self.decisions,
+                    "guards": {t: g.snapshot() for t, g in sorted(self.guards.items())}}

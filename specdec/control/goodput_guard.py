@@ -1,0 +1,162 @@
+"""Measured goodput of speculating against plain decoding, per tenant: overrules the cost model.
+
+Part of :mod:`specdec.control.batch_k`; one :class:`GoodputGuard` per tenant lives in
+:class:`specdec.control.batch_sessions.BatchKSessions`.
+"""
+
+from __future__ import annotations
+
+
+class GoodputGuard:
+    """Measured goodput of speculating against plain decoding: overrules the cost model when
+    measurement contradicts it.
+
+    The batch cost model predicts a step from the seconds of the batched forwards it saw. Served,
+    part of a step's wall time is in no forward it measures: sessions stepping in their own
+    threads at K > 0 fall into groups that alternate drafting and verifying (fewer rows per
+    target forward, each group's draft forwards competing with the other's verify for the same
+    cores), a block that misses the gathering window waits a whole forward, and the draft's
+    prefill and catch-up are left out of the draft costs. On the 2-core CPU with the int4 demo
+    pair the model predicted K > 0 to pay while K = 0 measured 1.7x faster (served, two
+    tenants, 8 clients). So, as a rate controller backs off when measurement contradicts its
+    model, this guard compares what the two regimes *measured*:
+
+        goodput(regime) = Σ n_s · tokens_s / Σ seconds_s      (tokens per second of the batch)
+
+    over the adaptive sessions' steps s (tokens_s = accepted + 1, seconds_s = drafting + the
+    verify round trip as the session saw them, n_s = sessions stepping concurrently when it
+    ended: a session's rate tokens_s / seconds_s times the sessions running is the batch's rate,
+    so a batch that drains while one regime runs does not flatter it), each sum decayed by
+    ``decay`` per step recorded in that regime (memory ~ 1 / (1 - decay) steps).
+
+    **One guard per tenant** (:class:`BatchKSessions`): tenant t's guard gets the steps of
+    *every* adaptive session (any tenant's), each in regime ``spec`` when the model had t at
+    K > 0 and ``plain`` when it had t at K = 0 or t's guard forces K = 0 (a probe's steps and a
+    generation's first step, which also prefills the target, count in no guard). So it compares
+    the whole batch's goodput with and without t's speculation, including what t's speculation
+    costs the other tenants (their steps slow down too), and a veto holds only t at K = 0: a
+    tenant whose speculation pays keeps its K. Explorations of different tenants do not
+    overlap (``may_explore`` of :meth:`record`): with two tenants exploring at once, each
+    guard's ``plain`` would hold the other's K = 0 as well.
+
+    Policy, in adaptive steps (summed over all sessions):
+
+    - **explore**: while ``spec`` runs and ``plain`` has fewer than ``min_steps`` fresh steps,
+      every ``explore_every`` steps (the first time after ``min_steps`` steps) force K = 0 for
+      ``min_steps`` steps, so that there is a measured ``plain`` to compare with (an
+      exploration due while ``may_explore`` is False waits for the next ``spec`` step);
+    - **veto**: once both regimes hold ``min_steps`` fresh steps and
+      ``goodput(spec) < goodput(plain) · (1 - margin)``, force K = 0 for ``hold`` steps (doubled
+      after each veto that a recheck confirms, up to ``hold · max_backoff``), then let the
+      model's K run again with ``spec``'s old measurement cleared, so that ``min_steps`` fresh
+      steps are compared again (a recheck);
+    - otherwise the model's choice stands; a veto's hold falls back to ``hold`` once a recheck
+      finds speculation paying.
+
+    Not thread-safe (its owner locks).
+
+    Args:
+        min_steps: fresh steps per regime before comparing (≥ 1).
+        explore_every: steps between explorations of K = 0 while it is unmeasured (≥ min_steps).
+        hold: steps K = 0 is forced after a veto (≥ 1).
+        max_backoff: the hold grows up to ``hold · max_backoff`` (≥ 1).
+        margin: relative shortfall of ``spec`` that vetoes, in [0, 1).
+        decay: per-step decay of a regime's sums, in (0, 1].
+
+    Raises:
+        ValueError: a setting out of its range.
+    """
+
+    def __init__(self, *, min_steps: int = 12, explore_every: int = 64, hold: int = 96, max_backoff: int = 4,
+                 margin: float = 0.0, decay: float = 0.97):
+        if (min_steps < 1 or explore_every < min_steps or hold < 1 or max_backoff < 1
+                or not 0 <= margin < 1 or not 0 < decay <= 1):
+            raise ValueError("need min_steps >= 1, explore_every >= min_steps, hold >= 1, max_backoff >= 1, "
+                             f"0 <= margin < 1, 0 < decay <= 1; got {min_steps}, {explore_every}, {hold}, "
+                             f"{max_backoff}, {margin}, {decay}")
+        self.min_steps, self.explore_every, self.hold = int(min_steps), int(explore_every), int(hold)
+        self.max_backoff, self.margin, self.decay = int(max_backoff), float(margin), float(decay)
+        #: regime -> [decayed tokens, decayed seconds, fresh steps]
+        self._sums = {"spec": [0.0, 0.0, 0], "plain": [0.0, 0.0, 0]}
+        self._forced_left = 0  # steps left with K = 0 forced
+        self._forced_why: str | None = None  # "explore" or "veto"
+        self._since_explore = 0  # spec steps since the last exploration
+        self._hold = self.hold
+        self._rechecking = False  # spec was cleared after a veto: the next comparison is a recheck
+        #: vetoes and explorations started, for statistics and tests
+        self.vetoes = 0
+        self.explorations = 0
+
+    def fresh(self) -> "GoodputGuard":
+        """A new guard with this one's settings and nothing measured (one per tenant)."""
+        return GoodputGuard(min_steps=self.min_steps, explore_every=self.explore_every, hold=self.hold,
+                            max_backoff=self.max_backoff, margin=self.margin, decay=self.decay)
+
+    @property
+    def forced(self) -> bool:
+        """Whether K = 0 is forced now (an exploration or a veto)."""
+        return self._forced_left > 0
+
+    @property
+    def exploring(self) -> bool:
+        """Whether K = 0 is forced now for an exploration (not a veto)."""
+        return self._forced_left > 0 and self._forced_why == "explore"
+
+    def goodput(self, regime: str) -> float | None:
+        """Measured tokens per step-second of ``regime`` ("spec" or "plain"), None before any step."""
+        tok, sec, _ = self._sums[regime]
+        return tok / sec if sec > 0 else None
+
+    def steps(self, regime: str) -> int:
+        """Fresh steps measured in ``regime``."""
+        return self._sums[regime][2]
+
+    def record(self, regime: str, tokens: float, seconds: float, may_explore: bool = True) -> None:
+        """One adaptive step of ``regime`` emitted ``tokens`` tokens (weighted: n_s · tokens_s of
+        the class docstring) in ``seconds`` seconds of wall time; then the policy (class
+        docstring) moves on by one step. ``may_explore`` False: an exploration due now waits
+        (another tenant's guard is exploring).
+
+        Raises:
+            ValueError: an unknown regime, tokens < 1 or seconds not finite and > 0.
+        """
+        if regime not in self._sums:
+            raise ValueError(f"regime must be 'spec' or 'plain', got {regime!r}")
+        if tokens < 1 or not 0 < seconds < float("inf"):
+            raise ValueError(f"need tokens >= 1 and 0 < seconds < inf, got {tokens}, {seconds}")
+        s = self._sums[regime]
+        s[0], s[1], s[2] = s[0] * self.decay + tokens, s[1] * self.decay + seconds, s[2] + 1
+        if self._forced_left > 0:
+            self._forced_left -= 1
+            if self._forced_left == 0 and self._forced_why == "veto":
+                self._sums["spec"] = [0.0, 0.0, 0]  # recheck speculation with fresh steps
+                self._rechecking = True
+            if self._forced_left == 0:
+                self._forced_why = None
+            return
+        if regime != "spec":
+            return
+        self._since_explore += 1
+        ns, npl = self.steps("spec"), self.steps("plain")
+        if ns >= self.min_steps and npl >= self.min_steps:
+            if self.goodput("spec") < self.goodput("plain") * (1.0 - self.margin):
+                if self._rechecking:  # speculation lost again: hold longer
+                    self._hold = min(self._hold * 2, self.hold * self.max_backoff)
+                self._rechecking = False
+                self.vetoes += 1
+                self._forced_left, self._forced_why = self._hold, "veto"
+                return
+            if self._rechecking:
+                self._rechecking, self._hold = False, self.hold
+        if may_explore and ns >= self.min_steps and (npl < self.min_steps or self._since_explore >= self.explore_every):
+            self._sums["plain"] = [0.0, 0.0, 0]  # explore with fresh steps
+            self._since_explore = 0
+            self.explorations += 1
+            self._forced_left, self._forced_why = self.min_steps, "explore"
+
+    def snapshot(self) -> dict:
+        """Plain data: goodput and fresh steps per regime, whether K = 0 is forced and why, counters."""
+        return {"goodput_spec": self.goodput("spec"), "goodput_plain": self.goodput("plain"),
+                "steps_spec": self.steps("spec"), "steps_plain": self.steps("plain"),
+                "forced": self._forced_why if self.forced else None, "forced_left": self._forced_left,
+                "vetoes": self.vetoes, "explorations": self.explorations}
