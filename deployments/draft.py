@@ -469,7 +469,8 @@ class Draft:
         self._gauged[tenant] = now
         try:
             proposer = convert.PROPOSER_FROM_PROTO.get(job.request.speculation.proposer, "draft")
-            self.metrics.record_batch_k(tenant, proposer, self.batch_k.tenant_stats(tenant))
+            alpha = self.batch_k.alpha(tenant, proposer) if job.batch_adaptive and proposer != "none" else None
+            self.metrics.record_batch_k(tenant, proposer, self.batch_k.tenant_stats(tenant), acceptance_rate=alpha)
         except Exception:  # metrics never break serving
             log.exception("metrics")
 

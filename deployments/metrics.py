@@ -212,11 +212,15 @@ class SpecDecMetrics:
             if base > 0:
                 self.set("specdec_measured_speedup", tokens * base / busy, tenant=tenant, proposer=proposer)
 
-    def record_batch_k(self, tenant: str, proposer: str, stats: Mapping) -> None:
+    def record_batch_k(self, tenant: str, proposer: str, stats: Mapping, acceptance_rate: float | None = None) -> None:
         """Set the K-under-load gauges of one tenant from
-        :meth:`specdec.control.batch_k.BatchKSessions.tenant_stats`."""
+        :meth:`specdec.control.batch_k.BatchKSessions.tenant_stats`, and its acceptance-rate gauge
+        from ``acceptance_rate`` when given (a batch-adaptive tenant's α̂ is the draft replica's:
+        the router's per-request controller does not learn it)."""
         if stats.get("k_under_load") is not None and proposer != "none":
             self.set("specdec_batch_k", float(stats["k_under_load"]), tenant=tenant, proposer=proposer)
+        if acceptance_rate is not None and proposer != "none":
+            self.set("specdec_acceptance_rate", float(acceptance_rate), tenant=tenant, proposer=proposer)
         if stats.get("steps"):
             self.set("specdec_batch_rows_seen", float(stats["rows_per_step"]), tenant=tenant)
             self.set("specdec_batch_positions_seen", float(stats["positions_per_step"]), tenant=tenant)

@@ -287,6 +287,12 @@ class BatchKSessions(AcceptanceExchange):
             tenants = set(self._shapes) | {j.tenant for j in self._joined.values()} | set(self.controller.k_by_tenant)
         return {t: self.tenant_view(t) for t in sorted(tenants)}
 
+    def alpha(self, tenant: str, proposer: str) -> float:
+        """The acceptance estimate α̂ of (``tenant``, ``proposer``) here (pooled with the other
+        replicas' after an exchange; the prior for an unseen key)."""
+        with self._lock:
+            return self.controller.estimator.alpha((tenant, proposer))
+
     def tenant_stats(self, tenant: str) -> dict:
         """One tenant's K under load here, as plain data::
 

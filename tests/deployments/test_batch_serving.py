@@ -422,6 +422,8 @@ def test_served_k_under_load_on_the_draft_replica(target, tmp_path):
         assert st["k_under_load"] in range(0, 7)
         assert 1.0 <= st["rows_per_step"] <= 7 and st["positions_per_step"] >= st["rows_per_step"]
         assert metrics.value("specdec_batch_rows_seen", tenant=tenant) > 0
+        # the acceptance gauge of a batch-adaptive tenant comes from the draft replica's estimate
+        assert 0 < metrics.value("specdec_acceptance_rate", tenant=tenant, proposer="draft") <= 1
     assert max(r for r, _ in live.controller.batches) >= 3  # sessions really shared forwards
     # K per step of the adaptive jobs is what the controller chose: every recorded step K is one
     # of the K the controller held for that tenant or the job's own ceiling at a probe
