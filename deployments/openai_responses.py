@@ -169,6 +169,7 @@ class TokenText:
         self.tokenizer = tokenizer
         self._cache: dict[int, str] = {}
         self._bytes: dict[int, bytes] = {}
+        self._skipped: dict[int, bool] = {}
         self._byte_of_char: dict[str, int] | None = None
 
     def __call__(self, token_id: int) -> str:
@@ -192,6 +193,15 @@ class TokenText:
         if all(c in self._byte_of_char for c in piece):  # byte-level BPE
             return bytes(self._byte_of_char[c] for c in piece)
         return None
+
+    def skipped(self, token_id: int) -> bool:
+        """Whether ``text`` leaves the id out: a special token, which decodes to nothing with
+        ``skip_special_tokens`` (every added token marked special, not only the tokenizer's
+        ``all_special_ids``: Qwen's ``<|im_start|>``, ``<|fim_prefix|>``, ...)."""
+        s = self._skipped.get(token_id)
+        if s is None:
+            s = self._skipped[token_id] = self.tokenizer.decode([int(token_id)], skip_special_tokens=True) == ""
+        return s
 
     def bytes_of(self, token_id: int) -> bytes:
         """The token's UTF-8 bytes (see the class docstring)."""
@@ -217,7 +227,6 @@ class TextOffsets:
 
     def __init__(self, text: TokenText):
         self._text = text
-        self._special = set(getattr(text.tokenizer, "all_special_ids", ()) or ())
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._chars = 0
 
@@ -227,7 +236,7 @@ class TextOffsets:
         for t in ids:
             pending = bool(self._decoder.getstate()[0])
             out.append(self._chars + (1 if pending else 0))
-            if int(t) not in self._special:
+            if not self._text.skipped(int(t)):
                 self._chars += len(self._decoder.decode(self._text.bytes_of(int(t))))
         return out
 

@@ -267,19 +267,21 @@ def test_logprobs_show_special_tokens_by_name_but_offsets_and_bytes_follow_the_t
 def test_token_bytes_and_offsets_of_characters_split_over_tokens():
     """Byte-level BPE spells a character outside its vocabulary with one token per byte: the
     bytes of the tokens join to the character, and offsets count it once (tiny tokenizer: 320
-    ids, so '中' and '😀' are 3 and 4 tokens)."""
+    ids, so '中' and '😀' are 3 and 4 tokens). Special tokens take no characters, also one
+    outside the tokenizer's ``all_special_ids`` (``<|im_start|>``, as Qwen's 18 others)."""
     from deployments.openai_responses import TextOffsets, TokenText
     from specdec.testing.tiny import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     text = TokenText(tok)
-    ids = tok.encode("a中<|im_end|>😀 b", add_special_tokens=False)
-    assert [len(text.bytes_of(i)) for i in ids] == [1, 1, 1, 1, 10, 1, 1, 1, 1, 2]
-    assert b"".join(text.bytes_of(i) for i in ids) == "a中<|im_end|>😀 b".encode()
+    ids = tok.encode("a中<|im_end|>😀<|im_start|> b", add_special_tokens=False)
+    assert ids[4] == tok.eos_token_id and ids[9] == 1 and 1 not in tok.all_special_ids  # special all the same
+    assert [len(text.bytes_of(i)) for i in ids] == [1, 1, 1, 1, 10, 1, 1, 1, 1, 12, 2]
+    assert b"".join(text.bytes_of(i) for i in ids) == "a中<|im_end|>😀<|im_start|> b".encode()
     offsets = TextOffsets(text)
     got = offsets.starts(ids[:5]) + offsets.starts(ids[5:])  # fed in two chunks, as a stream
     assert got == [len(tok.decode(ids[:i], skip_special_tokens=True)) for i in range(len(ids))]
-    assert got == [0, 1, 2, 2, 2, 2, 3, 3, 3, 3]
+    assert got == [0, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3]
 
 
 def test_completion_top_logprobs_is_a_list_in_every_chunk(stack):
