@@ -372,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r.get('target_compute_s_per_step', 0):.3f} s/step, round trip "
                       f"{r.get('round_trip_s_per_step', 0):.3f} s/step, draft {r.get('draft_s_per_step', 0):.3f} s/step, "
                       f"batch {r['batch']}", file=sys.stderr, flush=True)
+                if args.out:  # what is measured so far survives a run cut short (the heavy lock's time)
+                    with open(args.out + ".partial", "w") as f:
+                        json.dump({**out, "modes": {**out["modes"], mode: runs}}, f, indent=2, default=str)
             out["modes"][mode] = runs
             if i == 0:
                 out["concurrency"] = runs

@@ -8,9 +8,9 @@ steps every generation itself is :class:`specdec.engine.batch.BatchScheduler`.
 from __future__ import annotations
 
 import collections
-import queue
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 from specdec.engine.decoder import Generation
@@ -46,14 +46,28 @@ class DraftCombiner:
         k_control: a :class:`specdec.control.batch_k.BatchKSessions`: after every step it
             learns the step's K and acceptance, the batched target forward that verified it
             (``VerifyResult.batch``) and the batched draft forwards run since.
+        linger_s: the batch fill of drafting: after the window, the first caller also waits for
+            the sessions that drafted before and are still out (verifying, or on their way
+            back), as long as one of them comes back within ``linger_s`` of the last arrival
+            (the replies of one batched target forward reach their threads a few ms apart), at
+            most ``max_linger_s`` in all; 0: the window alone. Sessions that finished, or that
+            no longer draft with a draft model, are not waited for.
+        max_linger_s: seconds, the longest such wait of one drafting batch.
     """
 
     def __init__(self, batched: bool = True, window_s: float = 0.002, clock: Callable[[], float] = time.perf_counter,
-                 max_prefill: int | None = None, k_control: Any = None):
+                 max_prefill: int | None = None, k_control: Any = None, linger_s: float = 0.02,
+                 max_linger_s: float = 0.25):
         if max_prefill is not None and max_prefill < 1:
             raise ValueError(f"max_prefill must be >= 1, got {max_prefill}")
         self.batched = batched
         self.window_s = window_s
+        self.linger_s = linger_s
+        self.max_linger_s = max_linger_s
+        #: draft-model sessions that drafted and are not back yet (weak: a dropped one leaves)
+        self._out: weakref.WeakSet = weakref.WeakSet()
+        #: seconds each drafting batch waited for sessions still out (most recent 1000)
+        self.lingered: collections.deque = collections.deque(maxlen=1000)
         self.max_prefill = max_prefill
         self._clock = clock
         #: ``(rows, positions)`` of every batched draft forward (most recent 1000)
@@ -75,7 +89,9 @@ class DraftCombiner:
             return session.propose(k)
         me = _Waiting(session, k)
         with self._cv:
+            self._out.discard(session)
             self._queue.append(me)
+            self._cv.notify_all()
             while me.block is None and me.error is None:
                 if self._busy:
                     self._cv.wait()
@@ -86,15 +102,42 @@ class DraftCombiner:
                     if self.window_s > 0:
                         time.sleep(self.window_s)
                     with self._cv:
+                        self._linger()
                         batch, self._queue = self._queue, []
                     self._run(batch)
                 finally:
                     self._cv.acquire()
                     self._busy = False
                     self._cv.notify_all()
+            self._out.add(session)
         if me.error is not None:
             raise me.error
         return me.block
+
+    def _linger(self) -> None:
+        """(Holding the lock.) Wait for sessions still out while they keep coming back (see
+        ``linger_s``)."""
+        if self.linger_s <= 0 or not self._out:
+            return
+        t0 = self._clock()
+        last, n = t0, len(self._queue)
+        while self._out:
+            now = self._clock()
+            until = min(last + self.linger_s, t0 + self.max_linger_s)
+            if now >= until:
+                break
+            self._cv.wait(until - now)
+            if len(self._queue) != n:
+                last, n = self._clock(), len(self._queue)
+        self.lingered.append(self._clock() - t0)
+
+    def leave(self, session: Any) -> None:
+        """``session`` drafts no more (its generation ended): drafting batches stop waiting for it."""
+        if not isinstance(session, DraftModelSession):
+            return
+        with self._cv:
+            self._out.discard(session)
+            self._cv.notify_all()
 
     def _run(self, batch: list[_Waiting]) -> None:
         self.batch_sizes.append(len(batch))
@@ -136,10 +179,14 @@ class DraftCombiner:
     def step(self, gen: Generation) -> GenerationChunk | None:
         """One speculation step of ``gen`` (as ``gen.step()``), its drafting batched."""
         if gen.finished:
+            self.leave(gen.proposer)
             return gen.assembler.take_chunk()
         k = gen.plan()
         if k is None:
+            self.leave(gen.proposer)
             return gen.finish_chunk()
+        if k <= 0 and gen.proposer is not None:
+            self.leave(gen.proposer)  # a step without drafting: not waited for meanwhile
         t0 = self._clock()
         block = self.propose(gen.proposer, k)
         t1 = self._clock()
@@ -148,4 +195,7 @@ class DraftCombiner:
         if self.k_control is not None:
             self.k_control.observe_step(gen, block.k, result.accepted, result.batch, self.take_timings(),
                                         draft_s=t1 - t0, verify_s=t2 - t1)
-        return gen.apply(block, result, t1 - t0, t2 - t1)
+        chunk = gen.apply(block, result, t1 - t0, t2 - t1)
+        if gen.finished:
+            self.leave(gen.proposer)
+        return chunk

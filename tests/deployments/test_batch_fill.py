@@ -164,10 +164,12 @@ def test_draft_replica_sessions_share_the_target_forwards(target, tmp_path):
     """A draft replica (its sessions stepped in their own threads, drafting batched by its
     DraftCombiner) against a target replica (its batching loop in its own event loop, the
     forward in a worker thread), as served but without Ray; every Verify reaches the target
-    0-20 ms late (seeded), 10x the 2 ms window. Eight greedy sessions of 24..38 tokens: every
-    output equals the request alone, and with the batch fill the target's forwards hold about
-    all running sessions: about one forward per step of the longest session (measured 31 for
-    29 steps; without the fill 93 forwards of 1.8 rows, blocks missing the window)."""
+    0-20 ms late and its reply reaches the step thread 0-20 ms late (seeded), 10x the 2 ms
+    window. Eight greedy sessions of 24..38 tokens: every output equals the request alone, and
+    with the batch fill on both sides the target's forwards and the drafting batches hold about
+    all running sessions: about one of each per step of the longest session (measured 30-31 for
+    29 steps; without the target's fill 93 forwards of 1.8 rows; without the draft side's,
+    60-70 drafting batches of 3-3.5 sessions)."""
     from deployments.draft import Draft
     from specdec.request import GenerationRequest
 
@@ -184,9 +186,11 @@ def test_draft_replica_sessions_share_the_target_forwards(target, tmp_path):
 
     def send(method: str, payload: bytes) -> bytes:
         with lock:
-            delay = delays.random() * 0.02
-        time.sleep(delay)
-        return asyncio.run_coroutine_threadsafe(getattr(replica, method)(payload), loop).result(timeout=120)
+            there, back = delays.random() * 0.02, delays.random() * 0.02
+        time.sleep(there)
+        reply = asyncio.run_coroutine_threadsafe(getattr(replica, method)(payload), loop).result(timeout=120)
+        time.sleep(back)
+        return reply
 
     draft = Draft(AppConfig(target_model=str(t_folder), draft_model=str(d_folder), cpu_threads=1, served_batch_k=False),
                   send_factory=lambda key: send, metrics=SpecDecMetrics(backend=None))
@@ -224,3 +228,56 @@ def test_draft_replica_sessions_share_the_target_forwards(target, tmp_path):
     # session still running (without the fill, measured: 93 forwards of 1.8 rows)
     longest = max(g.stats.steps for g in got)
     assert stats["forwards"] <= longest + 8, (stats, steps, longest)
+    assert len(draft.combiner.batch_sizes) <= longest + 8, (draft.combiner.batch_sizes, longest)
+
+
+@pytest.mark.parametrize("linger_s", [0.5, 0.0])
+def test_draft_combiner_waits_for_sessions_coming_back(target, tmp_path, linger_s):
+    """The draft side's fill: three sessions drafted together; their next drafts are asked 60 ms
+    apart (30x the 2 ms window). With ``linger_s`` 0.5 the three draft in one batch; without
+    (0) each drafts alone. A session that left (its generation ended) is not waited for: the
+    other two draft at once. The blocks equal each session's drafts alone."""
+    from specdec.engine.draft_combiner import DraftCombiner
+    from specdec.request import GenerationRequest
+
+    draft = load_tiny(build_tiny_model(tmp_path / "d", seed=1, base=target.model, noise=0.03, max_positions=1024))
+    engine = SpeculativeEngine(target, draft)
+    rng = random.Random(3)
+    reqs = [GenerationRequest(prompt_token_ids=[rng.randrange(3, 300) for _ in range(5 + 4 * i)], max_tokens=16,
+                              speculation={"proposer": "draft", "k": 3}) for i in range(3)]
+    combiner = DraftCombiner(window_s=0.002, linger_s=linger_s, max_linger_s=5.0)
+    sessions = [engine.start(r).proposer for r in reqs]
+    alone = [engine.start(r).proposer for r in reqs]
+
+    def propose_all(delays: list[float], who: list[int]) -> list:
+        out: list = [None] * len(who)
+
+        def run(j: int) -> None:
+            time.sleep(delays[j])
+            out[j] = combiner.propose(sessions[who[j]], 3)
+
+        threads = [threading.Thread(target=run, args=(j,)) for j in range(len(who))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=60)
+        return out
+
+    combiner.window_s = 0.3  # the threads start together: one batch (a 2 ms window may split them)
+    first = propose_all([0.0, 0.0, 0.0], [0, 1, 2])
+    combiner.window_s = 0.002
+    assert combiner.batch_sizes == [3]
+    for s, a, b in zip(sessions, alone, first):  # commit the same tokens on both sides
+        exp = a.propose(3)
+        assert b.token_ids.tolist() == exp.token_ids.tolist()
+        s.commit(b.token_ids[:1])
+        a.commit(b.token_ids[:1])
+    second = propose_all([0.0, 0.06, 0.12], [0, 1, 2])
+    assert combiner.batch_sizes[1:] == ([3] if linger_s else [1, 1, 1])
+    for a, b in zip(alone, second):
+        assert b.token_ids.tolist() == a.propose(3).token_ids.tolist()
+    combiner.leave(sessions[2])
+    combiner.window_s = 0.3
+    t0 = time.monotonic()
+    propose_all([0.0, 0.0], [0, 1])
+    assert combiner.batch_sizes[-1] == 2 and time.monotonic() - t0 < 2.0  # not the 5 s bound
