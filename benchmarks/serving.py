@@ -132,6 +132,26 @@ def run_interleaved(engine, address: str, app: str, requests: list[dict]) -> tup
     }
 
 
+def serving_cpu_s() -> float | None:
+    """CPU seconds (user + system) used so far by this process's live descendants: the local Ray
+    cluster this benchmark started (raylet, GCS, the Serve proxy, router, draft and target
+    replicas, TP workers), not the clients in this process. On a machine shared with other
+    jobs, tokens per CPU second of the server is the figure robust to their load (wall time
+    is not). None without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    total = 0.0
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:  # exited meanwhile
+            continue
+        total += t.user + t.system
+    return total
+
+
 def run_concurrent(address: str, app: str, requests: list[dict], clients: int, batch_stats_fn=None) -> dict:
     """``clients`` threads, each with its own channel, each sending one request (prompts round-robin).
 
@@ -157,10 +177,15 @@ def run_concurrent(address: str, app: str, requests: list[dict], clients: int, b
             errors.append(repr(e))
 
     before = batch_stats(batch_stats_fn)
+    cpu0, load0 = serving_cpu_s(), os.getloadavg()[0]
     wall = run_clients(worker, clients)
+    cpu1, load1 = serving_cpu_s(), os.getloadavg()[0]
     after = batch_stats(batch_stats_fn)
+    cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
     return {"clients": clients, "requests": clients, "tokens": sum(tokens), "wall_s": wall,
-            "aggregate_tokens_per_s": sum(tokens) / wall, "errors": errors, "outputs": outputs,
+            "aggregate_tokens_per_s": sum(tokens) / wall, "server_cpu_s": cpu,
+            "tokens_per_server_cpu_s": sum(tokens) / cpu if cpu else None, "load_avg_1min": [load0, load1],
+            "errors": errors, "outputs": outputs,
             **step_stats([s for s in stats if s is not None]), "batch": batch_delta(before, after)}
 
 
@@ -368,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[bench_serving] {mode}: {n} concurrent clients ...", file=sys.stderr, flush=True)
                 runs.append(run_concurrent(address, cfg.app_name, requests, n, target_batch_stats))
                 r = runs[-1]
-                print(f"[bench_serving]   {r['aggregate_tokens_per_s']:.2f} tok/s, {r['steps']} steps, target "
+                print(f"[bench_serving]   {r['aggregate_tokens_per_s']:.2f} tok/s, "
+                      f"{r['tokens_per_server_cpu_s'] or 0:.3f} tok per server CPU s, load {r['load_avg_1min']}, "
+                      f"{r['steps']} steps, target "
                       f"{r.get('target_compute_s_per_step', 0):.3f} s/step, round trip "
                       f"{r.get('round_trip_s_per_step', 0):.3f} s/step, draft {r.get('draft_s_per_step', 0):.3f} s/step, "
                       f"batch {r['batch']}", file=sys.stderr, flush=True)
