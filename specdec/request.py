@@ -183,7 +183,10 @@ def parse_request(data: dict, field_names: Mapping[str, str] | None = None) -> G
     except ValidationError as e:
         parts = []
         for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "request"
+            loc = ".".join(str(p) for p in err["loc"])
             loc = (field_names or {}).get(loc, loc)
-            parts.append(f"{loc}: {err['msg']}")
+            msg = err["msg"]
+            if err.get("type") == "value_error" and msg.startswith("Value error, "):
+                msg = msg[len("Value error, "):]  # our validators' own sentences, without pydantic's prefix
+            parts.append(f"{loc}: {msg}" if loc else msg)  # no location: a rule over several fields
         raise InvalidRequestError("invalid request: " + "; ".join(parts)) from None

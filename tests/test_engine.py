@@ -192,14 +192,14 @@ def test_speculative_samples_follow_target_distribution(tiny_target, tiny_draft_
 @pytest.mark.parametrize(
     "data, message",
     [
-        ({"max_tokens": 4}, "invalid request: request: Value error, give exactly one of prompt, messages or prompt_token_ids"),
-        ({"prompt": "", "max_tokens": 4}, "invalid request: request: Value error, prompt is empty"),
+        ({"max_tokens": 4}, "invalid request: give exactly one of prompt, messages or prompt_token_ids"),
+        ({"prompt": "", "max_tokens": 4}, "invalid request: prompt is empty"),
         ({"prompt": "x", "max_tokens": 0}, "invalid request: max_tokens: Input should be greater than or equal to 1"),
         ({"prompt": "x", "sampling": {"temperature": -1}}, "invalid request: sampling.temperature: Input should be greater than or equal to 0"),
         ({"prompt": "x", "sampling": {"top_p": 0}}, "invalid request: sampling.top_p: Input should be greater than 0"),
         ({"prompt": "x", "speculation": {"k": 17}}, "invalid request: speculation.k: Input should be less than or equal to 16"),
         ({"prompt": "x", "speculation": {"proposer": "eagle"}}, "invalid request: speculation.proposer: Input should be 'draft', 'ngram' or 'none'"),
-        ({"prompt": "x", "stop": [""]}, "invalid request: request: Value error, stop strings must not be empty"),
+        ({"prompt": "x", "stop": [""]}, "invalid request: stop strings must not be empty"),
         ({"prompt": "x", "sampling": {"temperature": float("nan")}}, "invalid request: sampling.temperature: Input should be a finite number"),
         ({"prompt": "x", "sampling": {"top_p": float("nan")}}, "invalid request: sampling.top_p: Input should be a finite number"),
         ({"prompt": "x", "speculation": {"draft_min_confidence": float("inf")}},
@@ -209,11 +209,11 @@ def test_speculative_samples_follow_target_distribution(tiny_target, tiny_draft_
          "invalid request: sampling.top_k: Input should be less than or equal to 4294967295"),
         # lone surrogates (a JSON \ud800 escape, undecodable argv bytes): no tokenizer encodes them
         ({"prompt": "ab\ud800cd"},
-         "invalid request: prompt: Value error, not valid Unicode text: a lone surrogate U+D800 at character 2"),
+         "invalid request: prompt: not valid Unicode text: a lone surrogate U+D800 at character 2"),
         ({"messages": [{"role": "user", "content": "x\udcff"}]},
-         "invalid request: messages.0.content: Value error, not valid Unicode text: a lone surrogate U+DCFF at character 1"),
+         "invalid request: messages.0.content: not valid Unicode text: a lone surrogate U+DCFF at character 1"),
         ({"prompt": "x", "stop": ["ok", "\udc80"]},
-         "invalid request: stop: Value error, not valid Unicode text: a lone surrogate U+DC80 at character 0"),
+         "invalid request: stop: not valid Unicode text: a lone surrogate U+DC80 at character 0"),
     ],
 )
 def test_invalid_requests(data, message):
