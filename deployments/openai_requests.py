@@ -56,6 +56,8 @@ _FIELDS = {
     "chat": _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                        "response_format", "parallel_tool_calls"},
 }
+#: Fields of a chat message that are honoured (``tool_calls`` is refused with its own message).
+_MESSAGE_FIELDS = {"role", "content", "tool_calls"}
 #: JSON types of the body's scalar fields (checked here: the core's pydantic models convert
 #: loosely, so ``"max_tokens": true`` was 1 token and ``"ignore_eos": "no"`` false; gRPC's proto
 #: types never allow either). ``n``, ``stream`` and ``logprobs`` are checked where they are read.
@@ -183,6 +185,9 @@ def _messages(value: Any) -> list[dict]:
         role = m.get("role")
         if m.get("tool_calls"):
             raise InvalidRequestError(f"messages.{i}.tool_calls: tool calls are not supported")
+        extra = sorted(k for k, v in m.items() if k not in _MESSAGE_FIELDS and v is not None)
+        if extra:  # e.g. name: the chat template has no place for it, and ignoring it changes the answer
+            raise InvalidRequestError(f"messages.{i}: unsupported field(s): {', '.join(extra)}")
         # the core checks the role (same message as gRPC's); 'developer' is OpenAI's new 'system'
         out.append({"role": "system" if role == "developer" else role, "content": _content(i, m.get("content"))})
     return out

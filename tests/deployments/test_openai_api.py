@@ -461,6 +461,10 @@ def test_errors_through_the_openai_client(stack):
     assert e.body["message"] == "prompt: a batch of several prompts is not supported; send one prompt per request"
     e = _status_of(_client(app).chat.completions.create(**chat, n=0))
     assert e.body["message"] == "n must be a whole number in 1..16, got 0"
+    # a message field the server cannot honour was ignored (name: several users in one chat)
+    e = _status_of(_client(app).chat.completions.create(**{**chat, "messages": [
+        {"role": "user", "content": "hi", "name": "bob", "tool_call_id": None}]}))
+    assert e.status_code == 400 and e.body["message"] == "messages.0: unsupported field(s): name"
     # a message without content was answered as if its content were empty
     for msg in ({"role": "user"}, {"role": "user", "content": None}):
         e = _status_of(_client(app).chat.completions.create(**{**chat, "messages": [msg]}))
