@@ -115,11 +115,20 @@ def _log(msg: str) -> None:
     print(f"[specdec serve] {msg}", file=sys.stderr, flush=True)
 
 
-def demo_request(address: str, application: str, message: str, max_tokens: int, out=sys.stdout) -> dict:
-    """Send one chat request over gRPC (streamed), print the answer and a stats line; return the numbers."""
+def demo_request(address: str, application: str, message: str, max_tokens: int, out=sys.stdout,
+                 api_key: str | None = None) -> dict:
+    """Send one chat request over gRPC (streamed), print the answer and a stats line; return the numbers.
+
+    ``api_key``: a tenant's key, needed when the config has a tenants file (default
+    ``$SPECDEC_API_KEY``, as ``specdec client``'s).
+
+    Raises:
+        deployments.client.SpecDecError: the call failed (e.g. Unauthenticated without a key).
+    """
     from deployments.client import SpecDecClient, build_request
 
-    with SpecDecClient(address, application=application) as client:
+    key = api_key if api_key is not None else os.environ.get("SPECDEC_API_KEY")
+    with SpecDecClient(address, application=application, api_key=key) as client:
         print(f">>> {message}\n", file=out, flush=True)
         t0 = time.perf_counter()
         first = None
@@ -222,7 +231,13 @@ def run_serve(args) -> int:
         for line in endpoint_lines(cfg):
             _log(line)
         if args.demo_request:
-            demo_request(address, cfg.app_name, args.message, args.max_tokens)
+            from deployments.client import SpecDecError
+
+            try:
+                demo_request(address, cfg.app_name, args.message, args.max_tokens)
+            except SpecDecError as e:  # e.g. a tenants file and no $SPECDEC_API_KEY: a line, not a traceback
+                _log(f"the demo request failed: {e}")
+                return 1
         if args.keep_running:
             _log("serving; Ctrl-C to stop")
             serving = True

@@ -93,3 +93,42 @@ def test_ctrl_c_while_the_models_load_shuts_down_without_a_traceback(monkeypatch
         assert calls == ["ray.init", "serve.start", "serve.shutdown", "ray.shutdown"]
         err = capsys.readouterr().err
         assert "[specdec serve] interrupted\n[specdec serve] shutting down\n" in err and "Traceback" not in err
+
+
+def test_a_failed_demo_request_is_one_line_and_sends_the_api_key(monkeypatch, capsys):
+    """With a tenants file the demo request (no key) failed UNAUTHENTICATED out of ``specdec
+    serve`` as a traceback; it now sends ``$SPECDEC_API_KEY`` and a failure is one line, exit 1."""
+    import ray
+    from ray import serve
+
+    import deployments.app
+    import deployments.client as client_lib
+
+    seen = []
+
+    class Refusing:
+        def __init__(self, address, application="specdec", api_key=None, **_):
+            seen.append(api_key)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def stream_proto(self, request, timeout=None):
+            raise client_lib.Unauthenticated("UNAUTHENTICATED", "unknown API key")
+
+    for name in ("init", "shutdown"):
+        monkeypatch.setattr(ray, name, lambda *a, **k: None)
+    for name in ("start", "run", "shutdown"):
+        monkeypatch.setattr(serve, name, lambda *a, **k: None)
+    monkeypatch.setattr(deployments.app, "build_app", lambda cfg: None)
+    monkeypatch.setattr(cli, "_stop_on_sigterm", lambda: None)
+    monkeypatch.setattr(client_lib, "SpecDecClient", Refusing)
+    monkeypatch.setenv("SPECDEC_API_KEY", "sk-demo")
+    assert cli.run_serve(_args("--target", "/models/t", "--draft", "none", "--demo-request")) == 1
+    assert seen == ["sk-demo"]
+    err = capsys.readouterr().err
+    assert "[specdec serve] the demo request failed: UNAUTHENTICATED: unknown API key\n" in err
+    assert "Traceback" not in err and "[specdec serve] shutting down" in err
