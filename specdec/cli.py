@@ -167,7 +167,7 @@ def run_generate(args) -> int:
                                   draft_vocab_table=args.draft_vocab_table)
     engine = SpeculativeEngine(target, draft)
     t0 = time.perf_counter()
-    if args.stream:
+    if args.stream and not args.json:  # --json prints one JSON document only (as `specdec client`)
         gen = engine.start(request)
         for chunk in gen:
             print(chunk.text, end="", flush=True)

@@ -334,3 +334,21 @@ def test_cli_prefetch_arguments():
     assert parser.parse_args(["prefetch", "--format", "int4"]).weight_format == "int4"
     with pytest.raises(SystemExit):
         parser.parse_args(["prefetch", "--format", "int3"])
+
+
+def test_cli_generate_stream_with_json_prints_one_json_document(tiny_dir, tiny_target, tiny_draft_close, capsys):
+    """``specdec generate --stream --json`` printed the streamed text before the JSON, so its
+    output was not JSON (``| jq`` failed); --json now wins, as with ``specdec client``."""
+    import json
+
+    from specdec import cli
+
+    argv = ["generate", "--target", str(tiny_dir / "target"), "--draft", str(tiny_dir / "draft_close"), "def f(",
+            "--max-tokens", "5", "--temperature", "0", "-k", "2", "--json"]
+    assert cli.main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert cli.main(argv + ["--stream"]) == 0
+    streamed = json.loads(capsys.readouterr().out)
+    ids = tiny_target.tokenizer.encode("def f(")
+    assert streamed["token_ids"] == plain["token_ids"] == target_greedy(tiny_target, ids, 5)
+    assert streamed["text"] == plain["text"]
