@@ -33,6 +33,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="token frequency table of the draft vocabulary subset (default: the config's)")
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default: the config's, 9000)")
     parser.add_argument("--http-port", type=int, help="HTTP port (default: the config's, 8000)")
+    parser.add_argument("--tenants", metavar="FILE", help="tenants YAML (API key hashes, limits, speculation "
+                        "policy; see README 'Tenants'); default: the config's tenants_file, none: open mode")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: this machine's)")
     parser.add_argument("--demo-request", action="store_true",
                         help="once ready, send one code-writing request over gRPC and print answer and stats")
@@ -80,7 +82,11 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_config(args):
-    """The AppConfig of ``specdec serve``: preset or ``--config`` file, then the flag overrides."""
+    """The AppConfig of ``specdec serve``: preset or ``--config`` file, then the flag overrides.
+
+    Raises:
+        TenantConfigError: the tenants file cannot be read or is not a valid tenants file.
+    """
     import yaml
 
     from deployments.config import PRESETS, AppConfig
@@ -108,7 +114,14 @@ def load_config(args):
         over["grpc_port"] = args.grpc_port
     if args.http_port:
         over["http_port"] = args.http_port
-    return AppConfig.model_validate({**cfg.model_dump(), **over}) if over else cfg
+    if getattr(args, "tenants", None):
+        over["tenants_file"] = os.path.abspath(args.tenants)  # Ray's workers run in other folders
+    cfg = AppConfig.model_validate({**cfg.model_dump(), **over}) if over else cfg
+    if cfg.tenants_file:  # read it here: a bad file is one line now, not a failed deploy later
+        from specdec.control.tenants import load_tenants_config
+
+        load_tenants_config(cfg.tenants_file)
+    return cfg
 
 
 def _log(msg: str) -> None:

@@ -132,3 +132,23 @@ def test_a_failed_demo_request_is_one_line_and_sends_the_api_key(monkeypatch, ca
     err = capsys.readouterr().err
     assert "[specdec serve] the demo request failed: UNAUTHENTICATED: unknown API key\n" in err
     assert "Traceback" not in err and "[specdec serve] shutting down" in err
+
+
+def test_tenants_flag_sets_the_tenants_file_and_a_bad_one_is_refused_at_once(tmp_path, monkeypatch):
+    """A tenants file could only be given inside a whole AppConfig YAML (losing the local-cpu
+    preset's other settings), and a bad one failed the deploy inside Ray; ``--tenants FILE``
+    sets it over the preset, as an absolute path, and a bad file is a TenantConfigError before
+    anything starts."""
+    from specdec.control.tenants import TenantConfigError, hash_api_key
+
+    good = tmp_path / "tenants.yaml"
+    good.write_text(f"tenants:\n  - id: team-a\n    api_key_hashes: [{hash_api_key('sk-a')}]\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = cli.load_config(_args("--tenants", "tenants.yaml"))
+    assert cfg.tenants_file == str(good) and cfg.target_tp == PRESETS["local-cpu.yaml"].target_tp
+    assert cfg.model_dump(exclude={"tenants_file"}) == PRESETS["local-cpu.yaml"].model_dump(exclude={"tenants_file"})
+    with pytest.raises(TenantConfigError, match="cannot read tenant configuration .*missing.yaml"):
+        cli.load_config(_args("--tenants", "missing.yaml"))
+    (tmp_path / "bad.yaml").write_text("tenants:\n  - id: team-a\n")
+    with pytest.raises(TenantConfigError):
+        cli.load_config(_args("--tenants", "bad.yaml"))
