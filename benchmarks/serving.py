@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
 import platform
@@ -414,8 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         per_mode = [[r["outputs"] for r in runs] for runs in out["modes"].values()]
         out["modes_identical_outputs"] = all(p == per_mode[0] for p in per_mode)
     for runs in out.get("modes", {}).values():
-        for r in runs:
-            r.pop("outputs", None)
+        for r in runs:  # a digest of the outputs instead, so that separate runs can be compared
+            r["outputs_sha256"] = hashlib.sha256(json.dumps(r.pop("outputs", None)).encode()).hexdigest()
     out["machine"]["load_avg_at_end"] = os.getloadavg()
     text = json.dumps(out, indent=2)
     print(text)
