@@ -224,7 +224,9 @@ class AppConfig(BaseModel):
     def deployment_options(self) -> dict[str, dict[str, Any]]:
         """Serve options per deployment name, shared by the config file and build_app."""
         sticky = {"request_router_class": CONSISTENT_HASH_ROUTER}
-        draft_actor: dict[str, Any] = {"num_cpus": self.draft_num_cpus}
+        draft_threads = torch_threads(self.draft_cpu_threads or self.cpu_threads, self.draft_num_cpus)
+        draft_actor: dict[str, Any] = {"num_cpus": self.draft_num_cpus,
+                                       "runtime_env": {"env_vars": model_process_env(draft_threads)}}
         if self.draft_num_gpus:
             draft_actor["num_gpus"] = self.draft_num_gpus
         if self.draft_resources:
@@ -323,6 +325,37 @@ def torch_threads(cfg_threads: int, assigned_cpus: float | None) -> int:
     if cfg_threads > 0:
         return int(cfg_threads)
     return max(1, int((assigned_cpus or 0) + 1e-9))
+
+
+#: OpenMP wait policy of the model processes (draft replicas, TP ranks): idle OpenMP threads
+#: sleep at once instead of spinning. libgomp's default spins an idle thread (GOMP_SPINCOUNT
+#: 300000 pauses) after every parallel region; served, the draft replica and the target's TP rank
+#: each hold a team of two threads on the same two cores, and whichever process is idle spins
+#: against the one computing. Measured (demo pair, both w8a8, served main job, 128 tokens, one
+#: locked run, machine shared): target compute 1236 ms per step with the default, 317 ms with
+#: PASSIVE (README "Weight formats").
+OMP_WAIT_POLICY = "PASSIVE"
+
+
+def model_process_env(threads: int = 0) -> dict[str, str]:
+    """Environment variables of a process that runs a model (a draft replica, a TP rank), for its
+    Ray ``runtime_env``: Ray sets them when it starts the worker process, before torch loads
+    libgomp, which reads them once.
+
+    - ``OMP_WAIT_POLICY`` = :data:`OMP_WAIT_POLICY`: idle OpenMP threads sleep instead of
+      spinning against the other model process's threads.
+    - ``OMP_NUM_THREADS`` = ``threads`` when > 0: the OpenMP team size of *every* thread of the
+      process. Ray otherwise sets 1 for a fractional-CPU actor, and ``torch.set_num_threads``
+      changes only the calling thread's OpenMP setting: a thread that calls oneDNN (the w8a8
+      linears) before any of torch's own parallel loops would run it on one thread.
+
+    Args:
+        threads: torch threads of the process (0: leave ``OMP_NUM_THREADS`` to Ray).
+    """
+    env = {"OMP_WAIT_POLICY": OMP_WAIT_POLICY}
+    if threads > 0:
+        env["OMP_NUM_THREADS"] = str(int(threads))
+    return env
 
 
 def ray_assigned_cpus() -> float | None:

@@ -309,6 +309,9 @@ class TPWorker:
             "weight_format": self.loaded.weight_format,
             "quant_cache": self.loaded.quant_cache,
             "torch_threads": torch.get_num_threads(),
+            # what start_tp_workers put in the process env (deployments.config.model_process_env)
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         }
 
     @torch.no_grad()
@@ -423,17 +426,24 @@ def start_tp_workers(
         num_gpus: GPUs per worker (0 on CPU).
         threads: torch CPU threads per worker (0 leaves Ray's default).
 
+    Every worker process gets :func:`deployments.config.model_process_env` in its ``runtime_env``
+    (OpenMP threads sleep when idle instead of spinning against the draft replica's; every
+    thread's OpenMP team is ``threads`` wide).
+
     Returns:
         ``(actors, setup_infos)``, rank order.
     """
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    from deployments.config import model_process_env
+
     # "health": a thread of its own, so a health probe never waits behind a forward
     actor_cls = ray.remote(concurrency_groups={"health": 1})(TPWorker)
     workers = []
     for rank in range(tp_size):
-        opts: dict[str, Any] = {"num_cpus": 0, "num_gpus": num_gpus}
+        opts: dict[str, Any] = {"num_cpus": 0, "num_gpus": num_gpus,
+                                "runtime_env": {"env_vars": model_process_env(threads)}}
         if placement_group is not None:
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=placement_group, placement_group_bundle_index=first_bundle + rank

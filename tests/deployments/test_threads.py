@@ -75,3 +75,17 @@ def test_local_cpu_preset_threads(many_host_cores):
     cfg = PRESETS["local-cpu.yaml"]
     assert cfg.target_tp == 1 and rank_threads(cfg, cfg.target_bundles()) == 2
     assert torch_threads(cfg.draft_cpu_threads or cfg.cpu_threads, cfg.draft_num_cpus) == 2
+
+
+def test_model_processes_sleep_idle_openmp_threads(many_host_cores):
+    """The draft replica's process starts with idle OpenMP threads sleeping (OMP_WAIT_POLICY=PASSIVE)
+    and its thread count as every thread's OpenMP team size; the TP ranks get the same from
+    start_tp_workers (tests/deployments/test_tp_worker.py)."""
+    from deployments.config import PRESETS, model_process_env
+
+    assert model_process_env(0) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert model_process_env(3) == {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "3"}
+    opts = PRESETS["local-cpu.yaml"].deployment_options()
+    assert opts["Draft"]["ray_actor_options"]["runtime_env"] == {
+        "env_vars": {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2"}}
+    assert "runtime_env" not in opts["Router"]["ray_actor_options"]  # no model there

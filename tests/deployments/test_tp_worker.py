@@ -47,6 +47,14 @@ def test_weights_are_sharded(tp2):
     assert all(i["backend"] == "gloo" and i["q_proj_local_shape"] == (32, 64) for i in infos)  # 64 rows split in 2
 
 
+def test_worker_processes_sleep_idle_openmp_threads(tp2):
+    """Each rank's process starts with OMP_WAIT_POLICY=PASSIVE (deployments.config.model_process_env):
+    with libgomp's default, idle threads spin against the draft replica's on the same cores."""
+    _, infos = tp2
+    assert [i["omp_wait_policy"] for i in infos] == ["PASSIVE", "PASSIVE"]
+    assert [i["omp_num_threads"] for i in infos] == ["1", "1"]  # threads=0: Ray's value for a fractional actor
+
+
 def test_tp2_logits_match_tp1(tiny, tp2):
     workers, _ = tp2
     logits = call_all(workers, "forward", PROMPT)  # [T, V]
