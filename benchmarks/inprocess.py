@@ -473,7 +473,9 @@ def run_formats(args: argparse.Namespace) -> dict:
     other, in one process), then ``<out>/formats.md`` and ``formats.json``: per format the
     weights in memory, target-alone tokens/s, and per method tokens/s with its speedup over the
     same format's target alone and over the first format's target alone (per prompt type,
-    geometric mean; CPU-time ratios, see the per-format tables for wall clock).
+    geometric mean; CPU-time ratios), and the same tokens/s and ratio over the first format by
+    wall clock (``wall ...``: meaningful on a quiet machine; at more than one thread process CPU
+    time also counts OpenMP threads waiting at barriers).
 
     Raises:
         ValueError: an unknown format.
@@ -505,12 +507,17 @@ def run_formats(args: argparse.Namespace) -> dict:
     types = sorted({r["type"] for r in results[first]["rows"]})
     base_cpu = {t: {r["prompt"]: r["new_tokens"] / r["cpu_s"] for r in results[first]["rows"]
                     if r["type"] == t and r["family"] == "target"} for t in types}
+    base_wall = {t: {r["prompt"]: r["tokens_per_s"] for r in results[first]["rows"]
+                     if r["type"] == t and r["family"] == "target"} for t in types}
     lines = [f"# Weight formats ({', '.join(formats)}), one run", "",
              "Per prompt type, geometric mean over its prompts, CPU-time ratios. `x own` = speedup over the "
-             f"same format's target alone; `x {first}` = over {first}'s target alone (the first format of the run). "
+             f"same format's target alone; `x {first}` = over {first}'s target alone (the first format of the run); "
+             f"`wall` = tokens/s and x {first} by wall clock. "
+             f"Torch threads: {results[first]['meta'].get('torch_threads')}. "
              "Every row's output is identical to its own format's target alone (column `identical`).", ""]
     lines.append("| format | target weights GB | draft weights GB | method | " +
-                 " | ".join(f"{t}: tok/s (cpu), x own, x {first}" for t in types) + " | identical |")
+                 " | ".join(f"{t}: tok/s (cpu), x own, x {first} (wall tok/s, x {first})" for t in types)
+                 + " | identical |")
     lines.append("|---|---:|---:|---|" + "---|" * len(types) + "---|")
     for fmt in formats:
         rows, mem = results[fmt]["rows"], results[fmt]["memory"]
@@ -522,7 +529,10 @@ def run_formats(args: argparse.Namespace) -> dict:
                 own = gmean([r["cpu_speedup"] for r in rs])
                 vs_first = gmean([r["new_tokens"] / r["cpu_s"] / base_cpu[t][r["prompt"]] for r in rs
                                   if r["prompt"] in base_cpu[t]])
-                cells.append(f"{tps:.2f}, {own:.2f}x, {vs_first:.2f}x")
+                wall = gmean([r["tokens_per_s"] for r in rs])
+                wall_first = gmean([r["tokens_per_s"] / base_wall[t][r["prompt"]] for r in rs
+                                    if r["prompt"] in base_wall[t]])
+                cells.append(f"{tps:.2f}, {own:.2f}x, {vs_first:.2f}x (wall {wall:.2f}, {wall_first:.2f}x)")
             ident = all(r["identical"] for r in rows if r["method"] == label)
             lines.append(f"| {fmt} | {mem['target_weight_gb']:.2f} | "
                          f"{(mem['draft_weight_gb'] or 0):.2f} | {label} | " + " | ".join(cells) + f" | {ident} |")

@@ -106,6 +106,31 @@ def test_format_axis_runs_each_format_and_compares(tiny_pair_folders, tmp_path):
     assert results["int8"]["memory"]["target_weight_gb"] < results["float32"]["memory"]["target_weight_gb"]
     for fmt in results:  # every method's output equals its own format's target alone
         assert all(r["identical"] for r in results[fmt]["rows"])
+    assert "Torch threads: 1." in text
+    # the first format's target alone is 1.00x of itself by CPU time and by wall clock
+    f32_target = next(line for line in text.splitlines() if line.startswith("| float32 |") and "| target |" in line)
+    cells = f32_target.split(" | ")[4:-1]  # one per prompt type of --quick
+    assert len(cells) == len(PROMPT_TYPES)
+    assert all(c.count("1.00x, 1.00x (wall ") == 1 and c.endswith(", 1.00x)") for c in cells), cells
+
+
+def test_format_axis_target_alone_only(tiny_pair_folders, tmp_path):
+    """``--formats ... --draft none --skip-hf --proposers ''``: only the target-alone rows (the quick
+    way to compare formats' plain decoding; docs/bench/formats/README: target alone)."""
+    from benchmarks.inprocess import run_formats
+
+    target, _ = tiny_pair_folders
+    out = tmp_path / "fmt"
+    args = _parse(["--quick", "--threads", "1", "--target", str(target), "--draft", "none", "--out", str(out),
+                   "--formats", "float32,int4", "--skip-hf", "--no-plot", "--proposers", "", "--prompts", "code-prime"])
+    results = run_formats(args)
+    for fmt in ("float32", "int4"):
+        rows = results[fmt]["rows"]
+        assert [(r["prompt"], r["method"], r["runs"]) for r in rows] == [("code-prime", "target", 2)]  # bracketed
+        assert rows[0]["new_tokens"] == 12 and rows[0]["cpu_s"] > 0
+        assert results[fmt]["memory"]["draft_weight_gb"] is None
+    lines = [line for line in (out / "formats.md").read_text().splitlines() if line.startswith("| ")]
+    assert [line.split(" | ")[3] for line in lines[1:]] == ["target", "target"]
 
 
 def test_batching_bench_format_and_forward_stats(tiny_pair_folders, tmp_path):
