@@ -117,7 +117,7 @@ def _fmt(x, spec: str, none: str = "–") -> str:
 
 
 def _runs_text(rows: list[dict]) -> str:
-    runs = sorted({r["runs"] for r in rows if r["method"] != "target"})
+    runs = sorted({r["runs"] for r in rows if r["method"] != "target"}) or sorted({r["runs"] for r in rows})
     if not runs:
         return "0 runs"
     return (f"{runs[0]}" if len(runs) == 1 else f"{runs[0]}-{runs[-1]}") + " run(s)"

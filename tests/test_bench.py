@@ -131,6 +131,7 @@ def test_format_axis_target_alone_only(tiny_pair_folders, tmp_path):
         assert results[fmt]["memory"]["draft_weight_gb"] is None
     lines = [line for line in (out / "formats.md").read_text().splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[3] for line in lines[1:]] == ["target", "target"]
+    assert "median of 2 run(s) per method and prompt" in (out / "int4" / "table.md").read_text()
 
 
 def test_batching_bench_format_and_forward_stats(tiny_pair_folders, tmp_path):

@@ -182,3 +182,63 @@ def test_slices_called_with_other_inputs_or_threads_get_their_own_columns(models
         for t in threads:
             t.join()
     assert errors == []
+
+
+@pytest.fixture(scope="module")
+def w8a8_models(folders):
+    """(fused, unfused) w8a8 target and draft, each loaded through the loader."""
+    return {name: (load_model(HFModelSpec(path=folder), weight_format="w8a8"),
+                   load_model(HFModelSpec(path=folder), weight_format="w8a8", fuse=False))
+            for name, folder in (("target", folders[0]), ("draft", folders[1]))}
+
+
+def test_w8a8_load_fuses_every_layer_and_logits_equal_unfused(w8a8_models):
+    """w8a8: q/k/v and gate/up of every layer become one W8A8Linear each; logits of a 45-position
+    prefill and blocks of 1 and 5 are bitwise the unfused model's."""
+    from specdec.models.formats import W8A8Linear
+
+    fused, plain = w8a8_models["target"]
+    for layer in fused.model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        assert [type(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)] == [FusedSlice] * 5
+        assert type(attn.q_proj.fused.linear) is W8A8Linear and attn.q_proj.fused.bounds == [(0, 128), (128, 192), (192, 256)]
+        assert attn.q_proj.fused.linear.bias is not None and mlp.gate_proj.fused.linear.bias is None
+        assert type(mlp.down_proj) is W8A8Linear and type(attn.o_proj) is W8A8Linear
+    assert type(_layer(plain).self_attn.q_proj) is W8A8Linear
+    assert fuse_projections(fused.model) == 0
+    rng = random.Random(1)
+    ids = [rng.randrange(3, 300) for _ in range(60)]
+    outs = []
+    for m in (fused, plain):
+        cache = DynamicCache(config=m.model.config)
+        with torch.inference_mode():
+            outs.append([m.model(input_ids=torch.tensor([ids[lo:hi]]), past_key_values=cache, use_cache=True).logits
+                         for lo, hi in ((0, 45), (45, 46), (46, 51), (51, 52))])
+    for a, b in zip(*outs):
+        assert torch.equal(a, b), (a.float() - b.float()).abs().max().item()
+
+
+def test_w8a8_greedy_speculation_with_fused_pair_equals_target_alone(w8a8_models):
+    (target, target_plain), (draft, _) = w8a8_models["target"], w8a8_models["draft"]
+    rng = random.Random(5)
+    for n, k in ((1, 4), (40, 8)):
+        prompt = [rng.randrange(3, 300) for _ in range(n)]
+        req = dict(prompt_token_ids=prompt, max_tokens=24, ignore_eos=True, sampling={"temperature": 0.0})
+        alone = SpeculativeEngine(target_plain).generate(GenerationRequest(**req, speculation={"proposer": "none"}))
+        spec = SpeculativeEngine(target, draft).generate(GenerationRequest(**req, speculation={"proposer": "draft", "k": k}))
+        assert spec.token_ids == alone.token_ids and len(alone.token_ids) == 24
+
+
+def test_w8a8_not_fusable_reasons(w8a8_models):
+    _, plain = w8a8_models["target"]
+    attn, mlp = _layer(plain).self_attn, _layer(plain).mlp
+    assert fusable([attn.q_proj, mlp.gate_proj]) == "some have a bias and some do not"
+    assert fusable([attn.o_proj, mlp.down_proj]) == "input width, dtype or device differ"
+    assert fusable([attn.o_proj, _layer(plain, 1).self_attn.o_proj]) is None
+    # a layer that has run (its weight prepacked by oneDNN, int8 rows dropped) is not fused
+    gate, up = mlp.gate_proj, mlp.up_proj
+    gate.QLINEAR_MIN_OUT = 0  # this layer runs oneDNN's qlinear (the tiny layers are below the width bound)
+    with torch.inference_mode():
+        gate(torch.randn(1, gate.in_features, dtype=torch.bfloat16))
+    assert gate.prepacked
+    assert fusable([gate, up]) == "w8a8 weight already prepacked (its int8 rows are gone)"

@@ -58,6 +58,7 @@ def test_cached_load_is_bitwise_a_fresh_quantization(marked, fmt, monkeypatch):
     if fmt == "int8":
         assert isinstance(q, Int8WeightOnlyLinear) and q.qweight.dtype == torch.int8
     elif fmt == "w8a8":
+        q = q.fused.linear  # q/k/v fused into one W8A8Linear after the load (specdec.models.fused)
         assert isinstance(q, W8A8Linear) and q.qweight.dtype == torch.int8 and q.scale.dtype == torch.float32
         assert isinstance(warm.model.lm_head, W8A8Linear)
         assert torch.load(entry / TENSORS, weights_only=True)["model.layers.0.self_attn.q_proj"]["kind"] == "w8a8"

@@ -72,9 +72,10 @@ def load_model(
             before quantizing, and :attr:`LoadedModel.vocab_subset` holds them. None: all.
         vocab_table: the frequency table (a :class:`~specdec.models.vocab_subset.FrequencyTable`
             or a file); None: the one shipped in the package.
-        fuse: int4 on a CPU: fuse each layer's q/k/v and gate/up projections into one int4
-            matmul each (:func:`specdec.models.fused.fuse_projections`; bitwise the same
-            outputs, checked per layer when loading; fewer, larger calls per token).
+        fuse: int4 or w8a8 on a CPU: fuse each layer's q/k/v and gate/up projections into one
+            int4 matmul (w8a8: one per-token activation quantization and one int8 matmul) each
+            (:func:`specdec.models.fused.fuse_projections`; bitwise the same outputs, checked per
+            layer when loading; fewer, larger calls per token).
 
     Returns:
         A :class:`LoadedModel`; ``name`` is e.g. ``"demo target (Qwen2.5-Coder-1.5B-Instruct)"``,
@@ -133,7 +134,7 @@ def load_model(
     loaded.quant_cache = quant_cache.quantize_cached(loaded.model, fmt, folder, variant=variant)
     loaded.weight_format = fmt
     fused = 0
-    if fuse and fmt == "int4":
+    if fuse and fmt in ("int4", "w8a8"):
         from specdec.models.fused import fuse_projections
 
         fused = fuse_projections(loaded.model)

@@ -1,6 +1,7 @@
 """Where the demo target's time goes when it decodes alone (issue 9: target alone >= 3x float32).
 
-usage: python target_alone.py FORMATS [THREADS]     e.g.  python target_alone.py int4,w8a8 1,2
+usage: python target_alone.py FORMATS [THREADS]     e.g.  python target_alone.py int4,w8a8,w8a8:nofuse 1,2
+(a format with ":nofuse": its q/k/v and gate/up projections left unfused)
 env: TOKENS (new tokens of the generate call, default 16), STEPS (decode steps timed, default 8),
      PROFILE=1 (torch.profiler of 3 decode steps), PROFILE_THREADS (only at this thread count),
      PLAIN=1 (decode steps through the invariant and the plain forward alternating, min CPU s),
@@ -91,7 +92,8 @@ def main():
     prompt = next(p for p in PROMPTS if p["name"] == os.environ.get("PROMPT", "code-prime"))
     for fmt in fmts:
         t0 = time.perf_counter()
-        target = load_model(DemoModelSpec(role="target"), weight_format=fmt)
+        name, _, opt = fmt.partition(":")  # "w8a8:nofuse": load_model(fuse=False)
+        target = load_model(DemoModelSpec(role="target"), weight_format=name, fuse=opt != "nofuse")
         from specdec.engine.engine import SpeculativeEngine
         ids = SpeculativeEngine(target, None).encode(_chat_request(prompt))
         print(f"== {fmt}: loaded in {time.perf_counter() - t0:.1f} s, prompt {len(ids)} tokens", flush=True)
