@@ -133,6 +133,17 @@ def test_blocks_arriving_apart_share_one_forward_with_the_fill(target, fill_s):
         assert stats["forwards"] == 6 and stats["mean_held_s"] == 0.0
 
 
+async def _stop_loop_task(replica) -> None:
+    """Cancel the replica's batching loop and let it end (its loop is about to stop)."""
+    task = replica._loop_task
+    if task is not None:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+
 async def _after(delay: float, coro):
     await asyncio.sleep(delay)
     return await coro
@@ -214,8 +225,7 @@ def test_draft_replica_sessions_share_the_target_forwards(target, tmp_path):
         stats = asyncio.run_coroutine_threadsafe(replica.BatchStats(), loop).result(timeout=30)
         held = asyncio.run_coroutine_threadsafe(replica.Sessions(), loop).result(timeout=30)
     finally:
-        if replica._loop_task is not None:
-            loop.call_soon_threadsafe(replica._loop_task.cancel)
+        asyncio.run_coroutine_threadsafe(_stop_loop_task(replica), loop).result(timeout=30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
     engine = SpeculativeEngine(target, load_tiny(d_folder))
