@@ -3,7 +3,7 @@
     python -m benchmarks.batching_served --clients 8 --max-tokens 24 --fixed-ks 0,1,4 \
         --out docs/bench/batching/served_tenants.json
 
-The local-cpu preset (gRPC -> Router -> Draft -> Target TP=2, continuous batching on) is
+The local-cpu preset (gRPC -> Router -> Draft -> Target, its TP size from the preset, continuous batching on) is
 deployed once with a tenants file holding one pair of tenants per arm: ``code-<arm>`` and
 ``creative-<arm>``; arm ``K=k`` pins K (policy ``adaptive: false, fixed_k: k``), arm
 ``adaptive`` lets the draft replica's batch controller choose K per tenant under load (at most
@@ -91,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--target", default=None, help="target model spec (default: the preset's, demo:target)")
     p.add_argument("--draft", default=None, help="draft model spec (default: the preset's, demo:draft)")
+    p.add_argument("--target-format", default=None,
+                   help="weight format of the target (target_dtype; default: the device's default)")
+    p.add_argument("--draft-format", default=None,
+                   help="weight format of the draft (draft_dtype; default: the device's default)")
     p.add_argument("--out", default=None, help="JSON file for the results (a .md table is written beside it)")
     a = p.parse_args(argv)
 
@@ -110,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     Path(tenants_file).write_text(yaml.safe_dump(tenants))
     over = {"grpc_port": _free_port(), "http_port": _free_port(), "tenants_file": tenants_file,
             "default_max_k": a.k_max}
-    over.update({k: v for k, v in (("target_model", a.target), ("draft_model", a.draft)) if v})
+    over.update({k: v for k, v in (("target_model", a.target), ("draft_model", a.draft),
+                                   ("target_dtype", a.target_format), ("draft_dtype", a.draft_format)) if v})
     cfg = AppConfig.model_validate({**PRESETS["local-cpu.yaml"].model_dump(), **over})
     out: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                              "load_avg_at_start": os.getloadavg()},
@@ -167,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     for rnd in out["rounds"]:
         for r in rnd.values():
             r.pop("outputs", None)
-    lines = [f"Served (local-cpu preset, target TP=2), two tenants (code + creative), {a.clients} clients, "
+    lines = [f"Served (local-cpu preset, target TP={cfg.target_tp}, target {cfg.target_format()}, "
+             f"draft {cfg.draft_format()}), two tenants (code + creative), {a.clients} clients, "
              f"{a.max_tokens} tokens each, greedy, draft proposer; adaptive = K per tenant under load "
              f"(at most {a.k_max}); mean of {a.rounds} round(s), arms alternating.", "",
              "| arm | total tok/s | code tok/s | creative tok/s | steps at K (last round) | identical to K=0 | errors |",
