@@ -572,29 +572,18 @@ def test_tenant_stats_show_the_k_under_load_of_every_draft_replica(target, tmp_p
     assert stats.batch.tenant_steps == sum(g.stats.steps for g in got) == sum(v["steps"] for v in views.values())
 
 
-def test_router_sends_adaptive_jobs_and_reports_k_under_load(target, tmp_path):
-    """Through the router (gRPC methods, open mode): an adaptive greedy request becomes a
-    batch-adaptive DraftJob with the request's K as ceiling; a seeded sampled one keeps a fixed K;
-    GetTenantStats carries the tenant's K under load and the rows and positions its steps saw;
-    outputs equal the engine alone."""
-    import asyncio
-
-    from deployments.config import AppConfig
-    from deployments.controller_actor import ControllerClient
+def _router_over_spied_draft(cfg, target, controller):
+    """A Router (no Serve) over a Draft replica whose Generate records every DraftJob it gets, the
+    Draft's blocks verified by a :class:`BatchingWire` on ``target``. Returns (router, draft, jobs)."""
     from deployments.draft import Draft
     from deployments.metrics import SpecDecMetrics
     from deployments.router import Router
     from deployments.tenancy import TenancyGate
-    from protos.specdec.v1 import specdec_pb2 as pb
-    from tests.deployments.grpc_context import RecordingContext
     from tests.deployments.test_openai_api import LocalDraftHandle
 
-    t_folder = build_tiny_model(tmp_path / "t", seed=0, max_positions=1024)
-    d_folder = build_tiny_model(tmp_path / "d", seed=1, base=target.model, noise=0.03, max_positions=1024)
-    cfg = AppConfig(target_model=str(t_folder), draft_model=str(d_folder), cpu_threads=1, default_max_k=5)
     wire = BatchingWire(target, budget=64)
-    draft = Draft(cfg, send_factory=lambda key: wire.send, metrics=SpecDecMetrics(backend=None))
-    jobs = []
+    draft = Draft(cfg, send_factory=lambda key: wire.send, metrics=SpecDecMetrics(backend=None), controller=controller)
+    jobs: list = []
     generate = draft.Generate
 
     def spy(payload):
@@ -608,8 +597,26 @@ def test_router_sends_adaptive_jobs_and_reports_k_under_load(target, tmp_path):
         def BatchKStats(self):
             return self._Method(self.draft.BatchKStats)
 
-    router = Router(cfg, draft=Handle(draft), gate=TenancyGate(None, ControllerClient.local({}),
-                                                                SpecDecMetrics(backend=None)))
+    router = Router(cfg, draft=Handle(draft), gate=TenancyGate(None, controller, SpecDecMetrics(backend=None)))
+    return router, draft, jobs
+
+
+def test_router_sends_adaptive_jobs_and_reports_k_under_load(target, tmp_path):
+    """Through the router (gRPC methods, open mode): an adaptive greedy request becomes a
+    batch-adaptive DraftJob with the request's K as ceiling; a seeded sampled one keeps a fixed K;
+    GetTenantStats carries the tenant's K under load and the rows and positions its steps saw;
+    outputs equal the engine alone."""
+    import asyncio
+
+    from deployments.config import AppConfig
+    from deployments.controller_actor import ControllerClient
+    from protos.specdec.v1 import specdec_pb2 as pb
+    from tests.deployments.grpc_context import RecordingContext
+
+    t_folder = build_tiny_model(tmp_path / "t", seed=0, max_positions=1024)
+    d_folder = build_tiny_model(tmp_path / "d", seed=1, base=target.model, noise=0.03, max_positions=1024)
+    cfg = AppConfig(target_model=str(t_folder), draft_model=str(d_folder), cpu_threads=1, default_max_k=5)
+    router, draft, jobs = _router_over_spied_draft(cfg, target, ControllerClient.local({}))
     greedy = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5, 17, 42, 9, 100]), max_tokens=20,
                                 ignore_eos=True, speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=8))
     seeded = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5, 17, 42]), max_tokens=12, ignore_eos=True,
@@ -646,36 +653,15 @@ def test_router_leaves_batch_adaptive_jobs_to_the_draft_replica_controller(targe
 
     from deployments.config import AppConfig
     from deployments.controller_actor import ControllerClient
-    from deployments.draft import Draft
-    from deployments.metrics import SpecDecMetrics
-    from deployments.router import Router
-    from deployments.tenancy import TenancyGate
     from protos.specdec.v1 import specdec_pb2 as pb
     from tests.deployments.grpc_context import RecordingContext
-    from tests.deployments.test_openai_api import LocalDraftHandle
 
     t_folder = build_tiny_model(tmp_path / "t", seed=0, max_positions=1024)
     d_folder = build_tiny_model(tmp_path / "d", seed=1, base=target.model, noise=0.03, max_positions=1024)
     cfg = AppConfig(target_model=str(t_folder), draft_model=str(d_folder), cpu_threads=1, default_max_k=4,
                     batch_k_sync_s=1e-9)
     shared = ControllerClient.local({})
-    wire = BatchingWire(target, budget=64)
-    draft = Draft(cfg, send_factory=lambda key: wire.send, metrics=SpecDecMetrics(backend=None), controller=shared)
-    jobs = []
-    generate = draft.Generate
-
-    def spy(payload):
-        jobs.append(xpb.DraftJob.FromString(payload))
-        return generate(payload)
-
-    draft.Generate = spy
-
-    class Handle(LocalDraftHandle):
-        @property
-        def BatchKStats(self):
-            return self._Method(self.draft.BatchKStats)
-
-    router = Router(cfg, draft=Handle(draft), gate=TenancyGate(None, shared, SpecDecMetrics(backend=None)))
+    router, draft, jobs = _router_over_spied_draft(cfg, target, shared)
     greedy = [pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5 + i, 17, 42, 9, 100]), max_tokens=16,
                                  ignore_eos=True, speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT))
               for i in range(2)]
