@@ -133,16 +133,13 @@ def run_interleaved(engine, address: str, app: str, requests: list[dict]) -> tup
     }
 
 
-def serving_cpu_s() -> float | None:
+def serving_cpu_s() -> float:
     """CPU seconds (user + system) used so far by this process's live descendants: the local Ray
     cluster this benchmark started (raylet, GCS, the Serve proxy, router, draft and target
     replicas, TP workers), not the clients in this process. On a machine shared with other
     jobs, tokens per CPU second of the server is the figure robust to their load (wall time
-    is not). None without psutil."""
-    try:
-        import psutil
-    except ImportError:
-        return None
+    is not)."""
+    import psutil
     total = 0.0
     for proc in psutil.Process().children(recursive=True):
         try:
@@ -182,7 +179,7 @@ def run_concurrent(address: str, app: str, requests: list[dict], clients: int, b
     wall = run_clients(worker, clients)
     cpu1, load1 = serving_cpu_s(), os.getloadavg()[0]
     after = batch_stats(batch_stats_fn)
-    cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+    cpu = cpu1 - cpu0
     return {"clients": clients, "requests": clients, "tokens": sum(tokens), "wall_s": wall,
             "aggregate_tokens_per_s": sum(tokens) / wall, "server_cpu_s": cpu,
             "tokens_per_server_cpu_s": sum(tokens) / cpu if cpu else None, "load_avg_1min": [load0, load1],
