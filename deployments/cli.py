@@ -34,7 +34,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default: the config's, 9000)")
     parser.add_argument("--http-port", type=int, help="HTTP port (default: the config's, 8000)")
     parser.add_argument("--tenants", metavar="FILE", help="tenants YAML (API key hashes, limits, speculation "
-                        "policy; see README 'Tenants'); default: the config's tenants_file, none: open mode")
+                        "policy; see README 'Tenants'); default: the config's tenants_file (without one: open mode, no API keys)")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: this machine's)")
     parser.add_argument("--demo-request", action="store_true",
                         help="once ready, send one code-writing request over gRPC and print answer and stats")
@@ -114,7 +114,11 @@ def load_config(args):
         over["grpc_port"] = args.grpc_port
     if args.http_port:
         over["http_port"] = args.http_port
-    if getattr(args, "tenants", None):
+    if getattr(args, "tenants", None) is not None:
+        if not args.tenants.strip():  # e.g. --tenants "$UNSET": serving without API keys must not happen silently
+            from specdec.control.tenants import TenantConfigError
+
+            raise TenantConfigError("--tenants is empty: give the tenants file's path")
         over["tenants_file"] = os.path.abspath(args.tenants)  # Ray's workers run in other folders
     cfg = AppConfig.model_validate({**cfg.model_dump(), **over}) if over else cfg
     if cfg.tenants_file:  # read it here: a bad file is one line now, not a failed deploy later

@@ -152,3 +152,6 @@ def test_tenants_flag_sets_the_tenants_file_and_a_bad_one_is_refused_at_once(tmp
     (tmp_path / "bad.yaml").write_text("tenants:\n  - id: team-a\n")
     with pytest.raises(TenantConfigError):
         cli.load_config(_args("--tenants", "bad.yaml"))
+    for empty in ("", "  "):  # an unset shell variable: refused, not open mode
+        with pytest.raises(TenantConfigError, match="^--tenants is empty: give the tenants file's path$"):
+            cli.load_config(_args("--tenants", empty))
