@@ -34,7 +34,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default: the config's, 9000)")
     parser.add_argument("--http-port", type=int, help="HTTP port (default: the config's, 8000)")
     parser.add_argument("--tenants", metavar="FILE", help="tenants YAML (API key hashes, limits, speculation "
-                        "policy; see README 'Tenants'); default: the config's tenants_file (without one: open mode, no API keys)")
+                        "policy; see README 'Tenants'); default: the config's tenants_file (without one: "
+                        "open mode, no API keys)")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: this machine's)")
     parser.add_argument("--demo-request", action="store_true",
                         help="once ready, send one code-writing request over gRPC and print answer and stats")
