@@ -49,12 +49,14 @@ def _tenants(arms: list[str], k_max: int) -> tuple[dict, dict[str, str]]:
 
 
 def run_arm(address: str, app: str, arm: str, keys: dict[str, str], clients: int, max_tokens: int,
-            k_max: int) -> dict:
-    """``clients`` concurrent requests of one arm; tokens/s overall and per tenant, K counts, outputs."""
+            k_max: int, kinds: tuple[str, ...] = ("code", "creative")) -> dict:
+    """``clients`` concurrent requests of one arm, client i as tenant ``kinds[i % len(kinds)]``
+    with that kind's prompts; tokens/s overall and per tenant, K counts, outputs."""
     from deployments.client import SpecDecClient, build_request
 
-    jobs = [("code", CODE_PROMPTS[i // 2 % len(CODE_PROMPTS)]) if i % 2 == 0
-            else ("creative", CREATIVE_PROMPTS[i // 2 % len(CREATIVE_PROMPTS)]) for i in range(clients)]
+    prompts = {"code": CODE_PROMPTS, "creative": CREATIVE_PROMPTS}
+    n = len(kinds)
+    jobs = [(kinds[i % n], prompts[kinds[i % n]][i // n % len(prompts[kinds[i % n]])]) for i in range(clients)]
     outputs: list = [None] * clients
     stats: list = [None] * clients
     errors: list[str] = []
@@ -76,7 +78,7 @@ def run_arm(address: str, app: str, arm: str, keys: dict[str, str], clients: int
         if s is not None:
             for k, n in s.k_counts.items():
                 k_counts[int(k)] = k_counts.get(int(k), 0) + int(n)
-    tok = {kind: sum(len(o or []) for (kk, _), o in zip(jobs, outputs) if kk == kind) for kind in ("code", "creative")}
+    tok = {kind: sum(len(o or []) for (kk, _), o in zip(jobs, outputs) if kk == kind) for kind in sorted(set(kinds))}
     return {"arm": arm, "wall_s": wall, "tokens": sum(tok.values()), "tok_per_s": sum(tok.values()) / wall,
             "tok_per_s_by_tenant": {k: v / wall for k, v in tok.items()},
             "k_counts": dict(sorted(k_counts.items())), "errors": errors, "outputs": outputs}
@@ -95,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="weight format of the target (target_dtype; default: the device's default)")
     p.add_argument("--draft-format", default=None,
                    help="weight format of the draft (draft_dtype; default: the device's default)")
+    p.add_argument("--kinds", default="code,creative",
+                   help="the tenants the clients alternate between (code, creative; e.g. 'code' for code prompts only)")
     p.add_argument("--out", default=None, help="JSON file for the results (a .md table is written beside it)")
     a = p.parse_args(argv)
 
@@ -109,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     from deployments.client import SpecDecClient
 
     arms = [f"K={k}" for k in a.fixed_ks.split(",") if k] + ["adaptive"]
+    kinds = tuple(k for k in a.kinds.split(",") if k)
+    if not kinds or any(k not in ("code", "creative") for k in kinds):
+        p.error(f"--kinds: code and/or creative, got {a.kinds!r}")
     tenants, keys = _tenants(arms, a.k_max)
     tenants_file = os.path.join(tempfile.mkdtemp(prefix="specdec-bench-"), "tenants.yaml")
     Path(tenants_file).write_text(yaml.safe_dump(tenants))
@@ -131,12 +138,12 @@ def main(argv: list[str] | None = None) -> int:
         address = f"localhost:{cfg.grpc_port}"
         print(f"[batching_served] deployed in {out['deploy_s']:.0f}s; warm-up ...", file=sys.stderr, flush=True)
         out["warm_up"] = {k: v for k, v in run_arm(address, cfg.app_name, "adaptive", keys, a.clients,
-                                                    max(4, a.max_tokens // 2), a.k_max).items() if k != "outputs"}
+                                                    max(4, a.max_tokens // 2), a.k_max, kinds).items() if k != "outputs"}
         for rnd in range(a.rounds):
             order = arms if rnd % 2 == 0 else arms[::-1]
             results = {}
             for arm in order:
-                r = run_arm(address, cfg.app_name, arm, keys, a.clients, a.max_tokens, a.k_max)
+                r = run_arm(address, cfg.app_name, arm, keys, a.clients, a.max_tokens, a.k_max, kinds)
                 results[arm] = r
                 print(f"[batching_served] round {rnd} {arm}: {r['tok_per_s']:.2f} tok/s, K {r['k_counts']}",
                       file=sys.stderr, flush=True)
@@ -162,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = [r[arm] for r in out["rounds"]]
         summary[arm] = {
             "tok_per_s": sum(r["tok_per_s"] for r in runs) / len(runs),
-            "code_tok_per_s": sum(r["tok_per_s_by_tenant"]["code"] for r in runs) / len(runs),
-            "creative_tok_per_s": sum(r["tok_per_s_by_tenant"]["creative"] for r in runs) / len(runs),
+            "code_tok_per_s": sum(r["tok_per_s_by_tenant"].get("code", 0.0) for r in runs) / len(runs),
+            "creative_tok_per_s": sum(r["tok_per_s_by_tenant"].get("creative", 0.0) for r in runs) / len(runs),
             "k_counts": runs[-1]["k_counts"],
             "identical_to_k0": None if not ref else all(r["outputs"] == ref[0] for r in runs),
             "errors": sum(len(r["errors"]) for r in runs),
@@ -173,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in rnd.values():
             r.pop("outputs", None)
     lines = [f"Served (local-cpu preset, target TP={cfg.target_tp}, target {cfg.target_format()}, "
-             f"draft {cfg.draft_format()}), two tenants (code + creative), {a.clients} clients, "
+             f"draft {cfg.draft_format()}), tenants {' + '.join(kinds)}, {a.clients} clients, "
              f"{a.max_tokens} tokens each, greedy, draft proposer; adaptive = K per tenant under load "
              f"(at most {a.k_max}); mean of {a.rounds} round(s), arms alternating.", "",
              "| arm | total tok/s | code tok/s | creative tok/s | steps at K (last round) | identical to K=0 | errors |",

@@ -57,8 +57,11 @@ def _simulate(extrapolation: str, verify, draft, prefill: list[BatchShape], roun
     sessions each); after it every round is one batched verify of 8 rows costing
     ``verify(positions)`` s and the batched draft forwards ``draft(rows)`` s of the drafting
     sessions (measured 4- and 8-row draft forwards known beforehand). Returns the (code,
-    creative) K per round and the tokens/s of rounds 1.. under those true costs."""
-    c = BatchKController(budget=128, cost=BatchCostModel(max_positions=512, verify_extrapolation=extrapolation))
+    creative) K per round and the tokens/s of rounds 1.. under those true costs. ``"trend"`` is
+    the controller before proportional extrapolation, which also decided on the priors before a
+    decode forward was measured (``measure_first=False``)."""
+    c = BatchKController(budget=128, cost=BatchCostModel(max_positions=512, verify_extrapolation=extrapolation),
+                         measure_first=extrapolation != "trend")
     for r in (4, 8):
         c.observe_tick(0, 0, 0.0, [(r, draft(r))])
     live = BatchKSessions(c)

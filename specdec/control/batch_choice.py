@@ -24,6 +24,11 @@ class TenantLoad:
         k_min, k_max: its allowed K range.
         drafted: whether its proposer runs draft forwards (draft model) or not (prompt lookup).
         fixed_k: a K the policy pins (then no choice is made).
+        catchup_s: seconds the draft needs, once, to catch up with the tokens of its sessions
+            it has not seen (:meth:`BatchCostModel.catchup_s`) before they can draft; charged
+            when the choice gives the tenant K > 0 (0: none behind).
+        tokens_left: the tokens its sessions have left to generate, on average (None:
+            unknown); the catch-up is spread over the steps that leaves at its K.
     """
 
     sessions: int
@@ -33,6 +38,8 @@ class TenantLoad:
     k_max: int = 8
     drafted: bool = True
     fixed_k: int | None = None
+    catchup_s: float = 0.0
+    tokens_left: float | None = None
 
 
 @dataclass
@@ -47,29 +54,39 @@ class BatchKDecision:
     by_tenant_share: dict[str, int] = field(default_factory=dict)
 
 
-def _evaluate(loads: dict[str, TenantLoad], ks: dict[str, int], cost: BatchCostModel) -> tuple[float, float]:
+def _evaluate(loads: dict[str, TenantLoad], ks: dict[str, int], cost: BatchCostModel,
+              horizon: int) -> tuple[float, float]:
     per_session_k: list[int] = []
     drafted: list[bool] = []
     tokens = 0.0
+    catchup = 0.0
     for name, load in loads.items():
         per_session_k += [ks[name]] * load.sessions
         drafted += [load.drafted] * load.sessions
         tokens += load.sessions * expected_tokens_per_step(min(max(load.alpha, 0.0), 1.0), ks[name])
+        if ks[name] > 0 and load.drafted and load.catchup_s > 0:
+            steps = (horizon if load.tokens_left is None else
+                     load.tokens_left / expected_tokens_per_step(min(max(load.alpha, 0.0), 1.0), ks[name]))
+            catchup += load.catchup_s / max(steps, 1.0)
     step = cost.step_s(per_session_k, drafted)
-    return tokens / step, step
+    return tokens / (step + catchup), step
 
 
-def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: int) -> BatchKDecision:
+def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: int,
+                    horizon: int = 32) -> BatchKDecision:
     """K per tenant maximising the batch's expected tokens/s under fair shares of ``budget``.
 
-    Exhaustive over the K ranges for up to three adjustable tenants (at most 17³ evaluations),
-    coordinate ascent beyond.
+    A tenant given K > 0 whose draft is behind (``TenantLoad.catchup_s`` > 0) pays that catch-up
+    once, spread over the batch steps its sessions have left at that K, H_t = tokens_left /
+    E[N(α_t, K_t)] (``horizon`` steps when ``tokens_left`` is unknown; at least 1):
+    tokens/s = tokens / (T(K) + Σ_t catch-up_t / H_t) (``step_s`` of the decision is T(K) alone). Exhaustive over the K ranges for up to three
+    adjustable tenants (at most 17³ evaluations), coordinate ascent beyond.
 
     Raises:
-        ValueError: ``budget < 1``.
+        ValueError: ``budget < 1`` or ``horizon < 1``.
     """
-    if budget < 1:
-        raise ValueError(f"budget must be >= 1, got {budget}")
+    if budget < 1 or horizon < 1:
+        raise ValueError(f"budget and horizon must be >= 1, got {budget}, {horizon}")
     active = {t: l for t, l in loads.items() if l.sessions > 0}
     total_w = sum(max(l.weight, 1e-9) for l in active.values()) or 1.0
     options: dict[str, list[int]] = {}
@@ -93,7 +110,7 @@ def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: 
     if combos <= 5000:
         candidates = (dict(zip(names, c)) for c in itertools.product(*(options[n] for n in names)))
         for ks in candidates:
-            tps, step = _evaluate(active, ks, cost)
+            tps, step = _evaluate(active, ks, cost, horizon)
             if best is None or tps > best[0] + 1e-12:
                 best = (tps, step, ks)
     else:
@@ -103,9 +120,9 @@ def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: 
                 scored = []
                 for k in options[n]:
                     trial = dict(ks, **{n: k})
-                    scored.append((_evaluate(active, trial, cost)[0], k))
+                    scored.append((_evaluate(active, trial, cost, horizon)[0], k))
                 ks[n] = max(scored)[1]
-        tps, step = _evaluate(active, ks, cost)
+        tps, step = _evaluate(active, ks, cost, horizon)
         best = (tps, step, ks)
     tps, step, ks = best
     return BatchKDecision(

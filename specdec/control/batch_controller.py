@@ -54,6 +54,22 @@ class BatchKController:
     :class:`specdec.control.controller.KController`'s step-limited probes, counted in steps
     because here K is chosen per step.)
 
+    **Leaving K = 0 costs a catch-up.** A session at K = 0 does not run the draft, which then
+    feeds every token it missed (and a new session its prompt) on its next drafting step.
+    :meth:`decide` takes, per tenant, the tokens its sessions' drafts are behind by and charges
+    their catch-up (:meth:`BatchCostModel.catchup_s`) once, spread over the steps its sessions
+    have left (or ``catchup_horizon`` batch steps when unknown), to any choice that gives the
+    tenant K > 0 (:func:`choose_batch_ks`); the probe's what-if
+    (:meth:`probe_k`) pays it too, so a tenant is neither moved back to K > 0 nor probed for a
+    gain its catch-up would eat.
+
+    **No speculation under load on priors alone** (``measure_first``): while no decode-sized
+    verify forward (positions <= rows · (largest k_max + 1): no prompt prefill in it) has been
+    measured, a decision over two or more sessions holds every adaptive tenant at its k_min
+    (one session alone decides on the priors, so it speculates and measures). The first
+    decisions were taken on the cost priors, which make a draft forward a fifth of a verify:
+    8 sessions started at K = 1, each feeding its prompt to the draft, where K = 0 was best.
+
     Args:
         budget: the scheduler's positions budget.
         weights: tenant -> fair-share weight (default 1).
@@ -68,6 +84,10 @@ class BatchKController:
             ``probe_every · probe_backoff`` (≥ 1; 1: fixed interval).
         clock: seconds; when each tenant's K was decided (:attr:`k_decided_at`; Unix time by
             default, comparable between replicas).
+        catchup_horizon: batch steps a catch-up's seconds are spread over when the tokens the
+            sessions have left are unknown (≥ 1).
+        measure_first: hold adaptive tenants at k_min under load until a decode-sized verify
+            forward is measured (class docstring).
 
     Raises:
         ValueError: a probe setting out of its range.
@@ -77,11 +97,14 @@ class BatchKController:
                  k_ranges: dict[str, tuple[int, int]] | None = None,
                  estimator: AcceptanceEstimator | None = None, cost: BatchCostModel | None = None,
                  probe_every: int = 32, probe_steps: int = 4, probe_alpha: float = 0.9,
-                 probe_memory: float = 8.0, probe_backoff: int = 4, clock: Callable[[], float] = time.time):
-        if probe_every < 0 or probe_steps < 1 or not 0 < probe_alpha <= 1 or probe_memory < 0 or probe_backoff < 1:
+                 probe_memory: float = 8.0, probe_backoff: int = 4, clock: Callable[[], float] = time.time,
+                 catchup_horizon: int = 32, measure_first: bool = True):
+        if (probe_every < 0 or probe_steps < 1 or not 0 < probe_alpha <= 1 or probe_memory < 0 or probe_backoff < 1
+                or catchup_horizon < 1):
             raise ValueError("need probe_every >= 0, probe_steps >= 1, 0 < probe_alpha <= 1, probe_memory >= 0, "
-                             f"probe_backoff >= 1; got {probe_every}, {probe_steps}, {probe_alpha}, "
-                             f"{probe_memory}, {probe_backoff}")
+                             f"probe_backoff >= 1, catchup_horizon >= 1; got {probe_every}, {probe_steps}, "
+                             f"{probe_alpha}, {probe_memory}, {probe_backoff}, {catchup_horizon}")
+        self.catchup_horizon, self.measure_first = int(catchup_horizon), bool(measure_first)
         self.probe_every, self.probe_steps, self.probe_alpha = int(probe_every), int(probe_steps), float(probe_alpha)
         self.probe_memory, self.probe_backoff = float(probe_memory), int(probe_backoff)
         #: probes started (all tenants) and steps run as probes
@@ -119,7 +142,9 @@ class BatchKController:
                 self.cost.observe_draft(r, s)
 
     def decide(self, sessions: dict[tuple[str, str], int],
-               fixed: dict[tuple[str, str, int], int] | None = None) -> BatchKDecision:
+               fixed: dict[tuple[str, str, int], int] | None = None,
+               behind: dict[str, int] | None = None,
+               tokens_left: dict[str, float] | None = None) -> BatchKDecision:
         """K per tenant for the running sessions ``{(tenant, proposer): count}`` (one proposer per tenant used).
 
         Args:
@@ -127,6 +152,10 @@ class BatchKController:
                 request, a tenant pinned to ``fixed_k``): ``{(tenant, proposer, K): count}``.
                 They count in the batch's step time and tokens at their own K, and take no
                 share of the budget from the tenants that adapt.
+            behind: tenant -> tokens its adaptive sessions' drafts are behind by, in all
+                (charged as a catch-up if it gets K > 0; class docstring). None: none behind.
+            tokens_left: tenant -> the tokens its adaptive sessions have left, on average (the
+                catch-up is spread over the steps that leaves); absent: unknown.
         """
         loads: dict[str, TenantLoad] = {}
         for (tenant, proposer, k), n in (fixed or {}).items():
@@ -134,17 +163,23 @@ class BatchKController:
                 loads[f"{tenant}\x00{proposer}\x00{k}"] = TenantLoad(
                     sessions=n, alpha=self.estimator.alpha((tenant, proposer)) if k > 0 else 0.0,
                     weight=1e-9, k_min=k, k_max=k, drafted=proposer == "draft", fixed_k=k)
+        k_top = max((hi for _, hi in self.k_ranges.values()), default=8)
+        unmeasured = self.measure_first and self.cost.min_positions_per_row > k_top + 1 and (
+            sum(sessions.values()) + sum((fixed or {}).values()) >= 2)
         for (tenant, proposer), n in sessions.items():
             lo, hi = self.k_ranges.get(tenant, (0, 8))
             prev = loads.get(tenant)
             loads[tenant] = TenantLoad(
                 sessions=n + (prev.sessions if prev else 0),
                 alpha=self.estimator.alpha((tenant, proposer)),
-                weight=self.weights.get(tenant, 1.0), k_min=lo, k_max=hi, drafted=proposer == "draft",
+                weight=self.weights.get(tenant, 1.0), k_min=lo, k_max=lo if unmeasured else hi,
+                drafted=proposer == "draft",
+                catchup_s=self.cost.catchup_s((behind or {}).get(tenant, 0)) if proposer == "draft" else 0.0,
+                tokens_left=(tokens_left or {}).get(tenant),
             )
             self._proposer[tenant] = proposer
         self._loads = loads
-        self.last = choose_batch_ks(loads, self.cost, self.budget)
+        self.last = choose_batch_ks(loads, self.cost, self.budget, self.catchup_horizon)
         self.k_by_tenant.update({t: k for t, k in self.last.ks.items() if "\x00" not in t})
         now = self.clock()
         self.k_decided_at.update({t: now for t in self.last.ks if "\x00" not in t})
@@ -156,15 +191,15 @@ class BatchKController:
 
     def probe_k(self, tenant: str, cap: int) -> int:
         """The K a probe of ``tenant`` runs at: its K in the batch optimum of the last
-        decision's load if its acceptance were ``probe_alpha``, at most ``cap`` (0: a probe
-        would not pay even then, or the tenant was not in the last decision)."""
+        decision's load (its catch-up charged) if its acceptance were ``probe_alpha``, at most
+        ``cap`` (0: a probe would not pay even then, or the tenant was not in the last decision)."""
         load = self._loads.get(tenant)
         if load is None or cap < 1:
             return 0
         what_if = dict(self._loads)
         what_if[tenant] = TenantLoad(load.sessions, self.probe_alpha, load.weight, min(load.k_min, cap),
-                                     min(load.k_max, cap), load.drafted, load.fixed_k)
-        return choose_batch_ks(what_if, self.cost, self.budget).ks.get(tenant, 0)
+                                     min(load.k_max, cap), load.drafted, load.fixed_k, load.catchup_s, load.tokens_left)
+        return choose_batch_ks(what_if, self.cost, self.budget, self.catchup_horizon).ks.get(tenant, 0)
 
     def step_k(self, tenant: str, cap: int, k_min: int = 0) -> int:
         """The K of ``tenant``'s next step: its K under the last decision within

@@ -25,6 +25,18 @@ class BatchCostModel:
       measured points, clamped at >= 0 (``extrapolation="monotone"`` of
       :class:`specdec.control.cost_model.CostModel`).
     - ``draft_s(rows)``: one batched draft forward (one draft position) of ``rows`` sessions.
+    - ``catchup_s(tokens)``: feeding ``tokens`` positions the draft has not seen (a session's
+      prompt, or every token it decoded at K = 0: the draft does not run at K = 0 and catches
+      up lazily on its next drafting step). A catch-up is a prefill, and prefill-sized forwards
+      are measured on the target's verify curve, not on the draft's (a one-position row per
+      session: on the CPU its cost is mostly per-forward overhead, flat in rows, so it would
+      price 300 positions like 8). So ``catchup_s(n) = verify curve(n) · r`` with ``r =
+      draft_s(R) / verify_s(R, R)`` at the most rows ``R`` a draft forward was measured at (the
+      draft's cost relative to the target's at equal size; the priors' ratio before any).
+      Left out, the controller took a tenant held at K = 0 back to K > 0 (or probed it) for a
+      predicted gain of 1-2 %, and every session of it then fed tens of tokens to the draft in
+      its first drafting step (1-4 s of drafting on the w8a8 demo pair, 8 clients,
+      docs/bench/batching/w8a8/).
 
     Why the origin below. The first forwards a replica measures are its prompts' prefill
     chunks (tens to hundreds of positions); every decode forward (rows · (K + 1) positions) lies
@@ -57,6 +69,9 @@ class BatchCostModel:
         self.draft = CostModel(prior_verify_s=prior_draft_s, prior_verify_slope=0.05, max_positions=max_positions)
         self._row_s = 0.0
         self._row_n = 0
+        #: the fewest positions per row of any verify forward measured (inf before any): a
+        #: decode forward has K + 1, a prompt's prefill chunk tens
+        self.min_positions_per_row = float("inf")
 
     def observe_verify(self, rows: int, positions: int, seconds: float) -> None:
         """One batched verify forward of ``rows`` sessions and ``positions`` positions took ``seconds``."""
@@ -67,6 +82,7 @@ class BatchCostModel:
             self._row_n += 1
             self._row_s += max(0.2, 1.0 / self._row_n) * (max(residual, 0.0) - self._row_s)
         self.verify.observe_verify(positions, seconds)
+        self.min_positions_per_row = min(self.min_positions_per_row, positions / rows)
 
     def observe_draft(self, rows: int, seconds: float) -> None:
         """One batched draft forward (one draft position) of ``rows`` sessions took ``seconds``."""
@@ -77,6 +93,15 @@ class BatchCostModel:
 
     def draft_s(self, rows: int) -> float:
         return 0.0 if rows <= 0 else self.draft.verify_s(rows)
+
+    def catchup_s(self, tokens: int) -> float:
+        """Seconds to feed ``tokens`` positions the draft is behind by (class docstring; 0 for none)."""
+        if tokens <= 0:
+            return 0.0
+        measured = self.draft.snapshot()["verify_s"]
+        rows = max((int(r) for r in measured), default=1)
+        ratio = self.draft_s(rows) / self.verify_s(rows, rows)
+        return self.verify.verify_s(int(tokens)) * ratio
 
     def step_s(self, ks: Sequence[int], drafted: Sequence[bool]) -> float:
         """Seconds of one batched step where session s drafts ``ks[s]`` tokens (0: plain decoding).

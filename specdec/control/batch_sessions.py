@@ -26,6 +26,8 @@ class _Joined:
     k: int = 0  # a fixed session's K (an adaptive one's ceiling)
     last_k: int | None = None  # the K of its last step (None: no step yet)
     k_min: int = 0  # an adaptive session's K while its tenant's guard forces K = 0
+    behind: int = 0  # tokens its draft has not fed yet: the prompt, then those decoded at K = 0
+    left: int | None = None  # tokens it has left to generate (None: unknown)
 
 
 class BatchKSessions(AcceptanceExchange):
@@ -40,8 +42,9 @@ class BatchKSessions(AcceptanceExchange):
     forward that verified it (:class:`specdec.types.BatchShape`, reported back by the target:
     rows, positions, seconds) and the batched draft forwards run since (rows, seconds). The
     controller decides again (:meth:`BatchKController.decide` over the adaptive sessions held
-    here, per tenant and proposer) when the sessions changed or a new forward was measured,
-    at most once per such change.
+    here, per tenant and proposer, with the tokens their drafts are behind by: the prompt until
+    a session's first drafting step, then one per step it runs at K = 0, none after a drafting
+    step) when the sessions changed or a new forward was measured, at most once per such change.
 
     Per tenant it keeps, for statistics, the K chosen at the last decision and the rows and
     positions of the forwards its recent steps ran in (:meth:`tenant_stats`).
@@ -94,23 +97,29 @@ class BatchKSessions(AcceptanceExchange):
         return self.controller.probes
 
     def join(self, key: Any, tenant: str, proposer: str, *, adaptive: bool = True, weight: float = 1.0,
-             k_range: tuple[int, int] = (0, 8)) -> None:
+             k_range: tuple[int, int] = (0, 8), prompt_tokens: int = 0, max_tokens: int | None = None) -> None:
         """A generation starts (``key``: any hashable id). Adaptive ones get their K from the
         decision; the others count in it at their own K (``k_range[1]``).
 
         Args:
             weight: the tenant's fair-share weight (policy ``batch_weight``).
             k_range: the tenant's (k_min, k_max); for a non-adaptive generation (k, k) with its K.
+            prompt_tokens: its prompt's length (the draft prefills it on the first drafting step).
+            max_tokens: the most tokens it generates (None: unknown): what it has left spreads
+                the cost of its draft's catch-up (:meth:`BatchKController.decide`).
 
         Raises:
-            ValueError: ``weight <= 0`` or an empty K range.
+            ValueError: ``weight <= 0``, an empty K range, ``prompt_tokens < 0`` or ``max_tokens < 1``.
         """
         if not weight > 0:
             raise ValueError(f"weight must be > 0, got {weight}")
         if not 0 <= k_range[0] <= k_range[1]:
             raise ValueError(f"bad K range {k_range}")
+        if prompt_tokens < 0 or (max_tokens is not None and max_tokens < 1):
+            raise ValueError(f"need prompt_tokens >= 0 and max_tokens >= 1, got {prompt_tokens}, {max_tokens}")
         with self._lock:
-            self._joined[key] = _Joined(tenant, proposer, adaptive, int(k_range[1]), k_min=int(k_range[0]))
+            self._joined[key] = _Joined(tenant, proposer, adaptive, int(k_range[1]), k_min=int(k_range[0]),
+                                        behind=int(prompt_tokens), left=None if max_tokens is None else int(max_tokens))
             self.controller.weights[tenant] = float(weight)
             if adaptive:
                 self.controller.k_ranges[tenant] = (int(k_range[0]), int(k_range[1]))
@@ -127,22 +136,27 @@ class BatchKSessions(AcceptanceExchange):
     def _decide_locked(self) -> None:
         counts: dict[tuple[str, str], int] = {}
         fixed: dict[tuple[str, str, int], int] = {}
+        behind: dict[str, int] = {}
+        left: dict[str, list[int]] = {}
         for j in self._joined.values():
             if j.adaptive and j.proposer != "none" and self._forced_locked(j.tenant):
                 key = (j.tenant, j.proposer, j.k_min)  # held at k_min by its guard: decided for the others
                 fixed[key] = fixed.get(key, 0) + 1
             elif j.adaptive and j.proposer != "none":
                 counts[(j.tenant, j.proposer)] = counts.get((j.tenant, j.proposer), 0) + 1
+                behind[j.tenant] = behind.get(j.tenant, 0) + j.behind
+                if j.left is not None:
+                    left.setdefault(j.tenant, []).append(j.left)
             else:
                 key = (j.tenant, j.proposer, j.k if j.proposer != "none" else 0)
                 fixed[key] = fixed.get(key, 0) + 1
         if counts:
-            d = self.controller.decide(counts, fixed)
+            d = self.controller.decide(counts, fixed, behind, {t: max(1.0, sum(v) / len(v)) for t, v in left.items()})
             self.decisions += 1
             if self._trace is not None:
                 self._write_trace({"decision": d.ks, "step_s": d.step_s, "tokens_per_s": d.tokens_per_s,
                                    "rows": d.rows, "positions": d.positions,
-                                   "loads": {t: [l.sessions, l.alpha, l.fixed_k] for t, l in self.controller._loads.items()},
+                                   "loads": {t: [l.sessions, l.alpha, l.fixed_k, l.catchup_s] for t, l in self.controller._loads.items()},
                                    "cost": self.controller.cost.snapshot(),
                                    "guard": {t: g.snapshot() for t, g in self.guards.items()}})
         self._dirty = False
@@ -229,6 +243,9 @@ class BatchKSessions(AcceptanceExchange):
                 if k > 0 and j.last_k in (None, 0):
                     draft_forwards = ()
                 j.last_k = int(k)
+                j.behind = 0 if k > 0 else j.behind + int(accepted) + 1
+                if j.left is not None:
+                    j.left = max(0, j.left - int(accepted) - 1)
                 self.k_steps[j.tenant].append(int(k))
                 if k > 0 and j.proposer != "none":
                     self.controller.observe_row(j.tenant, j.proposer, int(k), int(accepted))
