@@ -9,3 +9,8 @@ library uses them too.
 TIMEOUT_KEY = "specdec-timeout-s"
 #: Metadata key of the session (Serve's own key: also drives sticky routing in the proxy).
 SESSION_KEY = "session_id"
+#: Metadata key naming the Serve application (Serve's gRPC proxy routes on it).
+APPLICATION_KEY = "application"
+#: Longest session id accepted (characters): it is a routing key and part of every draft and
+#: target session's key, so an unbounded one is memory and log lines an attacker chooses.
+MAX_SESSION_ID_CHARS = 256

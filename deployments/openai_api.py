@@ -42,6 +42,7 @@ from deployments.openai_responses import (
     chunk_envelope,
     error_body,
     error_code,
+    error_param,
     error_response,
     http_status_for,
     pooled_stats,
@@ -270,7 +271,7 @@ async def sse_events(req: OpenAIRequest, started: list[tuple[Any, Any]], text: T
         from deployments.ray_errors import unwrap
 
         e = unwrap(e)
-        yield sse(error_body(http_status_for(e), details_for(e), error_code(e)))
+        yield sse(error_body(http_status_for(e), details_for(e), error_code(e), error_param(e, req.endpoint)))
     finally:
         await _close(stream)
     yield SSE_DONE
@@ -403,7 +404,7 @@ def build_app(router: Any):
                 return JSONResponse(unary_response(req, results, text))
             started = await start_choices(router, req, metadata)
         except Exception as e:
-            return error_response(unwrap(e))
+            return error_response(unwrap(e), endpoint)
         return StreamingResponse(sse_events(req, started, text), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 

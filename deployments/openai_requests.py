@@ -56,6 +56,8 @@ _FIELDS = {
     "chat": _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                        "response_format", "parallel_tool_calls"},
 }
+#: Every body field of either endpoint (what an error's ``param`` may name).
+BODY_FIELDS = frozenset(_FIELDS["completions"] | _FIELDS["chat"])
 #: Fields of a chat message that are honoured (``tool_calls`` is refused with its own message).
 _MESSAGE_FIELDS = {"role", "content", "tool_calls"}
 #: JSON types of the body's scalar fields (checked here: the core's pydantic models convert
@@ -102,6 +104,14 @@ class OpenAIRequest:
         if i and isinstance(seed, int) and not isinstance(seed, bool):
             data["sampling"]["seed"] = (seed + i) % 2**63
         return data
+
+
+def _refusal(message: str, param: str) -> InvalidRequestError:
+    """An InvalidRequestError whose OpenAI ``param`` is ``param`` (a field its message does not
+    start with; :func:`deployments.openai_responses.error_param`)."""
+    err = InvalidRequestError(message)
+    err.param = param
+    return err
 
 
 def _is_int(x: Any) -> bool:
@@ -187,7 +197,7 @@ def _messages(value: Any) -> list[dict]:
             raise InvalidRequestError(f"messages.{i}.tool_calls: tool calls are not supported")
         extra = sorted(k for k, v in m.items() if k not in _MESSAGE_FIELDS and v is not None)
         if extra:  # e.g. name: the chat template has no place for it, and ignoring it changes the answer
-            raise InvalidRequestError(f"messages.{i}: unsupported field(s): {', '.join(extra)}")
+            raise _refusal(f"messages.{i}: unsupported field(s): {', '.join(extra)}", f"messages.{i}.{extra[0]}")
         # the core checks the role (same message as gRPC's); 'developer' is OpenAI's new 'system'
         out.append({"role": "system" if role == "developer" else role, "content": _content(i, m.get("content"))})
     return out
@@ -211,7 +221,7 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
     body = {k: v for k, v in body.items() if v is not None}  # JSON null = not set
     unknown = sorted(set(body) - _FIELDS[endpoint])
     if unknown:
-        raise InvalidRequestError(f"unsupported field(s): {', '.join(unknown)}")
+        raise _refusal(f"unsupported field(s): {', '.join(unknown)}", unknown[0])
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequestError("model is required: one of " + ", ".join(repr(m) for m in model_ids))
@@ -263,7 +273,7 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
         if fmt is not None and fmt != {"type": "text"}:
             raise InvalidRequestError("response_format: only {\"type\": \"text\"} is supported")
         if "max_tokens" in body and "max_completion_tokens" in body and body["max_tokens"] != body["max_completion_tokens"]:
-            raise InvalidRequestError("give max_tokens or max_completion_tokens, not two different values")
+            raise _refusal("give max_tokens or max_completion_tokens, not two different values", "max_completion_tokens")
         if "max_completion_tokens" in body:
             data["max_tokens"] = body["max_completion_tokens"]
         elif "max_tokens" in body:

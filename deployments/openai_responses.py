@@ -90,13 +90,63 @@ def error_code(exc: BaseException) -> str | None:
     return limit if isinstance(limit, str) else None
 
 
+#: Core request paths that the OpenAI body spells differently (the gRPC names are already
+#: applied by ``parse_request``'s ``field_names``).
+_PARAM_OF_CORE = {"prompt_token_ids": "prompt"}
+#: A message's leading field path: ``max_tokens``, ``messages.0.role``, ``sampling.logit_bias.7``.
+_LEADING_PATH = re.compile(r"([A-Za-z_]\w*(?:\.[\w\[\]]+)*)(?=[:= (]|$)")
+
+
+def error_param(exc: BaseException, endpoint: str | None = None) -> str | None:
+    """OpenAI's ``param`` of ``exc``: the request body field it is about, as the body spells it.
+
+    An error that names its field explicitly (attribute ``param``, set where the HTTP layer
+    refuses a body) gives that; a prompt over the context gives ``prompt`` (completions) or
+    ``messages`` (chat), as OpenAI's own ``context_length_exceeded``; any other bad request gives
+    the field path its message starts with (every validation message of both APIs starts with
+    the field as the caller sent it: ``max_tokens: ...``, ``messages.0.role: ...``,
+    ``sampling.temperature: ...`` -> ``temperature``), if that path starts with a field of the
+    body; else None (also for every status but 400: OpenAI's 401/404/429 carry no param).
+
+    Args:
+        exc: the error (unwrapped from Ray's wrappers).
+        endpoint: ``"completions"`` or ``"chat"`` when known.
+    """
+    from deployments.openai_requests import BODY_FIELDS
+    from specdec.errors import PromptTooLongError
+
+    explicit = getattr(exc, "param", None)
+    if isinstance(explicit, str):
+        return explicit
+    if http_status_for(exc) != 400:
+        return None
+    if isinstance(exc, PromptTooLongError):
+        return "messages" if endpoint == "chat" else "prompt"
+    text = str(exc).removeprefix("invalid request: ").split("; ")[0]
+    while True:
+        m = _LEADING_PATH.match(text)
+        if m is None:
+            return None
+        path = m.group(1)
+        if path != "sampling":
+            break
+        text = text[m.end():].lstrip(": ")  # "sampling: logit_bias: ...": a rule of the sampling object
+    path = path.removeprefix("sampling.")
+    head = path.split(".")[0]
+    if head == "logit_bias":  # its keys are token ids; pydantic's path continues into them
+        return head
+    path = _PARAM_OF_CORE.get(head, head) + path[len(head):]
+    return path if path.split(".")[0] in BODY_FIELDS else None
+
+
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
     """OpenAI's error shape."""
     return {"error": {"message": message, "type": ERROR_TYPE.get(status, "error"), "param": param, "code": code}}
 
 
-def error_response(exc: BaseException):
-    """A JSONResponse in OpenAI's error shape, with ``Retry-After`` on 429 and 503."""
+def error_response(exc: BaseException, endpoint: str | None = None):
+    """A JSONResponse in OpenAI's error shape (``param`` from :func:`error_param`), with
+    ``Retry-After`` on 429 and 503."""
     from fastapi.responses import JSONResponse
 
     status = http_status_for(exc)
@@ -106,7 +156,8 @@ def error_response(exc: BaseException):
         headers["Retry-After"] = str(max(1, math.ceil(retry)))
     elif status == 503:
         headers["Retry-After"] = "1"
-    return JSONResponse(error_body(status, details_for(exc), error_code(exc)), status_code=status, headers=headers)
+    return JSONResponse(error_body(status, details_for(exc), error_code(exc), error_param(exc, endpoint)),
+                        status_code=status, headers=headers)
 
 
 # --- responses -----------------------------------------------------------------------------------

@@ -63,13 +63,14 @@ from deployments import convert
 from deployments.aio import finish_despite_cancellation
 from deployments.config import AppConfig
 from deployments.grpc_status import abort_stream, abort_with
-from deployments.metadata import SESSION_KEY, TIMEOUT_KEY
+from deployments.metadata import APPLICATION_KEY, MAX_SESSION_ID_CHARS, SESSION_KEY, TIMEOUT_KEY
 from deployments.ray_errors import is_replica_death, unwrap
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
 from specdec.errors import (
     DeadlineExceededError,
     InvalidRequestError,
+    ModelNotFoundError,
     ModelNotReadyError,
     PromptTooLongError,
 )
@@ -102,6 +103,35 @@ def metadata_dict(grpc_context: Any) -> dict[str, str]:
     if grpc_context is None:
         return {}
     return {k: v for k, v in grpc_context.invocation_metadata()}
+
+
+def check_session_id(metadata: Mapping[str, str]) -> None:
+    """Refuse a session id longer than :data:`MAX_SESSION_ID_CHARS` (gRPC metadata
+    ``session_id``, HTTP header ``x-session-id``).
+
+    Raises:
+        InvalidRequestError: naming both spellings of the key, the length and the limit.
+    """
+    sid = metadata.get(SESSION_KEY)
+    if sid is not None and len(sid) > MAX_SESSION_ID_CHARS:
+        raise InvalidRequestError(f"metadata {SESSION_KEY} (HTTP header x-session-id) is {len(sid)} characters; "
+                                  f"at most {MAX_SESSION_ID_CHARS}")
+
+
+def check_application(metadata: Mapping[str, str], app_name: str) -> None:
+    """Refuse a gRPC call whose ``application`` metadata names another Serve application.
+
+    Serve's gRPC proxy routes a call to the only application whatever name it carries
+    (``ProxyRouter.get_handle_for_endpoint``: "or if there is only one endpoint"), so a client
+    configured for another application would be answered by this one. No metadata is fine (the
+    README: optional with one application).
+
+    Raises:
+        ModelNotFoundError: (NOT_FOUND) with Serve's own wording for an unknown application.
+    """
+    name = metadata.get(APPLICATION_KEY)
+    if name is not None and name != app_name:
+        raise ModelNotFoundError(f"Application '{name}' not found; this server serves the application '{app_name}'")
 
 
 def _refuse_undecodable(request: Any) -> None:
@@ -339,6 +369,7 @@ class Router:
         named_proposer = (data.get("speculation") or {}).get("proposer")
         tenant = self.gate.authenticate_caller(  # before any work on the prompt
             metadata, named_proposer if isinstance(named_proposer, str) else "unknown")
+        check_session_id(metadata)
         self._refuse_too_many_messages(data)
         data = self._default_max_tokens(data, tenant, default_max_tokens)
         req = parse_request(dict(data), convert.PROTO_FIELD_NAMES)  # fields named as the caller sent them
@@ -464,8 +495,10 @@ class Router:
     async def Generate(self, request: pb.GenerateRequest, grpc_context=None) -> pb.GenerateResponse:
         """Unary generation: the joined stream of the draft replica."""
         try:
+            metadata = metadata_dict(grpc_context)
+            check_application(metadata, self.cfg.app_name)
             _refuse_undecodable(request)
-            data, metadata = convert.request_to_dict(request), metadata_dict(grpc_context)
+            data = convert.request_to_dict(request)
             chunks = [c async for c in self.generate_stream(data, metadata)]
             return convert.join_chunks(chunks)
         except Exception as e:  # mapped at the edge, never raised into Serve
@@ -474,8 +507,10 @@ class Router:
     async def GenerateStream(self, request: pb.GenerateRequest, grpc_context=None):
         """Server-streaming generation; the last chunk carries finish reason, usage and stats."""
         try:
+            metadata = metadata_dict(grpc_context)
+            check_application(metadata, self.cfg.app_name)
             _refuse_undecodable(request)
-            data, metadata = convert.request_to_dict(request), metadata_dict(grpc_context)
+            data = convert.request_to_dict(request)
             async for chunk in self.generate_stream(data, metadata):
                 yield chunk
         except Exception as e:
@@ -490,6 +525,7 @@ class Router:
         from deployments.tenancy import proposer_name, tenant_stats_to_proto, uses_batch_k
 
         try:
+            check_application(metadata_dict(grpc_context), self.cfg.app_name)
             _refuse_undecodable(request)
             stats = await self.gate.tenant_stats(metadata_dict(grpc_context))
             proposer = proposer_name(request.proposer)

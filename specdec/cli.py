@@ -90,7 +90,8 @@ def _add_generate(sub) -> None:
     p.add_argument("--draft-vocab-table", default=None, metavar="FILE",
                    help="token frequency table for --draft-vocab-subset (scripts/vocab_table.py); default: the "
                         "one shipped for the demo pair's tokenizer")
-    p.add_argument("--proposer", choices=["draft", "ngram", "none"], default="draft")
+    p.add_argument("--proposer", choices=["draft", "ngram", "none"], default=None,
+                   help="draft model, prompt lookup or plain decoding (default: draft, or ngram with --draft none)")
     p.add_argument("-k", "--k", type=int, default=4, help="speculation length K (draft tokens per step)")
     p.add_argument("--draft-min-confidence", type=float, default=0.0, metavar="C",
                    help="draft proposer: end a block after a drafted token whose draft probability "
@@ -156,6 +157,10 @@ def run_generate(args) -> int:
     from specdec.models.spec import ModelPairSpec, parse_model_spec
     from specdec.request import parse_request
 
+    if args.proposer is None:  # as the server: the draft model when there is one, else prompt lookup
+        args.proposer = "ngram" if args.draft == "none" else "draft"
+    if args.proposer == "draft" and args.draft == "none":  # before loading the target (minutes)
+        raise SpecDecError("--proposer draft needs a draft model; --draft none loads none (use --proposer ngram or none)")
     request = parse_request(_request_from_args(args))
     target_spec = parse_model_spec(args.target)
     if args.draft == "none" or args.proposer != "draft":

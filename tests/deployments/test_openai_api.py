@@ -697,18 +697,19 @@ def test_out_of_range_top_k_and_lone_surrogates_are_400_not_500(stack):
     ref = target_greedy(target, target.tokenizer.encode(PROMPT), 6)
     cases = [
         ("/v1/completions", json.dumps({"model": MODEL, "prompt": PROMPT, "top_k": 2**32}),
-         "invalid request: sampling.top_k: Input should be less than or equal to 4294967295"),
+         "invalid request: sampling.top_k: Input should be less than or equal to 4294967295", "top_k"),
         ("/v1/completions", '{"model": "specdec", "prompt": "ab\\ud800cd", "max_tokens": 2}',
-         "invalid request: prompt: not valid Unicode text: a lone surrogate U+D800 at character 2"),
+         "invalid request: prompt: not valid Unicode text: a lone surrogate U+D800 at character 2", "prompt"),
         ("/v1/chat/completions", '{"model": "specdec", "messages": [{"role": "user", "content": "\\udfff"}], "stream": true}',
-         "invalid request: messages.0.content: not valid Unicode text: a lone surrogate U+DFFF at character 0"),
+         "invalid request: messages.0.content: not valid Unicode text: a lone surrogate U+DFFF at character 0",
+         "messages.0.content"),
         ("/v1/completions", '{"model": "specdec", "prompt": "x", "stop": ["\\ud83d"]}',
-         "invalid request: stop: not valid Unicode text: a lone surrogate U+D83D at character 0"),
+         "invalid request: stop: not valid Unicode text: a lone surrogate U+D83D at character 0", "stop"),
     ]
-    for path, raw, message in cases:
+    for path, raw, message, param in cases:
         resp = _run(_raw(stack["app"], "POST", path, raw))
         assert resp.status_code == 400, resp.text
-        assert resp.json()["error"] == {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+        assert resp.json()["error"] == {"message": message, "type": "invalid_request_error", "param": param, "code": None}
     ok = _run(_raw(stack["app"], "POST", "/v1/completions",
                    {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
                     "top_k": 2**32 - 1}))
@@ -727,7 +728,7 @@ def test_prompt_over_the_context_has_openai_code_not_the_limit_number(stack):
     assert isinstance(e, openai.BadRequestError) and e.code == "context_length_exceeded"
     assert e.body == {"message": f"prompt is 300 tokens but the target '{name}' holds 256 positions; at most 255 "
                                  "prompt tokens leave room for one generated token",
-                      "type": "invalid_request_error", "param": None, "code": "context_length_exceeded"}
+                      "type": "invalid_request_error", "param": "prompt", "code": "context_length_exceeded"}
     resp = _run(_raw(stack["app"], "POST", "/v1/completions",
                      {"model": MODEL, "prompt": [5] * 300, "max_tokens": 2, "stream": True}))
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "context_length_exceeded"
@@ -736,7 +737,7 @@ def test_prompt_over_the_context_has_openai_code_not_the_limit_number(stack):
                      {"model": MODEL, "messages": [{"role": "user", "content": "a" * 5000}]}))
     assert resp.status_code == 400 and resp.json()["error"] == {
         "message": f"prompt is 5000 characters: more than the 256 positions of the target '{name}' can hold (at most "
-                   "3328 characters)", "type": "invalid_request_error", "param": None, "code": "context_length_exceeded"}
+                   "3328 characters)", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}
 
 
 def test_too_many_chat_messages_are_refused_before_the_chat_template(stack, monkeypatch):
@@ -755,7 +756,8 @@ def test_too_many_chat_messages_are_refused_before_the_chat_template(stack, monk
     message = "messages: 50000 messages are more than this server's limit of 2048 (max_chat_messages)"
     resp = _run(_raw(stack["app"], "POST", "/v1/chat/completions", {"model": MODEL, "messages": many}))
     assert resp.status_code == 400, resp.text
-    assert resp.json()["error"] == {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    assert resp.json()["error"] == {"message": message, "type": "invalid_request_error", "param": "messages",
+                                    "code": None}
     req = pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="")] * 50_000))
     _, ctx = _grpc(router, req)
     assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT and ctx.details == message

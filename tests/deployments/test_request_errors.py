@@ -1,0 +1,112 @@
+"""What a new user's bad calls get, over the OpenAI API and gRPC (the real Router and its FastAPI
+app in process, as ``test_openai_api.py``): OpenAI's ``param`` names the offending field; an
+over-long session id is refused; a gRPC call for another Serve application is NOT_FOUND."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from deployments.grpc_status import StreamAborted
+from deployments.metadata import MAX_SESSION_ID_CHARS
+from deployments.openai_responses import error_param
+from protos.specdec.v1 import specdec_pb2 as pb
+from specdec.errors import InvalidRequestError, ResourceExhaustedError
+from tests.deployments.grpc_context import RecordingContext
+from tests.deployments.test_openai_api import KEY, MODEL, PROMPT, _raw, _run, stack  # noqa: F401 (fixture)
+from tests.conftest import target_greedy
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+COMPLETION = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "temperature": 0}
+
+
+@pytest.mark.parametrize("endpoint, body, param", [
+    ("completions", {**COMPLETION, "top_p": 1.5}, "top_p"),
+    ("completions", {**COMPLETION, "temperature": -1}, "temperature"),
+    ("completions", {**COMPLETION, "max_tokens": 0}, "max_tokens"),
+    ("completions", {**COMPLETION, "max_tokens": "5"}, "max_tokens"),
+    ("completions", {**COMPLETION, "prompt": ""}, "prompt"),
+    ("completions", {**COMPLETION, "prompt": [5] * 300}, "prompt"),
+    ("completions", {**COMPLETION, "prompt": [99999]}, "prompt"),
+    ("completions", {**COMPLETION, "speculation": {"max_k": 99}}, "speculation.max_k"),
+    ("completions", {**COMPLETION, "stop_token_ids": [99999]}, "stop_token_ids"),
+    ("completions", {**COMPLETION, "logit_bias": {"abc": 1}}, "logit_bias"),
+    ("completions", {**COMPLETION, "logit_bias": {"1": 300}}, "logit_bias"),
+    ("completions", {**COMPLETION, "min_tokens": 5}, "min_tokens"),
+    ("completions", {**COMPLETION, "n": 0}, "n"),
+    ("completions", {**COMPLETION, "frobnicate": 1, "zzz": 2}, "frobnicate"),
+    ("completions", {**COMPLETION, "model": ""}, "model"),
+    ("completions", {**COMPLETION, "echo": True}, "echo"),
+    ("chat", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
+    ("chat", {**CHAT, "messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages.0.name"),
+    ("chat", {**CHAT, "messages": [{"role": "user", "content": "x " * 3000}]}, "messages"),
+    ("chat", {**CHAT, "max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens"),
+    ("chat", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
+    ("chat", [1, 2], None),
+])
+def test_openai_error_param_names_the_offending_field(stack, endpoint, body, param):
+    """``param`` was always null; OpenAI's clients show it (``BadRequestError.param``) and
+    OpenAI's API sets it to the body field at fault, as the body spells it."""
+    resp = _run(_raw(stack["app"], "POST", f"/v1/{'chat/completions' if endpoint == 'chat' else 'completions'}",
+                     json.dumps(body)))
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == param, resp.json()
+
+
+def test_error_param_is_null_off_a_bad_request():
+    """OpenAI's 401/404/429 carry no param; a 400 whose message starts with no body field
+    (a header's value) neither."""
+    assert error_param(ResourceExhaustedError("max_tokens=9 over tokens_per_minute", "tokens_per_minute")) is None
+    assert error_param(InvalidRequestError("metadata specdec-timeout-s must be a finite number of seconds")) is None
+    assert error_param(InvalidRequestError("invalid request: sampling.top_k: Input should be ...")) == "top_k"
+
+
+def test_an_over_long_session_id_is_refused_on_both_apis(stack):
+    """``x-session-id`` had no length limit over HTTP (a 100,000-character id was a routing key
+    and part of every session key); gRPC's own metadata limit is 16 KiB. Both now refuse more
+    than MAX_SESSION_ID_CHARS, naming the limit; at the limit the answer is the target's."""
+    long_id = "s" * (MAX_SESSION_ID_CHARS + 1)
+    message = (f"metadata session_id (HTTP header x-session-id) is {MAX_SESSION_ID_CHARS + 1} characters; "
+               f"at most {MAX_SESSION_ID_CHARS}")
+    resp = _run(_raw(stack["app"], "POST", "/v1/completions", json.dumps(COMPLETION), headers={"x-session-id": long_id}))
+    assert resp.status_code == 400 and resp.json()["error"]["message"] == message
+    ctx = RecordingContext((("authorization", f"Bearer {KEY}"), ("session_id", long_id)))
+    _run(stack["router"].Generate(pb.GenerateRequest(prompt=PROMPT, max_tokens=2), ctx))
+    assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT and ctx.details == message
+    resp = _run(_raw(stack["app"], "POST", "/v1/completions", json.dumps(COMPLETION),
+                     headers={"x-session-id": "s" * MAX_SESSION_ID_CHARS}))
+    target = stack["target"]
+    assert resp.status_code == 200
+    assert resp.json()["choices"][0]["token_ids"] == target_greedy(target, target.tokenizer.encode(PROMPT), 2)
+
+
+@pytest.mark.parametrize("method, request_msg, response_type", [
+    ("Generate", pb.GenerateRequest(prompt=PROMPT, max_tokens=2), pb.GenerateResponse),
+    ("GetTenantStats", pb.GetTenantStatsRequest(), pb.GetTenantStatsResponse),
+])
+def test_a_grpc_call_for_another_application_is_not_found(stack, method, request_msg, response_type):
+    """Serve's gRPC proxy routes a call to its only application whatever ``application``
+    metadata it carries, so ``application: bogus`` was answered by specdec. It is NOT_FOUND,
+    as Serve answers with several applications; the right name and no name both work."""
+    router = stack["router"]
+    ctx = RecordingContext((("application", "bogus"), ("authorization", f"Bearer {KEY}")))
+    _run(getattr(router, method)(request_msg, ctx))
+    assert ctx.code == grpc.StatusCode.NOT_FOUND
+    assert ctx.details == "Application 'bogus' not found; this server serves the application 'specdec'"
+    for md in ((("application", "specdec"),), ()):
+        ctx = RecordingContext(md + (("authorization", f"Bearer {KEY}"),))
+        got = _run(getattr(router, method)(request_msg, ctx))
+        assert ctx.code is None and isinstance(got, response_type)
+
+
+def test_a_stream_for_another_application_is_not_found(stack):
+    ctx = RecordingContext((("application", "bogus"), ("authorization", f"Bearer {KEY}")))
+
+    async def drain():
+        return [c async for c in stack["router"].GenerateStream(pb.GenerateRequest(prompt=PROMPT, max_tokens=2), ctx)]
+
+    with pytest.raises(StreamAborted, match="Application 'bogus' not found"):
+        _run(drain())
+    assert ctx.code == grpc.StatusCode.NOT_FOUND

@@ -1,0 +1,33 @@
+"""``specdec generate`` as a new user calls it (tiny pair from a config; no Ray)."""
+
+from __future__ import annotations
+
+import json
+
+from specdec import cli
+from tests.conftest import target_greedy
+
+
+def test_generate_with_draft_none_defaults_to_prompt_lookup(tiny_dir, tiny_target, capsys):
+    """``specdec generate --draft none PROMPT`` failed after loading the target with "proposer
+    'draft' needs a draft model; none is loaded": the default proposer was the draft model
+    whatever --draft said. It is now prompt lookup without a draft (as the server's default),
+    and the output is the target alone's."""
+    argv = ["generate", "--target", str(tiny_dir / "target"), "--draft", "none", "def f(",
+            "--max-tokens", "6", "--temperature", "0", "--json"]
+    assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["token_ids"] == target_greedy(tiny_target, tiny_target.tokenizer.encode("def f("), 6)
+    assert cli.main(argv[:-1]) == 0  # the summary line names the proposer
+    assert ", proposer ngram, K 4, " in capsys.readouterr().err
+
+
+def test_generate_draft_proposer_without_a_draft_is_refused_before_loading(capsys):
+    """``--proposer draft --draft none`` is refused at once (exit 2, what to use instead), not
+    after loading the target: the target path here does not exist, and the message is not
+    about it."""
+    assert cli.main(["generate", "--target", "/nonexistent-target", "--draft", "none", "--proposer", "draft",
+                     "x"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "specdec: error: --proposer draft needs a draft model; --draft none loads none "
+        "(use --proposer ngram or none)")
