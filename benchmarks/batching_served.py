@@ -147,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
                 results[arm] = r
                 print(f"[batching_served] round {rnd} {arm}: {r['tok_per_s']:.2f} tok/s, K {r['k_counts']}",
                       file=sys.stderr, flush=True)
+                if a.out:  # what has run so far, should the run be cut short
+                    partial = {k: v for k, v in out.items() if k != "rounds"}
+                    partial["rounds"] = out["rounds"] + [results]
+                    Path(a.out).with_suffix(".partial.json").write_text(json.dumps(partial, indent=2, default=str) + "\n")
             out["rounds"].append(results)
         with SpecDecClient(address, application=cfg.app_name, api_key=keys["code-adaptive"]) as c:
             code = c.tenant_stats()
@@ -196,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
         Path(a.out).with_suffix(".md").write_text(text + "\n")
+        Path(a.out).with_suffix(".partial.json").unlink(missing_ok=True)
     return 0
 
 

@@ -24,6 +24,7 @@ class _ProbeState:
     interval: int = 0  # held steps before the next probe (grows while probes find nothing)
     left: int = 0  # steps left in the probe in progress
     k: int = 0  # the probe's K
+    probed: bool = False  # a probe of it started once
 
 
 class BatchKController:
@@ -50,7 +51,11 @@ class BatchKController:
     steps, so that a tenant whose drafts do not agree pays at most ``probe_steps /
     (probe_every · probe_backoff + probe_steps)`` of its steps for probes in the long run
     (4 / 132 ≈ 3 % with the defaults); the interval is back to ``probe_every`` once the
-    tenant runs at K > 0 again. (The same idea as the per-request
+    tenant runs at K > 0 again. A tenant held at K = 0 whose acceptance has less than
+    ``probe_memory`` trials of evidence (α̂ is mostly the prior: held from its first steps, it
+    never measured its drafts) and that was never probed is probed at its first held step:
+    one client on code prompts, whose speculation paid 1.8x, spent its first 32 steps of each
+    48-token request at K = 0 with α̂ at the 0.52 prior (served, w8a8 pair). (The same idea as the per-request
     :class:`specdec.control.controller.KController`'s step-limited probes, counted in steps
     because here K is chosen per step.)
 
@@ -217,16 +222,18 @@ class BatchKController:
             ps.left -= 1
             self.probe_step_count += 1
             return min(cap, ps.k)
-        if not self.probe_every or ps.held < ps.interval:
+        proposer = self._proposer.get(tenant)
+        unknown = (not ps.probed and proposer is not None
+                   and self.estimator.evidence((tenant, proposer)) < self.probe_memory)
+        if not self.probe_every or (ps.held < ps.interval and not unknown):
             ps.held += 1
             return 0
         ps.held = 0
         kp = self.probe_k(tenant, cap)
         if kp <= 0:
             return 0
-        ps.k, ps.left = kp, self.probe_steps - 1
+        ps.k, ps.left, ps.probed = kp, self.probe_steps - 1, True
         ps.interval = min(ps.interval * 2, self.probe_every * self.probe_backoff)
-        proposer = self._proposer.get(tenant)
         if proposer is not None:
             self.estimator.cap_evidence((tenant, proposer), self.probe_memory)
             self.caps.append((tenant, proposer, self.probe_memory))

@@ -30,9 +30,15 @@ class BatchCostModel:
       up lazily on its next drafting step). A catch-up is a prefill, and prefill-sized forwards
       are measured on the target's verify curve, not on the draft's (a one-position row per
       session: on the CPU its cost is mostly per-forward overhead, flat in rows, so it would
-      price 300 positions like 8). So ``catchup_s(n) = verify curve(n) · r`` with ``r =
-      draft_s(R) / verify_s(R, R)`` at the most rows ``R`` a draft forward was measured at (the
-      draft's cost relative to the target's at equal size; the priors' ratio before any).
+      price 300 positions like 8). So ``catchup_s(n) = n · c · r``: ``c`` the fewest seconds per
+      position of any verify forward measured at >= 16 positions (prefill chunks, wide decode
+      batches: the per-forward overhead spread thin; the least, not a fit, because one cold or
+      contended forward, e.g. a first prefill of 57 positions in 10.7 s where the next took
+      0.8 s, bent a fitted curve into pricing a 100-token catch-up at 13 s and held one client
+      whose speculation paid 1.8x at K = 0), and ``r = draft_s(R) / verify_s(R, R)`` at the most
+      rows ``R`` a draft forward was measured at (the draft's cost relative to the target's at
+      equal size; the priors' ratio before any). Before any such forward: the verify curve at
+      ``n`` positions times ``r``.
       Left out, the controller took a tenant held at K = 0 back to K > 0 (or probed it) for a
       predicted gain of 1-2 %, and every session of it then fed tens of tokens to the draft in
       its first drafting step (1-4 s of drafting on the w8a8 demo pair, 8 clients,
@@ -101,6 +107,9 @@ class BatchCostModel:
         measured = self.draft.snapshot()["verify_s"]
         rows = max((int(r) for r in measured), default=1)
         ratio = self.draft_s(rows) / self.verify_s(rows, rows)
+        per_position = [t / p for p, t in self.verify.snapshot()["verify_s"].items() if p >= 16]
+        if per_position:
+            return int(tokens) * min(per_position) * ratio
         return self.verify.verify_s(int(tokens)) * ratio
 
     def step_s(self, ks: Sequence[int], drafted: Sequence[bool]) -> float:
