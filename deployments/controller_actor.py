@@ -12,12 +12,20 @@ allow N times the limit). So that state lives in one place:
   :data:`ACTOR_NAMESPACE`), ``lifetime="detached"`` (no router replica owns it: replicas come
   and go with autoscaling, the estimates stay), ``num_cpus=0``, ``get_if_exists=True`` (the first
   replica creates it, the others attach), ``max_concurrency=1`` (calls are serialized: the
-  controller is not thread-safe). Each call is a few hundred microseconds of Python.
+  controller is not thread-safe), ``allow_out_of_order_execution=True`` (a call runs when it
+  arrives, not after the caller's earlier calls: no call depends on another's order, and Ray's
+  in-order queue waits 30 s for a call that was cancelled before it reached the actor, holding
+  up every later call of that replica: a disconnect mid-stream once stalled the next request's
+  admission so). Each call is a few hundred microseconds of Python.
 - :class:`ControllerClient`: what a router replica holds: ``await client.decide(...)`` etc.,
   backed by the actor (:meth:`ControllerClient.shared`) or by a local ``SharedTenantState``
   (:meth:`ControllerClient.local`: tests and single-process use, no Ray). If an actor call
-  fails (actor restarting), the client falls back to a local state for that call and logs once:
-  serving continues with per-replica estimates rather than failing requests.
+  fails (actor restarting) or is not answered within ``call_timeout_s`` (default
+  :data:`CALL_TIMEOUT_S`), the client falls back to a local state for that call and logs once:
+  serving continues with per-replica estimates rather than failing or stalling requests. The
+  release of a request's lease (:meth:`ControllerClient.complete`) is submitted outside the
+  request's Ray task (:func:`deployments.aio.outside_request`), so Serve's cancellation of a
+  disconnected request does not cancel it with the request.
 
 Per request a router makes two calls: :meth:`SharedTenantState.admit` (rate limits + K decision,
 one round trip) and :meth:`SharedTenantState.complete` (release + feedback + usage). A request
@@ -62,6 +70,8 @@ tenant's concurrency forever and a long request keeps its slot.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import json
 import logging
 import time
@@ -85,6 +95,10 @@ SNAPSHOT_FORMAT = "specdec-controller-snapshot"
 _USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens")
 #: Seconds a lease outlives its request's timeout (the router's cleanup after the deadline).
 LEASE_GRACE_S = 30.0
+#: Seconds a router or draft replica waits for the shared actor's answer to one call before its
+#: local fallback answers instead (a call is a few hundred microseconds of Python; a loaded
+#: 2-core machine answers within tens of ms).
+CALL_TIMEOUT_S = 10.0
 
 
 def _limits_ns(tenant_id: str, limits: Mapping) -> SimpleNamespace:
@@ -437,6 +451,11 @@ def _replica_views(raw: Any) -> dict[str, dict]:
     return out
 
 
+async def _awaited(ref: Any) -> Any:
+    """Await a Ray ObjectRef in a coroutine (what :func:`asyncio.wait_for` takes)."""
+    return await ref
+
+
 def _actor_class():
     import ray
 
@@ -462,6 +481,7 @@ def get_or_create_actor(
         lifetime="detached",
         num_cpus=0,
         max_concurrency=1,
+        allow_out_of_order_execution=True,
         max_restarts=-1,
     ).remote(controller_kwargs, lease_ttl_s, None, RayKVStore())
 
@@ -473,10 +493,13 @@ class ControllerClient:
     actor when Ray is initialized, else local).
     """
 
-    def __init__(self, actor: Any = None, local: SharedTenantState | None = None):
+    def __init__(self, actor: Any = None, local: SharedTenantState | None = None,
+                 call_timeout_s: float = CALL_TIMEOUT_S):
         if (actor is None) == (local is None):
             raise ValueError("give exactly one of actor or local")
         self.actor = actor
+        #: seconds an actor call may take before the local fallback answers it
+        self.call_timeout_s = call_timeout_s
         self._local = local
         self._fallback: SharedTenantState | None = None
         self._warned = False
@@ -509,22 +532,52 @@ class ControllerClient:
         """The local state (None when backed by the actor)."""
         return self._local
 
-    async def _call(self, method: str, *args):
+    async def _call(self, method: str, *args, outside_request: bool = False):
+        """``method(*args)`` on the actor (or the local state); the fallback's answer when the
+        actor is unavailable or does not answer within ``call_timeout_s``. A call that timed out
+        still runs when the actor gets to it (Ray does not take back a call an actor queued): an
+        admit's lease there is then released at once (:meth:`_release_late`; the request is
+        counted in the usage of both states). ``outside_request``: submitted outside the
+        calling request's Ray task (:func:`deployments.aio.outside_request`)."""
         if self._local is not None:
             return getattr(self._local, method)(*args)
         from ray.exceptions import RayActorError, RayTaskError
 
+        from deployments.aio import outside_request as detached
+
+        remote = getattr(self.actor, method).remote
+        ref = None
         try:
-            return await getattr(self.actor, method).remote(*args)
+            ref = detached(remote, *args) if outside_request else remote(*args)
+            return await asyncio.wait_for(_awaited(ref), self.call_timeout_s)
+        except (asyncio.TimeoutError, TimeoutError):
+            if method == "admit":  # it may still run there: its lease is released when it does
+                asyncio.get_running_loop().create_task(self._release_late(ref, args), context=contextvars.Context())
+            return self._on_unavailable(method, args, f"no answer within {self.call_timeout_s:g} s")
         except RayTaskError as e:  # the method itself raised: that error, not a fallback
             raise e.as_instanceof_cause() from None
         except (RayActorError, ConnectionError) as e:  # actor unavailable: per-replica state
-            if not self._warned:
-                log.warning("shared controller actor unavailable (%s); using a local fallback", e)
-                self._warned = True
-            if self._fallback is None:
-                self._fallback = SharedTenantState()
-            return getattr(self._fallback, method)(*args)
+            return self._on_unavailable(method, args, str(e))
+
+    async def _release_late(self, ref: Any, admit_args: tuple) -> None:
+        """Release the lease of an admit answered after the fallback had answered it."""
+        try:
+            got = await ref
+            if isinstance(got, dict) and got.get("lease"):
+                tenant_id, _limits, _tokens, proposer = admit_args[:4]
+                await self.actor.complete.remote(got["lease"], tenant_id, proposer, None, None, 0, 0, 0,
+                                                 bool(admit_args[7]) if len(admit_args) > 7 else False)
+        except Exception:  # the actor away: its lease expires instead
+            log.warning("could not release a late lease on the shared controller actor", exc_info=True)
+
+    def _on_unavailable(self, method: str, args: tuple, reason: str):
+        """Answer ``method(*args)`` from the local fallback (logged once)."""
+        if not self._warned:
+            log.warning("shared controller actor unavailable (%s); using a local fallback", reason)
+            self._warned = True
+        if self._fallback is None:
+            self._fallback = SharedTenantState()
+        return getattr(self._fallback, method)(*args)
 
     async def admit(self, tenant_id, limits, tokens, proposer, policy, requested_k, timeout_s=None,
                     batch_adaptive=False) -> dict:
@@ -538,7 +591,9 @@ class ControllerClient:
         if self._fallback is not None and self._fallback.holds_lease(lease_id):
             # admitted by the fallback while the actor was away: released there
             return self._fallback.complete(*args)
-        return await self._call("complete", *args)
+        # the release must outlive the request: Serve cancels a disconnected request's Ray task
+        # with its child calls, and a cancelled release would hold the lease until it expires
+        return await self._call("complete", *args, outside_request=True)
 
     async def decide(self, tenant: str, proposer: str, policy: Mapping, requested_k: int | None = None) -> dict:
         return await self._call("decide", tenant, proposer, dict(policy), requested_k)

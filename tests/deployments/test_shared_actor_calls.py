@@ -1,0 +1,148 @@
+"""Calls to the shared controller actor under Serve's cancellations (real Ray, one local
+cluster for the module; no Serve, no models).
+
+The hang these pin down (a full-suite run, ``test_serve_http.py``): a client disconnected
+mid-stream; Serve cancelled the router replica's request recursively, and with it the request's
+lease release (``SharedTenantState.complete``) a few ms after it was submitted, before it had
+reached the actor. The actor executed a replica's calls in submission order, so it waited for
+the missing call (Ray waits 30 s) and the next request's three admissions (``n = 3``) waited
+behind it: the client timed out at 30 s, the draft replica never saw the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from deployments.aio import finish_despite_cancellation
+from deployments.controller_actor import ControllerClient, SharedTenantState, get_or_create_actor
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.serve
+
+POLICY = {"k_min": 0, "k_max": 0, "adaptive": False, "fixed_k": 0}
+
+
+@pytest.fixture(scope="module")
+def remote():
+    """A local Ray cluster; the remote classes and function the tests use (defined here, so
+    that Ray ships them by value: workers cannot import a test module)."""
+
+    class Busy(SharedTenantState):
+        """The shared state with one more call, which occupies the actor's only thread."""
+
+        def hold(self, seconds: float) -> None:
+            time.sleep(seconds)
+
+    def ready_after(seconds: float) -> None:
+        time.sleep(seconds)
+
+    class Signal:
+        """``wait()`` answers (None) once ``send()`` was called."""
+
+        def __init__(self):
+            self.event = asyncio.Event()
+
+        async def wait(self) -> None:
+            await self.event.wait()
+
+        async def send(self) -> None:
+            self.event.set()
+
+    class RouterLike:
+        """An async actor like a router replica: admits, then ends the admission in a cleanup
+        awaited through :func:`finish_despite_cancellation` (as ``TenancyGate.complete`` is)."""
+
+        def __init__(self, actor):
+            self.client = ControllerClient(actor=actor)
+
+        async def request(self, stats: list) -> None:
+            got = await self.client.admit("alpha", {}, 10, "none", POLICY, 0)
+            # the release's stats argument is still being computed: the call is submitted but
+            # has not reached the actor (where Serve's cancel caught it in the failed run)
+            await finish_despite_cancellation(
+                self.client.complete(got["lease"], "alpha", "none", stats[0], None, 4, 0, 4))
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        yield SimpleNamespace(
+            busy=ray.remote(Busy).options(num_cpus=0, max_concurrency=1, allow_out_of_order_execution=True),
+            ready_after=ray.remote(num_cpus=0)(ready_after),
+            router=ray.remote(num_cpus=0)(RouterLike),
+            signal=ray.remote(num_cpus=0)(Signal),
+        )
+    finally:
+        ray.shutdown()
+
+
+def test_a_call_cancelled_before_reaching_the_shared_actor_does_not_hold_up_the_next(remote):
+    actor = get_or_create_actor(name="test-shared-actor-gap")
+    expected = SharedTenantState().tenant_stats("alpha")
+    assert ray.get(actor.tenant_stats.remote("alpha"), timeout=60) == expected
+    dep = remote.ready_after.remote(60)
+    never_sent = actor.tenant_stats.remote(dep)  # waits for its argument in this process
+    time.sleep(0.3)
+    ray.cancel(never_sent)
+    t0 = time.monotonic()
+    # in submission order the actor waited 30 s for the cancelled call, then failed this one
+    assert ray.get(actor.tenant_stats.remote("alpha"), timeout=10) == expected
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(never_sent, timeout=10)
+    ray.cancel(dep, force=True)
+    ray.kill(actor)
+
+
+def test_the_lease_release_outlives_the_cancellation_of_its_request(remote):
+    shared = remote.busy.remote()
+    router = remote.router.remote(shared)
+    signal = remote.signal.remote()
+    ref = router.request.remote([signal.wait.remote()])  # in a list: not awaited before the call
+    end = time.monotonic() + 30
+    while ray.get(shared.active_leases.remote()) != 1 and time.monotonic() < end:
+        time.sleep(0.05)
+    assert ray.get(shared.active_leases.remote()) == 1
+    time.sleep(0.3)  # the release is submitted, waiting for its argument
+    ray.cancel(ref)  # as Serve cancels a disconnected request: recursively
+    time.sleep(0.3)
+    signal.send.remote()  # now the release can be sent
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(ref, timeout=30)
+    end = time.monotonic() + 30
+    while ray.get(shared.active_leases.remote()) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert ray.get(shared.active_leases.remote()) == 0  # released, not left to expire
+    assert ray.get(shared.tenant_stats.remote("alpha"))["usage"]["prompt_tokens"] == 4
+    for actor in (router, signal, shared):
+        ray.kill(actor)
+
+
+def test_an_unanswering_shared_actor_is_replaced_by_the_fallback_within_the_bound(remote):
+    shared = remote.busy.remote()
+    assert ray.get(shared.active_leases.remote()) == 0
+    busy = shared.hold.remote(6.0)
+    client = ControllerClient(actor=shared, call_timeout_s=0.5)
+
+    async def admit_complete_and_wait():
+        t0 = time.monotonic()
+        got = await client.admit("alpha", {}, 10, "none", POLICY, 0)
+        waited = time.monotonic() - t0
+        held = client._fallback is not None and client._fallback.holds_lease(got["lease"])
+        await client.complete(got["lease"], "alpha", "none", None, None, 4, 0, 4)
+        await busy
+        # the admit that timed out ran once the actor was free; its lease is released at once
+        end = time.monotonic() + 30
+        while await shared.active_leases.remote() and time.monotonic() < end:
+            await asyncio.sleep(0.1)
+        return waited, held, client._fallback.active_leases(), await shared.active_leases.remote()
+
+    waited, held_by_fallback, left_on_fallback, left_on_actor = asyncio.run(admit_complete_and_wait())
+    assert 0.5 <= waited < 5.0  # the bound, not the 6 s the actor was busy
+    assert held_by_fallback and left_on_fallback == 0
+    assert left_on_actor == 0
+    # the late admit counted the request on the actor too (the fallback counted it as well)
+    assert ray.get(shared.tenant_stats.remote("alpha"))["usage"]["requests"] == 1
+    ray.kill(shared)
