@@ -156,8 +156,11 @@ def test_disconnect_cancels_the_generation_and_frees_both_caches(served):
 def test_n_choices_all_reach_the_draft_replica_through_serve(served, models):
     """n = 3..16 choices of one HTTP request through Serve: the choices' draft calls shared the
     request's Serve internal id, and Serve's request router left one of them waiting for a
-    replica forever (n = 3 hung until the client's timeout). Every choice is now the target-alone
-    answer, unary and streamed, and a disconnect mid-stream frees every choice's caches."""
+    replica forever (n = 3 hung until the client's timeout). Once more, after the previous test's
+    disconnect: the n admissions waited 30 s on the shared controller actor behind a lease release
+    that Serve's cancellation had taken (tests/deployments/test_shared_actor_calls.py). Every
+    choice is now the target-alone answer, unary and streamed, and a disconnect mid-stream frees
+    every choice's caches."""
     cfg = served[0]
     target = load_tiny(models[0])
     ref = target_greedy(target, target.tokenizer.encode(PROMPT), 5)
