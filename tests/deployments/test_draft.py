@@ -10,7 +10,8 @@ import pytest
 
 from deployments import convert
 from deployments.config import AppConfig
-from deployments.draft import Draft, RemoteTargetSession
+from deployments.draft import Draft
+from deployments.remote_target import RemoteTargetSession
 from deployments.router import RelayProgress
 from deployments.target_sessions import TargetSessionTable
 from protos.specdec.v1 import exchange_pb2 as xpb
