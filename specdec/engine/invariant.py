@@ -22,7 +22,8 @@ rows:
    gets fixed 8-row calls; torch's int8 and int4 weight-only kernels agree for every count.
    A layer that declares ``ROW_EXACT = True`` (w8a8's :class:`specdec.models.formats.W8A8Linear`:
    per-row activation quantization and an exact int32 integer product) is probed the same way
-   and, when every probed count agrees, called unchunked whatever the row count.
+   and, when every probed count agrees, called unchunked whatever the row count (its own
+   ``forward``, no chunking wrapper).
 2. **Attention**: :func:`rowwise_attention` runs one scaled-dot-product call per query row over
    exactly the keys that row may see, the call plain decoding makes, so neither the number of
    query rows nor left padding of a batch changes a row's result.
@@ -291,7 +292,8 @@ def make_invariant(model: nn.Module, need_rows: int = 17) -> dict[tuple, RowPlan
                 plans[key] = plan
             module._specdec_rows = rows
             module._specdec_plan = plans[key]
-            module.forward = types.MethodType(_invariant_forward, module)
+            if plans[key].max_rows < UNCHUNKED_ROWS:  # an unchunked row-exact layer keeps its own forward
+                module.forward = types.MethodType(_invariant_forward, module)
     model.set_attn_implementation(register_attention())
     log.info("shape-invariant forward: %s", {k[1:3]: (p.min_rows, p.max_rows) for k, p in plans.items()})
     return plans

@@ -223,9 +223,10 @@ class W8A8Linear(_RowsLinear):
     torch ops. Both give bitwise the same result (oneDNN's float32 output is exactly
     ``float32(acc) * scale``; tests/test_formats.py), so the kernel is chosen per layer for speed
     alone: qlinear (about 1.6x faster at one row on the 2-core Sapphire Rapids VM: 1536->8960,
-    0.37 vs 0.62 ms) for layers with at least :attr:`QLINEAR_MIN_OUT` outputs, int_mm for
-    narrower ones (qlinear's one-row call on 1536->256 was pathological, ~14 ms) and wherever the
-    prepack op is missing or fails (logged once).
+    0.37 vs 0.62 ms; the draft's 896-output layers 1.3-1.7x) for layers with at least
+    :attr:`QLINEAR_MIN_OUT` outputs, int_mm for narrower ones (qlinear's one-row call on 256 or
+    128 outputs is pathological, 3-70 ms) and wherever the prepack op is missing or fails (logged
+    once).
 
     Every step works on one row at a time or sums integers exactly, so a row's result does not
     depend on how many rows a call has (:attr:`ROW_EXACT`; checked by
@@ -249,9 +250,12 @@ class W8A8Linear(_RowsLinear):
     #: ``"qlinear"`` (oneDNN, prepacked weight; falls back to int_mm) or ``"int_mm"``.
     KERNEL = "qlinear"
     #: Layers with fewer output features run ``int_mm`` even when KERNEL is qlinear: oneDNN's
-    #: qlinear took ~14 ms for one row of the demo target's 1536 -> 256 k/v projections (int_mm
-    #: 0.1 ms; 2-core Sapphire Rapids VM, minimum of 25 calls); from 1536 outputs up it was faster.
-    QLINEAR_MIN_OUT = 1024
+    #: qlinear took 3-70 ms for one row of 128 or 256 outputs (896, 1536 and 4864 inputs; the demo
+    #: target's unfused 1536 -> 256 k/v projections ~14 ms; int_mm 0.07-0.7 ms), while from 384
+    #: outputs up it was 1.0-1.7x faster than int_mm at one row (the draft's 896 -> 896 o and
+    #: 4864 -> 896 down projections: 90 vs 129 us, 279 vs 456 us; 2-core Sapphire Rapids VM, one
+    #: thread, minimum of 15 calls; docs/bench/formats/PROFILE.md section 9).
+    QLINEAR_MIN_OUT = 384
     #: Keep the plain int8 weight after prepacking (for comparing kernels). False: the prepacked
     #: copy is the only one (no second copy of the weights in memory); ``qweight`` is then empty.
     KEEP_INT8 = False
@@ -281,10 +285,10 @@ class W8A8Linear(_RowsLinear):
     def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token symmetric int8 quantization: ``[M, in]`` float -> (``[M, in]`` int8,
         ``[M, 1]`` float32 scales) with ``x ≈ q * s``."""
-        xf = x.float()
+        xf = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)  # divided in place
         s = xf.abs().amax(dim=-1, keepdim=True).div_(127.0).clamp_min_(W8A8Linear.EPS)
-        q = torch.round(xf / s).clamp_(-127, 127).to(torch.int8)
-        return q, s
+        # |x| / s <= 127 * (1 + 2**-23) rounds to at most 127: no clamp needed (in [-127, 127])
+        return xf.div_(s).round_().to(torch.int8), s
 
     def _prepacked(self):
         if self._packed is None:
@@ -317,7 +321,9 @@ class W8A8Linear(_RowsLinear):
         else:
             y = torch._int_mm(q, self.qweight.t()).to(torch.float32).mul_(self.scale)  # int32 sums: exact
         y = y.mul_(s).to(self.act_dtype)
-        return y + self.bias if self.bias is not None else y
+        if self.bias is None:
+            return y
+        return y.add_(self.bias) if self.bias.dtype == y.dtype else y + self.bias
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, int8 per-token activations"
