@@ -165,10 +165,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g.add_argument("--formats", type=_name_list, default=None, metavar="F[,F...]",
                    help="weight formats to compare (float32, bfloat16, float16, int8, int4, w8a8): the whole "
                         "benchmark runs once per format, draft and target in that format, into <out>/<format>/, "
-                        "and <out>/formats.md compares them (default: one run in the default format)")
+                        "and <out>/formats.md compares them (default: one run in the default format); "
+                        "F:alone times only that format's target alone (no draft loaded), e.g. the float32 baseline")
     g.add_argument("--draft-vocab-subset", type=int, default=None, metavar="N",
-                   help="our draft scores only the N most frequent token ids (FR-Spec); needs --hf "
-                        "prompt-lookup or --skip-hf (assisted generation needs the full-vocabulary draft)")
+                   help="our draft scores only the N most frequent token ids (FR-Spec); transformers' "
+                        "assisted generation gets the full-vocabulary draft, loaded too, in the same format")
     g.add_argument("--draft-vocab-table", default=None, metavar="FILE",
                    help="token frequency table for --draft-vocab-subset (default: the one shipped for the demo pair)")
     g.add_argument("--tokens", type=int, default=None, help="new tokens per generation (default 64; --quick 12)")
@@ -323,11 +324,12 @@ def _timer(outcome_times: dict):
 class _Runner:
     """Runs one method on one prompt (ids) for ``tokens`` new tokens and times the call."""
 
-    def __init__(self, target, draft, args):
+    def __init__(self, target, draft, args, assistant=None):
         from specdec.engine.engine import SpeculativeEngine
 
         self.target = target
         self.draft = draft
+        self.assistant = assistant if assistant is not None else draft  # transformers' assisted generation
         self.args = args
         self.engine = SpeculativeEngine(target, draft)
         self.recorder = _HFRecorder()
@@ -353,7 +355,7 @@ class _Runner:
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.target.device)
         kwargs = self._hf_kwargs(ids, tokens)
         if method.family == "hf-assisted":
-            kwargs["assistant_model"] = self.draft.model
+            kwargs["assistant_model"] = self.assistant.model
         elif method.family == "hf-prompt-lookup":
             kwargs["prompt_lookup_num_tokens"] = self.args.hf_lookup_tokens
             kwargs["max_matching_ngram_size"] = self.args.hf_lookup_ngram
@@ -393,10 +395,10 @@ class _Runner:
 # --- bookkeeping --------------------------------------------------------------------------------
 
 
-def _methods(args, have_draft: bool) -> list[Method]:
+def _methods(args, have_draft: bool, have_assistant: bool | None = None) -> list[Method]:
     out = [Method("target", "target")]
     if not args.skip_hf:
-        if have_draft and "assisted" in args.hf:
+        if (have_draft if have_assistant is None else have_assistant) and "assisted" in args.hf:
             out.append(Method("hf-assisted", "hf-assisted"))
         if "prompt-lookup" in args.hf:
             out.append(Method("hf-prompt-lookup", "hf-prompt-lookup"))
@@ -448,24 +450,29 @@ def _resolve(args) -> argparse.Namespace:
     bad = [p for p in a.proposers if p not in ("draft", "ngram", "none")]
     if bad:
         raise ValueError(f"unknown proposer(s) {bad}; expected draft, ngram, none")
-    if getattr(a, "draft_vocab_subset", None) is not None and "assisted" in a.hf and not a.skip_hf:
-        raise ValueError("--draft-vocab-subset: transformers' assisted generation needs the full-vocabulary draft; "
-                         "add --hf prompt-lookup (or --skip-hf), and compare with a run without the subset")
     return a
 
 
 def _load(args, weight_format: str | None = None):
+    """``(target, draft, assistant)``: the draft for transformers' assisted generation is the
+    draft itself, or with ``--draft-vocab-subset`` the full-vocabulary draft loaded beside it
+    (same spec and format; None when assisted generation is not run)."""
     from specdec.models.loader import load_model, load_pair
     from specdec.models.spec import ModelPairSpec, parse_model_spec
 
     target_spec = parse_model_spec(args.target)
     device = getattr(args, "device", "cpu") or "cpu"
     if str(args.draft).strip().lower() in ("", "none"):
-        return load_model(target_spec, device=device, weight_format=weight_format), None
+        return load_model(target_spec, device=device, weight_format=weight_format), None, None
     pair = ModelPairSpec(target=target_spec, draft=parse_model_spec(args.draft))
-    return load_pair(pair, device=device, weight_format=weight_format,
-                     draft_vocab_subset=getattr(args, "draft_vocab_subset", None),
-                     draft_vocab_table=getattr(args, "draft_vocab_table", None))
+    subset = getattr(args, "draft_vocab_subset", None)
+    target, draft = load_pair(pair, device=device, weight_format=weight_format, draft_vocab_subset=subset,
+                              draft_vocab_table=getattr(args, "draft_vocab_table", None))
+    assistant = draft
+    if subset is not None:
+        assisted = "assisted" in args.hf and not args.skip_hf
+        assistant = load_model(pair.draft, device=device, weight_format=weight_format) if assisted else None
+    return target, draft, assistant
 
 
 def run_formats(args: argparse.Namespace) -> dict:
@@ -477,24 +484,38 @@ def run_formats(args: argparse.Namespace) -> dict:
     wall clock (``wall ...``: meaningful on a quiet machine; at more than one thread process CPU
     time also counts OpenMP threads waiting at barriers).
 
+    A format written ``F:alone`` runs only the target alone in F (no draft, no speculation, no
+    transformers' assisted or prompt-lookup runs): a baseline that costs minutes in float32.
+
     Raises:
-        ValueError: an unknown format.
+        ValueError: an unknown format or suffix.
     """
     import gc
     import math
 
     from specdec.models.formats import check_format, weight_bytes
 
-    formats = [check_format(f) for f in args.formats]
+    formats, alone = [], set()
+    for f in args.formats:
+        name, _, opt = f.partition(":")
+        if opt not in ("", "alone"):
+            raise ValueError(f"--formats {f!r}: unknown suffix {opt!r} (only ':alone')")
+        formats.append(check_format(name))
+        if opt:
+            alone.add(formats[-1])
     base_out = Path(args.out)
     results = {}
     for fmt in formats:
         sub = argparse.Namespace(**vars(args))
         sub.formats, sub.out = None, str(base_out / fmt)
+        if fmt in alone:
+            sub.draft, sub.skip_hf, sub.proposers = "none", True, []
         models = _load(sub, fmt)
         mem = {"target_weight_gb": weight_bytes(models[0].model) / 2**30,
                "draft_weight_gb": weight_bytes(models[1].model) / 2**30 if models[1] is not None else None}
         report = run_bench(sub, models=models)
+        mem["assistant_weight_gb"] = (weight_bytes(models[2].model) / 2**30
+                                      if models[2] is not None and models[2] is not models[1] else None)
         results[fmt] = {"memory": mem, "rows": report["rows"], "meta": report["meta"]}
         del models, report
         gc.collect()
@@ -555,8 +576,9 @@ def run_bench(args: argparse.Namespace, *, models=None) -> dict:
 
     Args:
         args: parsed arguments.
-        models: optional already loaded ``(target, draft)`` (draft may be None), instead of
-            loading ``args.target``/``args.draft``.
+        models: optional already loaded ``(target, draft)`` or ``(target, draft, assistant)``
+            (draft may be None; assistant: the draft transformers' assisted generation uses,
+            default the draft), instead of loading ``args.target``/``args.draft``.
 
     Returns:
         The report written to ``<out>/bench.json``: ``meta``, ``prompts``, ``rows`` (one per prompt
@@ -572,12 +594,13 @@ def run_bench(args: argparse.Namespace, *, models=None) -> dict:
     prompts = _select_prompts(a.prompts)
 
     t_load = time.perf_counter()
-    target, draft = models if models is not None else _load(a)
+    target, draft, *rest = models if models is not None else _load(a)
+    assistant = rest[0] if rest else draft
     load_s = time.perf_counter() - t_load
     _log(f"bench: loaded {target.name}" + (f" and {draft.name}" if draft else "") + f" in {load_s:.1f} s")
 
-    runner = _Runner(target, draft, a)
-    methods = _methods(a, draft is not None)
+    runner = _Runner(target, draft, a, assistant=assistant)
+    methods = _methods(a, draft is not None, assistant is not None)
     for p in prompts:
         p["token_ids"] = runner.engine.encode(_chat_request(p))
         if len(p["token_ids"]) + a.tokens > target.max_positions:
@@ -673,6 +696,8 @@ def _meta(a, target, draft, load_s: float) -> dict:
         "quick": bool(a.quick),
         "greedy": True,
         "draft_vocab_subset": getattr(a, "draft_vocab_subset", None),
+        "hf_assisted_draft": ("the full-vocabulary draft, loaded beside the subset draft"
+                              if getattr(a, "draft_vocab_subset", None) is not None else "the draft"),
         "ours_ngram": {"ngram_min": a.ngram_min, "ngram_max": a.ngram_max},
         "hf_prompt_lookup_args": {"prompt_lookup_num_tokens": a.hf_lookup_tokens,
                                   "max_matching_ngram_size": a.hf_lookup_ngram},

@@ -134,6 +134,34 @@ def test_format_axis_target_alone_only(tiny_pair_folders, tmp_path):
     assert "median of 2 run(s) per method and prompt" in (out / "int4" / "table.md").read_text()
 
 
+def test_format_axis_alone_suffix_times_only_that_formats_target(tiny_pair_folders, tmp_path):
+    """``--formats float32:alone,int8``: float32 runs its target alone only (no draft loaded), int8
+    the whole benchmark; formats.md compares both against float32's target alone."""
+    from benchmarks.inprocess import run_formats
+
+    target, draft = tiny_pair_folders
+    out = tmp_path / "fmt"
+    args = _parse(["--quick", "--threads", "1", "--target", str(target), "--draft", str(draft), "--out", str(out),
+                   "--formats", "float32:alone,int8", "--skip-hf", "--no-plot", "--proposers", "draft",
+                   "--prompts", "code-prime", "--ks", "2"])
+    results = run_formats(args)
+    assert list(results) == ["float32", "int8"]
+    assert [r["method"] for r in results["float32"]["rows"]] == ["target"]
+    assert results["float32"]["memory"]["draft_weight_gb"] is None
+    assert [r["method"] for r in results["int8"]["rows"]] == ["target", "ours-draft-K2"]
+    assert results["int8"]["memory"]["draft_weight_gb"] > 0
+    assert all(r["identical"] for r in results["int8"]["rows"])
+    lines = [line for line in (out / "formats.md").read_text().splitlines() if line.startswith("| ")]
+    assert [line.split(" | ")[:4] for line in lines[1:]] == [
+        ["| float32", f"{results['float32']['memory']['target_weight_gb']:.2f}", "0.00", "target"],
+        ["| int8", f"{results['int8']['memory']['target_weight_gb']:.2f}",
+         f"{results['int8']['memory']['draft_weight_gb']:.2f}", "target"],
+        ["| int8", f"{results['int8']['memory']['target_weight_gb']:.2f}",
+         f"{results['int8']['memory']['draft_weight_gb']:.2f}", "ours-draft-K2"]]
+    with pytest.raises(ValueError, match="unknown suffix 'fast'"):
+        run_formats(_parse(["--formats", "int8:fast", "--out", str(out)]))
+
+
 def test_batching_bench_format_and_forward_stats(tiny_pair_folders, tmp_path):
     """``python -m benchmarks.batching --format``: both arms in the given format, outputs identical,
     and per forward the verify / draft seconds and the decode forwards grouped by rows."""

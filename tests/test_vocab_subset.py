@@ -417,7 +417,8 @@ def test_shipped_table_fits_the_demo_pair(demo_pair_folders):
 
 def test_bench_with_a_subset_draft(table_file, tmp_path):
     """``specdec bench --draft-vocab-subset``: our draft rows run with the subset draft and stay
-    identical to the target alone; assisted generation (full-vocabulary draft) is refused."""
+    identical to the target alone; transformers' assisted generation runs in the same run with the
+    full-vocabulary draft (loaded beside it)."""
     import argparse
 
     from benchmarks.inprocess import add_bench_arguments, run_bench
@@ -432,9 +433,11 @@ def test_bench_with_a_subset_draft(table_file, tmp_path):
             "--draft-vocab-subset", "64", "--draft-vocab-table", str(table_file), "--proposers", "draft",
             "--prompts", "code-prime", "--ks", "2"]
     parser = add_bench_arguments(argparse.ArgumentParser())
-    with pytest.raises(ValueError, match="assisted generation needs the full-vocabulary draft"):
-        run_bench(parser.parse_args(argv))
-    report = run_bench(parser.parse_args(argv + ["--skip-hf"]))
+    report = run_bench(parser.parse_args(argv + ["--hf", "assisted"]))
     rows = {r["method"]: r for r in report["rows"]}
-    assert set(rows) == {"target", "ours-draft-K2"} and report["meta"]["draft_vocab_subset"] == 64
+    assert set(rows) == {"target", "hf-assisted", "ours-draft-K2"} and report["meta"]["draft_vocab_subset"] == 64
+    assert report["meta"]["hf_assisted_draft"] == "the full-vocabulary draft, loaded beside the subset draft"
     assert rows["ours-draft-K2"]["identical"] is True and rows["ours-draft-K2"]["proposed"] >= 1
+    assert rows["hf-assisted"]["identical"] is True and rows["hf-assisted"]["proposed"] >= 1
+    report = run_bench(parser.parse_args(argv + ["--skip-hf"]))
+    assert {r["method"] for r in report["rows"]} == {"target", "ours-draft-K2"}
