@@ -22,10 +22,10 @@ allow N times the limit). So that state lives in one place:
   (:meth:`ControllerClient.local`: tests and single-process use, no Ray). If an actor call
   fails (actor restarting) or is not answered within ``call_timeout_s`` (default
   :data:`CALL_TIMEOUT_S`), the client falls back to a local state for that call and logs once:
-  serving continues with per-replica estimates rather than failing or stalling requests. The
-  release of a request's lease (:meth:`ControllerClient.complete`) is submitted outside the
-  request's Ray task (:func:`deployments.aio.outside_request`), so Serve's cancellation of a
-  disconnected request does not cancel it with the request.
+  serving continues with per-replica estimates rather than failing or stalling requests. Every
+  call is submitted outside the calling request's Ray task (:func:`deployments.aio.outside_request`),
+  so Serve's cancellation of a disconnected request does not cancel a lease's release with the
+  request; the lease of an admit whose caller stopped waiting is released when it is answered.
 
 Per request a router makes two calls: :meth:`SharedTenantState.admit` (rate limits + K decision,
 one round trip) and :meth:`SharedTenantState.complete` (release + feedback + usage). A request
@@ -503,6 +503,7 @@ class ControllerClient:
         self._local = local
         self._fallback: SharedTenantState | None = None
         self._warned = False
+        self._late: set = set()  # tasks releasing the leases of admits answered too late
 
     @classmethod
     def local(cls, controller_kwargs: Mapping | None = None, **kw) -> "ControllerClient":
@@ -532,35 +533,48 @@ class ControllerClient:
         """The local state (None when backed by the actor)."""
         return self._local
 
-    async def _call(self, method: str, *args, outside_request: bool = False):
+    async def _call(self, method: str, *args):
         """``method(*args)`` on the actor (or the local state); the fallback's answer when the
-        actor is unavailable or does not answer within ``call_timeout_s``. A call that timed out
-        still runs when the actor gets to it (Ray does not take back a call an actor queued): an
-        admit's lease there is then released at once (:meth:`_release_late`; the request is
-        counted in the usage of both states). ``outside_request``: submitted outside the
-        calling request's Ray task (:func:`deployments.aio.outside_request`)."""
+        actor is unavailable or does not answer within ``call_timeout_s``.
+
+        Every call is submitted outside the calling request's Ray task
+        (:func:`deployments.aio.outside_request`): Serve's cancellation of a request cancels its
+        child calls, and a lease release cancelled so was lost (the lease held until it
+        expired). A call the caller stopped waiting for (timed out, or the request cancelled)
+        still runs when the actor gets to it (Ray does not take back a call an actor queued):
+        an admit's lease is then released at once (:meth:`_release_late`; a timed-out admit's
+        request is counted in the usage of both states).
+        """
         if self._local is not None:
             return getattr(self._local, method)(*args)
         from ray.exceptions import RayActorError, RayTaskError
 
-        from deployments.aio import outside_request as detached
+        from deployments.aio import outside_request
 
-        remote = getattr(self.actor, method).remote
-        ref = None
+        ref = outside_request(getattr(self.actor, method).remote, *args)
         try:
-            ref = detached(remote, *args) if outside_request else remote(*args)
             return await asyncio.wait_for(_awaited(ref), self.call_timeout_s)
         except (asyncio.TimeoutError, TimeoutError):
-            if method == "admit":  # it may still run there: its lease is released when it does
-                asyncio.get_running_loop().create_task(self._release_late(ref, args), context=contextvars.Context())
+            self._release_late_lease(method, ref, args)
             return self._on_unavailable(method, args, f"no answer within {self.call_timeout_s:g} s")
+        except asyncio.CancelledError:
+            self._release_late_lease(method, ref, args)
+            raise
         except RayTaskError as e:  # the method itself raised: that error, not a fallback
             raise e.as_instanceof_cause() from None
         except (RayActorError, ConnectionError) as e:  # actor unavailable: per-replica state
             return self._on_unavailable(method, args, str(e))
 
+    def _release_late_lease(self, method: str, ref: Any, args: tuple) -> None:
+        """An ``admit`` nobody waits for any more: release its lease when it is answered."""
+        if method != "admit":
+            return
+        task = asyncio.get_running_loop().create_task(self._release_late(ref, args), context=contextvars.Context())
+        self._late.add(task)  # held until done (the loop keeps only weak references)
+        task.add_done_callback(self._late.discard)
+
     async def _release_late(self, ref: Any, admit_args: tuple) -> None:
-        """Release the lease of an admit answered after the fallback had answered it."""
+        """Release the lease of an admit answered after its caller stopped waiting."""
         try:
             got = await ref
             if isinstance(got, dict) and got.get("lease"):
@@ -593,7 +607,7 @@ class ControllerClient:
             return self._fallback.complete(*args)
         # the release must outlive the request: Serve cancels a disconnected request's Ray task
         # with its child calls, and a cancelled release would hold the lease until it expires
-        return await self._call("complete", *args, outside_request=True)
+        return await self._call("complete", *args)
 
     async def decide(self, tenant: str, proposer: str, policy: Mapping, requested_k: int | None = None) -> dict:
         return await self._call("decide", tenant, proposer, dict(policy), requested_k)
@@ -620,7 +634,11 @@ class ControllerClient:
         from ray.exceptions import RayTaskError
 
         try:
-            return await self.actor.sync_batch_acceptance.remote(replica, dict(report))
+            from deployments.aio import outside_request
+
+            # outside the draft request that started the exchange: cancelled with it, a report
+            # the actor merged anyway would be restored and sent again (its steps counted twice)
+            return await outside_request(self.actor.sync_batch_acceptance.remote, replica, dict(report))
         except RayTaskError as e:
             raise e.as_instanceof_cause() from None
 

@@ -41,15 +41,18 @@ def remote():
         time.sleep(seconds)
 
     class Signal:
-        """``wait()`` answers (None) once ``send()`` was called."""
+        """``wait()`` answers ``value`` once ``send(value)`` was called."""
 
         def __init__(self):
             self.event = asyncio.Event()
+            self.value = None
 
-        async def wait(self) -> None:
+        async def wait(self):
             await self.event.wait()
+            return self.value
 
-        async def send(self) -> None:
+        async def send(self, value=None) -> None:
+            self.value = value
             self.event.set()
 
     class RouterLike:
@@ -65,6 +68,13 @@ def remote():
             # has not reached the actor (where Serve's cancel caught it in the failed run)
             await finish_despite_cancellation(
                 self.client.complete(got["lease"], "alpha", "none", stats[0], None, 4, 0, 4))
+
+        async def admit(self) -> dict:
+            return await self.client.admit("alpha", {}, 10, "none", POLICY, 0)
+
+        async def sync(self, replica: list) -> dict:
+            # the replica's id is still being computed: submitted, not yet at the actor
+            return await self.client.sync_batch_acceptance(replica[0], {"segments": []})
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
@@ -146,3 +156,49 @@ def test_an_unanswering_shared_actor_is_replaced_by_the_fallback_within_the_boun
     # the late admit counted the request on the actor too (the fallback counted it as well)
     assert ray.get(shared.tenant_stats.remote("alpha"))["usage"]["requests"] == 1
     ray.kill(shared)
+
+
+def test_an_admit_cancelled_with_its_request_leaves_no_lease(remote):
+    """The client disconnected while its admission waited on the busy actor: the admit still
+    runs there (Ray does not take back a call the actor queued); its lease is released at once,
+    not held for the request's timeout."""
+    shared = remote.busy.remote()
+    router = remote.router.remote(shared)
+    assert ray.get(shared.active_leases.remote()) == 0
+    busy = shared.hold.remote(3.0)
+    ref = router.admit.remote()
+    time.sleep(1.0)
+    ray.cancel(ref)
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(ref, timeout=30)
+    ray.get(busy)
+    end = time.monotonic() + 30
+    while ray.get(shared.active_leases.remote()) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert ray.get(shared.active_leases.remote()) == 0
+    assert ray.get(shared.tenant_stats.remote("alpha"))["usage"]["requests"] == 1  # it did run
+    for actor in (router, shared):
+        ray.kill(actor)
+
+
+def test_a_draft_replicas_report_outlives_the_cancellation_of_the_request_that_sent_it(remote):
+    """K under load: the exchange a draft replica starts after a step is not cancelled with
+    that step's generation (cancelled, a report the actor merged anyway was restored and sent
+    again, its steps counted twice; one not merged was delayed)."""
+    shared = remote.busy.remote()
+    router = remote.router.remote(shared)
+    signal = remote.signal.remote()
+    assert ray.get(shared.batch_k_replicas.remote()) == {}
+    ref = router.sync.remote([signal.wait.remote()])
+    time.sleep(1.0)
+    ray.cancel(ref)
+    time.sleep(0.3)
+    ray.get(signal.send.remote("draft-replica-1"))
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(ref, timeout=30)
+    end = time.monotonic() + 30
+    while not ray.get(shared.batch_k_replicas.remote()) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert list(ray.get(shared.batch_k_replicas.remote())) == ["draft-replica-1"]
+    for actor in (router, signal, shared):
+        ray.kill(actor)
