@@ -18,6 +18,10 @@ from specdec.models.quant_cache import cache_folder
 from specdec.testing.tiny import build_tiny_model
 
 PROMPTS = [[1, 5, 9, 33, 70, 100, 7, 8, 250, 3], [4, 4, 17, 200, 31]]
+#: fused groups per rank at TP=2 (2 layers x q/k/v, gate/up): only int4 and w8a8 fuse; int4's
+#: q/k/v shards (k/v: 16 rows) are not bitwise fused (tests/test_fused.py), so its load-time
+#: check leaves them unfused
+FUSED_TP2 = {"int8": 0, "bfloat16": 0, "w8a8": 4, "int4": 2}
 MAX_NEW = 16
 
 
@@ -34,7 +38,7 @@ def _rank(rank: int, target: str, draft: str, port: int, fmt: str, out: str) -> 
     info = worker.setup(target, "127.0.0.1", port, fmt)
     loaded = worker.loaded
     engine = SpeculativeEngine(loaded, load_model(HFModelSpec(path=draft), weight_format=fmt))
-    result = {"info": {k: info[k] for k in ("q_proj_local_shape", "weight_format", "quant_cache")},
+    result = {"info": {k: info[k] for k in ("q_proj_local_shape", "weight_format", "quant_cache", "fused_groups")},
               "local_layers": sum(isinstance(m, TPLocalLinear) for m in loaded.model.modules()),
               "alone": [], "spec": {}}
     with torch.no_grad():
@@ -81,6 +85,8 @@ def _check_tp2(target, fmt, ranks):
     assert r0["local_layers"] == r1["local_layers"] == 15
     assert tuple(r0["info"]["q_proj_local_shape"]) == (32, 64)
     assert r0["info"]["weight_format"] == fmt
+    # q/k/v and gate/up local column shards fused on each rank (deployments.tp_load.fuse_tp_projections)
+    assert r0["info"]["fused_groups"] == r1["info"]["fused_groups"] == FUSED_TP2[fmt]
     assert r0["info"]["quant_cache"] == ("built" if fmt in ("int8", "int4", "w8a8") else "none")
     if fmt in ("int8", "int4", "w8a8"):
         for rank in (0, 1):
@@ -112,3 +118,25 @@ def test_tp2_int4_and_warm_start_reads_each_ranks_cached_shard(folders, tmp_path
     warm = _run_tp2(target, draft, "int4", tmp_path, "warm")
     assert [r["info"]["quant_cache"] for r in warm] == ["hit", "hit"]
     assert warm[0]["logits"] == first[0]["logits"] and warm[0]["spec"] == first[0]["spec"]
+
+
+@pytest.mark.parametrize("fmt, groups", [("w8a8", 4), ("int4", 2)])  # int4: q/k/v of hidden 64 not bitwise fused
+def test_tp1_worker_fuses_like_the_in_process_load(folders, fmt, groups):
+    """The served TP=1 target (load_tp_model, what TPWorker.setup runs) fuses q/k/v and gate/up
+    like load_model does, and its logits are bitwise those of the in-process target and of the
+    same worker load unfused."""
+    from specdec.models.fused import FusedLinear, FusedSlice
+    from specdec.models.loader import load_model
+    from specdec.models.spec import HFModelSpec
+
+    target, _ = folders
+    served = load_tp_model(str(target), 0, 1, fmt)
+    unfused = load_tp_model(str(target), 0, 1, fmt, fuse=False)
+    in_process = load_model(HFModelSpec(path=target), weight_format=fmt)
+    assert sum(isinstance(m, FusedLinear) for m in served.model.modules()) == groups  # of 2 layers x 2 groups
+    assert isinstance(served.model.model.layers[1].mlp.up_proj, FusedSlice)
+    assert not any(isinstance(m, FusedLinear) for m in unfused.model.modules())
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        logits = [m.model(ids).logits[0] for m in (served, unfused, in_process)]
+    assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])
