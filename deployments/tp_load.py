@@ -227,6 +227,10 @@ def load_tp_model(path: str, rank: int, tp_size: int, dtype: str | torch.dtype =
         from specdec.engine.invariant import make_invariant
 
         make_invariant(model)
+    if fmt in formats.QUANTIZED_FORMATS:
+        from specdec.models.release import release_after_load
+
+        release_after_load(model)  # w8a8 prepacked now; file pages no tensor uses dropped
     tokenizer = AutoTokenizer.from_pretrained(path)
     cfg = model.config
     return LoadedModel(

@@ -305,6 +305,15 @@ class W8A8Linear(_RowsLinear):
                         self.qweight = self.qweight.new_empty((0, self.in_features))
         return self._packed
 
+    def prepack(self) -> bool:
+        """Build oneDNN's prepacked weight now if the layer runs the qlinear kernel (:attr:`KERNEL`
+        and :attr:`QLINEAR_MIN_OUT`), as its first forward would, dropping the plain int8 rows
+        unless :attr:`KEEP_INT8` (done at load, :mod:`specdec.models.release`, so their memory goes
+        before serving). Returns :attr:`prepacked`."""
+        if self.KERNEL == "qlinear" and self.out_features >= self.QLINEAR_MIN_OUT:
+            self._prepacked()
+        return self.prepacked
+
     @property
     def prepacked(self) -> bool:
         """Whether the weight lives only in oneDNN's prepacked form (``qweight`` is then empty)."""

@@ -146,6 +146,10 @@ def load_model(
 
         make_invariant(loaded.model, need_rows=need_rows)
         loaded.invariant = True
+    if fmt in formats.QUANTIZED_FORMATS:
+        from specdec.models.release import release_after_load
+
+        release_after_load(loaded.model)  # w8a8 prepacked now; file pages no tensor uses dropped
     log.info("loaded %s as %s in %.1f s (read %.1f s, quantize %.1f s [cache: %s, %d projection groups fused], "
              "invariance plan %.1f s; %d positions, %d vocab rows, %s)", loaded.name, fmt, time.perf_counter() - t0,
              t_load, t_quant, loaded.quant_cache, fused, time.perf_counter() - t0 - t_load - t_quant,

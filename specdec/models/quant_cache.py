@@ -48,6 +48,8 @@ import torch
 from torch import nn
 
 from specdec.models import cache, formats
+from specdec.models.release import release_freed_memory as _release_freed_memory
+from specdec.models.release import release_source_file  # noqa: F401 - the load paths' step, kept importable here
 
 log = logging.getLogger(__name__)
 
@@ -244,49 +246,6 @@ def _tensor_classes() -> list[type]:
     except ImportError:  # pragma: no cover - older/newer torchao
         pass
     return classes
-
-
-def _release_freed_memory() -> None:
-    """Hand freed heap pages back to the OS (glibc ``malloc_trim``): quantizing frees the
-    bfloat16 weights in many small pieces that would otherwise stay in the process's RSS."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
-def release_source_file(model: nn.Module) -> int:
-    """Copy the model's unquantized tensors (embeddings, norms, biases) into memory of their own.
-
-    ``from_pretrained`` leaves bfloat16 tensors memory-mapped from the folder's safetensors file;
-    while one of them lives, the whole mapping stays, and every page of it that was read
-    (all the linear weights, read once to quantize them) counts in the process's RSS although
-    the model no longer uses them. Copying the few unquantized tensors lets the mapping go.
-    Quantized layers (plain int8 or torchao tensors) are left as they are; tied tensors stay tied.
-
-    Returns:
-        bytes copied.
-    """
-    copies: dict[int, torch.Tensor] = {}
-    copied = 0
-    for module in model.modules():
-        if isinstance(module, (formats.Int8WeightOnlyLinear, formats.W8A8Linear)):
-            continue
-        for table in (module._parameters, module._buffers):
-            for name, t in list(table.items()):
-                if t is None or type(t.data) is not torch.Tensor or t.device.type != "cpu":
-                    continue
-                if isinstance(module, nn.Linear) and name == "weight" and t.dtype == torch.int8:
-                    continue
-                key = t.data.untyped_storage().data_ptr()
-                if key not in copies:
-                    copies[key] = t.data.clone()
-                    copied += t.data.nbytes
-                new = copies[key]
-                table[name] = nn.Parameter(new, requires_grad=False) if isinstance(t, nn.Parameter) else new
-    return copied
 
 
 def _try_load(model: nn.Module, dest: Path, digest: str, key: dict, device: torch.device, quiet: bool = False) -> bool:
