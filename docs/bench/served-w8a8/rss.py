@@ -1,5 +1,9 @@
 """RSS of the model processes (Serve replicas, TP workers) below a process, and with a second
-argument their OpenMP settings: ``python rss.py ROOT_PID [env]``."""
+argument their OpenMP settings: ``python rss.py ROOT_PID [env]``.
+
+Also their PSS (/proc/PID/smaps_rollup): RSS counts a page shared by several processes (the
+torch and Python libraries' code every Ray worker maps) once per process; PSS divides it among
+them, so the PSS sum is the memory the processes take together."""
 import subprocess
 import sys
 
@@ -20,9 +24,22 @@ def model_processes(root: int):
                 yield pid, rss, args
 
 
+def pss_kib(pid: int) -> int:
+    """Proportional set size of ``pid`` in KiB (0 when unreadable)."""
+    try:
+        for line in open(f"/proc/{pid}/smaps_rollup"):
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 procs = list(model_processes(root))
+pss = sum(pss_kib(p) for p, _, _ in procs)
 print(f"{sum(r for _, r, _ in procs) / 1048576:.2f} GiB "
-      f"({', '.join(f'{a.split()[0][:40]}={r / 1048576:.2f}' for _, r, a in procs)})")
+      f"({', '.join(f'{a.split()[0][:40]}={r / 1048576:.2f}' for _, r, a in procs)}); "
+      f"PSS {pss / 1048576:.2f} GiB = {pss * 1024 / 1e9:.2f} GB")
 if len(sys.argv) > 2:
     for pid, _, args in procs:
         try:

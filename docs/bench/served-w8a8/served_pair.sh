@@ -12,7 +12,7 @@ ready=$(( $(date +%s) - t0 ))
 rss=$(python3 docs/bench/served-w8a8/rss.py $pid)
 echo "== $label ($*) $(date -u +%H:%M:%S) load $(cut -d' ' -f1 /proc/loadavg) ready in ${ready}s, replicas+ranks RSS ${rss}"
 python3 docs/bench/served-w8a8/rss.py $pid env | tail -n +2
-timeout 400 $NS .venv/bin/python docs/bench/served-w8a8/client_pair.py 2>&1 | grep -E '^\{|Error'
+timeout 400 $NS .venv/bin/python docs/bench/served-w8a8/client_pair.py 2>&1 | grep -E '^\{|^tenant_stats|Error'
 rss=$(python3 docs/bench/served-w8a8/rss.py $pid)
 echo "   after: replicas+ranks RSS ${rss}, load $(cut -d' ' -f1 /proc/loadavg)"
 kill -INT $pid; sleep 8; kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null
