@@ -46,4 +46,9 @@ if len(sys.argv) > 2:
             env = dict(kv.split("=", 1) for kv in open(f"/proc/{pid}/environ").read().split("\0") if "=" in kv)
         except OSError:
             continue
-        print(f"  {args.split()[0][:40]}: OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY')} OMP_NUM_THREADS={env.get('OMP_NUM_THREADS')}")
+        try:
+            status = {l.split(":")[0]: int(l.split()[1]) for l in open(f"/proc/{pid}/status") if l.startswith(("RssAnon", "RssFile", "RssShmem"))}
+        except OSError:
+            status = {}
+        print(f"  {args.split()[0][:40]}: OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY')} OMP_NUM_THREADS={env.get('OMP_NUM_THREADS')} "
+              f"PSS={pss_kib(pid) / 1048576:.2f} " + " ".join(f"{k}={v / 1048576:.2f}" for k, v in status.items()))
