@@ -232,3 +232,29 @@ def test_one_client_on_code_still_speculates():
     assert max(fixed, key=fixed.get) == 4 and round(fixed[4] / fixed[0], 1) == 2.4
     assert ks == old_ks == {1: 1, 4: 199} and live.probes == 1
     assert round(tps / fixed[4], 2) == 1.0 and tps == pytest.approx(old_tps)
+
+
+def test_measured_catch_ups_raise_the_catch_up_price():
+    """A session 40 tokens behind whose first drafting step took 2.5 s, of which its own K = 2
+    draft forwards are 2 x draft_s(8 sessions joined): the rest, per token behind, is the
+    measured catch-up rate (EWMA 0.3), and the catch-up is priced at no less than it. A step
+    less than 8 tokens behind, or at K = 0, is no sample."""
+    c = BatchKController(budget=64)
+    for p in (8, 64):
+        c.observe_tick(8, p, 0.2 + 0.01 * p, [(8, 0.15)])
+    live = BatchKSessions(c)
+    for i in range(8):
+        live.join(i, "code", "draft", k_range=(0, 4), prompt_tokens=40 if i == 0 else 4, max_tokens=24)
+    model = c.cost.catchup_s(40)
+    assert model == pytest.approx(40 * 0.84 / 64 * 0.15 / 0.28)
+    live.observe_step(1, 2, 2, None, [], draft_s=9.0, verify_s=0.3)  # 4 behind: no sample
+    live.observe_step(2, 0, 0, None, [], draft_s=0.0, verify_s=0.3)
+    assert c.cost.snapshot()["catchup_s_per_token"] is None and c.cost.catchup_s(40) == model
+    live.observe_step(0, 2, 2, None, [], draft_s=2.5, verify_s=0.3)
+    rate = (2.5 - 2 * 0.15) / 40
+    assert c.cost.snapshot()["catchup_s_per_token"] == pytest.approx(rate)
+    assert c.cost.catchup_s(100) == pytest.approx(100 * rate) and 100 * rate > c.cost._catchup_model_s(100)
+    c.cost.observe_catchup(10, 0.0)
+    assert c.cost.catchup_s(100) == pytest.approx(100 * 0.7 * rate)
+    with pytest.raises(ValueError, match="tokens >= 1"):
+        c.cost.observe_catchup(0, 1.0)

@@ -38,7 +38,12 @@ class BatchCostModel:
       whose speculation paid 1.8x at K = 0), and ``r = draft_s(R) / verify_s(R, R)`` at the most
       rows ``R`` a draft forward was measured at (the draft's cost relative to the target's at
       equal size; the priors' ratio before any). Before any such forward: the verify curve at
-      ``n`` positions times ``r``.
+      ``n`` positions times ``r``. And at least what catch-ups measured
+      (:meth:`observe_catchup`: a session's drafting seconds in its first drafting step after
+      K = 0, beyond its K draft forwards, per token it was behind; an EWMA): served, the
+      sessions of a tenant leaving K = 0 catch up in the same batched draft forwards while
+      the target's batch waits for them, so a catch-up cost each 2-6 s where the cheapest
+      verify forward priced it at 0.9 s (w8a8 pair, 8 clients).
       Left out, the controller took a tenant held at K = 0 back to K > 0 (or probed it) for a
       predicted gain of 1-2 %, and every session of it then fed tens of tokens to the draft in
       its first drafting step (1-4 s of drafting on the w8a8 demo pair, 8 clients,
@@ -75,6 +80,7 @@ class BatchCostModel:
         self.draft = CostModel(prior_verify_s=prior_draft_s, prior_verify_slope=0.05, max_positions=max_positions)
         self._row_s = 0.0
         self._row_n = 0
+        self._catchup_rate: float | None = None  # measured seconds per caught-up token (EWMA)
         #: the fewest positions per row of any verify forward measured (inf before any): a
         #: decode forward has K + 1, a prompt's prefill chunk tens
         self.min_positions_per_row = float("inf")
@@ -100,10 +106,27 @@ class BatchCostModel:
     def draft_s(self, rows: int) -> float:
         return 0.0 if rows <= 0 else self.draft.verify_s(rows)
 
+    def observe_catchup(self, tokens: int, seconds: float) -> None:
+        """A session behind by ``tokens`` tokens spent ``seconds`` catching its draft up (its
+        first drafting step's seconds beyond its own draft forwards; class docstring).
+
+        Raises:
+            ValueError: ``tokens < 1`` or ``seconds`` negative or not finite.
+        """
+        if tokens < 1 or not 0 <= seconds < float("inf"):
+            raise ValueError(f"need tokens >= 1 and 0 <= seconds < inf, got {tokens}, {seconds}")
+        rate = seconds / tokens
+        self._catchup_rate = rate if self._catchup_rate is None else self._catchup_rate + 0.3 * (
+            rate - self._catchup_rate)
+
     def catchup_s(self, tokens: int) -> float:
         """Seconds to feed ``tokens`` positions the draft is behind by (class docstring; 0 for none)."""
         if tokens <= 0:
             return 0.0
+        measured = 0.0 if self._catchup_rate is None else self._catchup_rate * int(tokens)
+        return max(measured, self._catchup_model_s(int(tokens)))
+
+    def _catchup_model_s(self, tokens: int) -> float:
         measured = self.draft.snapshot()["verify_s"]
         rows = max((int(r) for r in measured), default=1)
         ratio = self.draft_s(rows) / self.verify_s(rows, rows)
@@ -125,4 +148,4 @@ class BatchCostModel:
 
     def snapshot(self) -> dict:
         return {"verify_s_by_positions": self.verify.snapshot()["verify_s"], "verify_row_s": self._row_s,
-                "draft_s_by_rows": self.draft.snapshot()["verify_s"]}
+                "draft_s_by_rows": self.draft.snapshot()["verify_s"], "catchup_s_per_token": self._catchup_rate}

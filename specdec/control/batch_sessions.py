@@ -242,6 +242,9 @@ class BatchKSessions(AcceptanceExchange):
             if j is not None:
                 if k > 0 and j.last_k in (None, 0):
                     draft_forwards = ()
+                if k > 0 and j.behind >= 8 and draft_s is not None and j.proposer == "draft":
+                    own = int(k) * self.controller.cost.draft_s(len(self._joined))  # its K draft forwards
+                    self.controller.cost.observe_catchup(j.behind, max(0.0, float(draft_s) - own))
                 j.last_k = int(k)
                 j.behind = 0 if k > 0 else j.behind + int(accepted) + 1
                 if j.left is not None:
