@@ -270,9 +270,46 @@ def run_serve(args) -> int:
     finally:
         _log("shutting down")
         try:
-            serve.shutdown()
+            shutdown_serve()
         finally:
             ray.shutdown()
+
+
+def shutdown_serve(timeout_s: float = 30.0) -> None:
+    """Shut Serve down on this driver's Ray cluster, as ``serve.shutdown()`` does, without the
+    line "(raylet) Task ServeController.graceful_shutdown failed ... killed by `ray.kill`".
+
+    ``serve.shutdown()`` calls the controller's ``graceful_shutdown(wait=True)``, which by design
+    never returns: the caller waits until the controller kills itself, so that task always ends
+    failed and Ray prints the failure. Here the flag is set with ``wait=False`` (the task returns
+    at once) and the controller's end is awaited by looking its name up, which asks the GCS, not
+    the actor. Nothing happens when Serve was never started.
+
+    Args:
+        timeout_s: how long to wait for the controller to go, in seconds (then it is left to
+            ``ray.shutdown()``).
+    """
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+    from ray.serve.context import _disconnect
+
+    try:
+        controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:  # no Serve on this cluster
+        return
+    try:
+        ray.get(controller.graceful_shutdown.remote(False), timeout=timeout_s)
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+            time.sleep(0.1)
+        _log(f"Serve's controller did not stop within {timeout_s:.0f} s; stopping Ray")
+    except ValueError:  # the name is gone: the controller stopped every application and itself
+        pass
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        pass
+    finally:
+        _disconnect()
 
 
 # --- client ------------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ def test_ctrl_c_while_the_models_load_shuts_down_without_a_traceback(monkeypatch
     monkeypatch.setattr(ray, "shutdown", lambda *a, **k: calls.append("ray.shutdown"))
     monkeypatch.setattr(serve, "start", lambda *a, **k: calls.append("serve.start"))
     monkeypatch.setattr(serve, "run", loading)
-    monkeypatch.setattr(serve, "shutdown", lambda *a, **k: calls.append("serve.shutdown"))
+    monkeypatch.setattr(cli, "shutdown_serve", lambda *a, **k: calls.append("serve.shutdown"))
     monkeypatch.setattr(deployments.app, "build_app", lambda cfg: None)
     monkeypatch.setattr(cli, "_stop_on_sigterm", lambda: None)
     for keep_running in ([], ["--keep-running"]):
@@ -121,8 +121,9 @@ def test_a_failed_demo_request_is_one_line_and_sends_the_api_key(monkeypatch, ca
 
     for name in ("init", "shutdown"):
         monkeypatch.setattr(ray, name, lambda *a, **k: None)
-    for name in ("start", "run", "shutdown"):
+    for name in ("start", "run"):
         monkeypatch.setattr(serve, name, lambda *a, **k: None)
+    monkeypatch.setattr(cli, "shutdown_serve", lambda *a, **k: None)
     monkeypatch.setattr(deployments.app, "build_app", lambda cfg: None)
     monkeypatch.setattr(cli, "_stop_on_sigterm", lambda: None)
     monkeypatch.setattr(client_lib, "SpecDecClient", Refusing)
