@@ -15,9 +15,12 @@ Both hand :meth:`Router.generate_stream` the plain request dict that
 :func:`specdec.request.parse_request` validates and the caller's metadata (``authorization``,
 ``session_id``, ``specdec-timeout-s``). Per request, in order (one clear step each):
 
+0. (gRPC) ``check_application``: ``application`` metadata naming another Serve application is
+   NOT_FOUND (Serve's proxy hands any name to its only application);
 1. ``TenancyGate.authenticate_caller``: the API key (UNAUTHENTICATED / HTTP 401), before any
    other work, so an unauthenticated caller cannot make the router validate or tokenize a
-   large prompt;
+   large prompt; then the session id's length and the number of chat messages
+   (:mod:`deployments.ingress.checks`, INVALID_ARGUMENT);
 2. ``parse_request``: dict -> validated core request (INVALID_ARGUMENT / HTTP 400), the same
    messages on both APIs;
 3. ``_hints``: the request's proposer and largest K, capped by ``default_max_k``;
@@ -28,7 +31,7 @@ Both hand :meth:`Router.generate_stream` the plain request dict that
    long as the request's own timeout), a fair admission slot, and the K of the shared per-tenant
    controller (K = 0: plain decoding);
 6. ``_ensure_ready``: the models are loaded (else UNAVAILABLE within ``ready_timeout_s``);
-7. ``_relay``: one ``DraftJob`` to the Draft deployment (sticky on the session id), whose
+7. ``_relay`` (:mod:`deployments.ingress.relay`): one ``DraftJob`` to the Draft deployment (sticky on the session id), whose
    stream of chunks is relayed as is. The router is not in the per-token path: the draft replica
    runs the loop and talks to the target itself. If the draft replica dies mid-stream, the
    generation is resumed on a (new) draft replica from what the client already received.
@@ -51,136 +54,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import secrets
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 from deployments import convert
 from deployments.aio import finish_despite_cancellation
 from deployments.config import AppConfig
 from deployments.grpc_status import abort_stream, abort_with
-from deployments.metadata import APPLICATION_KEY, MAX_SESSION_ID_CHARS, SESSION_KEY, TIMEOUT_KEY
-from deployments.ray_errors import is_replica_death, unwrap
+from deployments.ingress.checks import (  # noqa: F401 (PromptTooManyCharactersError, metadata_dict: re-exported)
+    PromptTooManyCharactersError,
+    check_application,
+    check_session_id,
+    deadline_from_metadata,
+    metadata_dict,
+    refuse_surely_too_long,
+    refuse_too_many_messages,
+    refuse_undecodable,
+    with_default_max_tokens,
+)
+from deployments.ingress.relay import MAX_RESUMES, RelayProgress, relay  # noqa: F401 (re-exported)
+from deployments.metadata import SESSION_KEY, TIMEOUT_KEY  # noqa: F401 (TIMEOUT_KEY: re-exported)
+from deployments.ray_errors import unwrap
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
-from specdec.errors import (
-    DeadlineExceededError,
-    InvalidRequestError,
-    ModelNotFoundError,
-    ModelNotReadyError,
-    PromptTooLongError,
-)
+from specdec.errors import InvalidRequestError, ModelNotReadyError, PromptTooLongError
 from specdec.request import MAX_SPECULATION_LENGTH, GenerationRequest, parse_request
 
 log = logging.getLogger(__name__)
-
-
-class PromptTooManyCharactersError(PromptTooLongError):
-    """A prompt refused before tokenizing: more characters than the context's positions can
-    spell (INVALID_ARGUMENT; OpenAI code ``context_length_exceeded``, as a tokenized prompt over
-    the context). ``prompt_tokens`` is None (not tokenized); ``limit`` is the context in positions."""
-
-    def __init__(self, message: str, limit: int):
-        InvalidRequestError.__init__(self, message)
-        self.prompt_tokens = None
-        self.limit = limit
-
-#: How many times one generation is resumed after its draft replica died.
-MAX_RESUMES = 3
-
-
-def _remaining(deadline_unix_s: float) -> float | None:
-    """Seconds until ``deadline_unix_s`` (at least 0), or None without a deadline (0)."""
-    return max(0.0, deadline_unix_s - time.time()) if deadline_unix_s else None
-
-
-def metadata_dict(grpc_context: Any) -> dict[str, str]:
-    """The invocation metadata of a call as a dict (empty without a context)."""
-    if grpc_context is None:
-        return {}
-    return {k: v for k, v in grpc_context.invocation_metadata()}
-
-
-def check_session_id(metadata: Mapping[str, str]) -> None:
-    """Refuse a session id longer than :data:`MAX_SESSION_ID_CHARS` (gRPC metadata
-    ``session_id``, HTTP header ``x-session-id``).
-
-    Raises:
-        InvalidRequestError: naming both spellings of the key, the length and the limit.
-    """
-    sid = metadata.get(SESSION_KEY)
-    if sid is not None and len(sid) > MAX_SESSION_ID_CHARS:
-        raise InvalidRequestError(f"metadata {SESSION_KEY} (HTTP header x-session-id) is {len(sid)} characters; "
-                                  f"at most {MAX_SESSION_ID_CHARS}")
-
-
-def check_application(metadata: Mapping[str, str], app_name: str) -> None:
-    """Refuse a gRPC call whose ``application`` metadata names another Serve application.
-
-    Serve's gRPC proxy routes a call to the only application whatever name it carries
-    (``ProxyRouter.get_handle_for_endpoint``: "or if there is only one endpoint"), so a client
-    configured for another application would be answered by this one. No metadata is fine (the
-    README: optional with one application).
-
-    Raises:
-        ModelNotFoundError: (NOT_FOUND) with Serve's own wording for an unknown application.
-    """
-    name = metadata.get(APPLICATION_KEY)
-    if name is not None and name != app_name:
-        raise ModelNotFoundError(f"Application '{name}' not found; this server serves the application '{app_name}'")
-
-
-def _refuse_undecodable(request: Any) -> None:
-    """Raise InvalidRequestError for an :class:`deployments.servicer.UndecodableRequest`."""
-    from deployments.servicer import UndecodableRequest
-
-    if isinstance(request, UndecodableRequest):
-        raise InvalidRequestError(request.describe())
-
-
-class RelayProgress:
-    """What the router holds of a generation it relays, to resume it on another draft replica.
-
-    The ids and characters the client received, and the checkpoint the draft replica reported
-    with the last chunk (``DraftChunkTrailer``: the tokens that step committed but the chunk held
-    back, and the step count). Together they end where a speculation step ended, the only place
-    a seeded sampled generation can resume from and continue as it would have (each step's
-    random streams are keyed by the position the step starts from).
-    """
-
-    def __init__(self) -> None:
-        self.sent_ids: list[int] = []
-        self.sent_chars = 0
-        self.trailer = xpb.DraftChunkTrailer()
-
-    def see(self, raw: bytes) -> pb.GenerateStreamChunk:
-        """Record one chunk's bytes from the draft replica; return the chunk for the client.
-
-        The trailer (fields unknown to GenerateStreamChunk) is read and dropped; a chunk without
-        one (the last, or from an older draft replica) leaves nothing held.
-        """
-        chunk = pb.GenerateStreamChunk.FromString(raw)
-        chunk.DiscardUnknownFields()
-        self.trailer = xpb.DraftChunkTrailer.FromString(raw)
-        self.trailer.DiscardUnknownFields()
-        self.sent_ids.extend(chunk.token_ids)
-        self.sent_chars += len(chunk.text)
-        return chunk
-
-    def fill(self, job: xpb.DraftJob) -> None:
-        """Set ``job``'s resume fields to continue after what was relayed (nothing at first)."""
-        for name in ("resume_token_ids", "resume_held_token_ids", "resume_held_logprobs", "resume_held_top_logprobs"):
-            job.ClearField(name)
-        job.resume_token_ids.extend(self.sent_ids)
-        job.resume_text_chars = self.sent_chars
-        job.resume_held_token_ids.extend(self.trailer.held_token_ids)
-        job.resume_held_logprobs.extend(self.trailer.held_logprobs)
-        job.resume_held_top_logprobs.extend(self.trailer.held_top_logprobs)
-        job.resume_steps = self.trailer.steps
 
 
 class Router:
@@ -248,40 +151,6 @@ class Router:
             k = 0
         return proposer, int(k)
 
-    def _refuse_too_many_messages(self, data: Mapping[str, Any]) -> None:
-        """Refuse a chat request with more than ``max_chat_messages`` messages before validating
-        or templating them: the characters check below counts only the messages' contents, and
-        the template text each message adds (50,000 empty messages) would be tokenized first.
-
-        Raises:
-            InvalidRequestError: too many messages.
-        """
-        messages = data.get("messages")
-        limit = self.cfg.max_chat_messages
-        if isinstance(messages, (list, tuple)) and len(messages) > limit:
-            raise InvalidRequestError(f"messages: {len(messages)} messages are more than this server's limit of "
-                                      f"{limit} (max_chat_messages)")
-
-    def _refuse_surely_too_long(self, req: GenerationRequest) -> None:
-        """Refuse a text that cannot fit however it tokenizes, without tokenizing it (a 10 MB
-        prompt takes seconds to tokenize).
-
-        Raises:
-            InvalidRequestError: more characters than ``max_positions`` tokens can spell.
-        """
-        if req.prompt is not None:
-            chars = len(req.prompt)
-        elif req.messages is not None:
-            chars = sum(len(m.content) for m in req.messages)
-        else:
-            return
-        most = self.info.max_positions * self._max_token_chars
-        if chars > most:
-            raise PromptTooManyCharactersError(
-                f"prompt is {chars} characters: more than the {self.info.max_positions} positions of "
-                f"the target '{self.info.name}' can hold (at most {most} characters)", self.info.max_positions
-            )
-
     def _encode(self, req: GenerationRequest) -> list[int]:
         from specdec.engine.engine import encode_prompt
 
@@ -289,22 +158,6 @@ class Router:
         if len(ids) >= self.info.max_positions:
             raise PromptTooLongError(len(ids), self.info.max_positions, f"the target '{self.info.name}'")
         return ids
-
-    def _deadline(self, metadata: Mapping[str, str]) -> float:
-        """Unix time by which the request must end (client's deadline, capped by the server's)."""
-        budget = self.cfg.request_timeout_s
-        raw = metadata.get(TIMEOUT_KEY)
-        if raw:
-            try:
-                seconds = float(raw)
-            except ValueError:
-                seconds = math.nan
-            if not math.isfinite(seconds):
-                raise InvalidRequestError(f"metadata {TIMEOUT_KEY} must be a finite number of seconds, got {raw!r}")
-            if seconds <= 0:  # no time at all: not admitted, nothing generated
-                raise DeadlineExceededError(f"the request's deadline had passed before it started ({TIMEOUT_KEY} {raw})")
-            budget = min(budget, seconds)
-        return time.time() + budget
 
     async def _ensure_ready(self) -> None:
         """Raise ModelNotReadyError unless the draft and target replicas answer within the timeout."""
@@ -342,18 +195,6 @@ class Router:
                             tenant=adm.tenant_id, tenant_weight=getattr(adm, "batch_weight", 1.0),
                             batch_adaptive=batch_adaptive, k_min=min(getattr(adm, "k_min", 0), k) if batch_adaptive else 0)
 
-    @staticmethod
-    def _default_max_tokens(data: Mapping[str, Any], tenant: Any, default: int | None) -> Mapping[str, Any]:
-        """``data`` with ``max_tokens`` set when the caller left it out: ``default`` (the
-        server's, :class:`GenerationRequest`'s, when None), at most the tenant's
-        ``limits.max_tokens``. A default is the server's choice, so it never makes a request
-        fail a tenant limit; a ``max_tokens`` the caller set over the limit still does."""
-        if data.get("max_tokens") is not None:
-            return data
-        most = getattr(getattr(tenant, "limits", None), "max_tokens", None)
-        value = GenerationRequest.model_fields["max_tokens"].default if default is None else default
-        return {**data, "max_tokens": min(value, most) if isinstance(most, int) else value}
-
     async def _prepare(self, data: Mapping[str, Any], metadata: Mapping[str, str],
                        default_max_tokens: int | None = None) -> tuple[xpb.DraftJob, str, Any]:
         """Validate, tokenize, admit (tenancy) and build the draft job; returns the admission too.
@@ -370,8 +211,8 @@ class Router:
         tenant = self.gate.authenticate_caller(  # before any work on the prompt
             metadata, named_proposer if isinstance(named_proposer, str) else "unknown")
         check_session_id(metadata)
-        self._refuse_too_many_messages(data)
-        data = self._default_max_tokens(data, tenant, default_max_tokens)
+        refuse_too_many_messages(data, self.cfg.max_chat_messages)
+        data = with_default_max_tokens(data, tenant, default_max_tokens)
         req = parse_request(dict(data), convert.PROTO_FIELD_NAMES)  # fields named as the caller sent them
         proposer, k = self._hints(data)
         spec_given = data.get("speculation") or {}
@@ -379,10 +220,10 @@ class Router:
         if spec_given.get("draft_min_confidence") is None:
             spec_update["draft_min_confidence"] = self.cfg.draft_min_confidence
         req = req.model_copy(update={"speculation": req.speculation.model_copy(update=spec_update)})
-        self._refuse_surely_too_long(req)
+        refuse_surely_too_long(req, self.info.max_positions, self._max_token_chars, self.info.name)
         # tokenizing a long prompt takes a while: off the event loop, so other requests go on
         prompt = await asyncio.get_running_loop().run_in_executor(self.encode_executor, self._encode, req)
-        deadline = self._deadline(metadata)
+        deadline = deadline_from_metadata(metadata, self.cfg.request_timeout_s)
         named = spec_given.get("proposer") is not None
         adm = await self.gate.admit(metadata, req, prompt_tokens=len(prompt),
                                     default_proposers=None if named else self._default_proposers(),
@@ -449,46 +290,13 @@ class Router:
 
     # --- relaying the draft's stream ---------------------------------------------------------
 
-    async def _relay(self, job: xpb.DraftJob, routing_key: str) -> AsyncIterator[pb.GenerateStreamChunk]:
-        """Stream ``job``'s chunks from the draft deployment, resuming after a replica death."""
-        progress = RelayProgress()
-        resumes = 0
-        while True:
-            progress.fill(job)
-            stream = self.draft.options(session_id=routing_key, stream=True).Generate.remote(job.SerializeToString())
-            finished = False
-            try:
-                chunks = stream.__aiter__()
-                while True:
-                    try:  # the deadline is kept here too: a step (a long prefill, a loaded CPU) can
-                        # outlast it, and the draft replica checks it only between steps
-                        raw = await asyncio.wait_for(chunks.__anext__(), _remaining(job.deadline_unix_s))
-                    except StopAsyncIteration:
-                        break
-                    except (asyncio.TimeoutError, TimeoutError):
-                        raise DeadlineExceededError("the request's deadline passed during generation") from None
-                    chunk = progress.see(raw)
-                    finished = chunk.finish_reason != pb.FINISH_REASON_UNSPECIFIED
-                    yield chunk
-                if not finished:
-                    raise ModelNotReadyError("the draft replica ended the stream without a final chunk")
-                return
-            except Exception as e:
-                if not is_replica_death(e) or resumes >= MAX_RESUMES:
-                    raise
-                if job.deadline_unix_s and time.time() > job.deadline_unix_s:
-                    raise DeadlineExceededError("the request's deadline passed") from None
-                resumes += 1
-                self.resumes += 1
-                log.warning("draft replica died during %s after %d tokens (%s); resuming (%d)",
-                            job.session_id, len(progress.sent_ids), type(e).__name__, resumes)
-                await asyncio.sleep(0.2 * resumes)
-            finally:
-                if not finished:
-                    try:
-                        stream.cancel()
-                    except Exception:
-                        pass
+    def _relay(self, job: xpb.DraftJob, routing_key: str) -> AsyncIterator[pb.GenerateStreamChunk]:
+        """Stream ``job``'s chunks from the draft deployment, resuming after a replica death
+        (:func:`deployments.ingress.relay.relay`; resumes are counted in ``self.resumes``)."""
+        return relay(self.draft, job, routing_key, self._count_resume)
+
+    def _count_resume(self) -> None:
+        self.resumes += 1
 
     # --- RPCs ----------------------------------------------------------------------------------
 
@@ -497,7 +305,7 @@ class Router:
         try:
             metadata = metadata_dict(grpc_context)
             check_application(metadata, self.cfg.app_name)
-            _refuse_undecodable(request)
+            refuse_undecodable(request)
             data = convert.request_to_dict(request)
             chunks = [c async for c in self.generate_stream(data, metadata)]
             return convert.join_chunks(chunks)
@@ -509,7 +317,7 @@ class Router:
         try:
             metadata = metadata_dict(grpc_context)
             check_application(metadata, self.cfg.app_name)
-            _refuse_undecodable(request)
+            refuse_undecodable(request)
             data = convert.request_to_dict(request)
             async for chunk in self.generate_stream(data, metadata):
                 yield chunk
@@ -521,12 +329,11 @@ class Router:
 
         The tenant comes from the API key, so a tenant can never read another's.
         """
-        from deployments.batch_k_stats import fill_batch_load, merge_views
-        from deployments.tenancy import proposer_name, tenant_stats_to_proto, uses_batch_k
+        from deployments.ingress.tenant_stats import add_batch_load, proposer_name, tenant_stats_to_proto
 
         try:
             check_application(metadata_dict(grpc_context), self.cfg.app_name)
-            _refuse_undecodable(request)
+            refuse_undecodable(request)
             stats = await self.gate.tenant_stats(metadata_dict(grpc_context))
             proposer = proposer_name(request.proposer)
             if proposer is None and request.proposer != pb.PROPOSER_UNSPECIFIED:
@@ -536,27 +343,7 @@ class Router:
             msg = tenant_stats_to_proto(stats, proposer)
         except Exception as e:
             return abort_with(grpc_context, unwrap(e), pb.GetTenantStatsResponse)
-        try:  # the batch shape the target sees (best effort: stats must not fail on it)
-            load = await asyncio.wait_for(self.target.BatchStats.remote(), timeout=5)
-            msg.batch.forwards = int(load["forwards"])
-            msg.batch.mean_rows = float(load["mean_rows"])
-            msg.batch.mean_positions = float(load["mean_positions"])
-            msg.batch.max_rows = int(load["max_rows"])
-        except Exception:
-            log.debug("target BatchStats unavailable", exc_info=True)
-        # K under load for this tenant: the answering draft replica's, and every replica's as
-        # of its last exchange with the shared controller (deployments.batch_k_stats)
-        mine = None
-        try:
-            mine = await asyncio.wait_for(self.draft.BatchKStats.remote(stats["tenant_id"]), timeout=5)
-        except Exception:
-            log.debug("draft BatchKStats unavailable", exc_info=True)
-        try:
-            fill_batch_load(msg.batch, merge_views(stats.get("batch_replicas") or [], mine), time.time())
-            if uses_batch_k(stats, proposer) and msg.batch.HasField("k_under_load"):
-                msg.current_k = msg.batch.k_under_load  # its K is the draft replicas', one place
-        except Exception:
-            log.exception("K under load views")
+        await add_batch_load(msg, stats, proposer, self.target, self.draft)
         return msg
 
     def __serve_build_asgi_app__(self):

@@ -59,108 +59,38 @@ apply, and ``GetTenantStats`` answers for ``"default"``. Use it for local runs a
 deployment reachable by others needs a tenants file.
 """
 
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from specdec.errors import AuthenticationError, InvalidRequestError, ResourceExhaustedError, SpecDecError
+from specdec.errors import AuthenticationError, ResourceExhaustedError, SpecDecError
 from specdec.control.limits import FairAdmission
-from specdec.request import MAX_SPECULATION_LENGTH, GenerationRequest
-from specdec.control.tenants import SpeculationPolicy, Tenant, TenantLimits, TenantRegistry, TenantsConfig
+from specdec.request import GenerationRequest
+from specdec.control.tenants import Tenant, TenantRegistry, TenantsConfig
 
 from deployments.controller_actor import ControllerClient
+from deployments.ingress.admission import (  # noqa: F401 (Admission and the helpers are re-exported)
+    OPEN_TENANT,
+    OPEN_TENANT_ID,
+    UNKNOWN_TENANT,
+    Admission,
+    authorization_from_metadata,
+    status_name,
+)
+from deployments.ingress.tenant_stats import (  # noqa: F401 (re-exported: GetTenantStats' proto)
+    proposer_name,
+    stats_proposer,
+    tenant_stats_to_proto,
+    uses_batch_k,
+)
 from deployments.metrics import SpecDecMetrics
 
 log = logging.getLogger(__name__)
-
-#: Tenant id of open mode (no tenants file).
-OPEN_TENANT_ID = "default"
-#: Tenant label of requests refused before authentication.
-UNKNOWN_TENANT = "unknown"
-
-_OPEN_TENANT = Tenant(
-    id=OPEN_TENANT_ID,
-    api_key_hashes=["0" * 64],  # matches no key: open mode never authenticates
-    limits=TenantLimits(
-        max_concurrent_requests=1_000_000, tokens_per_minute=None, max_tokens=1_000_000, max_prompt_tokens=1_000_000
-    ),
-    speculation=SpeculationPolicy(k_min=0, k_max=MAX_SPECULATION_LENGTH, adaptive=True),
-)
-
-
-def authorization_from_metadata(metadata: Any) -> str | None:
-    """The ``authorization`` value from gRPC metadata.
-
-    Accepts what routers have at hand: ``grpc_context.invocation_metadata()`` (pairs or objects
-    with ``key``/``value``), a mapping, or None. Keys compare case-insensitively; the first
-    ``authorization`` entry wins.
-    """
-    if metadata is None:
-        return None
-    if hasattr(metadata, "invocation_metadata"):
-        metadata = metadata.invocation_metadata()
-    items: Iterable = metadata.items() if isinstance(metadata, Mapping) else metadata
-    for item in items:
-        if hasattr(item, "key"):
-            k, v = item.key, item.value
-        else:
-            k, v = item
-        if str(k).lower() == "authorization":
-            return v.decode() if isinstance(v, bytes) else str(v)
-    return None
-
-
-def status_name(exc: BaseException | None) -> str:
-    """gRPC status code name of ``exc`` (``"OK"`` for None)."""
-    if exc is None:
-        return "OK"
-    from deployments.grpc_status import status_for
-
-    return status_for(exc).name
-
-
-@dataclass
-class Admission:
-    """One admitted request: what to run and what to give back.
-
-    Attributes:
-        tenant_id: the authenticated tenant.
-        request: the request to run: the caller's, with ``speculation.k`` set to the decided K.
-        proposer: the proposer (``"none"`` when K = 0 was forced by the request or policy).
-        decision: the controller's KDecision as a dict (α, cost terms, predicted speedup).
-        prompt_tokens: prompt length the limits were checked with.
-        clipped: notes on what the policy clipped (e.g. K above k_max).
-        queued_s: time spent waiting for a fair-admission slot.
-    """
-
-    tenant_id: str
-    request: GenerationRequest
-    proposer: str
-    decision: dict
-    prompt_tokens: int
-    clipped: tuple[str, ...] = ()
-    queued_s: float = 0.0
-    lease_id: str | None = None
-    batch_weight: float = 1.0
-    #: K under load: the request's K ceiling (its K clipped to the tenant's k_max), the tenant's
-    #: k_min, and whether the tenant's K adapts (policy adaptive, not a seeded sampled request)
-    k_cap: int = 0
-    k_min: int = 0
-    adaptive: bool = False
-    #: the draft replica's batch controller chooses its K per step (module docstring)
-    batch_adaptive: bool = False
-    started: float = field(default_factory=time.perf_counter)
-    _slot: bool = False
-    _done: bool = False
-
-    @property
-    def chosen_k(self) -> int:
-        return int(self.decision["k"])
 
 
 class TenancyGate:
@@ -196,7 +126,7 @@ class TenancyGate:
         if isinstance(tenants, (str, os.PathLike)):
             tenants = TenantRegistry.from_yaml(tenants)
         self._open = tenants is None
-        self.registry: TenantRegistry = tenants or TenantRegistry(TenantsConfig(tenants=[_OPEN_TENANT]))
+        self.registry: TenantRegistry = tenants or TenantRegistry(TenantsConfig(tenants=[OPEN_TENANT]))
         self.controller = controller if controller is not None else ControllerClient.auto()
         self.metrics = metrics if metrics is not None else SpecDecMetrics()
         # weighted by each tenant's batch_weight: its share of the slots under contention
@@ -223,7 +153,7 @@ class TenancyGate:
     def authenticate(self, metadata: Any) -> Tenant:
         """The caller's tenant (open mode: ``"default"``). Raises AuthenticationError."""
         if self._open:
-            return _OPEN_TENANT
+            return OPEN_TENANT
         return self.registry.authenticate(authorization_from_metadata(metadata))
 
     def _prompt_tokens(self, request: GenerationRequest) -> int:
@@ -405,73 +335,3 @@ class TenancyGate:
         stats = await self.controller.tenant_stats(tenant.id)
         stats["default_proposer"] = next((p for p in tenant.speculation.allowed_proposers if p != "none"), "none")
         return stats
-
-
-# ---------------------------------------------------------------------- proto
-
-_PROPOSER_ENUM = {"draft": 1, "ngram": 2, "none": 3}
-
-
-def proposer_name(enum_value: int) -> str | None:
-    """``specdec.v1.Proposer`` enum value -> proposer name (None for PROPOSER_UNSPECIFIED)."""
-    return {v: k for k, v in _PROPOSER_ENUM.items()}.get(int(enum_value))
-
-
-def stats_proposer(stats: Mapping, proposer: str | None) -> str:
-    """The proposer a ``GetTenantStats`` answer is for: ``proposer``, else the tenant's default."""
-    return proposer or stats.get("default_proposer") or "draft"
-
-
-def uses_batch_k(stats: Mapping, proposer: str | None) -> bool:
-    """Whether the answer's acceptance and K come from the draft replicas (K under load): their
-    pool holds steps of the tenant with that proposer (:func:`tenant_stats_to_proto`)."""
-    p = (stats.get("proposers") or {}).get(stats_proposer(stats, proposer)) or {}
-    return bool(p.get("batch_acceptance"))
-
-
-def tenant_stats_to_proto(stats: Mapping, proposer: str | None = None):
-    """``GetTenantStatsResponse`` for one proposer of :meth:`TenancyGate.tenant_stats`'s dict.
-
-    ``proposer`` None: the tenant's default proposer. A proposer the tenant never used gets
-    only its id, usage and ``current_k`` 0 (acceptance and speedup unset). A proposer whose
-    steps the draft replicas pooled (``"batch_acceptance"``: K under load) takes its acceptance
-    and counters from that pool, and neither ``current_k``, ``predicted_speedup`` nor ``cost``
-    from the per-request controller (its K is the draft replicas': the router sets
-    ``current_k`` from ``batch.k_under_load``, :func:`uses_batch_k`).
-    """
-    from protos.specdec.v1 import specdec_pb2 as pb
-
-    proposer = stats_proposer(stats, proposer)
-    msg = pb.GetTenantStatsResponse(tenant_id=stats["tenant_id"], proposer=_PROPOSER_ENUM.get(proposer, 0))
-    u = stats.get("usage") or {}
-    msg.usage.requests = int(u.get("requests", 0))
-    msg.usage.prompt_tokens = int(u.get("prompt_tokens", 0))
-    msg.usage.completion_tokens = int(u.get("completion_tokens", 0))
-    p = (stats.get("proposers") or {}).get(proposer)
-    if not p:
-        return msg
-    batch = p.get("batch_acceptance")
-    acc = batch or p.get("acceptance") or {}
-    if acc.get("evidence", 0) > 0 or acc.get("alpha") is not None:
-        msg.acceptance_rate = float(acc["alpha"])
-    msg.current_k = 0 if batch else int(p.get("current_k") or 0)
-    last = None if batch else p.get("last_decision")
-    if last is not None:
-        msg.predicted_speedup = float(last["predicted_speedup"])
-    cm = {} if batch else p.get("cost_model") or {}
-    if cm:
-        msg.cost.draft_per_token_s = float(cm.get("draft_s_per_token", 0.0))
-        msg.cost.round_trip_s = float(cm.get("round_trip_s", 0.0))
-        verify = {int(k): v for k, v in (cm.get("verify_s") or {}).items() if v is not None}
-        if verify:
-            msg.cost.verify_s_by_positions.extend(float(verify.get(i + 1, 0.0)) for i in range(max(verify)))
-    s = msg.stats
-    s.steps = int(round(acc.get("steps", 0)))
-    s.proposed = int(round(acc.get("proposed", 0)))
-    s.accepted = int(round(acc.get("accepted", 0)))
-    s.rejected_steps = int(round(acc.get("rejected_steps", 0)))
-    if s.proposed:
-        s.acceptance_rate = s.accepted / s.proposed
-    s.accepted_per_position.extend(int(round(x)) for x in acc.get("accepted_per_position", []))
-    s.proposed_per_position.extend(int(round(x)) for x in acc.get("proposed_per_position", []))
-    return msg

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from deployments.grpc_status import status_for
-from deployments.router import _refuse_undecodable
+from deployments.ingress.checks import refuse_undecodable as _refuse_undecodable
 from deployments.servicer import UndecodableRequest, lenient_deserializer
 from protos.specdec.v1 import specdec_pb2 as pb
 from specdec.errors import InvalidRequestError

@@ -1,0 +1,127 @@
+"""Relaying a generation's stream from the Draft deployment to the client, and resuming it on
+another draft replica when the one running it dies (:func:`relay`); what the router holds to
+resume from (:class:`RelayProgress`). The router is not in the per-token path: the draft replica
+runs the loop and talks to the target itself."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncIterator, Callable
+
+from deployments.ray_errors import is_replica_death
+from protos.specdec.v1 import exchange_pb2 as xpb
+from protos.specdec.v1 import specdec_pb2 as pb
+from specdec.errors import DeadlineExceededError, ModelNotReadyError
+
+log = logging.getLogger(__name__)
+
+#: How many times one generation is resumed after its draft replica died.
+MAX_RESUMES = 3
+
+
+def remaining(deadline_unix_s: float) -> float | None:
+    """Seconds until ``deadline_unix_s`` (at least 0), or None without a deadline (0)."""
+    return max(0.0, deadline_unix_s - time.time()) if deadline_unix_s else None
+
+
+class RelayProgress:
+    """What the router holds of a generation it relays, to resume it on another draft replica.
+
+    The ids and characters the client received, and the checkpoint the draft replica reported
+    with the last chunk (``DraftChunkTrailer``: the tokens that step committed but the chunk held
+    back, and the step count). Together they end where a speculation step ended, the only place
+    a seeded sampled generation can resume from and continue as it would have (each step's
+    random streams are keyed by the position the step starts from).
+    """
+
+    def __init__(self) -> None:
+        self.sent_ids: list[int] = []
+        self.sent_chars = 0
+        self.trailer = xpb.DraftChunkTrailer()
+
+    def see(self, raw: bytes) -> pb.GenerateStreamChunk:
+        """Record one chunk's bytes from the draft replica; return the chunk for the client.
+
+        The trailer (fields unknown to GenerateStreamChunk) is read and dropped; a chunk without
+        one (the last, or from an older draft replica) leaves nothing held.
+        """
+        chunk = pb.GenerateStreamChunk.FromString(raw)
+        chunk.DiscardUnknownFields()
+        self.trailer = xpb.DraftChunkTrailer.FromString(raw)
+        self.trailer.DiscardUnknownFields()
+        self.sent_ids.extend(chunk.token_ids)
+        self.sent_chars += len(chunk.text)
+        return chunk
+
+    def fill(self, job: xpb.DraftJob) -> None:
+        """Set ``job``'s resume fields to continue after what was relayed (nothing at first)."""
+        for name in ("resume_token_ids", "resume_held_token_ids", "resume_held_logprobs", "resume_held_top_logprobs"):
+            job.ClearField(name)
+        job.resume_token_ids.extend(self.sent_ids)
+        job.resume_text_chars = self.sent_chars
+        job.resume_held_token_ids.extend(self.trailer.held_token_ids)
+        job.resume_held_logprobs.extend(self.trailer.held_logprobs)
+        job.resume_held_top_logprobs.extend(self.trailer.held_top_logprobs)
+        job.resume_steps = self.trailer.steps
+
+
+async def relay(draft: Any, job: xpb.DraftJob, routing_key: str,
+                on_resume: Callable[[], None] | None = None) -> AsyncIterator[pb.GenerateStreamChunk]:
+    """Stream ``job``'s chunks from the draft deployment, resuming after a replica death.
+
+    Args:
+        draft: the Draft deployment's handle.
+        job: the generation; its resume fields are set here before each (re)try.
+        routing_key: the session id the draft replica is chosen by (sticky).
+        on_resume: called once per resume (the router counts them).
+
+    Yields:
+        the chunks for the client, trailers dropped; the last carries the finish reason.
+
+    Raises:
+        DeadlineExceededError: the job's deadline passed (also inside a long step).
+        ModelNotReadyError: the draft replica ended the stream without a final chunk.
+        the draft replica's error, or its death after :data:`MAX_RESUMES` resumes. Closing
+        the generator cancels the draft's stream (both caches freed).
+    """
+    progress = RelayProgress()
+    resumes = 0
+    while True:
+        progress.fill(job)
+        stream = draft.options(session_id=routing_key, stream=True).Generate.remote(job.SerializeToString())
+        finished = False
+        try:
+            chunks = stream.__aiter__()
+            while True:
+                try:  # the deadline is kept here too: a step (a long prefill, a loaded CPU) can
+                    # outlast it, and the draft replica checks it only between steps
+                    raw = await asyncio.wait_for(chunks.__anext__(), remaining(job.deadline_unix_s))
+                except StopAsyncIteration:
+                    break
+                except (asyncio.TimeoutError, TimeoutError):
+                    raise DeadlineExceededError("the request's deadline passed during generation") from None
+                chunk = progress.see(raw)
+                finished = chunk.finish_reason != pb.FINISH_REASON_UNSPECIFIED
+                yield chunk
+            if not finished:
+                raise ModelNotReadyError("the draft replica ended the stream without a final chunk")
+            return
+        except Exception as e:
+            if not is_replica_death(e) or resumes >= MAX_RESUMES:
+                raise
+            if job.deadline_unix_s and time.time() > job.deadline_unix_s:
+                raise DeadlineExceededError("the request's deadline passed") from None
+            resumes += 1
+            if on_resume is not None:
+                on_resume()
+            log.warning("draft replica died during %s after %d tokens (%s); resuming (%d)",
+                        job.session_id, len(progress.sent_ids), type(e).__name__, resumes)
+            await asyncio.sleep(0.2 * resumes)
+        finally:
+            if not finished:
+                try:
+                    stream.cancel()
+                except Exception:
+                    pass
