@@ -80,6 +80,7 @@ class BatchCostModel:
         self.draft = CostModel(prior_verify_s=prior_draft_s, prior_verify_slope=0.05, max_positions=max_positions)
         self._row_s = 0.0
         self._row_n = 0
+        self._prior_ratio = prior_draft_s / prior_verify_s
         self._catchup_rate: float | None = None  # measured seconds per caught-up token (EWMA)
         #: the fewest positions per row of any verify forward measured (inf before any): a
         #: decode forward has K + 1, a prompt's prefill chunk tens
@@ -104,7 +105,16 @@ class BatchCostModel:
         return self.verify.verify_s(positions) + self._row_s * max(0, rows - 1)
 
     def draft_s(self, rows: int) -> float:
-        return 0.0 if rows <= 0 else self.draft.verify_s(rows)
+        """One batched draft forward of ``rows`` sessions (s). Before any draft forward is
+        measured: ``prior_draft_s / prior_verify_s`` of a measured verify forward of ``rows``
+        rows and positions (the priors' ratio, not the draft's absolute prior against a
+        measured verify: with tiny models verifying in 3 ms, the 10 ms prior made every K > 0
+        look 4x dearer than it was, so under load the draft was never run and never measured)."""
+        if rows <= 0:
+            return 0.0
+        if not self.draft.snapshot()["verify_s"]:
+            return self._prior_ratio * self.verify_s(rows, rows)
+        return self.draft.verify_s(rows)
 
     def observe_catchup(self, tokens: int, seconds: float) -> None:
         """A session behind by ``tokens`` tokens spent ``seconds`` catching its draft up (its

@@ -456,6 +456,8 @@ def test_two_draft_replicas_pool_acceptance_through_the_shared_state(target, tmp
                     max_batch_positions=64, batch_k_sync_s=1e-9)
     reps = [Draft(cfg, send_factory=lambda key: wire.send, metrics=SpecDecMetrics(backend=None), controller=shared)
             for _ in range(2)]
+    for r in reps:  # the first steps speculate on the priors (measured, the tiny pair may not pay)
+        r.batch_k.controller.measure_first = False
     rng = random.Random(12)
 
     def job(i, tenant):
