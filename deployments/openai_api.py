@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from typing import Any, AsyncIterator, Mapping
 
@@ -34,17 +35,13 @@ from fastapi import Request  # module level: route annotations are resolved from
 
 from deployments.aio import finish_despite_cancellation
 from deployments.grpc_status import details_for
-from deployments.openai_requests import OpenAIRequest, metadata_from_headers, translate
+from deployments.openai_errors import error_body, error_code, error_param, error_response, http_status_for
+from deployments.openai_requests import OpenAIRequest, max_body_bytes, metadata_from_headers, read_body, translate
 from deployments.openai_responses import (
     SSE_DONE,
     TextOffsets,
     TokenText,
     chunk_envelope,
-    error_body,
-    error_code,
-    error_param,
-    error_response,
-    http_status_for,
     pooled_stats,
     sse,
     stream_chunk,
@@ -317,6 +314,7 @@ def build_app(router: Any):
     app.add_middleware(_RootWithoutSlash)
     ids = model_ids(router.cfg)
     created = int(time.time())
+    body_limit = max_body_bytes(router.info.max_positions, router._max_token_chars, router.info.vocab_rows)
     text = TokenText(router.info.tokenizer)
 
     @app.exception_handler(StarletteHTTPException)
@@ -392,8 +390,9 @@ def build_app(router: Any):
             metadata = metadata_from_headers(request.headers)
             # the key first, as gRPC's path: an unknown caller gets 401 whatever its body holds
             router.gate.authenticate_caller(metadata)
+            raw = await read_body(request, body_limit)
             try:
-                body = await request.json()
+                body = json.loads(raw)
             except ValueError:
                 raise InvalidRequestError("the request body is not valid JSON") from None
             except RecursionError:  # json's decoder recurses per nesting level

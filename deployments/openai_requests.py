@@ -317,6 +317,49 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
                          default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS if endpoint == "completions" else None)
 
 
+class BodyTooLargeError(InvalidRequestError):
+    """A request body larger than any body that could be valid (HTTP 413, before it is read).
+
+    Attributes:
+        http_status: 413.
+    """
+
+    http_status = 413
+
+
+def max_body_bytes(max_positions: int, max_token_chars: int, vocab: int) -> int:
+    """The largest request body worth reading, in bytes: a prompt of the most characters the
+    context can spell (``max_positions`` x ``max_token_chars``), each written as a 6-byte JSON
+    escape, plus a ``logit_bias`` entry for every id of the vocabulary (32 bytes each), plus
+    16 MiB for everything else (the JSON of many chat messages, stop strings, ...). A larger
+    body cannot be a request that fits, so it is refused unread instead of being held (and
+    parsed) in the router's memory."""
+    return 6 * max_positions * max_token_chars + 32 * vocab + 16 * 2**20
+
+
+async def read_body(request: Any, limit: int) -> bytes:
+    """The body of a Starlette ``request``, refused past ``limit`` bytes without reading the
+    rest: at once when ``Content-Length`` says so, else as soon as the streamed chunks exceed it.
+
+    Raises:
+        BodyTooLargeError: the body is larger than ``limit``.
+    """
+    def refuse(size: str) -> BodyTooLargeError:
+        return BodyTooLargeError(f"the request body is {size} bytes: more than this server's limit of {limit} "
+                                 "bytes (no request that fits the model's context is that large)")
+
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise refuse(declared)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise refuse(f"more than {limit}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def metadata_from_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """The router's metadata from HTTP headers: ``authorization``, ``x-session-id`` as
     ``session_id``, ``specdec-timeout-s``."""

@@ -110,3 +110,42 @@ def test_a_stream_for_another_application_is_not_found(stack):
     with pytest.raises(StreamAborted, match="Application 'bogus' not found"):
         _run(drain())
     assert ctx.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_body_larger_than_any_valid_request_is_413_unread(stack):
+    """A 300 MB completions body was read, parsed and held in the router (4.3 s on the tiny
+    pair) before being refused for its prompt; a body larger than any request that can fit
+    the context is now 413 from its Content-Length, and a streamed (chunked) one as soon as it
+    passes the limit. The server answers as before."""
+    from deployments.openai_requests import max_body_bytes
+
+    router = stack["router"]
+    limit = max_body_bytes(router.info.max_positions, router._max_token_chars, router.info.vocab_rows)
+    assert limit == 6 * 256 * 13 + 32 * 320 + 16 * 2**20  # the tiny pair: 256 positions, 13 characters, 320 ids
+    body = json.dumps({**COMPLETION, "prompt": "a" * limit})
+    resp = _run(_raw(stack["app"], "POST", "/v1/completions", body))
+    assert resp.status_code == 413
+    assert resp.json()["error"] == {
+        "message": f"the request body is {len(body)} bytes: more than this server's limit of {limit} bytes (no request "
+                   "that fits the model's context is that large)",
+        "type": "invalid_request_error", "param": None, "code": None}
+
+    async def chunked():
+        import httpx2
+
+        async def parts():
+            yield b'{"model": "specdec", "prompt": "'
+            for _ in range(limit // 2**16 + 1):
+                yield b"a" * 2**16
+            yield b'"}'
+
+        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=stack["app"]), base_url="http://test") as c:
+            return await c.post("/v1/completions", content=parts(), headers={"Authorization": f"Bearer {KEY}"})
+
+    resp = _run(chunked())
+    assert resp.status_code == 413 and resp.json()["error"]["message"] == (
+        f"the request body is more than {limit} bytes: more than this server's limit of {limit} bytes (no request "
+        "that fits the model's context is that large)")
+    target = stack["target"]
+    resp = _run(_raw(stack["app"], "POST", "/v1/completions", json.dumps(COMPLETION)))
+    assert resp.json()["choices"][0]["token_ids"] == target_greedy(target, target.tokenizer.encode(PROMPT), 2)

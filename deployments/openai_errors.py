@@ -1,0 +1,137 @@
+"""Errors of the HTTP API in OpenAI's shape.
+
+Errors use OpenAI's JSON shape ``{"error": {"message", "type", "param", "code"}}`` with the
+status of :data:`HTTP_STATUS_BY_GRPC` (one table, from the gRPC code of
+:mod:`deployments.grpc_status`): 400 bad request, 401 missing/unknown key, 404 unknown model or
+path, 405 wrong method, 413 a body larger than any valid request (an error's own
+``http_status``), 429 over a tenant limit (with ``Retry-After`` in whole seconds), 503 while
+the models load (``Retry-After: 1``), 504 deadline passed, 500 anything unexpected. ``param``
+names the body field at fault (:func:`error_param`), ``code`` the tenant limit or
+``context_length_exceeded`` (:func:`error_code`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import grpc
+
+from deployments.grpc_status import details_for, status_for
+
+#: gRPC status -> HTTP status, the one mapping of the HTTP API.
+HTTP_STATUS_BY_GRPC: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.INTERNAL: 500,
+}
+#: HTTP status -> OpenAI's error ``type``.
+ERROR_TYPE: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    499: "cancelled",
+    500: "internal_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
+
+
+def http_status_for(exc: BaseException) -> int:
+    """HTTP status of ``exc``: its own ``http_status`` (an HTTP-only error: 413), else via its
+    gRPC code (one error table for both APIs)."""
+    own = getattr(exc, "http_status", None)
+    return own if isinstance(own, int) else HTTP_STATUS_BY_GRPC.get(status_for(exc), 500)
+
+
+def error_code(exc: BaseException) -> str | None:
+    """OpenAI's ``code`` of ``exc``: ``context_length_exceeded`` for a prompt that leaves no room
+    (OpenAI's own code), the tenant limit's name for a tenant limit (``tokens_per_minute``, ...),
+    else None. Always a string or None, as OpenAI's clients expect."""
+    from specdec.errors import PromptTooLongError
+
+    if isinstance(exc, PromptTooLongError):
+        return "context_length_exceeded"
+    limit = getattr(exc, "limit", None)
+    return limit if isinstance(limit, str) else None
+
+
+#: Core request paths that the OpenAI body spells differently (the gRPC names are already
+#: applied by ``parse_request``'s ``field_names``).
+_PARAM_OF_CORE = {"prompt_token_ids": "prompt"}
+#: A message's leading field path: ``max_tokens``, ``messages.0.role``, ``sampling.logit_bias.7``.
+_LEADING_PATH = re.compile(r"([A-Za-z_]\w*(?:\.[\w\[\]]+)*)(?=[:= (]|$)")
+
+
+def error_param(exc: BaseException, endpoint: str | None = None) -> str | None:
+    """OpenAI's ``param`` of ``exc``: the request body field it is about, as the body spells it.
+
+    An error that names its field explicitly (attribute ``param``, set where the HTTP layer
+    refuses a body) gives that; a prompt over the context gives ``prompt`` (completions) or
+    ``messages`` (chat), as OpenAI's own ``context_length_exceeded``; any other bad request gives
+    the field path its message starts with (every validation message of both APIs starts with
+    the field as the caller sent it: ``max_tokens: ...``, ``messages.0.role: ...``,
+    ``sampling.temperature: ...`` -> ``temperature``), if that path starts with a field of the
+    body; else None (also for every status but 400: OpenAI's 401/404/429 carry no param).
+
+    Args:
+        exc: the error (unwrapped from Ray's wrappers).
+        endpoint: ``"completions"`` or ``"chat"`` when known.
+    """
+    from deployments.openai_requests import BODY_FIELDS
+    from specdec.errors import PromptTooLongError
+
+    explicit = getattr(exc, "param", None)
+    if isinstance(explicit, str):
+        return explicit
+    if http_status_for(exc) != 400:  # 413 included: the whole body, no field
+        return None
+    if isinstance(exc, PromptTooLongError):
+        return "messages" if endpoint == "chat" else "prompt"
+    text = str(exc).removeprefix("invalid request: ").split("; ")[0]
+    while True:
+        m = _LEADING_PATH.match(text)
+        if m is None:
+            return None
+        path = m.group(1)
+        if path != "sampling":
+            break
+        text = text[m.end():].lstrip(": ")  # "sampling: logit_bias: ...": a rule of the sampling object
+    path = path.removeprefix("sampling.")
+    head = path.split(".")[0]
+    if head == "logit_bias":  # its keys are token ids; pydantic's path continues into them
+        return head
+    path = _PARAM_OF_CORE.get(head, head) + path[len(head):]
+    return path if path.split(".")[0] in BODY_FIELDS else None
+
+
+def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": ERROR_TYPE.get(status, "error"), "param": param, "code": code}}
+
+
+def error_response(exc: BaseException, endpoint: str | None = None):
+    """A JSONResponse in OpenAI's error shape (``param`` from :func:`error_param`), with
+    ``Retry-After`` on 429 and 503."""
+    from fastapi.responses import JSONResponse
+
+    status = http_status_for(exc)
+    headers = {}
+    retry = getattr(exc, "retry_after_s", None)
+    if status == 429 and retry is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry)))
+    elif status == 503:
+        headers["Retry-After"] = "1"
+    return JSONResponse(error_body(status, details_for(exc), error_code(exc), error_param(exc, endpoint)),
+                        status_code=status, headers=headers)
