@@ -245,7 +245,8 @@ def test_draft_replica_sessions_share_the_target_forwards(target, tmp_path):
 def test_draft_combiner_waits_for_sessions_coming_back(target, tmp_path, linger_s):
     """The draft side's fill: three sessions drafted together; their next drafts are asked 60 ms
     apart (30x the 2 ms window). With ``linger_s`` 0.5 the three draft in one batch; without
-    (0) each drafts alone. A session that left (its generation ended) is not waited for: the
+    (0), asked one after another, each drafts alone at once (timed gaps would let a loaded
+    machine's slow forward gather the late two into one batch). A session that left (its generation ended) is not waited for: the
     other two draft at once. The blocks equal each session's drafts alone."""
     from specdec.engine.draft_combiner import DraftCombiner
     from specdec.request import GenerationRequest
@@ -282,7 +283,12 @@ def test_draft_combiner_waits_for_sessions_coming_back(target, tmp_path, linger_
         assert b.token_ids.tolist() == exp.token_ids.tolist()
         s.commit(b.token_ids[:1])
         a.commit(b.token_ids[:1])
-    second = propose_all([0.0, 0.06, 0.12], [0, 1, 2])
+    if linger_s:
+        second = propose_all([0.0, 0.06, 0.12], [0, 1, 2])
+    else:  # one after another: each must draft alone at once, not wait for the others to come back
+        t0 = time.monotonic()
+        second = [propose_all([0.0], [j])[0] for j in range(3)]
+        assert time.monotonic() - t0 < 2.0  # not the 5 s bound
     assert combiner.batch_sizes[1:] == ([3] if linger_s else [1, 1, 1])
     for a, b in zip(alone, second):
         assert b.token_ids.tolist() == a.propose(3).token_ids.tolist()
