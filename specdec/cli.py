@@ -116,6 +116,18 @@ def _add_generate(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
 
 
+#: core request field path -> the ``specdec generate`` flag that sets it (validation errors name
+#: the flag the user typed, not the request field)
+GENERATE_FLAGS = {
+    "max_tokens": "--max-tokens", "min_tokens": "--min-tokens", "stop": "--stop", "logprobs": "--logprobs",
+    "top_logprobs": "--top-logprobs", "messages": "--message", "sampling.temperature": "--temperature",
+    "sampling.top_k": "--top-k", "sampling.top_p": "--top-p", "sampling.seed": "--seed", "sampling.min_p": "--min-p",
+    "sampling.repetition_penalty": "--repetition-penalty", "sampling.presence_penalty": "--presence-penalty",
+    "sampling.frequency_penalty": "--frequency-penalty", "sampling.logit_bias": "--logit-bias",
+    "speculation.k": "-k", "speculation.draft_min_confidence": "--draft-min-confidence",
+}
+
+
 def _request_from_args(args) -> dict:
     bias: dict[int, float] = {}
     for item in args.logit_bias:
@@ -161,7 +173,7 @@ def run_generate(args) -> int:
         args.proposer = "ngram" if args.draft == "none" else "draft"
     if args.proposer == "draft" and args.draft == "none":  # before loading the target (minutes)
         raise SpecDecError("--proposer draft needs a draft model; --draft none loads none (use --proposer ngram or none)")
-    request = parse_request(_request_from_args(args))
+    request = parse_request(_request_from_args(args), GENERATE_FLAGS)
     target_spec = parse_model_spec(args.target)
     if args.draft == "none" or args.proposer != "draft":
         target, draft = load_model(target_spec, weight_format=args.target_format), None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specdec import cli
 from tests.conftest import target_greedy
 
@@ -31,3 +33,16 @@ def test_generate_draft_proposer_without_a_draft_is_refused_before_loading(capsy
     assert capsys.readouterr().err.strip() == (
         "specdec: error: --proposer draft needs a draft model; --draft none loads none "
         "(use --proposer ngram or none)")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["-k", "99"], "invalid request: -k: Input should be less than or equal to 16"),
+    (["--seed", "-1", "--temperature", "1"], "invalid request: --seed: Input should be greater than or equal to 0"),
+    (["--max-tokens", "0"], "invalid request: --max-tokens: Input should be greater than or equal to 1"),
+    (["--top-p", "0"], "invalid request: --top-p: Input should be greater than 0"),
+])
+def test_generate_errors_name_the_flag(flags, message, capsys):
+    """A bad value was reported by its request field (``speculation.k``, ``sampling.seed``), which
+    the user of ``specdec generate`` never typed; it names the flag, before any model loads."""
+    assert cli.main(["generate", "--target", "/nonexistent-target", "x", *flags]) == 2
+    assert capsys.readouterr().err.strip() == f"specdec: error: {message}"
