@@ -197,15 +197,18 @@ def endpoint_lines(cfg, host: str = "localhost") -> list[str]:
 
 
 def _stop_on_sigterm() -> None:
-    """SIGTERM (``kill``, a container stop) shuts down like Ctrl-C: Serve, then the local Ray
-    with all its processes. Installed after ``ray.init``, whose own handler would otherwise exit
-    the driver and leave Ray's agent processes running."""
+    """SIGTERM (``kill``, a container stop) and SIGINT shut down like Ctrl-C: Serve, then the
+    local Ray with all its processes. Installed after ``ray.init``, whose own handler would
+    otherwise exit the driver and leave Ray's agent processes running. SIGINT too because a
+    shell starts a background job (``specdec serve --keep-running &``) with SIGINT ignored, and
+    Python then installs no Ctrl-C handler: ``kill -INT`` did nothing."""
     import signal
 
     def handler(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
 
 
 def run_serve(args) -> int:

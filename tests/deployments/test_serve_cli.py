@@ -156,3 +156,23 @@ def test_tenants_flag_sets_the_tenants_file_and_a_bad_one_is_refused_at_once(tmp
     for empty in ("", "  "):  # an unset shell variable: refused, not open mode
         with pytest.raises(TenantConfigError, match="^--tenants is empty: give the tenants file's path$"):
             cli.load_config(_args("--tenants", empty))
+
+
+def test_sigint_stops_serve_even_when_started_in_the_background():
+    """A shell starts ``specdec serve --keep-running &`` with SIGINT ignored, so ``kill -INT``
+    (and a later Ctrl-C on a foregrounded job) did nothing; SIGINT, like SIGTERM, now raises
+    KeyboardInterrupt, the way ``specdec serve`` shuts down."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, time\n"
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell's background job\n"
+            "from deployments import cli\n"
+            "cli._stop_on_sigterm()\n"
+            "for sig in (signal.SIGINT, signal.SIGTERM):\n"
+            "    try:\n"
+            "        os.kill(os.getpid(), sig); time.sleep(5); print('ignored', sig.name)\n"
+            "    except KeyboardInterrupt:\n"
+            "        print('stopped', sig.name)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split("\n")[:2] == ["stopped SIGINT", "stopped SIGTERM"], out.stderr
