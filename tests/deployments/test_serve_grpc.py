@@ -333,26 +333,28 @@ def test_request_naming_no_proposer_gets_one_its_tenant_allows(served, target_al
     assert stats.tenant_id == "lookup" and stats.usage.requests == 1
 
 
-def test_tokens_per_minute_is_resource_exhausted(served, target_alone):
+def test_tokens_per_minute_is_resource_exhausted(served):
     _, channel, _ = served
-    # tenant small: 40 tokens per minute, each request reserves prompt + max_tokens = 1 + 8
-    assert len(target_alone.tokenizer.encode("x")) == 1
-    req = pb.GenerateRequest(prompt="x", max_tokens=8, ignore_eos=True, speculation=pb.SpeculationHints(proposer=pb.PROPOSER_NGRAM))
+    # tenant small: 40 tokens per minute, each request reserves prompt + max_tokens = 5 + 8; after
+    # three requests 1 token is left, and the bucket takes 18 s to refill the 12 more the fourth
+    # needs (with 1 + 8 a loaded machine served four requests in the 7.5 s the fifth needed)
+    req = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5, 6, 7, 8, 9]), max_tokens=8, ignore_eos=True,
+                             speculation=pb.SpeculationHints(proposer=pb.PROPOSER_NGRAM))
     done = 0
     with pytest.raises(grpc.RpcError) as info:
         for _ in range(10):
             res = _call(channel, req, "small")
             assert len(res.token_ids) == 8  # every token reserved was generated: nothing refunded
             done += 1
-    assert done == 4  # 4 x 9 = 36 <= 40 < 45
+    assert done == 3  # 3 x 13 = 39 <= 40 < 52
     err = info.value
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "tenant 'small' is over its limit of 40 tokens per minute (limit tokens_per_minute): request needs 9" in err.details()
+    assert "tenant 'small' is over its limit of 40 tokens per minute (limit tokens_per_minute): request needs 13" in err.details()
     # when to retry: the message says it (Ray Serve's proxy drops trailing metadata set on the context)
     import re
 
     retry = float(re.search(r"retry after ([0-9.]+) s$", err.details()).group(1))
-    assert 0 < retry <= 60 * 9 / 40
+    assert 0 < retry <= 60 * 13 / 40
     _still_serves(channel)  # the other tenants are not limited by small's bucket
 
 
