@@ -62,3 +62,35 @@ def fill_batch_load(batch: Any, views: list[Mapping[str, Any]], now: float) -> N
             r.k_model = int(v["k_model"])
         if v.get("decided_at") is not None:
             r.decided_s_ago = max(0.0, now - float(v["decided_at"]))
+
+
+_VIEW_INTS = ("k_under_load", "k_model", "steps", "sessions")
+_VIEW_FLOATS = ("decided_at", "rows_per_step", "positions_per_step")
+
+
+def checked_replica_views(raw: Any) -> dict[str, dict]:
+    """The ``"tenants"`` of a draft replica's report (:meth:`BatchKSessions.tenant_views`, kept
+    per replica by :meth:`deployments.controller_actor.SharedTenantState.sync_batch_acceptance`)
+    as checked plain data: tenant -> view.
+
+    Raises:
+        ValueError: not a mapping of tenant name to a mapping of those fields (numbers >= 0,
+            ``k_under_load``/``k_model``/``decided_at`` may be None).
+    """
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"tenants: expected a mapping, got {type(raw).__name__}")
+    out = {}
+    for t, v in raw.items():
+        if not isinstance(t, str) or not isinstance(v, Mapping):
+            raise ValueError(f"tenants: entry {t!r} is not tenant -> mapping")
+        view: dict[str, Any] = {"guard_forced": bool(v.get("guard_forced", False))}
+        for f in _VIEW_INTS + _VIEW_FLOATS:
+            x = v.get(f)
+            if x is None and f in ("k_under_load", "k_model", "decided_at"):
+                view[f] = None
+                continue
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0 or x == float("inf"):
+                raise ValueError(f"tenants: {t!r} {f}: expected a finite number >= 0, got {x!r}")
+            view[f] = int(x) if f in _VIEW_INTS else float(x)
+        out[t] = view
+    return out

@@ -72,7 +72,7 @@ class Draft:
         send_factory: ``(routing_key) -> Send``; tests inject one, default :func:`handle_send`.
         metrics: :class:`deployments.metrics.SpecDecMetrics` (default: Ray's metrics API).
         controller: the shared-state client the acceptance counts of K under load are pooled in
-            (:meth:`deployments.controller_actor.ControllerClient.auto` by default; pooled only
+            (:meth:`deployments.controller_client.ControllerClient.auto` by default; pooled only
             when that is the shared actor, or when one is given).
 
     K under load (``cfg.served_batch_k``): :attr:`batch_k` (a
@@ -142,7 +142,7 @@ class Draft:
         self.shared = None
         if self.batch_k is not None and cfg.batch_k_sync_s > 0:
             if controller is None:
-                from deployments.controller_actor import ControllerClient
+                from deployments.controller_client import ControllerClient
 
                 controller = ControllerClient.auto()
                 controller = controller if controller.is_shared else None  # alone: nothing to pool

@@ -73,7 +73,7 @@ from specdec.control.limits import FairAdmission
 from specdec.request import GenerationRequest
 from specdec.control.tenants import Tenant, TenantRegistry, TenantsConfig
 
-from deployments.controller_actor import ControllerClient
+from deployments.controller_client import ControllerClient
 from deployments.ingress.admission import (  # noqa: F401 (Admission and the helpers are re-exported)
     OPEN_TENANT,
     OPEN_TENANT_ID,

@@ -441,7 +441,7 @@ def test_two_draft_replicas_pool_acceptance_through_the_shared_state(target, tmp
     import shutil
 
     from deployments.config import AppConfig
-    from deployments.controller_actor import ControllerClient
+    from deployments.controller_client import ControllerClient
     from deployments.draft import Draft
     from deployments.metrics import SpecDecMetrics
     from protos.specdec.v1 import specdec_pb2 as pb
@@ -510,7 +510,7 @@ def test_tenant_stats_show_the_k_under_load_of_every_draft_replica(target, tmp_p
     import shutil
 
     from deployments.config import AppConfig
-    from deployments.controller_actor import ControllerClient
+    from deployments.controller_client import ControllerClient
     from deployments.draft import Draft
     from deployments.metrics import SpecDecMetrics
     from deployments.router import Router
@@ -611,7 +611,7 @@ def test_router_sends_adaptive_jobs_and_reports_k_under_load(target, tmp_path):
     import asyncio
 
     from deployments.config import AppConfig
-    from deployments.controller_actor import ControllerClient
+    from deployments.controller_client import ControllerClient
     from protos.specdec.v1 import specdec_pb2 as pb
     from tests.deployments.grpc_context import RecordingContext
 
@@ -654,7 +654,7 @@ def test_router_leaves_batch_adaptive_jobs_to_the_draft_replica_controller(targe
     import asyncio
 
     from deployments.config import AppConfig
-    from deployments.controller_actor import ControllerClient
+    from deployments.controller_client import ControllerClient
     from protos.specdec.v1 import specdec_pb2 as pb
     from tests.deployments.grpc_context import RecordingContext
 
@@ -707,7 +707,7 @@ def test_router_admission_is_sized_to_what_the_draft_replica_steps(tmp_path):
     import asyncio
 
     from deployments.config import AppConfig, Scaling
-    from deployments.controller_actor import ControllerClient
+    from deployments.controller_client import ControllerClient
     from deployments.metrics import SpecDecMetrics
     from deployments.tenancy import TenancyGate
     from specdec.control.tenants import hash_api_key

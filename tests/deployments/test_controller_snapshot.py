@@ -191,7 +191,7 @@ def test_restarted_controller_actor_resumes_from_its_snapshot():
     ray = pytest.importorskip("ray")
     import time
 
-    from deployments.controller_actor import get_or_create_actor
+    from deployments.controller_client import get_or_create_actor
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:

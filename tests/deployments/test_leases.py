@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from deployments.controller_actor import LEASE_GRACE_S, ControllerClient, SharedTenantState
+from deployments.controller_actor import LEASE_GRACE_S, SharedTenantState
+from deployments.controller_client import ControllerClient
 
 POLICY = {"k_min": 0, "k_max": 4, "adaptive": True, "fixed_k": None}
 LIMITS = {"max_concurrent_requests": 2, "tokens_per_minute": 1000}

@@ -15,7 +15,7 @@ import pytest
 
 from deployments import openai_api
 from deployments.config import AppConfig
-from deployments.controller_actor import ControllerClient
+from deployments.controller_client import ControllerClient
 from deployments.draft import Draft
 from deployments.metrics import SpecDecMetrics
 from deployments.router import Router

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from deployments.config import AppConfig, Scaling
-from deployments.controller_actor import LEASE_GRACE_S, ControllerClient
+from deployments.controller_actor import LEASE_GRACE_S
+from deployments.controller_client import ControllerClient
 from deployments.metrics import SpecDecMetrics
 from deployments.router import TIMEOUT_KEY, Router
 from deployments.target_info import TargetInfo

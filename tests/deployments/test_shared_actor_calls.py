@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 from deployments.aio import finish_despite_cancellation
-from deployments.controller_actor import ControllerClient, SharedTenantState, get_or_create_actor
+from deployments.controller_actor import SharedTenantState
+from deployments.controller_client import ControllerClient, get_or_create_actor
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.serve

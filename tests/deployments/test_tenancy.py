@@ -18,7 +18,7 @@ import asyncio
 
 import pytest
 
-from deployments.controller_actor import ControllerClient
+from deployments.controller_client import ControllerClient
 from deployments.grpc_status import RETRY_AFTER_KEY, abort_with, status_for
 from deployments.metrics import SpecDecMetrics
 from deployments.tenancy import TenancyGate, authorization_from_metadata, tenant_stats_to_proto
