@@ -148,7 +148,7 @@ def _request_from_args(args) -> dict:
                      "min_p": args.min_p, "repetition_penalty": args.repetition_penalty,
                      "presence_penalty": args.presence_penalty, "frequency_penalty": args.frequency_penalty,
                      "logit_bias": bias},
-        "speculation": {"proposer": args.proposer, "k": args.k, "draft_min_confidence": args.draft_min_confidence},
+        "speculation": {"proposer": _proposer(args), "k": args.k, "draft_min_confidence": args.draft_min_confidence},
     }
     if args.message:
         msgs = []
@@ -163,14 +163,21 @@ def _request_from_args(args) -> dict:
     return data
 
 
+def _proposer(args) -> str:
+    """``--proposer``, or as the server chooses without one: the draft model when there is one,
+    else prompt lookup (``ngram``)."""
+    if args.proposer is not None:
+        return args.proposer
+    return "ngram" if getattr(args, "draft", None) == "none" else "draft"
+
+
 def run_generate(args) -> int:
     from specdec.engine.engine import SpeculativeEngine
     from specdec.models.loader import load_model, load_pair
     from specdec.models.spec import ModelPairSpec, parse_model_spec
     from specdec.request import parse_request
 
-    if args.proposer is None:  # as the server: the draft model when there is one, else prompt lookup
-        args.proposer = "ngram" if args.draft == "none" else "draft"
+    args.proposer = _proposer(args)
     if args.proposer == "draft" and args.draft == "none":  # before loading the target (minutes)
         raise SpecDecError("--proposer draft needs a draft model; --draft none loads none (use --proposer ngram or none)")
     request = parse_request(_request_from_args(args), GENERATE_FLAGS)
