@@ -1,0 +1,210 @@
+"""The int8 linear layers the weight formats run on CPU (:mod:`specdec.models.formats`).
+
+- :class:`Int8WeightOnlyLinear` (format ``int8``): int8 weights, one scale per output row,
+  bfloat16 activations, ``aten._weight_int8pack_mm``.
+- :class:`W8A8Linear` (format ``w8a8``): int8 weights and int8 activations quantized per token at
+  run time (LLM.int8()'s vector-wise activation quantization, Dettmers et al. 2022, without its
+  outlier split; SmoothQuant's per-token dynamic quantization, Xiao et al. 2023, without its
+  smoothing), oneDNN's int8 linear on a prepacked weight or ``aten._int_mm``; a row's result does
+  not depend on the number of rows in a call (exact integer sums, per-row scales).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        log.warning(msg)
+
+
+class _RowsLinear(nn.Module):
+    """Base of the int8 linears: ``forward`` flattens ``[..., in]`` to ``[M, in]`` rows, calls the
+    subclass's ``forward_rows`` (``[M, in]`` -> ``[M, out]``) and restores the leading dims."""
+
+    out_features: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = self.forward_rows(x.reshape(-1, shape[-1]))
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+class Int8WeightOnlyLinear(_RowsLinear):
+    """A linear layer with int8 weights and one scale per output row, bf16 activations (CPU).
+
+    ``y = (x @ qweight.T) * scale + bias`` computed by ``aten._weight_int8pack_mm``, which reduces
+    every output element on its own: a row's result does not depend on how many rows a call has
+    (see :mod:`specdec.engine.invariant`).
+
+    Args:
+        qweight: ``[out, in]`` int8.
+        scale: ``[out]`` float (stored in the activation dtype).
+        bias: ``[out]`` or None.
+        act_dtype: activation dtype (bfloat16).
+    """
+
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                 act_dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.out_features, self.in_features = qweight.shape
+        self.act_dtype = act_dtype
+        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("scale", scale.reshape(-1).to(act_dtype).contiguous())
+        self.bias = nn.Parameter(bias.detach(), requires_grad=False) if bias is not None else None
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.qweight
+
+    def forward_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``[M, in]`` -> ``[M, out]`` in ``act_dtype``."""
+        y = torch.ops.aten._weight_int8pack_mm(x.to(self.act_dtype), self.qweight, self.scale)
+        return y + self.bias if self.bias is not None else y
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weight-only"
+
+
+class W8A8Linear(_RowsLinear):
+    """A linear layer with int8 weights and int8 activations quantized per token at run time (CPU).
+
+    For an input row ``x`` (bfloat16): ``s_x = max(|x|) / 127`` (float32; at least
+    :attr:`EPS`, so an all-zero row gives zeros), ``q_x = round(x / s_x)`` in int8 [-127, 127];
+    then ``y = float32(q_x @ qweight.T) * scale * s_x + bias``: the integer product accumulated
+    exactly in int32, converted to float32, times the weight row's scale, times the token's scale,
+    rounded to ``act_dtype``, plus the bias. This is per-token symmetric dynamic activation
+    quantization with per-channel symmetric int8 weights (LLM.int8()'s vector-wise scheme without
+    its outlier decomposition, Dettmers et al. 2022; SmoothQuant's W8A8 per-token dynamic setting
+    without its smoothing, Xiao et al. 2023); the weights are torchao's
+    (``Int8DynamicActivationInt8WeightConfig``).
+
+    Kernel (:attr:`KERNEL`): ``"qlinear"``, oneDNN's int8 linear on a weight prepacked once
+    (``torch.ops.onednn.qlinear_prepack`` / ``qlinear_pointwise``, the ops PyTorch's x86 int8
+    inference uses; AMX-INT8 or VNNI where present), with activation scale 1 and the weight's
+    per-row scales, float32 out; or ``"int_mm"``, ``aten._int_mm`` (int32 out) and the scales in
+    torch ops. Both give bitwise the same result (oneDNN's float32 output is exactly
+    ``float32(acc) * scale``; tests/test_formats.py), so the kernel is chosen per layer for speed
+    alone: qlinear (about 1.6x faster at one row on the 2-core Sapphire Rapids VM: 1536->8960,
+    0.37 vs 0.62 ms; the draft's 896-output layers 1.3-1.7x) for layers with at least
+    :attr:`QLINEAR_MIN_OUT` outputs, int_mm for narrower ones (qlinear's one-row call on 256 or
+    128 outputs is pathological, 3-70 ms) and wherever the prepack op is missing or fails (logged
+    once).
+
+    Every step works on one row at a time or sums integers exactly, so a row's result does not
+    depend on how many rows a call has (:attr:`ROW_EXACT`; checked by
+    :func:`specdec.engine.invariant.plan_linear` at load and by tests/test_formats.py).
+
+    Args:
+        qweight: ``[out, in]`` int8.
+        scale: ``[out]`` (or ``[out, 1]``) float, the weight's per-row scale (stored float32).
+        bias: ``[out]`` or None (kept in its dtype, added to the ``act_dtype`` output).
+        act_dtype: dtype of the layer's input and output (bfloat16).
+
+    Raises:
+        ValueError: ``qweight`` is not a 2-D int8 tensor, or ``scale`` does not have ``out`` values.
+    """
+
+    #: A row's result is bitwise the same whatever the number of rows of the call: the invariant
+    #: forward (:mod:`specdec.engine.invariant`) calls the layer unchunked.
+    ROW_EXACT = True
+    #: Smallest activation scale (float32 machine epsilon, as torchao's int8 quantization).
+    EPS = float(torch.finfo(torch.float32).eps)
+    #: ``"qlinear"`` (oneDNN, prepacked weight; falls back to int_mm) or ``"int_mm"``.
+    KERNEL = "qlinear"
+    #: Layers with fewer output features run ``int_mm`` even when KERNEL is qlinear: oneDNN's
+    #: qlinear took 3-70 ms for one row of 128 or 256 outputs (896, 1536 and 4864 inputs; the demo
+    #: target's unfused 1536 -> 256 k/v projections ~14 ms; int_mm 0.07-0.7 ms), while from 384
+    #: outputs up it was 1.0-1.7x faster than int_mm at one row (the draft's 896 -> 896 o and
+    #: 4864 -> 896 down projections: 90 vs 129 us, 279 vs 456 us; 2-core Sapphire Rapids VM, one
+    #: thread, minimum of 15 calls; docs/bench/formats/PROFILE.md section 9).
+    QLINEAR_MIN_OUT = 384
+    #: Keep the plain int8 weight after prepacking (for comparing kernels). False: the prepacked
+    #: copy is the only one (no second copy of the weights in memory); ``qweight`` is then empty.
+    KEEP_INT8 = False
+
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                 act_dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        if qweight.dim() != 2 or qweight.dtype != torch.int8:
+            raise ValueError(f"W8A8Linear needs a 2-D int8 weight, got {tuple(qweight.shape)} {qweight.dtype}")
+        if scale.numel() != qweight.shape[0]:
+            raise ValueError(f"W8A8Linear: {scale.numel()} weight scales for {qweight.shape[0]} output rows")
+        self.out_features, self.in_features = qweight.shape
+        self.act_dtype = act_dtype
+        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("scale", scale.reshape(-1).to(torch.float32).contiguous())
+        self.bias = nn.Parameter(bias.detach(), requires_grad=False) if bias is not None else None
+        self._packed = None  # oneDNN's prepacked weight (built at the first qlinear call); False: unavailable
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """``qweight``; once prepacked (``qweight`` empty) a meta tensor of its shape and dtype."""
+        if self.qweight.numel() == 0 and self.out_features * self.in_features:
+            return torch.empty((self.out_features, self.in_features), dtype=torch.int8, device="meta")
+        return self.qweight
+
+    @staticmethod
+    def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token symmetric int8 quantization: ``[M, in]`` float -> (``[M, in]`` int8,
+        ``[M, 1]`` float32 scales) with ``x ≈ q * s``."""
+        xf = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)  # divided in place
+        s = xf.abs().amax(dim=-1, keepdim=True).div_(127.0).clamp_min_(W8A8Linear.EPS)
+        # |x| / s <= 127 * (1 + 2**-23) rounds to at most 127: no clamp needed (in [-127, 127])
+        return xf.div_(s).round_().to(torch.int8), s
+
+    def _prepacked(self):
+        if self._packed is None:
+            self._packed = False
+            if self.qweight.device.type == "cpu":
+                try:
+                    self._zero_points = torch.zeros(self.out_features, dtype=torch.int64)
+                    self._packed = torch.ops.onednn.qlinear_prepack(self.qweight, None)
+                except (RuntimeError, AttributeError, NotImplementedError) as e:
+                    _warn_once(f"w8a8: oneDNN's qlinear_prepack is not available ({type(e).__name__}: {e}); "
+                               "using aten._int_mm")
+                else:
+                    if not self.KEEP_INT8:  # drop the plain copy (e.g. the cache file's mapping)
+                        self.qweight = self.qweight.new_empty((0, self.in_features))
+        return self._packed
+
+    def prepack(self) -> bool:
+        """Build oneDNN's prepacked weight now if the layer runs the qlinear kernel (:attr:`KERNEL`
+        and :attr:`QLINEAR_MIN_OUT`), as its first forward would, dropping the plain int8 rows
+        unless :attr:`KEEP_INT8` (done at load, :mod:`specdec.models.release`, so their memory goes
+        before serving). Returns :attr:`prepacked`."""
+        if self.KERNEL == "qlinear" and self.out_features >= self.QLINEAR_MIN_OUT:
+            self._prepacked()
+        return self.prepacked
+
+    @property
+    def prepacked(self) -> bool:
+        """Whether the weight lives only in oneDNN's prepacked form (``qweight`` is then empty)."""
+        return self._packed is not None and self._packed is not False and self.qweight.numel() == 0
+
+    def forward_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``[M, in]`` -> ``[M, out]`` in ``act_dtype`` (any M >= 1)."""
+        q, s = self.quantize_rows(x)
+        use_qlinear = self.KERNEL == "qlinear" and self.out_features >= self.QLINEAR_MIN_OUT
+        packed = self._prepacked() if use_qlinear or self.prepacked else False
+        if packed is not False:
+            y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, packed, self.scale, self._zero_points, None,
+                                                   1.0, 0, torch.float32, "none", [], "")
+        else:
+            y = torch._int_mm(q, self.qweight.t()).to(torch.float32).mul_(self.scale)  # int32 sums: exact
+        y = y.mul_(s).to(self.act_dtype)
+        if self.bias is None:
+            return y
+        return y.add_(self.bias) if self.bias.dtype == y.dtype else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, int8 per-token activations"
