@@ -3,30 +3,13 @@ for a measured decode forward. Fake costs and a fake clock (a simulated served b
 
 from __future__ import annotations
 
-import math
 
 import pytest
 
 from specdec.control.batch_k import BatchCostModel, BatchKController, BatchKSessions, TenantLoad, choose_batch_ks
 from specdec.control.objective import expected_tokens_per_step
 from specdec.types import BatchShape
-
-
-class _Drafts:
-    """Deterministic drafts of acceptance ``alpha`` (a Beatty sequence: draft n accepted iff
-    floor(n·α) > floor((n - 1)·α))."""
-
-    def __init__(self, alpha: float):
-        self.alpha, self.n = alpha, 0
-
-    def accepted(self, k: int) -> int:
-        a = 0
-        while a < k:
-            self.n += 1
-            if math.floor(self.n * self.alpha) == math.floor((self.n - 1) * self.alpha):
-                break
-            a += 1
-        return a
+from specdec.testing.sim import BeattyDrafts
 
 
 def test_catch_up_is_a_draft_prefill_priced_on_the_verify_curve():
@@ -149,7 +132,7 @@ def _serve(policy, rounds: int, slots: list[str], *, max_tokens: int = 24, promp
     (BatchKSessions; ``old``: as before catch-ups were charged: no prompt, no length known, and
     decisions on the priors; ``warm``: the replica measured 4- and 8-row draft forwards before).
     Returns (tokens/s, steps per K, the controller)."""
-    drafts = {t: _Drafts(a) for t, a in (alphas or {"code": 0.9, "creative": 0.75}).items()}
+    drafts = {t: BeattyDrafts(a) for t, a in (alphas or {"code": 0.9, "creative": 0.75}).items()}
     live = None
     if policy == "adaptive":
         c = BatchKController(budget=64, measure_first=not old)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 
 import pytest
@@ -12,6 +11,7 @@ from specdec.control.batch_k import BatchCostModel, BatchKController, TenantLoad
 from specdec.control.objective import expected_tokens_per_step
 from specdec.engine.engine import SpeculativeEngine
 from specdec.request import GenerationRequest
+from specdec.testing.sim import BeattyDrafts
 
 
 def _cost(per_position: float, base: float = 1.0, draft: float = 0.05) -> BatchCostModel:
@@ -183,23 +183,6 @@ def test_batch_k_sessions_leave_out_draft_catch_up_forwards():
     assert live.controller.cost.draft.snapshot()["verify_observations"] == {1: 3}
 
 
-class _Drafts:
-    """Deterministic drafts of acceptance ``alpha``: draft token n (counted over all steps) is
-    accepted iff floor(n·α) > floor((n - 1)·α) (a Beatty sequence: exactly α in the long run)."""
-
-    def __init__(self, alpha: float):
-        self.alpha, self.n = alpha, 0
-
-    def accepted(self, k: int) -> int:
-        a = 0
-        while a < k:
-            self.n += 1
-            if math.floor(self.n * self.alpha) == math.floor((self.n - 1) * self.alpha):
-                break
-            a += 1
-        return a
-
-
 def _run_two_tenants(ctl: BatchKController, ticks: int, truth: dict) -> list[tuple[str, int, bool]]:
     """``ticks`` ticks of 4 code + 4 creative sessions (cap 8): decide, each session's step K
     from ``step_k``, its accepted count from ``truth``. Returns (tenant, K, probe?) per step."""
@@ -226,7 +209,7 @@ def test_probes_of_a_tenant_held_at_k0_bring_it_back_and_cost_little():
     assert choose_batch_ks({"code": TenantLoad(4, 0.98), "creative": TenantLoad(4, 0.5)}, cost, 128).ks["creative"] == 0
     assert choose_batch_ks({"code": TenantLoad(4, 0.98), "creative": TenantLoad(4, 0.6)}, cost, 128).ks["creative"] == 1
     ctl = BatchKController(128, cost=cost)
-    truth = {"code": _Drafts(0.98), "creative": _Drafts(0.1)}
+    truth = {"code": BeattyDrafts(0.98), "creative": BeattyDrafts(0.1)}
     low = [(k, p) for t, k, p in _run_two_tenants(ctl, 250, truth) if t == "creative"]
     kp = ctl.probe_k("creative", 8)
     assert kp == 4 and ctl.k_for("creative") == 0 and ctl.k_for("code") == 8
@@ -244,7 +227,7 @@ def test_probes_of_a_tenant_held_at_k0_bring_it_back_and_cost_little():
     assert starts[0] - first_held == 32
     assert ctl.estimator.alpha(("creative", "draft")) < 0.2
 
-    truth["creative"] = _Drafts(0.95)
+    truth["creative"] = BeattyDrafts(0.95)
     high = [(k, p) for t, k, p in _run_two_tenants(ctl, 60, truth) if t == "creative"]
     back = next(i for i, (k, p) in enumerate(high) if k > 0 and not p)
     assert back <= 128 + 4 and [p for _, p in high[back - 4:back]] == [True] * 4  # right after one probe
@@ -257,7 +240,7 @@ def test_no_probe_when_speculation_cannot_pay_even_at_high_acceptance():
     """A verify so steep that the batch optimum keeps the tenant at K = 0 even at α = 0.9:
     probing would only cost, so none runs."""
     ctl = BatchKController(128, cost=_cost(1.0))
-    truth = {"code": _Drafts(0.98), "creative": _Drafts(0.1)}
+    truth = {"code": BeattyDrafts(0.98), "creative": BeattyDrafts(0.1)}
     log = _run_two_tenants(ctl, 100, truth)
     assert ctl.probe_k("creative", 8) == 0 and ctl.probes == 0
     assert not any(p for _, _, p in log)

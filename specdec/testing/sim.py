@@ -1,6 +1,9 @@
-"""Deterministic stand-ins for tests: a cost model that ignores measurements."""
+"""Deterministic stand-ins for tests: a cost model that ignores measurements, drafts of a given
+acceptance rate."""
 
 from __future__ import annotations
+
+import math
 
 from specdec.control.cost_model import CostModel
 
@@ -29,3 +32,23 @@ class FrozenCostModel(CostModel):
 def frozen_cost_model_factory(proposer: str) -> FrozenCostModel:
     """``cost_model_factory`` for :class:`specdec.control.controller.KController` (picklable)."""
     return FrozenCostModel()
+
+
+class BeattyDrafts:
+    """Deterministic drafts of acceptance rate ``alpha`` in [0, 1]: draft token n (counted over
+    all steps) is accepted iff floor(n·α) > floor((n - 1)·α), a Beatty sequence, so exactly a
+    fraction α of the drafted tokens is accepted in the long run, with no random draws."""
+
+    def __init__(self, alpha: float):
+        self.alpha, self.n = alpha, 0
+
+    def accepted(self, k: int) -> int:
+        """The accepted length of a block of ``k`` drafted tokens (0..k): drafts are consumed up
+        to and including the first rejected one."""
+        a = 0
+        while a < k:
+            self.n += 1
+            if math.floor(self.n * self.alpha) == math.floor((self.n - 1) * self.alpha):
+                break
+            a += 1
+        return a
