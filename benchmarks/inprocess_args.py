@@ -41,6 +41,21 @@ def _name_list(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
+def _format_list(text: str) -> list[str]:
+    """``--formats``: comma-separated weight formats, each optionally ``:alone``; a bad name or
+    suffix is a usage error (exit 2) naming it, before any model loads."""
+    from specdec.models.formats import WEIGHT_FORMATS
+
+    out = _name_list(text)
+    for f in out:
+        name, _, opt = f.partition(":")
+        if name not in WEIGHT_FORMATS:
+            raise argparse.ArgumentTypeError(f"unknown format {name!r} in {f!r}; known: {', '.join(WEIGHT_FORMATS)}")
+        if opt not in ("", "alone"):
+            raise argparse.ArgumentTypeError(f"unknown suffix {opt!r} in {f!r} (only ':alone')")
+    return out
+
+
 def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``specdec bench`` options to ``parser`` (returns it)."""
     g = parser.add_argument_group("bench")
@@ -49,7 +64,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     g.add_argument("--draft", default="demo:draft",
                    help="draft model spec, or 'none' to skip the draft proposer and assisted generation "
                         "(default demo:draft)")
-    g.add_argument("--formats", type=_name_list, default=None, metavar="F[,F...]",
+    g.add_argument("--formats", type=_format_list, default=None, metavar="F[,F...]",
                    help="weight formats to compare (float32, bfloat16, float16, int8, int4, w8a8): the whole "
                         "benchmark runs once per format, draft and target in that format, into <out>/<format>/, "
                         "and <out>/formats.md compares them (default: one run in the default format); "

@@ -158,8 +158,10 @@ def test_format_axis_alone_suffix_times_only_that_formats_target(tiny_pair_folde
          f"{results['int8']['memory']['draft_weight_gb']:.2f}", "target"],
         ["| int8", f"{results['int8']['memory']['target_weight_gb']:.2f}",
          f"{results['int8']['memory']['draft_weight_gb']:.2f}", "ours-draft-K2"]]
+    bad = _parse(["--out", str(out)])  # the command line refuses it (next test); a caller's own args:
+    bad.formats = ["int8:fast"]
     with pytest.raises(ValueError, match="unknown suffix 'fast'"):
-        run_formats(_parse(["--formats", "int8:fast", "--out", str(out)]))
+        run_formats(bad)
 
 
 def test_batching_bench_format_and_forward_stats(tiny_pair_folders, tmp_path):
@@ -263,3 +265,16 @@ def test_serving_modes_parse_settings():
         parse_mode("batched:target_tp=2")
     with pytest.raises(ValueError, match="cpu_threads needs a int, got 'two'"):
         parse_mode("batched:cpu_threads=two")
+
+
+@pytest.mark.parametrize("value, message", [
+    ("w8a8:foo", "argument --formats: unknown suffix 'foo' in 'w8a8:foo' (only ':alone')"),
+    ("int4,bogus", "argument --formats: unknown format 'bogus' in 'bogus'; known: float32, bfloat16, float16, int8, int4, w8a8"),
+])
+def test_bad_formats_are_a_usage_error_before_any_model_loads(value, message, capsys):
+    parser = add_bench_arguments(argparse.ArgumentParser(prog="specdec bench"))
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args(["--formats", value])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(f"specdec bench: error: {message}")
+    assert parser.parse_args(["--formats", "w8a8, float32:alone"]).formats == ["w8a8", "float32:alone"]
