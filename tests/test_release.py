@@ -11,33 +11,15 @@ import mmap
 import pytest
 import torch
 
-from specdec.models import cache
 from specdec.models.formats import W8A8Linear
-from specdec.models.loader import load_model
 from specdec.models.quant_cache import TENSORS, cache_folder
 from specdec.models.release import _mapping_stats, _tensors, file_mappings
-from specdec.models.spec import HFModelSpec
-from specdec.testing.tiny import build_tiny_model
-
-PROMPT = [1, 5, 9, 33, 70, 100, 7, 8, 250, 3, 44, 12]
+from tests.quant_models import load, logits, marked_tiny_model
 
 
 @pytest.fixture
 def marked(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("SPECDEC_QUANT_CACHE", raising=False)
-    folder = build_tiny_model(tmp_path / "tiny-bfloat16", seed=3, hidden_size=128)
-    cache.write_marker(folder, source_sha256="tiny-release", name="tiny", dtype="bfloat16")
-    return folder
-
-
-def _load(folder, fmt):
-    return load_model(HFModelSpec(path=folder), weight_format=fmt)
-
-
-@torch.no_grad()
-def _logits(loaded):
-    return loaded.model(torch.tensor([PROMPT])).logits[0]
+    return marked_tiny_model(tmp_path, monkeypatch, "tiny-release", hidden_size=128)
 
 
 def _maps_of(path):
@@ -46,9 +28,9 @@ def _maps_of(path):
 
 def test_warm_w8a8_load_prepacks_and_unmaps_the_cache_file(marked, monkeypatch):
     monkeypatch.setattr(W8A8Linear, "QLINEAR_MIN_OUT", 200)  # the tiny model's wide layers run oneDNN
-    assert _load(marked, "w8a8").quant_cache == "built"
+    assert load(marked, "w8a8").quant_cache == "built"
     gc.collect()
-    warm = _load(marked, "w8a8")
+    warm = load(marked, "w8a8")
     assert warm.quant_cache == "hit"
     gc.collect()
     assert _maps_of(cache_folder(marked, "w8a8") / TENSORS) == []  # nothing left in the file's mapping
@@ -60,13 +42,13 @@ def test_warm_w8a8_load_prepacks_and_unmaps_the_cache_file(marked, monkeypatch):
     assert len(narrow) == 2 * 2 and all(not m.prepacked and m.qweight.numel() == m.out_features * m.in_features
                                         for m in narrow)
     monkeypatch.setenv("SPECDEC_QUANT_CACHE", "0")
-    assert torch.equal(_logits(warm), _logits(_load(marked, "w8a8")))
+    assert torch.equal(logits(warm), logits(load(marked, "w8a8")))
 
 
 def test_warm_int4_load_keeps_only_live_pages_of_the_cache_file(marked):
-    assert _load(marked, "int4").quant_cache == "built"
+    assert load(marked, "int4").quant_cache == "built"
     gc.collect()
-    warm = _load(marked, "int4")
+    warm = load(marked, "int4")
     assert warm.quant_cache == "hit"
     (lo, hi, _), = _maps_of(cache_folder(marked, "int4") / TENSORS)
     # the fused q/k/v and gate/up copied their parts out of the file: those pages were read, then dropped
@@ -77,5 +59,5 @@ def test_warm_int4_load_keeps_only_live_pages_of_the_cache_file(marked):
     live_pages = sum(-(-n // page) + 1 for _, n in live)  # each range may straddle one more page
     rss = _mapping_stats()[lo]["Rss"]
     assert 0 < rss <= live_pages * page < (hi - lo)
-    fresh = load_model(HFModelSpec(path=marked), weight_format="int4")
-    assert torch.equal(_logits(warm), _logits(fresh))
+    fresh = load(marked, "int4")
+    assert torch.equal(logits(warm), logits(fresh))
