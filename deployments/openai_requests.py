@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from specdec.errors import InvalidRequestError, ModelNotFoundError
+from specdec.request import SEED_RANGE
 
 #: Most independent generations (``n``) per request.
 MAX_N = 16
@@ -98,11 +99,12 @@ class OpenAIRequest:
     default_max_tokens: int | None = None
 
     def choice_data(self, i: int) -> dict:
-        """The core request dict of choice ``i`` (a seeded request: seed + i)."""
+        """The core request dict of choice ``i`` (a seeded request: seed + i, modulo 2**64, the
+        seeds' range: choice 1 of seed 2**64 - 1 uses seed 0)."""
         data = json.loads(json.dumps(self.data))  # a deep copy of plain JSON data
         seed = (data.get("sampling") or {}).get("seed")
         if i and isinstance(seed, int) and not isinstance(seed, bool):
-            data["sampling"]["seed"] = (seed + i) % 2**63
+            data["sampling"]["seed"] = (seed + i) % SEED_RANGE
         return data
 
 

@@ -22,6 +22,9 @@ Proposer = Literal["draft", "ngram", "none"]
 #: Largest ``top_k`` (the gRPC field's range, uint32); any value at or above the vocabulary size
 #: keeps every token.
 MAX_TOP_K = 2**32 - 1
+#: Seeds are the gRPC field's range, uint64: 0 .. 2**64 - 1. Every one is used as it is (the
+#: random streams hash it, :func:`specdec.engine.sampling.derive_seeds`), so no two alias.
+SEED_RANGE = 2**64
 
 
 def _unicode_text(text: str) -> str:
@@ -64,7 +67,7 @@ class SamplingParams(BaseModel):
     temperature: float = Field(0.0, ge=0.0, le=100.0)
     top_k: int = Field(0, ge=0, le=MAX_TOP_K, description="0 disables top-k")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, lt=2**63, description="per-request seed; None draws one")
+    seed: int | None = Field(None, ge=0, lt=SEED_RANGE, description="per-request seed (0 .. 2**64 - 1); None draws one")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="drop tokens below min_p x the top probability; 0: off")
     repetition_penalty: float = Field(
         1.0, gt=0.0, le=10.0,

@@ -15,7 +15,7 @@ from deployments.openai_responses import error_param
 from protos.specdec.v1 import specdec_pb2 as pb
 from specdec.errors import InvalidRequestError, ResourceExhaustedError
 from tests.deployments.grpc_context import RecordingContext
-from tests.deployments.test_openai_api import KEY, MODEL, PROMPT, _raw, _run, stack  # noqa: F401 (fixture)
+from tests.deployments.test_openai_api import KEY, MODEL, PROMPT, _grpc, _raw, _run, stack  # noqa: F401 (fixture)
 from tests.conftest import target_greedy
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -149,3 +149,44 @@ def test_a_body_larger_than_any_valid_request_is_413_unread(stack):
     target = stack["target"]
     resp = _run(_raw(stack["app"], "POST", "/v1/completions", json.dumps(COMPLETION)))
     assert resp.json()["choices"][0]["token_ids"] == target_greedy(target, target.tokenizer.encode(PROMPT), 2)
+
+
+def test_seeds_take_the_whole_uint64_range_on_both_apis(stack):
+    """A gRPC seed >= 2**63 was refused (INVALID_ARGUMENT) although the proto field is uint64.
+    Every uint64 seed is now used as it is: the served answer is the in-process engine's with
+    that seed, the same every time, and not that of the seed 2**63 below it; OpenAI's choice 1 of
+    seed 2**64 - 1 is seed 0 (seed + i modulo 2**64); 2**64 itself is refused over HTTP with 400
+    naming the range (gRPC's uint64 cannot carry it)."""
+    from specdec.engine.engine import SpeculativeEngine
+    from specdec.request import GenerationRequest, SamplingParams, SpeculationParams
+    from tests.conftest import load_tiny
+
+    top = 2**64 - 1
+    engine = SpeculativeEngine(stack["target"], load_tiny(stack["cfg"].draft_model))
+
+    def in_process(seed):
+        return engine.generate(GenerationRequest(
+            prompt_token_ids=[5, 17, 42, 9], max_tokens=10, ignore_eos=True,
+            sampling=SamplingParams(temperature=1.0, seed=seed),
+            speculation=SpeculationParams(proposer="draft", k=4))).token_ids
+
+    def served(seed):
+        resp, ctx = _grpc(stack["router"], pb.GenerateRequest(
+            prompt_token_ids=pb.TokenIds(ids=[5, 17, 42, 9]), max_tokens=10, ignore_eos=True,
+            sampling=pb.SamplingParams(temperature=1.0, seed=seed),
+            speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=4)))
+        assert ctx.code is None, ctx.details
+        return list(resp.token_ids)
+
+    expected = {s: in_process(s) for s in (0, 2**63 - 1, 2**63, top)}
+    assert expected[top] != expected[2**63 - 1] and expected[2**63] != expected[0]
+    for s in (2**63, top, top):
+        assert served(s) == expected[s]
+    body = {"model": MODEL, "prompt": [5, 17, 42, 9], "max_tokens": 10, "ignore_eos": True, "temperature": 1.0,
+            "seed": top, "n": 2, "speculation": {"proposer": "draft", "max_k": 4}}
+    resp = _run(_raw(stack["app"], "POST", "/v1/completions", json.dumps(body)))
+    assert resp.status_code == 200, resp.text
+    assert [c["token_ids"] for c in resp.json()["choices"]] == [expected[top], expected[0]]
+    resp = _run(_raw(stack["app"], "POST", "/v1/completions", json.dumps({**body, "seed": 2**64, "n": 1})))
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "seed", resp.text
+    assert "less than 18446744073709551616" in resp.json()["error"]["message"], resp.text
