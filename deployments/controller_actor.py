@@ -71,7 +71,7 @@ import uuid
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping
 
-from specdec.control.acceptance import AcceptanceEstimator
+from specdec.control.acceptance import GLOBAL_PRIOR_WEIGHT, AcceptanceEstimator
 from specdec.control.batch_k import merge_report
 from specdec.control.controller import KController
 from specdec.errors import ResourceExhaustedError
@@ -149,9 +149,10 @@ class SharedTenantState:
         self.clock = clock or time.monotonic
         if clock is not None:
             kw.setdefault("clock", clock)
+        kw.setdefault("estimator", AcceptanceEstimator(global_prior_weight=GLOBAL_PRIOR_WEIGHT))
         self.controller = KController(**kw)
         #: acceptance counts of the draft replicas' steps, pooled (module docstring)
-        self.batch_acceptance = AcceptanceEstimator()
+        self.batch_acceptance = AcceptanceEstimator(global_prior_weight=GLOBAL_PRIOR_WEIGHT)
         #: draft replica id -> clock of its last report
         self.batch_replicas: dict[str, float] = {}
         #: draft replica id -> {tenant: its K under load there} as of that report
@@ -192,7 +193,7 @@ class SharedTenantState:
             }
             self.controller.import_learned(data["controller"])
             if "batch_acceptance" in data:  # absent in snapshots written before it existed
-                pool = AcceptanceEstimator()
+                pool = AcceptanceEstimator(global_prior_weight=GLOBAL_PRIOR_WEIGHT)
                 pool.import_counts(data["batch_acceptance"])
                 self.batch_acceptance = pool
         except Exception as e:

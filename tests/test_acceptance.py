@@ -141,3 +141,28 @@ def test_prior_fades_with_the_keys_own_steps():
     assert s.prior_accepted == pytest.approx(19 * 0.5 ** 3)
     assert s.alpha == pytest.approx(s.prior_accepted / (s.prior_accepted + s.prior_rejected + 60))
     assert s.alpha < 0.05  # without the fade: 19 / 80 = 0.24
+
+
+def test_global_prior_weight_keeps_a_new_keys_prior_off_an_extreme():
+    """Without pseudo-counts in the global estimate, one rejected step of one tenant made α_g = 0,
+    so the next tenant's prior was 20 pseudo-rejections. With global_prior_weight 20 the global
+    is (Σa + 20·0.5) / (Σa + R + 20)."""
+    exact = dict(half_life_steps=None, global_half_life_steps=None, prior_weight=20, prior_half_life_steps=None)
+    raw = AcceptanceEstimator(**exact)
+    raw.record(("a", "draft"), 4, 0)
+    assert raw.global_alpha("draft") == 0.0
+    raw.record(("b", "draft"), 4, 0)
+    assert raw.alpha(("b", "draft")) == 0.0
+    est = AcceptanceEstimator(**exact, global_prior_weight=20)
+    assert est.global_alpha("draft") == 0.5
+    est.record(("a", "draft"), 4, 0)
+    assert est.global_alpha("draft") == pytest.approx(10 / 21)
+    assert est.alpha(("a", "draft")) == pytest.approx(10 / 21)  # its prior was the empty pool's 0.5
+    est.record(("b", "draft"), 4, 0)
+    s = est.snapshot(("b", "draft"))
+    assert (s.prior_accepted, s.prior_rejected) == pytest.approx((200 / 21, 220 / 21))
+    assert s.alpha == pytest.approx((200 / 21) / (200 / 21 + 220 / 21 + 1))
+    est.record_counts(("c", "draft"), accepted=80, rejected_steps=20, spec_steps=30)
+    assert est.global_alpha("draft") == pytest.approx((80 + 10) / (80 + 22 + 20))
+    with pytest.raises(ValueError, match="global_prior_weight must be >= 0"):
+        AcceptanceEstimator(global_prior_weight=-1)

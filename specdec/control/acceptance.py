@@ -27,7 +27,13 @@ the effective window is about ``half_life_steps / ln 2`` steps (~289 for the def
 Prior (new keys): a key seen for the first time is seeded with pseudo-counts from the global
 pool of its proposer (all tenants, decayed with ``global_half_life_steps``):
 ``prior_weight`` pseudo-trials split as ``w·α_g`` accepted and ``w·(1 - α_g)`` rejections,
-where α_g is the global estimate (``default_alpha`` while the global pool is empty). The
+where α_g is the global estimate (``default_alpha`` while the global pool is empty). With
+``global_prior_weight`` w_g > 0 the global estimate has pseudo-counts of its own,
+``(Σa_g + w_g·default_alpha) / (Σa_g + R_g + w_g)``: without them one rejected step of one
+tenant makes α_g = 0, and the next tenant starts from ``prior_weight`` pseudo-rejections and
+reads α̂ = 0.0 after its own first rejected step. The served estimators (the controller actor's
+and the draft replicas') use :data:`GLOBAL_PRIOR_WEIGHT`; the default 0 keeps the raw pool
+(the in-process simulations of ``tests/test_batch_*.py`` are pinned to it). The
 pseudo-counts decay with the key's own counts and, in addition, halve every
 ``prior_half_life_steps`` (default 20) of the key's own K > 0 steps, so the prior fades as the
 tenant's data arrives. The extra fade matters for a draft that never agrees: each of its steps
@@ -45,6 +51,9 @@ from typing import Any, Hashable, Mapping, Sequence
 
 #: Key of one estimate: (tenant id, proposer name).
 Key = tuple[str, str]
+#: Pseudo-trials at ``default_alpha`` of the global estimate in the served estimators (module
+#: docstring): one rejected step in an empty pool reads 10 / 21, not 0.
+GLOBAL_PRIOR_WEIGHT = 20.0
 
 
 @dataclass
@@ -196,6 +205,11 @@ class AcceptanceEstimator:
         default_alpha: the global estimate while a proposer's global pool has no data.
         prior_half_life_steps: extra half-life of a key's prior pseudo-counts, in the key's own
             K > 0 steps; None: the prior decays only with the key's counts.
+        global_prior_weight: pseudo-trials at ``default_alpha`` in each proposer's global
+            estimate (:meth:`global_alpha`; 0: the raw pool).
+
+    Raises:
+        ValueError: a half-life that is not > 0, a negative weight, ``default_alpha`` outside [0, 1].
     """
 
     def __init__(
@@ -206,12 +220,16 @@ class AcceptanceEstimator:
         prior_weight: float = 20.0,
         default_alpha: float = 0.5,
         prior_half_life_steps: float | None = 20.0,
+        global_prior_weight: float = 0.0,
     ):
         for name, v in (("half_life_steps", half_life_steps), ("global_half_life_steps", global_half_life_steps)):
             if v is not None and not v > 0:
                 raise ValueError(f"{name} must be > 0 or None, got {v}")
         if prior_weight < 0:
             raise ValueError(f"prior_weight must be >= 0, got {prior_weight}")
+        if not global_prior_weight >= 0:
+            raise ValueError(f"global_prior_weight must be >= 0, got {global_prior_weight}")
+        self.global_prior_weight = float(global_prior_weight)
         if not 0.0 <= default_alpha <= 1.0:
             raise ValueError(f"default_alpha must be in [0, 1], got {default_alpha}")
         self.half_life_steps = half_life_steps
@@ -343,10 +361,13 @@ class AcceptanceEstimator:
     # ---------------------------------------------------------------- reading
 
     def global_alpha(self, proposer: str) -> float:
-        """The pooled estimate over all tenants of ``proposer`` (``default_alpha`` if none)."""
+        """The pooled estimate over all tenants of ``proposer``: ``(Σa + w_g·d) / (Σa + R + w_g)``
+        with w_g = ``global_prior_weight``, d = ``default_alpha`` (``default_alpha`` if nothing)."""
         g = self._global.get(proposer)
-        a = g.alpha() if g is not None else None
-        return self.default_alpha if a is None else a
+        acc, rej = (g.accepted, g.rejected_steps) if g is not None else (0.0, 0.0)
+        w = self.global_prior_weight
+        den = acc + rej + w
+        return self.default_alpha if den <= 0 else (acc + w * self.default_alpha) / den
 
     def alpha(self, key: Key) -> float:
         """α̂ for ``key``: its decayed counts plus prior; the global estimate for unseen keys."""

@@ -244,3 +244,31 @@ def test_draft_replicas_acceptance_pool_survives_a_restart_and_rejects_bad_repor
         second.sync_batch_acceptance("replica-b", {"segments": [{"steps": [["code", "draft", 2, 5, 1]]}]})
     assert second.batch_acceptance.export_counts() == first.batch_acceptance.export_counts()
     assert "replica-b" not in second.batch_replicas
+
+
+def test_tenant_stats_after_one_rejected_pooled_step_of_a_second_tenant_is_not_zero():
+    """GetTenantStats reported acceptance 0.0 for a tenant whose single pooled step was rejected
+    after another tenant's single rejected step (the pool's global estimate had no prior, so the
+    second tenant's prior was all rejections). The served pool's global estimate now carries
+    GLOBAL_PRIOR_WEIGHT pseudo-trials at 0.5; a snapshot restore keeps that setting."""
+    from deployments.ingress.tenant_stats import tenant_stats_to_proto
+
+    store = DictStore()
+    state = SharedTenantState(store=store, clock=Clock())
+    state.sync_batch_acceptance("r1", {"segments": [{"steps": [["a", "draft", 4, 0, 1]], "cap": None}]})
+    f = 0.5 ** (1 / 200)  # a key's step-based decay over its one step
+    first = tenant_stats_to_proto(state.tenant_stats("a"))
+    # the empty pool's 0.5 as prior: 10 + 10 pseudo-trials, faded (half-life 20 steps) and decayed
+    pa = 10 * 0.5 ** (1 / 20) * f
+    assert first.acceptance_rate == pytest.approx(pa / (2 * pa + 1))
+    state.sync_batch_acceptance("r1", {"segments": [{"steps": [["b", "draft", 4, 0, 1]], "cap": None}]})
+    second = tenant_stats_to_proto(state.tenant_stats("b"))
+    g = 10 / 21  # the global: one rejection + 20 pseudo-trials at 0.5 (without them: 0, and so was b's α̂)
+    pa, pr = 20 * g * 0.5 ** (1 / 20) * f, 20 * (1 - g) * 0.5 ** (1 / 20) * f
+    assert second.HasField("acceptance_rate") and second.acceptance_rate == pytest.approx(pa / (pa + pr + 1))
+    assert second.stats.steps == 1 and second.stats.rejected_steps == 1 and second.stats.accepted == 0
+    state.snapshot(force=True)
+    restored = SharedTenantState(store=store, clock=Clock())
+    assert restored.was_restored() and restored.batch_acceptance.global_prior_weight == 20.0
+    assert tenant_stats_to_proto(restored.tenant_stats("b")).acceptance_rate == second.acceptance_rate
+    assert restored.controller.estimator.global_prior_weight == 20.0
