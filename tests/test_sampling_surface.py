@@ -20,7 +20,8 @@ from transformers.generation.logits_process import (
 from specdec.engine.engine import SpeculativeEngine
 from specdec.errors import InvalidRequestError
 from specdec.engine.processors import LogitProcessing
-from specdec.request import GenerationRequest, parse_request
+from specdec.engine.sampling import warp_probs
+from specdec.request import GenerationRequest, SamplingParams, parse_request
 
 
 class PresenceFrequency(LogitsProcessor):
@@ -248,3 +249,30 @@ def test_generate_command_flags_carry_the_sampling_surface():
     assert (s.logit_bias, req.min_tokens, req.top_logprobs) == ({7: 2.5}, 3, 4)
     with pytest.raises(SpecDecError, match="--logit-bias must be ID=BIAS, got '7'"):
         cli._request_from_args(parser.parse_args(["generate", "x", "--logit-bias", "7"]))
+
+
+def test_a_vanishing_repetition_penalty_saturates_instead_of_nan():
+    """repetition_penalty 1e-300 (valid: > 0) rounds to 0 in float32: a seen positive logit became
+    inf and a seen zero logit 0 / 0 = nan, and the sampled step raised in torch.multinomial
+    (served: HTTP 500 for that request and every request batched with it). The penalty now acts
+    as float32's smallest normal number and a logit beyond float32's range saturates."""
+    big, tiny = torch.finfo(torch.float32).max, torch.finfo(torch.float32).tiny
+    proc = LogitProcessing(prompt_len=3, repetition_penalty=1e-300)
+    out = proc.apply(torch.tensor([[2.0, 0.0, -1.0, 3.0, 0.5, 5.0]]), [0, 1, 2, 5])  # 0, 1, 2 and 5 seen
+    assert out[0].tolist() == [float(torch.tensor(2.0) / tiny), 0.0, -tiny, 3.0, 0.5, big]
+    assert warp_probs(out, SamplingParams(temperature=1.0))[0].tolist() == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("proposer, k", [("none", 0), ("draft", 3)])
+def test_sampling_with_a_vanishing_repetition_penalty_emits_a_top_token(engine, tiny_target, proposer, k):
+    """Every sampled token is one of the target's most likely tokens after processing (the
+    distribution is the saturated seen tokens, uniform among them), with and without drafts."""
+    res = _run(engine, proposer, k, 12, dict(temperature=1.0, repetition_penalty=1e-300, seed=3), ignore_eos=True)
+    assert len(res.token_ids) == 12
+    proc = LogitProcessing(prompt_len=len(PROMPT), repetition_penalty=1e-300)
+    with torch.inference_mode():
+        logits = tiny_target.model(torch.tensor([PROMPT + res.token_ids])).logits[0].float()
+    for i, t in enumerate(res.token_ids):
+        row = proc.apply(logits[len(PROMPT) - 1 + i: len(PROMPT) + i, : tiny_target.emittable_vocab],
+                         PROMPT + res.token_ids[:i])[0]
+        assert float(row[t]) == float(row.max()), (i, t)

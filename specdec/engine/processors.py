@@ -34,7 +34,8 @@ class LogitProcessing:
     Attributes:
         prompt_len: prompt length in tokens (tokens after it are the output).
         logit_bias: token id -> additive bias (logits).
-        repetition_penalty: > 0; 1 is off.
+        repetition_penalty: > 0; 1 is off. Values below float32's smallest normal number act as
+            it, and a penalized logit beyond float32's range saturates at its largest value.
         presence_penalty: subtracted once from the logit of every token in the output.
         frequency_penalty: subtracted per occurrence in the output.
         min_tokens: ``suppress_ids`` are masked while fewer output tokens than this exist.
@@ -118,8 +119,13 @@ class LogitProcessing:
                 if t < vocab:
                     seen[j + 1:, t] = True
             seen = seen.to(dev)
-            pen = self.repetition_penalty
+            # A penalty below float32's smallest normal number acts as that number (1e-300 rounds
+            # to 0 in float32: 0 / 0 = nan for a zero logit), and a positive logit divided past
+            # float32's range saturates at its largest finite value instead of inf (inf - inf =
+            # nan in the softmax): such tokens tie at the top, the distribution stays defined.
+            pen = max(self.repetition_penalty, torch.finfo(torch.float32).tiny)
             out = torch.where(seen, torch.where(out < 0, out * pen, out / pen), out)
+            out = out.clamp(max=torch.finfo(torch.float32).max)
         if self.presence_penalty or self.frequency_penalty:
             gen = torch.tensor([int(t) for t in history[self.prompt_len:base]], dtype=torch.long)
             counts = torch.zeros(n, vocab, dtype=torch.float32)
