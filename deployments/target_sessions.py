@@ -225,7 +225,10 @@ class TargetSessionTable:
             sid, _, t0 = self.pending.pop(t)
             if isinstance(res, Exception):
                 self.close(sid)
-                out.append((t, InvalidRequestError(str(res)) if not isinstance(res, InvalidRequestError) else res))
+                # a bad block (ValueError) is the caller's; anything else (a failure deciding
+                # this row alone) keeps its type, as in handle()
+                bad = isinstance(res, ValueError) and not isinstance(res, InvalidRequestError)
+                out.append((t, InvalidRequestError(str(res)) if bad else res))
             else:
                 out.append((t, convert.verify_result_to_proto(res, target_time_s=now - t0, batch=shape)))
         return out

@@ -207,6 +207,20 @@ def test_verify_batch_bad_row_leaves_others(long_pair):
         engine.verifier.verify_batch([(good, DraftBlock.empty()), (good, DraftBlock.empty())])
 
 
+def test_verify_batch_row_failing_after_the_forward_leaves_others(long_pair, monkeypatch):
+    """A row whose decision raises after the forward is that row's result; the others stand."""
+    target, _ = long_pair
+    engine = SpeculativeEngine(target)
+    sp = SamplingParams()
+    good = engine.verifier.open_session([5, 6, 7], sp, seed=1)
+    bad = engine.verifier.open_session([5, 6, 7], sp, seed=1)
+    ref = engine.verifier.open_session([5, 6, 7], sp, seed=1).verify(DraftBlock.empty())
+    monkeypatch.setattr(bad, "decide", lambda block, logits: (_ for _ in ()).throw(RuntimeError("nan row")))
+    res = engine.verifier.verify_batch([(bad, DraftBlock.empty()), (good, DraftBlock.empty())])
+    assert type(res[0]) is RuntimeError and str(res[0]) == "nan row"
+    assert res[1].token_ids == ref.token_ids and good.committed_len == 4
+
+
 def test_propose_batch_equals_propose_alone(long_pair):
     target, draft = long_pair
     engine = SpeculativeEngine(target, draft)

@@ -374,8 +374,10 @@ class TargetVerifier:
 
         Returns:
             per item: its :class:`VerifyResult`; an exception (:class:`InvalidBlockError` or
-            ``ValueError`` from :meth:`TargetSession.check`, the session untouched); or None
-            (chunked or deferred).
+            ``ValueError`` from :meth:`TargetSession.check`, the session untouched; or whatever
+            its :meth:`TargetSession.decide` raised after the forward, the session possibly
+            half-advanced: close it); or None (chunked or deferred). One row's failure never
+            fails the others.
 
         Raises:
             ValueError: a session given twice, or ``max_positions < 1``.
@@ -423,5 +425,8 @@ class TargetVerifier:
             i = whole[j]
             j += 1
             session, block = items[i]
-            results[i] = session.decide(block, out)
+            try:
+                results[i] = session.decide(block, out)
+            except Exception as e:  # this row's own failure: the other rows' results stand
+                results[i] = e
         return results

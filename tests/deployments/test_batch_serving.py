@@ -123,6 +123,31 @@ def test_table_statuses_close_and_superseded(target):
     assert "b" not in table.sessions  # a refused block drops its session, as handle() does
 
 
+def test_a_row_failing_after_the_forward_fails_only_its_session(target, monkeypatch):
+    """One session whose decision raised after the batched forward (a sampled step whose
+    processed distribution was nan: repetition_penalty 1e-300 did, served as HTTP 500) failed
+    every session of the forward: verify_batch raised and the table closed them all. Now the
+    failing row alone gets its exception, with its own type (not INVALID_ARGUMENT: the block
+    was fine), and its session is closed; the other row's reply is the one it gets alone."""
+    sp = SamplingParams()
+    alone = TargetSessionTable(TargetVerifier(target))
+    ref = alone.handle(convert.draft_block_to_proto(DraftBlock.empty(), "good", 3,
+                                                    open=convert.session_open_to_proto([5, 6, 7], sp, 1, False)))
+    table = TargetSessionTable(TargetVerifier(target))
+    for t, sid in enumerate(["bad", "good"]):
+        assert table.admit(t, convert.draft_block_to_proto(
+            DraftBlock.empty(), sid, 3, open=convert.session_open_to_proto([5, 6, 7], sp, 1, False))) is None
+
+    def boom(block, logits):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+
+    monkeypatch.setattr(table.sessions["bad"], "decide", boom)
+    out = dict(table.step(None))
+    assert type(out[0]) is RuntimeError and "probability tensor" in str(out[0])
+    assert out[1].committed_len == 4 and list(out[1].token_ids) == list(ref.token_ids)
+    assert set(table.sessions) == {"good"} and table.pending == {}
+
+
 def test_tp_worker_verify_batch_rank0_answers(folder, target):
     worker = TPWorker(0, 1)
     worker.setup(str(folder), "127.0.0.1", 0)
