@@ -140,17 +140,19 @@ def build_request(
     """A GenerateRequest proto from keyword arguments (unset ones are left to the server).
 
     Raises:
-        InvalidArgument: a value the wire format cannot carry (a negative count or id, a
-            non-number), checked here rather than sent; ranges are the server's to check.
+        InvalidArgument: a value the wire format cannot carry (a negative or too large count,
+            id or seed for its uint32 / uint64 field, a non-number), checked here rather than
+            sent; narrower ranges are the server's to check.
     """
-    for name, value in (("max_tokens", max_tokens), ("top_k", top_k), ("k", k), ("seed", seed),
-                        ("min_tokens", min_tokens), ("top_logprobs", top_logprobs)):
-        if value is not None and (not isinstance(value, int) or value < 0):
-            raise InvalidArgument("INVALID_ARGUMENT", f"{name} must be a whole number >= 0, got {value!r}")
-    if any(not isinstance(t, int) or t < 0 for t in list(stop_token_ids) + list(prompt_token_ids or ())):
-        raise InvalidArgument("INVALID_ARGUMENT", "token ids must be whole numbers >= 0")
-    if any(not isinstance(t, int) or t < 0 for t in (logit_bias or {})):
-        raise InvalidArgument("INVALID_ARGUMENT", "logit_bias keys must be token ids (whole numbers >= 0)")
+    u32, u64 = 2**32 - 1, 2**64 - 1  # the proto fields' ranges (uint32, seed uint64)
+    for name, value, top in (("max_tokens", max_tokens, u32), ("top_k", top_k, u32), ("k", k, u32),
+                             ("seed", seed, u64), ("min_tokens", min_tokens, u32), ("top_logprobs", top_logprobs, u32)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= top):
+            raise InvalidArgument("INVALID_ARGUMENT", f"{name} must be a whole number in 0..{top}, got {value!r}")
+    if any(not isinstance(t, int) or not 0 <= t <= u32 for t in list(stop_token_ids) + list(prompt_token_ids or ())):
+        raise InvalidArgument("INVALID_ARGUMENT", f"token ids must be whole numbers in 0..{u32}")
+    if any(not isinstance(t, int) or not 0 <= t <= u32 for t in (logit_bias or {})):
+        raise InvalidArgument("INVALID_ARGUMENT", f"logit_bias keys must be token ids (whole numbers in 0..{u32})")
     for name, value in (("temperature", temperature), ("top_p", top_p), ("draft_min_confidence", draft_min_confidence),
                         ("min_p", min_p), ("repetition_penalty", repetition_penalty),
                         ("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty),

@@ -270,10 +270,16 @@ def test_client_error_mapping_reads_retry_after_from_the_message():
     assert isinstance(e, ResourceExhausted) and e.retry_after_s == 7.5 and e.details == msg
     assert map_error(Err(grpc.StatusCode.RESOURCE_EXHAUSTED, msg, (("retry-after-s", "3.25"),))).retry_after_s == 3.25
     assert map_error(Err(grpc.StatusCode.INVALID_ARGUMENT, "retry after 2 s")).retry_after_s is None
-    for kwargs, text in [({"max_tokens": -1}, "max_tokens must be a whole number >= 0, got -1"),
-                         ({"top_k": -3}, "top_k must be a whole number >= 0, got -3"),
-                         ({"k": -1}, "k must be a whole number >= 0, got -1"),
-                         ({"stop_token_ids": [-2]}, "token ids must be whole numbers >= 0"),
-                         ({"draft_min_confidence": "high"}, "draft_min_confidence must be a number, got 'high'")]:
+    for kwargs, text in [({"max_tokens": -1}, "max_tokens must be a whole number in 0..4294967295, got -1"),
+                         ({"top_k": -3}, "top_k must be a whole number in 0..4294967295, got -3"),
+                         ({"k": -1}, "k must be a whole number in 0..4294967295, got -1"),
+                         ({"stop_token_ids": [-2]}, "token ids must be whole numbers in 0..4294967295"),
+                         ({"draft_min_confidence": "high"}, "draft_min_confidence must be a number, got 'high'"),
+                         # beyond the proto fields' ranges: was a ValueError traceback from protobuf
+                         ({"seed": 2**64}, "seed must be a whole number in 0..18446744073709551615, got 18446744073709551616"),
+                         ({"max_tokens": 2**32}, "max_tokens must be a whole number in 0..4294967295, got 4294967296"),
+                         ({"prompt_token_ids": [2**32]}, "token ids must be whole numbers in 0..4294967295"),
+                         ({"logit_bias": {2**32: 1.0}}, r"logit_bias keys must be token ids \(whole numbers in 0..4294967295\)")]:
         with pytest.raises(InvalidArgument, match=text):
-            build_request("x", **kwargs)
+            build_request(None if "prompt_token_ids" in kwargs else "x", **kwargs)
+    assert build_request("x", seed=2**64 - 1).sampling.seed == 2**64 - 1

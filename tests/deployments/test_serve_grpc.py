@@ -508,7 +508,7 @@ def test_specdec_client_command(served, capsys):
     assert "INVALID_ARGUMENT" in capsys.readouterr().err
     # values the wire cannot carry: a clean INVALID_ARGUMENT, not a traceback
     assert cli.run_client(parser.parse_args(["x", "--max-tokens", "-1", *base[:2], *base[4:]])) == 1
-    assert "specdec client: INVALID_ARGUMENT: max_tokens must be a whole number >= 0, got -1" in capsys.readouterr().err
+    assert "specdec client: INVALID_ARGUMENT: max_tokens must be a whole number in 0..4294967295, got -1" in capsys.readouterr().err
     # --json: the shape of `specdec generate --json`, plus the wire numbers
     import json
 
