@@ -39,24 +39,25 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: this machine's)")
     parser.add_argument("--demo-request", action="store_true",
                         help="once ready, send one code-writing request over gRPC and print answer and stats")
-    parser.add_argument("--message", default=DEMO_MESSAGE, help="the demo request's user message")
-    parser.add_argument("--max-tokens", type=int, default=128, help="the demo request's max_tokens")
+    parser.add_argument("--message", default=DEMO_MESSAGE, help=f"the demo request's user message (default: {DEMO_MESSAGE!r})")
+    parser.add_argument("--max-tokens", type=int, default=128, help="the demo request's max_tokens (default: 128)")
     parser.add_argument("--keep-running", action="store_true", help="keep serving until Ctrl-C")
 
 
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``specdec client``."""
     parser.add_argument("prompt", nargs="?", help="prompt text (or use --message)")
-    parser.add_argument("--address", default="localhost:9000", help="gRPC address (host:port)")
-    parser.add_argument("--application", default="specdec", help="Serve application name")
+    parser.add_argument("--address", default="localhost:9000", help="gRPC address (host:port; default: localhost:9000)")
+    parser.add_argument("--application", default="specdec", help="Serve application name (default: specdec)")
     parser.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"), help="tenant API key ($SPECDEC_API_KEY)")
     parser.add_argument("--message", action="append", default=[], metavar="ROLE:TEXT", help="chat message, repeatable")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--stop", action="append", default=[])
+    parser.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default: 128)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus mass in (0, 1] (default: 1, off)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the K most likely tokens (default: 0, off)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="random seed of a sampled request, 0..2**64-1 (default: the server draws one)")
+    parser.add_argument("--stop", action="append", default=[], help="stop string, repeatable")
     parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below MIN_P x the top probability")
     parser.add_argument("--repetition-penalty", type=float, default=None, help="over prompt and output (1: off)")
     parser.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, over the output")
@@ -66,8 +67,9 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-tokens", type=int, default=0, help="no EOS or stop token before this many tokens")
     parser.add_argument("--top-logprobs", type=int, default=0, metavar="N",
                         help="with --logprobs: the target's N most likely tokens per position (--json shows them)")
-    parser.add_argument("--proposer", choices=["draft", "ngram", "none"], default=None)
-    parser.add_argument("-k", "--k", type=int, default=None, help="largest K per step")
+    parser.add_argument("--proposer", choices=["draft", "ngram", "none"], default=None,
+                        help="draft model, prompt lookup or plain decoding (default: the tenant's, else the server's)")
+    parser.add_argument("-k", "--k", type=int, default=None, help="largest K per step (default: the server's)")
     parser.add_argument("--draft-min-confidence", type=float, default=None, metavar="C",
                         help="end a draft block after a token whose draft probability is below C")
     parser.add_argument("--session-id", default=None, help="session id (sticky routing)")
@@ -416,5 +418,5 @@ def _served_json(resp, wall_s: float) -> dict:
 
 #: ``specdec serve`` and ``specdec client``, registered in the ``specdec.commands`` entry-point
 #: group (pyproject.toml); the core CLI never imports this module by name.
-SERVE = Command(help="serve on a local Ray (Ray Serve + gRPC)", add_arguments=add_serve_arguments, run=run_serve)
+SERVE = Command(help="serve on a local Ray (Ray Serve: gRPC and the OpenAI HTTP API)", add_arguments=add_serve_arguments, run=run_serve)
 CLIENT = Command(help="call a running server over gRPC", add_arguments=add_client_arguments, run=run_client)

@@ -74,12 +74,14 @@ WEIGHT_FORMAT_CHOICES = ("float32", "bfloat16", "float16", "int8", "int4", "w8a8
 
 
 def _add_generate(sub) -> None:
-    p = sub.add_parser("generate", help="one completion in this process")
+    p = sub.add_parser("generate", help="one completion in this process",
+                       description="One completion in this process (no Ray): text on stdout, stats on stderr.")
     p.add_argument("prompt", nargs="?", help="prompt text (or use --message)")
     p.add_argument("--message", action="append", default=[], metavar="ROLE:TEXT",
                    help="chat message, repeatable, e.g. --message 'user:Write a sort function'")
-    p.add_argument("--target", default="demo:target", help="model spec: demo:target, an HF folder or a .gguf file")
-    p.add_argument("--draft", default="demo:draft", help="draft model spec, or 'none'")
+    p.add_argument("--target", default="demo:target",
+                   help="model spec: demo:target, an HF folder or a .gguf file (default: demo:target)")
+    p.add_argument("--draft", default="demo:draft", help="draft model spec, or 'none' (default: demo:draft)")
     p.add_argument("--target-format", choices=WEIGHT_FORMAT_CHOICES, default=None,
                    help="target weight format (default: the device's, see README 'Weight formats')")
     p.add_argument("--draft-format", choices=WEIGHT_FORMAT_CHOICES, default=None,
@@ -92,15 +94,16 @@ def _add_generate(sub) -> None:
                         "one shipped for the demo pair's tokenizer")
     p.add_argument("--proposer", choices=["draft", "ngram", "none"], default=None,
                    help="draft model, prompt lookup or plain decoding (default: draft, or ngram with --draft none)")
-    p.add_argument("-k", "--k", type=int, default=4, help="speculation length K (draft tokens per step)")
+    p.add_argument("-k", "--k", type=int, default=4, help="speculation length K (draft tokens per step; default: 4)")
     p.add_argument("--draft-min-confidence", type=float, default=0.0, metavar="C",
                    help="draft proposer: end a block after a drafted token whose draft probability "
                         "is below C (0 = always draft K; 0.4 is transformers' assisted default)")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default: 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the K most likely tokens (default: 0, off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (default: 1, off)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="random seed of a sampled request, 0..2**64-1 (default: a random one)")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below MIN_P x the top probability")
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="over prompt and output (1: off)")
     p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, over the output")
@@ -109,7 +112,7 @@ def _add_generate(sub) -> None:
                    help="add BIAS to the logit of token ID (repeatable)")
     p.add_argument("--min-tokens", type=int, default=0, help="no EOS or stop token before this many tokens")
     p.add_argument("--stop", action="append", default=[], help="stop string, repeatable")
-    p.add_argument("--logprobs", action="store_true")
+    p.add_argument("--logprobs", action="store_true", help="return the target's log-probabilities (--json shows them)")
     p.add_argument("--top-logprobs", type=int, default=0, metavar="N",
                    help="with --logprobs: the target's N most likely tokens per position (--json shows them)")
     p.add_argument("--stream", action="store_true", help="print text as it is generated")
@@ -219,7 +222,10 @@ def run_generate(args) -> int:
 
 
 def _add_prefetch(sub) -> None:
-    p = sub.add_parser("prefetch", help="assemble the demo pair into the model cache")
+    p = sub.add_parser("prefetch", help="assemble the demo pair into the model cache",
+                       description="Assemble the demo pair into the model cache ($SPECDEC_CACHE, default "
+                                   "~/.cache/specdec) and build the weight format's entry; nothing is loaded "
+                                   "when the cache is warm (a Kubernetes init step).")
     p.add_argument("roles", nargs="*", metavar="{target,draft}", help="default: both")
     p.add_argument("--format", choices=WEIGHT_FORMAT_CHOICES, default=None, dest="weight_format",
                    help="build the cache a weight format loads from (float32/float16: the float32 folder; "
@@ -265,13 +271,15 @@ def run_prefetch(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``specdec`` command; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="specdec", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="specdec", description="Exact speculative decoding: generate in this process, serve on Ray Serve "
+                                    "(gRPC and the OpenAI HTTP API), call a server, benchmark. See README.md.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     _add_prefetch(sub)
     commands = {name: c for name, c in registered_commands().items() if name not in ("generate", "prefetch")}
     for name, command in commands.items():
-        command.add_arguments(sub.add_parser(name, help=command.help))
+        command.add_arguments(sub.add_parser(name, help=command.help, description=command.help[:1].upper() + command.help[1:] + "."))
     args = parser.parse_args(argv)
     try:
         if args.command == "generate":

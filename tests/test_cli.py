@@ -46,3 +46,33 @@ def test_generate_errors_name_the_flag(flags, message, capsys):
     the user of ``specdec generate`` never typed; it names the flag, before any model loads."""
     assert cli.main(["generate", "--target", "/nonexistent-target", "x", *flags]) == 2
     assert capsys.readouterr().err.strip() == f"specdec: error: {message}"
+
+
+def test_client_values_beyond_the_wire_are_a_clean_error_before_any_call(capsys):
+    """``specdec client --seed 2**64`` was a ValueError traceback from protobuf (the field is
+    uint64); now it is the client's INVALID_ARGUMENT line and exit status 1, nothing sent (no
+    server listens on the address)."""
+    assert cli.main(["client", "x", "--seed", str(2**64), "--address", "localhost:1"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "specdec client: INVALID_ARGUMENT: seed must be a whole number in 0..18446744073709551615, "
+        "got 18446744073709551616")
+    assert cli.main(["client", "x", "--max-tokens", str(2**32), "--address", "localhost:1"]) == 1
+    assert "max_tokens must be a whole number in 0..4294967295, got 4294967296" in capsys.readouterr().err
+
+
+def test_help_texts_name_the_defaults(capsys):
+    """What a new user reads first: every flag that has a default says it."""
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for text in ("(default: demo:target)", "(default: demo:draft)", "(draft tokens per step; default: 4)",
+                 "most tokens to generate (default: 128)", "0 = greedy (default: 0)", "(default: a random one)"):
+        assert text in out, text
+    with pytest.raises(SystemExit):
+        cli.main(["client", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for text in ("(host:port; default: localhost:9000)", "(default: specdec)", "(default: the server's)"):
+        assert text in out, text
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "The ``specdec`` command line" not in capsys.readouterr().out
