@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from specdec.errors import InvalidRequestError, ModelNotFoundError
-from specdec.request import SEED_RANGE
+from specdec.request import MAX_TOKENS, SEED_RANGE
 
 #: Most independent generations (``n``) per request.
 MAX_N = 16
@@ -225,8 +225,10 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
     if unknown:
         raise _refusal(f"unsupported field(s): {', '.join(unknown)}", unknown[0])
     model = body.get("model")
-    if not isinstance(model, str) or not model:
+    if model is None:
         raise InvalidRequestError("model is required: one of " + ", ".join(repr(m) for m in model_ids))
+    if not isinstance(model, str) or not model:
+        raise InvalidRequestError(f"model must be one of {', '.join(repr(m) for m in model_ids)}, got {model!r}")
     if model not in model_ids:
         raise ModelNotFoundError(f"the model '{model}' does not exist; this server serves "
                                  + ", ".join(repr(m) for m in model_ids))
@@ -277,7 +279,11 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
         if "max_tokens" in body and "max_completion_tokens" in body and body["max_tokens"] != body["max_completion_tokens"]:
             raise _refusal("give max_tokens or max_completion_tokens, not two different values", "max_completion_tokens")
         if "max_completion_tokens" in body:
-            data["max_tokens"] = body["max_completion_tokens"]
+            limit = body["max_completion_tokens"]
+            if "max_tokens" not in body and not 1 <= limit <= MAX_TOKENS:  # named as the body spells it
+                bound = "greater than or equal to 1" if limit < 1 else f"less than or equal to {MAX_TOKENS}"
+                raise InvalidRequestError(f"invalid request: max_completion_tokens: Input should be {bound}")
+            data["max_tokens"] = limit
         elif "max_tokens" in body:
             data["max_tokens"] = body["max_tokens"]
         want = body.get("logprobs", False)

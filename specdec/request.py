@@ -22,6 +22,8 @@ Proposer = Literal["draft", "ngram", "none"]
 #: Largest ``top_k`` (the gRPC field's range, uint32); any value at or above the vocabulary size
 #: keeps every token.
 MAX_TOP_K = 2**32 - 1
+#: Largest ``max_tokens`` (and ``min_tokens``) a request may ask for.
+MAX_TOKENS = 1_000_000
 #: Seeds are the gRPC field's range, uint64: 0 .. 2**64 - 1. Every one is used as it is (the
 #: random streams hash it, :func:`specdec.engine.sampling.derive_seeds`), so no two alias.
 SEED_RANGE = 2**64
@@ -126,13 +128,13 @@ class GenerationRequest(BaseModel):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     prompt_token_ids: list[int] | None = None
-    max_tokens: int = Field(128, ge=1, le=1_000_000)
+    max_tokens: int = Field(128, ge=1, le=MAX_TOKENS)
     stop: list[str] = Field(default_factory=list, max_length=16)
     stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = Field(0, ge=0, le=20, description="with logprobs: the target's N most likely ids per position")
-    min_tokens: int = Field(0, ge=0, le=1_000_000, description="EOS and stop token ids masked until this many tokens")
+    min_tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="EOS and stop token ids masked until this many tokens")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     speculation: SpeculationParams = Field(default_factory=SpeculationParams)
 

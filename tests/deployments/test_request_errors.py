@@ -43,6 +43,7 @@ COMPLETION = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "temperature": 
     ("chat", {**CHAT, "messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages.0.name"),
     ("chat", {**CHAT, "messages": [{"role": "user", "content": "x " * 3000}]}, "messages"),
     ("chat", {**CHAT, "max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens"),
+    ("chat", {**{k: v for k, v in CHAT.items() if k != "max_tokens"}, "max_completion_tokens": 0}, "max_completion_tokens"),
     ("chat", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
     ("chat", [1, 2], None),
 ])
@@ -190,3 +191,19 @@ def test_seeds_take_the_whole_uint64_range_on_both_apis(stack):
     resp = _run(_raw(stack["app"], "POST", "/v1/completions", json.dumps({**body, "seed": 2**64, "n": 1})))
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "seed", resp.text
     assert "less than 18446744073709551616" in resp.json()["error"]["message"], resp.text
+
+
+@pytest.mark.parametrize("body, message", [
+    ({**{k: v for k, v in CHAT.items() if k != "max_tokens"}, "max_completion_tokens": 0},
+     "invalid request: max_completion_tokens: Input should be greater than or equal to 1"),
+    ({**{k: v for k, v in CHAT.items() if k != "max_tokens"}, "max_completion_tokens": 10**7},
+     "invalid request: max_completion_tokens: Input should be less than or equal to 1000000"),
+    ({**CHAT, "max_tokens": 0}, "invalid request: max_tokens: Input should be greater than or equal to 1"),
+    ({**CHAT, "model": 5}, "model must be one of 'specdec', got 5"),
+    ({k: v for k, v in CHAT.items() if k != "model"}, "model is required: one of 'specdec'"),
+])
+def test_chat_errors_name_the_field_as_the_body_spells_it(stack, body, message):
+    """max_completion_tokens 0 was refused as "max_tokens: ..." (param max_tokens), a field the
+    body did not have; a model that is not a string was "model is required"."""
+    resp = _run(_raw(stack["app"], "POST", "/v1/chat/completions", json.dumps(body)))
+    assert resp.status_code == 400 and resp.json()["error"]["message"] == message, resp.text
