@@ -50,6 +50,13 @@ def test_flat_verify_cost_and_high_acceptance_pick_k_above_0():
     assert d.positions == 52 and d.rows == 8
 
 
+class _CurveWithPrefills(BatchCostModel):
+    """The batch cost model before prefill forwards were kept off its verify curve."""
+
+    def observe_verify(self, rows: int, positions: int, seconds: float, *, prefill: bool = False) -> None:
+        super().observe_verify(rows, positions, seconds)
+
+
 def _simulate(extrapolation: str, verify, draft, prefill: list[BatchShape], rounds: int = 30):
     """Served K under load without the guard: 4 code sessions (accept every draft) and 4
     creative ones (accept 1 per step) step once per round on one draft replica. Round 0 is
@@ -59,9 +66,11 @@ def _simulate(extrapolation: str, verify, draft, prefill: list[BatchShape], roun
     sessions (measured 4- and 8-row draft forwards known beforehand). Returns the (code,
     creative) K per round and the tokens/s of rounds 1.. under those true costs. ``"trend"`` is
     the controller before proportional extrapolation, which also decided on the priors before a
-    decode forward was measured (``measure_first=False``)."""
-    c = BatchKController(budget=128, cost=BatchCostModel(max_positions=512, verify_extrapolation=extrapolation),
-                         measure_first=extrapolation != "trend")
+    decode forward was measured (``measure_first=False``) and put prefill forwards on the verify
+    curve (``observe_verify(..., prefill=False)``)."""
+    cost = (_CurveWithPrefills if extrapolation == "trend" else BatchCostModel)(
+        max_positions=512, verify_extrapolation=extrapolation)
+    c = BatchKController(budget=128, cost=cost, measure_first=extrapolation != "trend")
     for r in (4, 8):
         c.observe_tick(0, 0, 0.0, [(r, draft(r))])
     live = BatchKSessions(c)
@@ -84,7 +93,7 @@ def _simulate(extrapolation: str, verify, draft, prefill: list[BatchShape], roun
             tokens += accepted + 1 if rnd else 0
             live.observe_step(key, k, accepted, shapes[i], drafts if i == 0 else ())
         ks_seen.append((ks[0], ks[-1]))
-    return ks_seen, tokens / seconds
+    return ks_seen, tokens / seconds, c
 
 
 #: the first forwards the served int4 run measured: prompts' prefill chunks, 57 positions
@@ -111,24 +120,26 @@ def test_batch_cost_model_below_prefill_forwards_is_proportional_not_flat():
 
 def test_int4_like_costs_from_prefill_forwards_choose_k0_without_the_guard():
     """int4-like true costs (verify 0.05 + 0.075 s per position, draft 0.08 + 0.026 s per row),
-    the model starting from the served run's two prefill forwards, no goodput guard: with the
-    old extrapolation the controller speculates from round 1 on (K = 8 for code, 6 for
-    creative from round 3: the 64-position forward it keeps running is predicted at the
-    prefill's 3.11 s, the K = 0 forward at 5.52 s, and never measured) at 6.3 tok/s; with the
-    new one it chooses K = 0 from the start and holds it (no probe either: at acceptance 0.9
-    K = 0 is still best), 8 tokens per 0.65 s, the best batch under the true costs."""
+    the served run's two prefill forwards first, no goodput guard: the old model (prefill
+    forwards on its verify curve, extrapolated on the trend) speculates from round 1 on (K = 8
+    for code, 6 for creative from round 3: the 64-position forward it keeps running is predicted
+    at the prefill's 3.11 s, the K = 0 forward at 5.52 s, and never measured) at 6.3 tok/s; the
+    new one keeps the prefills off its verify curve, holds K = 0 until a decode forward is
+    measured (round 1), probes each tenant once at once (no acceptance evidence: round 2 at
+    K = 1, one step per session) and then holds K = 0: 0.99x the best batch under the true
+    costs (8 tokens per 0.65 s)."""
     def verify(p):
         return 0.05 + 0.075 * p
 
     def draft(r):
         return 0.08 + 0.026 * r
 
-    ks_old, tps_old = _simulate("trend", verify, draft, SERVED_PREFILLS)
-    ks_new, tps_new = _simulate("monotone", verify, draft, SERVED_PREFILLS)
+    ks_old, tps_old, _ = _simulate("trend", verify, draft, SERVED_PREFILLS)
+    ks_new, tps_new, c = _simulate("monotone", verify, draft, SERVED_PREFILLS)
     assert ks_old[1:3] == [(7, 7), (8, 8)] and ks_old[3:] == [(8, 6)] * 27
     assert tps_old == pytest.approx(6.29, abs=0.01)
-    assert ks_new == [(0, 0)] * 30
-    assert tps_new == pytest.approx(8 / verify(8))
+    assert ks_new == [(0, 0), (0, 0), (1, 1)] + [(0, 0)] * 27 and c.probes == 2 and c.probe_step_count == 8
+    assert round(tps_new / (8 / verify(8)), 3) == 0.988
     # the true best: no (code K, creative K) beats K = 0 for both
     for kc in range(0, 9):
         for kr in range(0, 9):
@@ -138,15 +149,15 @@ def test_int4_like_costs_from_prefill_forwards_choose_k0_without_the_guard():
 
 
 def test_flat_costs_from_a_prefill_forward_speculate_after_one_k0_round():
-    """GPU-like flat true costs (verify 0.30 + 0.001 s per position): from prefill forwards of
-    400 and 380 positions the new extrapolation predicts decode forwards cheap in proportion,
-    so round 1 runs at K = 0, measures an 8-position forward, and from round 2 on the
-    controller speculates exactly as the old extrapolation did one round earlier."""
+    """GPU-like flat true costs (verify 0.30 + 0.001 s per position): after prefill forwards of
+    400 and 380 positions (off the verify curve) round 1 runs at K = 0 and measures an
+    8-position forward; from round 2 on the controller speculates (no probe needed) and
+    settles where the old model settled: code at K = 8, creative at K = 2."""
     prefills = [BatchShape(1, 1, 400, 0.70), BatchShape(2, 2, 380, 0.68)]
-    ks_old, _ = _simulate("trend", lambda p: 0.30 + 0.001 * p, lambda r: 0.03 + 0.001 * r, prefills)
-    ks_new, _ = _simulate("monotone", lambda p: 0.30 + 0.001 * p, lambda r: 0.03 + 0.001 * r, prefills)
-    assert ks_new[:2] == [(0, 0), (0, 0)] and ks_new[2:] == ks_old[1:-1]
-    assert ks_new[-1] == (8, 2)
+    ks_old, _, _ = _simulate("trend", lambda p: 0.30 + 0.001 * p, lambda r: 0.03 + 0.001 * r, prefills)
+    ks_new, _, c = _simulate("monotone", lambda p: 0.30 + 0.001 * p, lambda r: 0.03 + 0.001 * r, prefills)
+    assert ks_new[:4] == [(0, 0), (0, 0), (1, 1), (3, 8)] and c.probes == 0
+    assert ks_new[-8:] == ks_old[-8:] == [(8, 2)] * 8
 
 
 def _run(guard: GoodputGuard, spec_rate: float, plain_rate: float, steps: int) -> str:

@@ -134,13 +134,18 @@ class BatchKController:
         #: (rows, positions) of every verify forward seen, for statistics
         self.batches: list[tuple[int, int]] = []
 
+    def k_top(self) -> int:
+        """The largest k_max of the tenants seen (8 before any): a forward of more than
+        rows · (k_top + 1) positions holds a prompt's prefill."""
+        return max((hi for _, hi in self.k_ranges.values()), default=8)
+
     def observe_row(self, tenant: str, proposer: str, k: int, accepted: int) -> None:
         self.estimator.record((tenant, proposer), k, accepted)
 
     def observe_tick(self, rows: int, positions: int, verify_s: float, draft_forwards: Sequence[tuple[int, float]] = ()) -> None:
         """A tick's verify forward (rows, positions fed, seconds) and its draft forwards (rows, seconds)."""
         if rows >= 1 and positions >= rows:
-            self.cost.observe_verify(rows, positions, verify_s)
+            self.cost.observe_verify(rows, positions, verify_s, prefill=positions > rows * (self.k_top() + 1))
             self.batches.append((rows, positions))
         for r, s in draft_forwards:
             if r >= 1:
@@ -168,7 +173,7 @@ class BatchKController:
                 loads[f"{tenant}\x00{proposer}\x00{k}"] = TenantLoad(
                     sessions=n, alpha=self.estimator.alpha((tenant, proposer)) if k > 0 else 0.0,
                     weight=1e-9, k_min=k, k_max=k, drafted=proposer == "draft", fixed_k=k)
-        k_top = max((hi for _, hi in self.k_ranges.values()), default=8)
+        k_top = self.k_top()
         unmeasured = self.measure_first and self.cost.min_positions_per_row > k_top + 1 and (
             sum(sessions.values()) + sum((fixed or {}).values()) >= 2)
         for (tenant, proposer), n in sessions.items():

@@ -38,9 +38,14 @@ class BatchCostModel:
       whose speculation paid 1.8x at K = 0), and ``r = draft_s(R) / verify_s(R, R)`` at the most
       rows ``R`` a draft forward was measured at (the draft's cost relative to the target's at
       equal size; the priors' ratio before any). Before any such forward: the verify curve at
-      ``n`` positions times ``r``. And at least what catch-ups measured
+      ``n`` positions times ``r``. Once catch-ups were measured, what they measured instead
       (:meth:`observe_catchup`: a session's drafting seconds in its first drafting step after
-      K = 0, beyond its K draft forwards, per token it was behind; an EWMA): served, the
+      K = 0, beyond its K draft forwards, per token it was behind; an EWMA). Instead, not at
+      least: an overpriced catch-up holds its tenant at K = 0, where no catch-up is measured
+      that could lower the price (the main job simulated with a 30 s first prefill, its only
+      forward of >= 16 positions: the model priced a catch-up at 18x what the measured ones
+      cost, and after the goodput guard's 12 steps at K = 0 the client stayed there;
+      tests/test_batch_one_client.py), while an underpriced one is run and measured. Served, the
       sessions of a tenant leaving K = 0 catch up in the same batched draft forwards while
       the target's batch waits for them, so a catch-up cost each 2-6 s where the cheapest
       verify forward priced it at 0.9 s (w8a8 pair, 8 clients).
@@ -64,6 +69,18 @@ class BatchCostModel:
     curve is interpolated between measured points. The flat error never corrects itself, this
     one does after one decision.
 
+    Prefill forwards are not decode forwards (``observe_verify(..., prefill=True)``): a forward
+    that holds a prompt's prefill is kept off the verify curve (it prices catch-ups only). One
+    session's first forward (its 42-position prompt with its first block) is no point of the
+    curve its decode steps lie on: int4 prefills dear (2-10 s for 42 positions where decode
+    forwards of 1 to 4 positions took 0.19-0.29 s on the loaded 2-core CPU, the first one in a
+    fresh process the dearest), and interpolated between it and the 1-position forward of K = 0,
+    a 2-position verify was priced at 0.19 + (X - 0.19) / 41 s: from X ≈ 5 s on no K > 0 paid
+    even at α = 0.9, so no probe ran, the K = 0 steps measured only the 1-position forward,
+    and the main job (one client, code, acceptance 0.95) ran its 128 tokens at K = 0
+    (1.03 tokens/step where it speculates at 2-2.7). Off the curve, the decode forwards
+    measured decide, the prior's slope between them before they do.
+
     Args:
         max_positions: largest positions count recorded (the positions budget, or more).
         prior_verify_s, prior_draft_s: priors of a 1-position verify and a 1-row draft forward
@@ -85,17 +102,37 @@ class BatchCostModel:
         #: the fewest positions per row of any verify forward measured (inf before any): a
         #: decode forward has K + 1, a prompt's prefill chunk tens
         self.min_positions_per_row = float("inf")
+        #: the fewest seconds per position of any verify forward of >= 16 positions (inf before any)
+        self._cheapest_per_position = float("inf")
+        self._prefill_n = 0  # prefill forwards seen (kept off the verify curve)
 
-    def observe_verify(self, rows: int, positions: int, seconds: float) -> None:
-        """One batched verify forward of ``rows`` sessions and ``positions`` positions took ``seconds``."""
+    def observe_verify(self, rows: int, positions: int, seconds: float, *, prefill: bool = False) -> None:
+        """One batched verify forward of ``rows`` sessions and ``positions`` positions took ``seconds``.
+
+        ``prefill``: the forward fed more positions than its rows' blocks can hold (a prompt's
+        prefill in it; :meth:`BatchKController.observe_tick` says so when positions > rows ·
+        (largest k_max + 1)). Such a forward prices catch-ups (:meth:`catchup_s`) and counts in
+        :attr:`min_positions_per_row`, but is not put on the verify curve that prices decode
+        steps (class docstring, "Prefill forwards are not decode forwards").
+
+        Raises:
+            ValueError: ``rows < 1`` or ``positions < rows``, or ``seconds`` negative or not finite.
+        """
         if rows < 1 or positions < rows:
             raise ValueError(f"need 1 <= rows <= positions, got rows={rows}, positions={positions}")
+        if not 0 <= seconds < float("inf"):
+            raise ValueError(f"seconds must be finite and >= 0, got {seconds}")
+        self.min_positions_per_row = min(self.min_positions_per_row, positions / rows)
+        if positions >= 16:
+            self._cheapest_per_position = min(self._cheapest_per_position, seconds / positions)
+        if prefill:
+            self._prefill_n += 1
+            return
         if rows > 1 and positions in self.verify._verify:
             residual = (seconds - self.verify.verify_s(positions)) / (rows - 1)
             self._row_n += 1
             self._row_s += max(0.2, 1.0 / self._row_n) * (max(residual, 0.0) - self._row_s)
         self.verify.observe_verify(positions, seconds)
-        self.min_positions_per_row = min(self.min_positions_per_row, positions / rows)
 
     def observe_draft(self, rows: int, seconds: float) -> None:
         """One batched draft forward (one draft position) of ``rows`` sessions took ``seconds``."""
@@ -133,16 +170,16 @@ class BatchCostModel:
         """Seconds to feed ``tokens`` positions the draft is behind by (class docstring; 0 for none)."""
         if tokens <= 0:
             return 0.0
-        measured = 0.0 if self._catchup_rate is None else self._catchup_rate * int(tokens)
-        return max(measured, self._catchup_model_s(int(tokens)))
+        if self._catchup_rate is not None:
+            return self._catchup_rate * int(tokens)
+        return self._catchup_model_s(int(tokens))
 
     def _catchup_model_s(self, tokens: int) -> float:
         measured = self.draft.snapshot()["verify_s"]
         rows = max((int(r) for r in measured), default=1)
         ratio = self.draft_s(rows) / self.verify_s(rows, rows)
-        per_position = [t / p for p, t in self.verify.snapshot()["verify_s"].items() if p >= 16]
-        if per_position:
-            return int(tokens) * min(per_position) * ratio
+        if self._cheapest_per_position < float("inf"):
+            return int(tokens) * self._cheapest_per_position * ratio
         return self.verify.verify_s(int(tokens)) * ratio
 
     def step_s(self, ks: Sequence[int], drafted: Sequence[bool]) -> float:
@@ -158,4 +195,5 @@ class BatchCostModel:
 
     def snapshot(self) -> dict:
         return {"verify_s_by_positions": self.verify.snapshot()["verify_s"], "verify_row_s": self._row_s,
-                "draft_s_by_rows": self.draft.snapshot()["verify_s"], "catchup_s_per_token": self._catchup_rate}
+                "draft_s_by_rows": self.draft.snapshot()["verify_s"], "catchup_s_per_token": self._catchup_rate,
+                "prefill_forwards": self._prefill_n}
