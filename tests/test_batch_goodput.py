@@ -184,23 +184,44 @@ def test_goodput_guard_vetoes_speculation_that_measures_slower():
     assert g.vetoes == 2 and g.explorations == 1 and g.forced
     assert g.snapshot() == {"goodput_spec": pytest.approx(2 / 3), "goodput_plain": pytest.approx(1.0),
                             "steps_spec": 12, "steps_plain": 12 + 96 + 167, "forced": "veto",
-                            "forced_left": 192 - 167, "vetoes": 2, "explorations": 1}
+                            "forced_left": 192 - 167, "vetoes": 2, "explorations": 1, "explore_spacing": 64}
 
 
 def test_goodput_guard_keeps_speculation_that_measures_faster():
     """Speculation measures 1.5x plain decoding: K = 0 is explored for 12 steps after the first
-    12 spec steps and then every 64 spec steps, never vetoed."""
+    12 spec steps, then after 64 spec steps, and each exploration that confirms speculation
+    doubles the spacing up to 8 x 64: 5 explorations in 1200 steps (60 steps at K = 0), where a
+    fixed spacing (``explore_backoff=1``, the guard before) explored 16 times (192 steps)."""
     g = GoodputGuard()
-    seq = _run(g, spec_rate=1.5, plain_rate=1.0, steps=200)
-    block = "s" * 64 + "P" * 12
-    assert seq == ("s" * 11 + "P" * 12 + block + block + "s" * 200)[:200]
-    assert g.vetoes == 0 and g.explorations == 3
+    seq = _run(g, spec_rate=1.5, plain_rate=1.0, steps=1200)
+    spaced = "".join("s" * n + "P" * 12 for n in (64, 128, 256, 512))
+    assert seq == "s" * 11 + "P" * 12 + spaced + "s" * 169
+    assert g.vetoes == 0 and g.explorations == 5 and g.snapshot()["explore_spacing"] == 512
+    fixed = GoodputGuard(explore_backoff=1)
+    seq = _run(fixed, spec_rate=1.5, plain_rate=1.0, steps=1200)
+    assert seq == "s" * 11 + "P" * 12 + ("s" * 64 + "P" * 12) * 15 + "s" * 37 and fixed.explorations == 16
     with pytest.raises(ValueError, match="regime"):
         g.record("fast", 1, 1.0)
     with pytest.raises(ValueError, match="tokens >= 1"):
         g.record("spec", 0, 1.0)
     with pytest.raises(ValueError, match="explore_every >= min_steps"):
         GoodputGuard(min_steps=10, explore_every=5)
+    with pytest.raises(ValueError, match="explore_backoff >= 1"):
+        GoodputGuard(explore_backoff=0)
+
+
+def test_goodput_guard_backed_off_still_vetoes_speculation_turning_slower_at_once():
+    """Speculation pays 1.5x for 500 steps (explorations spaced 64, 128, 256), then measures half
+    plain decoding's speed: every spec step is compared with the last exploration's plain, so
+    the 11th slow spec step vetoes (its decayed goodput below plain's), and the veto sets the
+    exploration spacing back to 64."""
+    g = GoodputGuard()
+    before = _run(g, spec_rate=1.5, plain_rate=1.0, steps=500)
+    assert before == "s" * 11 + "P" * 12 + "".join("s" * n + "P" * 12 for n in (64, 128)) + "s" * 256 + "P" * 5
+    assert g.snapshot()["explore_spacing"] == 256  # doubled once the exploration in progress confirms
+    after = _run(g, spec_rate=0.5, plain_rate=1.0, steps=120)
+    assert after == "P" * 7 + "s" * 10 + "P" * 96 + "s" * 7
+    assert g.vetoes == 1 and g.explorations == 4 and g.snapshot()["explore_spacing"] == 64
 
 
 def test_batch_k_sessions_guard_overrules_the_model_when_measured_slower():
@@ -245,8 +266,9 @@ def test_goodput_guard_is_per_tenant_a_paying_tenant_keeps_its_k():
     guard per tenant, each comparing the batch with and without its tenant's speculation,
     vetoes creative and keeps code at K = 2 (53.3). Explorations do not overlap: code's first
     (round 2), then creative's (round 3), which vetoes creative; its rechecks (rounds 11, 24,
-    49) lose again and double the hold (48, 96, 192 steps); code explores once every 32 of
-    its spec steps and is never vetoed."""
+    49) lose again and double the hold (48, 96, 192 steps); code explores at rounds 2, 8, 17
+    and 34 (each exploration confirming its speculation doubles the spacing: 32, 64, 128 of
+    its guard's spec steps; 12 explorations at a fixed 32) and is never vetoed."""
     c = _controller(lambda p: 0.30 + 0.001 * p, lambda r: 0.03 + 0.001 * r)
     live = BatchKSessions(c, guard=GoodputGuard(min_steps=8, explore_every=32, hold=48))
     keys = [("code", i) for i in range(4)] + [("creative", i) for i in range(4)]
@@ -266,14 +288,15 @@ def test_goodput_guard_is_per_tenant_a_paying_tenant_keeps_its_k():
         seconds += wall if rnd >= 12 else 0.0
         rounds.append(f"{ks[0]}{ks[4]}")
     assert " ".join(rounds) == (
-        "22 22 02 20 22 20 20 20 00 20 20 22 20 00 20 20 20 20 00 20 20 20 20 00 22 20 20 20 00 20 "
-        "20 20 20 00 20 20 20 20 00 20 20 20 20 00 20 20 20 20 00 22 20 20 20 00 20 20 20 20 00 20")
+        "22 22 02 20 22 20 20 20 00 20 20 22 20 20 20 20 20 00 20 20 20 20 20 20 22 20 20 20 20 20 "
+        "20 20 20 20 00 20 20 20 20 20 20 20 20 20 20 20 20 20 20 22 20 20 20 20 20 20 20 20 20 20")
     code, creative = live.guards["code"], live.guards["creative"]
-    assert (code.vetoes, code.explorations, code.forced) == (0, 12, False)
+    assert (code.vetoes, code.explorations, code.forced) == (0, 4, False)
     assert (creative.vetoes, creative.explorations, creative.snapshot()["forced"]) == (4, 1, "veto")
     assert creative.goodput("spec") == pytest.approx(20 / 0.6, rel=0.02)  # its recheck: both at K = 2
     stats = {t: live.tenant_stats(t) for t in ("code", "creative")}
     assert [(s["k_under_load"], s["k_model"]) for s in stats.values()] == [(2, 2), (0, 2)]
-    # rounds 12..59: 36 at (2, 0), 10 code explorations at (0, 0), 2 creative rechecks at (2, 2)
-    assert tokens / seconds == pytest.approx((36 * 16 + 10 * 8 + 2 * 20) / (36 * 0.3 + 10 * 0.2 + 2 * 0.6))
-    assert tokens / seconds == pytest.approx(49.71, abs=0.01)  # against 40 with both held at K = 0
+    # rounds 12..59: 44 at (2, 0), 2 code explorations at (0, 0), 2 creative rechecks at (2, 2)
+    assert tokens / seconds == pytest.approx((44 * 16 + 2 * 8 + 2 * 20) / (44 * 0.3 + 2 * 0.2 + 2 * 0.6))
+    # against 40 with both held at K = 0, 49.71 with code's explorations at a fixed spacing
+    assert tokens / seconds == pytest.approx(51.35, abs=0.01)

@@ -26,7 +26,7 @@ class _Clock:
 
 def _main_job(prefill_s: float, *, prompt: int = 40, max_tokens: int = 128, alpha: float = 0.95,
               cost: BatchCostModel | None = None) -> tuple[str, float, BatchKSessions]:
-    """One adaptive client (K up to 8) on code (drafts accepted at rate ``alpha``), served with
+    """One adaptive client (K up to 4: the local preset's default_max_k) on code (drafts accepted at rate ``alpha``), served with
     the goodput guard as `specdec serve` runs it: its first step's target forward also prefills
     the ``prompt`` (1 row, prompt + K + 1 positions, ``prefill_s`` seconds), every later one
     costs the decode curve above, and a step at K > 0 after K = 0 steps (or the prompt) first
@@ -34,8 +34,8 @@ def _main_job(prefill_s: float, *, prompt: int = 40, max_tokens: int = 128, alph
     clock = _Clock()
     c = BatchKController(budget=64, clock=clock, cost=cost)
     live = BatchKSessions(c, guard=GoodputGuard())
-    live.join("s", "default", "draft", k_range=(0, 8), prompt_tokens=prompt, max_tokens=max_tokens)
-    sched = live.schedule("default", 8)
+    live.join("s", "default", "draft", k_range=(0, 4), prompt_tokens=prompt, max_tokens=max_tokens)
+    sched = live.schedule("default", 4)
     drafts = BeattyDrafts(alpha)
     left, behind, step, ks = max_tokens, prompt, 0, []
     while left > 0:
