@@ -357,3 +357,46 @@ def test_scheduler_measures_draft_forwards_without_prefill_or_catch_up(tiny_targ
     measured = ctl.cost.draft.snapshot()["verify_observations"]
     assert sum(measured.values()) == len(clean)
     assert sorted(measured) == sorted({rows for rows, _ in clean})
+
+
+class _Recording(BatchKController):
+    """A batch controller that records what each decision was told (behind, tokens_left) and
+    the catch-up it charged."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.told: list[tuple[dict, dict, float]] = []
+
+    def decide(self, sessions, fixed=None, behind=None, tokens_left=None):
+        d = super().decide(sessions, fixed, behind, tokens_left)
+        self.told.append((dict(behind or {}), dict(tokens_left or {}), self._loads["t"].catchup_s))
+        return d
+
+
+def test_scheduler_charges_the_drafts_catch_up_as_served(tiny_target, tiny_draft_close):
+    """In process, as served (BatchKSessions): each decision is told how many committed tokens
+    the tenant's drafts have not fed (the prompts, 9 + 10, then one more per session and K = 0
+    step; none after a drafting step; K = 0 steps after one leave the draft that far behind plus
+    its uncached tail) and the tokens its sessions have left on average, and charges their
+    catch-up; the batched draft forward that fed the 27 positions (prompts and the 4 tokens each
+    decoded at K = 0) is measured as a catch-up, not as a draft position."""
+    engine = SpeculativeEngine(tiny_target, tiny_draft_close)
+    ctl = _Recording(budget=64)
+    sched = BatchScheduler(engine, max_batch_positions=64, controller=ctl)
+    prompt = [5, 17, 42, 9, 100, 7, 23, 11, 60, 3]
+    for i in range(2):
+        steps = iter([0, 0, 0, 0, 3, 3, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2])
+        req = GenerationRequest(prompt_token_ids=prompt[: 9 + i], max_tokens=24, ignore_eos=True,
+                                speculation={"proposer": "draft", "k": 3})
+        sched.add(engine.start(req, k=lambda it=steps: next(it, 2)), tenant="t", proposer="draft")
+    assert ctl.cost.snapshot()["catchup_s_per_token"] is None
+    priced = ctl.cost.catchup_s(19)
+    sched.run_until_idle()
+    told = [(b["t"], left["t"]) for b, left, _ in ctl.told]
+    assert told[:9] == [(19, 24.0), (21, 23.0), (23, 22.0), (25, 21.0), (27, 20.0), (0, 19.0), (0, 18.0),
+                        (0, 17.0), (6, 16.0)]
+    assert ctl.told[0][2] == pytest.approx(priced) and ctl.told[5][2] == 0.0
+    assert sched.draft_trace[0] == (2, 27)
+    assert ctl.cost.snapshot()["catchup_s_per_token"] is not None
+    assert sum(ctl.cost.draft.snapshot()["verify_observations"].values()) == sum(
+        1 for rows, pos in sched.draft_trace if pos <= 2 * rows)

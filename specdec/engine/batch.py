@@ -279,9 +279,18 @@ class BatchScheduler:
         self.running = self._end_cancelled(self.running)
         if self.controller is not None and self.running:
             counts: dict[tuple[str, str], int] = {}
+            behind: dict[str, int] = {}
+            left: dict[str, list[int]] = {}
             for r in self.running:
                 counts[(r.tenant, r.proposer)] = counts.get((r.tenant, r.proposer), 0) + 1
-            self.controller.decide(counts)
+                p = r.generation.proposer
+                behind[r.tenant] = behind.get(r.tenant, 0) + (p.behind() if isinstance(p, DraftModelSession) else 0)
+                a = r.generation.assembler
+                left.setdefault(r.tenant, []).append(max(0, a.max_tokens - len(a.token_ids)))
+            # as served (specdec.control.batch_sessions.BatchKSessions): a tenant leaving K = 0
+            # pays its drafts' catch-up, spread over the tokens its sessions have left
+            self.controller.decide(counts, behind=behind,
+                                   tokens_left={t: max(1.0, sum(v) / len(v)) for t, v in left.items()})
         # plan: K for each generation that needs a new block
         need: list[tuple[BatchedRequest, int]] = []
         alive: list[BatchedRequest] = []
@@ -392,8 +401,15 @@ class BatchScheduler:
             self.draft_trace += trace
             # the controller measures draft positions: a forward that also fed a prompt's
             # prefill or the catch-up of tokens decoded at K = 0 (more than DECODE_TAIL positions
-            # per row) is no draft position's cost, and taken as one it would hold tenants at K = 0
-            self._draft_timings += [t for t, (n, positions) in zip(timings, trace) if positions <= DECODE_TAIL * n]
+            # per row) is no draft position's cost, and taken as one it would hold tenants at K = 0;
+            # it is a catch-up's: its seconds beyond a draft forward of as many rows, per position
+            # beyond one a row (BatchCostModel.observe_catchup, as served)
+            for t, (n, positions) in zip(timings, trace):
+                if positions <= DECODE_TAIL * n:
+                    self._draft_timings.append(t)
+                elif self.controller is not None and positions - n >= 8:
+                    cost = self.controller.cost
+                    cost.observe_catchup(positions - n, max(0.0, t[1] - cost.draft_s(n)))
             for (r, _), block in zip(rows, blocks):
                 r.block = block
 

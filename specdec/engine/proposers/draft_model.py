@@ -79,6 +79,18 @@ class DraftModelSession:
     def token_ids(self) -> list[int]:
         return self.seq.token_ids
 
+    def behind(self) -> int:
+        """Committed tokens this draft has not fed yet (its prompt before its first drafting
+        step, then every token decoded at K = 0: it feeds them on its next drafting step, a
+        catch-up); 0 when no more than the ``DECODE_TAIL`` positions a drafting step leaves
+        uncached, or once closed."""
+        if self.seq.cache is None:
+            return 0
+        committed, cached = self.seq.token_ids, self.seq.cached
+        n = min(len(cached), len(committed))
+        same = n if cached[:n] == committed[:n] else next(i for i in range(n) if cached[i] != committed[i])
+        return len(committed) - same if len(committed) - same > DECODE_TAIL else 0
+
     def propose(self, k: int) -> DraftBlock:
         """Draft up to ``k`` tokens; fewer at an EOS, the draft's context limit, or after a
         token whose draft probability is below ``min_confidence``.
