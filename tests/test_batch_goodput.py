@@ -213,15 +213,43 @@ def test_goodput_guard_keeps_speculation_that_measures_faster():
 def test_goodput_guard_backed_off_still_vetoes_speculation_turning_slower_at_once():
     """Speculation pays 1.5x for 500 steps (explorations spaced 64, 128, 256), then measures half
     plain decoding's speed: every spec step is compared with the last exploration's plain, so
-    the 11th slow spec step vetoes (its decayed goodput below plain's), and the veto sets the
-    exploration spacing back to 64."""
+    the 15th slow spec step vetoes (its decayed goodput below plain's; the 11th without the
+    outlier clip, which counts each slow step at no more than twice the mean step until the mean
+    has risen), and the veto sets the exploration spacing back to 64."""
     g = GoodputGuard()
     before = _run(g, spec_rate=1.5, plain_rate=1.0, steps=500)
     assert before == "s" * 11 + "P" * 12 + "".join("s" * n + "P" * 12 for n in (64, 128)) + "s" * 256 + "P" * 5
     assert g.snapshot()["explore_spacing"] == 256  # doubled once the exploration in progress confirms
     after = _run(g, spec_rate=0.5, plain_rate=1.0, steps=120)
-    assert after == "P" * 7 + "s" * 10 + "P" * 96 + "s" * 7
+    assert after == "P" * 7 + "s" * 14 + "P" * 96 + "s" * 3
     assert g.vetoes == 1 and g.explorations == 4 and g.snapshot()["explore_spacing"] == 64
+
+
+def _one_slow_step(guard: GoodputGuard, slow_at: int, factor: float, steps: int = 200) -> str:
+    """Like :func:`_run` at spec 1.3x plain, but spec step ``slow_at`` (counted from 1) takes
+    ``factor`` times as long (another process's burst on the shared CPU)."""
+    out, n = [], 0
+    for _ in range(steps):
+        if guard.forced:
+            guard.record("plain", 1, 1.0)
+        else:
+            n += 1
+            guard.record("spec", 2, 2 / 1.3 * (factor if n == slow_at else 1.0))
+        out.append("P" if guard.forced else "s")
+    return "".join(out)
+
+
+def test_goodput_guard_one_contended_step_does_not_veto():
+    """Speculation pays 1.3x; its 14th step (3 after the first exploration) takes 5x as long.
+    Counted in full it drags speculation's goodput below plain's: a veto, 96 steps at K = 0.
+    Clipped at twice the mean spec step: no veto, explorations as without the slow step."""
+    clipped, full = GoodputGuard(), GoodputGuard(outlier_clip=float("inf"))
+    assert _one_slow_step(clipped, 14, 5.0) == "s" * 11 + "P" * 12 + "s" * 64 + "P" * 12 + "s" * 101
+    assert clipped.vetoes == 0
+    assert _one_slow_step(full, 14, 5.0) == "s" * 11 + "P" * 12 + "s" * 2 + "P" * 96 + "s" * 62 + "P" * 12 + "s" * 5
+    assert full.vetoes == 1
+    with pytest.raises(ValueError, match="outlier_clip >= 1"):
+        GoodputGuard(outlier_clip=0.5)
 
 
 def test_batch_k_sessions_guard_overrules_the_model_when_measured_slower():

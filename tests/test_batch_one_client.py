@@ -25,15 +25,17 @@ class _Clock:
 
 
 def _main_job(prefill_s: float, *, prompt: int = 40, max_tokens: int = 128, alpha: float = 0.95,
-              cost: BatchCostModel | None = None) -> tuple[str, float, BatchKSessions]:
+              cost: BatchCostModel | None = None, slow: dict[int, float] | None = None,
+              guard: GoodputGuard | None = None) -> tuple[str, float, BatchKSessions]:
     """One adaptive client (K up to 4: the local preset's default_max_k) on code (drafts accepted at rate ``alpha``), served with
     the goodput guard as `specdec serve` runs it: its first step's target forward also prefills
     the ``prompt`` (1 row, prompt + K + 1 positions, ``prefill_s`` seconds), every later one
     costs the decode curve above, and a step at K > 0 after K = 0 steps (or the prompt) first
-    feeds the draft what it is behind by. Returns (K per step as digits, tokens/s, sessions)."""
+    feeds the draft what it is behind by; ``slow``: step index -> seconds of that step's verify
+    forward (contention); ``guard``: the goodput guard's settings (default GoodputGuard()). Returns (K per step as digits, tokens/s, sessions)."""
     clock = _Clock()
     c = BatchKController(budget=64, clock=clock, cost=cost)
-    live = BatchKSessions(c, guard=GoodputGuard())
+    live = BatchKSessions(c, guard=guard or GoodputGuard())
     live.join("s", "default", "draft", k_range=(0, 4), prompt_tokens=prompt, max_tokens=max_tokens)
     sched = live.schedule("default", 4)
     drafts = BeattyDrafts(alpha)
@@ -42,7 +44,7 @@ def _main_job(prefill_s: float, *, prompt: int = 40, max_tokens: int = 128, alph
         k = sched()
         accepted = drafts.accepted(k)
         first = step == 0
-        verify = prefill_s if first else VERIFY1 + VERIFY_SLOPE * k
+        verify = prefill_s if first else (slow or {}).get(step, VERIFY1 + VERIFY_SLOPE * k)
         draft_s = k * DRAFT + (behind * CATCHUP if k > 0 else 0.0)
         step += 1
         live.observe_step("s", k, accepted, BatchShape(step, 1, k + 1 + (prompt if first else 0), verify),
@@ -101,3 +103,14 @@ def test_the_prefill_forward_on_the_verify_curve_held_the_main_job_at_k0():
     assert len(ks) == 52 and live.probes == 1
     ks, _, live = _main_job(8.0, cost=_Before(max_positions=4096))
     assert ks == "1" + "0" * 127 and live.probes == 0
+
+
+def test_one_contended_step_does_not_hold_the_main_job_at_k0():
+    """The main job with one step slowed by another process (its 2-position verify forward 2 s at
+    step 8, where the others take 0.2-0.3 s): the goodput guard counts it at twice its mean spec
+    step, so its comparison after the 12-step exploration keeps speculation (55 steps); counted
+    in full it vetoed speculation for the rest of the request (105 steps, 1.2 tokens/step)."""
+    ks, _, live = _main_job(2.6, slow={8: 2.0})
+    assert ks == "1102211112222222" + "0" * 12 + "2" * 27 and live.guards["default"].vetoes == 0
+    ks, _, live = _main_job(2.6, slow={8: 2.0}, guard=GoodputGuard(outlier_clip=float("inf")))
+    assert len(ks) == 105 and ks.count("0") == 89 and live.guards["default"].vetoes == 1

@@ -76,25 +76,32 @@ class GoodputGuard:
         max_backoff: the hold grows up to ``hold · max_backoff`` (≥ 1).
         margin: relative shortfall of ``spec`` that vetoes, in [0, 1).
         decay: per-step decay of a regime's sums, in (0, 1].
+        outlier_clip: once a regime holds 3 fresh steps, a step's seconds count at most this
+            many times the regime's (decayed) mean step (>= 1; ``float("inf")``: no clipping).
+            On the shared CPU one step slowed by another process's burst (2 s among 0.4 s
+            steps) was a sixth of the 12 spec steps' seconds: it vetoed the main job's
+            speculation, which paid 1.3x, for the rest of its request.
 
     Raises:
         ValueError: a setting out of its range.
     """
 
     def __init__(self, *, min_steps: int = 12, explore_every: int = 64, hold: int = 96, max_backoff: int = 4,
-                 margin: float = 0.0, decay: float = 0.97, explore_backoff: int = 8):
+                 margin: float = 0.0, decay: float = 0.97, explore_backoff: int = 8, outlier_clip: float = 2.0):
         if (min_steps < 1 or explore_every < min_steps or hold < 1 or max_backoff < 1
-                or not 0 <= margin < 1 or not 0 < decay <= 1 or explore_backoff < 1):
+                or not 0 <= margin < 1 or not 0 < decay <= 1 or explore_backoff < 1 or not outlier_clip >= 1):
             raise ValueError("need min_steps >= 1, explore_every >= min_steps, hold >= 1, max_backoff >= 1, "
-                             f"0 <= margin < 1, 0 < decay <= 1, explore_backoff >= 1; got {min_steps}, "
-                             f"{explore_every}, {hold}, {max_backoff}, {margin}, {decay}, {explore_backoff}")
+                             f"0 <= margin < 1, 0 < decay <= 1, explore_backoff >= 1, outlier_clip >= 1; got "
+                             f"{min_steps}, {explore_every}, {hold}, {max_backoff}, {margin}, {decay}, "
+                             f"{explore_backoff}, {outlier_clip}")
+        self.outlier_clip = float(outlier_clip)
         self.min_steps, self.explore_every, self.hold = int(min_steps), int(explore_every), int(hold)
         self.explore_backoff = int(explore_backoff)
         self._explore_spacing = self.explore_every  # spec steps before the next exploration
         self._explored = False  # an exploration ended and its comparison is still to come
         self.max_backoff, self.margin, self.decay = int(max_backoff), float(margin), float(decay)
-        #: regime -> [decayed tokens, decayed seconds, fresh steps]
-        self._sums = {"spec": [0.0, 0.0, 0], "plain": [0.0, 0.0, 0]}
+        #: regime -> [decayed tokens, decayed seconds, fresh steps, decayed steps]
+        self._sums = {"spec": [0.0, 0.0, 0, 0.0], "plain": [0.0, 0.0, 0, 0.0]}
         self._forced_left = 0  # steps left with K = 0 forced
         self._forced_why: str | None = None  # "explore" or "veto"
         self._since_explore = 0  # spec steps since the last exploration
@@ -108,7 +115,7 @@ class GoodputGuard:
         """A new guard with this one's settings and nothing measured (one per tenant)."""
         return GoodputGuard(min_steps=self.min_steps, explore_every=self.explore_every, hold=self.hold,
                             max_backoff=self.max_backoff, margin=self.margin, decay=self.decay,
-                            explore_backoff=self.explore_backoff)
+                            explore_backoff=self.explore_backoff, outlier_clip=self.outlier_clip)
 
     @property
     def forced(self) -> bool:
@@ -122,7 +129,7 @@ class GoodputGuard:
 
     def goodput(self, regime: str) -> float | None:
         """Measured tokens per step-second of ``regime`` ("spec" or "plain"), None before any step."""
-        tok, sec, _ = self._sums[regime]
+        tok, sec, _, _ = self._sums[regime]
         return tok / sec if sec > 0 else None
 
     def steps(self, regime: str) -> int:
@@ -143,11 +150,14 @@ class GoodputGuard:
         if tokens < 1 or not 0 < seconds < float("inf"):
             raise ValueError(f"need tokens >= 1 and 0 < seconds < inf, got {tokens}, {seconds}")
         s = self._sums[regime]
-        s[0], s[1], s[2] = s[0] * self.decay + tokens, s[1] * self.decay + seconds, s[2] + 1
+        if s[2] >= 3:  # a contended step counts at most outlier_clip x the regime's mean step
+            seconds = min(seconds, self.outlier_clip * s[1] / s[3])
+        s[0], s[1], s[2], s[3] = (s[0] * self.decay + tokens, s[1] * self.decay + seconds, s[2] + 1,
+                                  s[3] * self.decay + 1.0)
         if self._forced_left > 0:
             self._forced_left -= 1
             if self._forced_left == 0 and self._forced_why == "veto":
-                self._sums["spec"] = [0.0, 0.0, 0]  # recheck speculation with fresh steps
+                self._sums["spec"] = [0.0, 0.0, 0, 0.0]  # recheck speculation with fresh steps
                 self._rechecking = True
             if self._forced_left == 0:
                 self._forced_why = None
@@ -171,7 +181,7 @@ class GoodputGuard:
                 self._explored = False
                 self._explore_spacing = min(self._explore_spacing * 2, self.explore_every * self.explore_backoff)
         if may_explore and ns >= self.min_steps and (npl < self.min_steps or self._since_explore >= self._explore_spacing):
-            self._sums["plain"] = [0.0, 0.0, 0]  # explore with fresh steps
+            self._sums["plain"] = [0.0, 0.0, 0, 0.0]  # explore with fresh steps
             self._since_explore = 0
             self.explorations += 1
             self._explored = npl >= self.min_steps  # a spaced one (not the first measurement)
