@@ -191,6 +191,9 @@ def test_default_format_follows_the_cpu(monkeypatch):
     avx512_bf16 = {"fpu", "avx2", "avx512f", "avx512_bf16"}
     assert formats.choose_cpu_format(avx512_bf16, "AVX512") == formats.CPU_BF16_DEFAULT == "int4"
     assert formats.choose_cpu_format({"avx2", "amx_bf16", "avx512f"}, "AVX512") == "int4"
+    sapphire_rapids = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile"}
+    assert formats.choose_cpu_format(sapphire_rapids, "AVX512") == formats.CPU_AMX_INT8_DEFAULT == "w8a8"
+    assert formats.choose_cpu_format(sapphire_rapids, "AVX2") == "float32"
     assert formats.choose_cpu_format({"avx2", "avx512f", "avx512_vnni"}, "AVX512") == "float32"  # no bf16
     assert formats.choose_cpu_format({"avx2"}, "AVX2") == "float32"
     assert formats.choose_cpu_format(avx512_bf16, "AVX2") == "float32"  # torch not using AVX512 kernels

@@ -36,14 +36,17 @@ depend on how many rows a call has, by construction. On CPU the layers are :clas
 on torchao's quantized data; on a GPU they stay torchao tensors (untested).
 
 :func:`default_format` picks the format when a spec names none: ``$SPECDEC_WEIGHT_FORMAT``, else
-bfloat16 on a GPU, else by the CPU (:func:`choose_cpu_format`): **int4** on a CPU with native
-bfloat16 instructions (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo, and torch running its
-AVX512 kernels), float32 on older CPUs. int4 was measured fastest for speculation on such a CPU
-(demo pair, 2-core Sapphire Rapids VM, one run, tokens per CPU-second: target alone int4 0.93,
-int8 0.97, bfloat16 0.59; draft K=8 with early stop 0.4: int4 1.66, int8 0.64; README "Weight
-formats"). Exactness is per format: speculation equals the target alone *in the same format*;
-int4 requantizes the demo GGUF's Q4_K/Q6_K weights and its text differs from float32's after a
-few tokens.
+bfloat16 on a GPU, else by the CPU (:func:`choose_cpu_format`): **w8a8** on a CPU with AMX-INT8
+(``amx_int8`` in /proc/cpuinfo: Sapphire Rapids and later), **int4** on other CPUs with native
+bfloat16 instructions (``avx512_bf16`` or ``amx_bf16``), float32 on older CPUs; the two quantized
+defaults need torch running its AVX512 kernels. w8a8 is the AMX default because its verify cost
+hardly grows with the rows a forward scores (speculation's K + 1 positions and the batch of
+sessions), where int4's grows about linearly: on the 2-core Sapphire Rapids VM the served w8a8 pair
+gives 2.66x one client's tokens/s at 8 clients (int4 1.40x) and the same main-job speed
+(README "Weight formats", "Continuous batching"). int4 stays the default without AMX-INT8, where
+oneDNN's int8 matmul is not measured here. Exactness is per format: speculation equals the
+target alone *in the same format*; int4 and w8a8 requantize the demo GGUF's Q4_K/Q6_K weights
+and their text differs from float32's after a few tokens.
 
 int8/int4/w8a8 weights are cached on disk next to the bfloat16 folder they come from
 (:mod:`specdec.models.quant_cache`), so only the first load quantizes. At tensor parallelism
@@ -91,12 +94,17 @@ def storage_dtype(fmt: str) -> torch.dtype:
     return torch.float32 if check_format(fmt) in ("float32", "float16") else torch.bfloat16
 
 
-#: The default format on a CPU with native bfloat16 instructions (AVX512-BF16 or AMX-BF16):
-#: the format measured fastest for speculation on such a CPU (README "Weight formats"; the
-#: demo pair on a 2-core Sapphire Rapids VM, one run: int4 ahead of int8 and bfloat16).
+#: The default format on a CPU with AMX-INT8 (``amx_int8``): int8 weights and per-token int8
+#: activations, whose cost hardly grows with the positions and rows of a forward (module docstring).
+CPU_AMX_INT8_DEFAULT = "w8a8"
+#: The default format on a CPU with native bfloat16 instructions (AVX512-BF16 or AMX-BF16) but no
+#: AMX-INT8: the format measured fastest for one session's speculation on such instructions
+#: (README "Weight formats": int4 ahead of int8 and bfloat16).
 CPU_BF16_DEFAULT = "int4"
 #: /proc/cpuinfo flags that mean native bfloat16 matrix instructions.
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+#: /proc/cpuinfo flag of Intel AMX's int8 tile multiply (oneDNN's int8 matmul runs on it).
+AMX_INT8_CPU_FLAG = "amx_int8"
 
 
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
@@ -127,18 +135,24 @@ def cpu_supports_bf16() -> bool:
 def choose_cpu_format(flags: frozenset[str] | set[str], capability: str) -> str:
     """The CPU default for a CPU with these ``/proc/cpuinfo`` flags and this
     ``torch.backends.cpu.get_cpu_capability()`` (``"AVX512"``, ``"AVX2"``, ``"DEFAULT"``...):
-    :data:`CPU_BF16_DEFAULT` when the CPU has native bfloat16 (a flag of :data:`BF16_CPU_FLAGS`)
-    and torch uses its AVX512 kernels, else float32 (older CPUs: bfloat16 is emulated there and
-    the int8/int4 kernels' bfloat16 activations are slow; not measured here)."""
-    if set(flags) & BF16_CPU_FLAGS and capability.upper().startswith("AVX512"):
+    :data:`CPU_AMX_INT8_DEFAULT` (w8a8) when the CPU has AMX-INT8 (:data:`AMX_INT8_CPU_FLAG`),
+    else :data:`CPU_BF16_DEFAULT` (int4) when it has native bfloat16 (a flag of
+    :data:`BF16_CPU_FLAGS`), in both cases only where torch uses its AVX512 kernels; else float32
+    (older CPUs: bfloat16 is emulated there and the quantized kernels' bfloat16 activations are
+    slow; not measured here)."""
+    if not capability.upper().startswith("AVX512"):
+        return "float32"
+    if AMX_INT8_CPU_FLAG in flags:
+        return CPU_AMX_INT8_DEFAULT
+    if set(flags) & BF16_CPU_FLAGS:
         return CPU_BF16_DEFAULT
     return "float32"
 
 
 def default_format(device: str | torch.device = "cpu") -> str:
     """The format used when none is named: ``$SPECDEC_WEIGHT_FORMAT`` if set, else bfloat16 on
-    CUDA, else :func:`choose_cpu_format` of this CPU (int4 on a CPU with native bfloat16 such as
-    Sapphire Rapids, float32 on older CPUs).
+    CUDA, else :func:`choose_cpu_format` of this CPU (w8a8 on a CPU with AMX-INT8 such as
+    Sapphire Rapids, int4 on other CPUs with native bfloat16, float32 on older CPUs).
 
     Raises:
         ValueError: ``$SPECDEC_WEIGHT_FORMAT`` is not a weight format.
