@@ -281,8 +281,9 @@ def to_serve_config(cfg: AppConfig) -> dict[str, Any]:
 #: The configurations committed as YAML files (file name -> config).
 PRESETS: dict[str, AppConfig] = {
     # 2 CPUs, no GPU: everything fractional, one replica each, the target in one process (TP=1)
-    # with two torch threads. With the CPU default format (int4 on a bf16-capable CPU) the demo
-    # pair serves in 4.5 GB RSS (router, draft, target replica and rank; README "Weight formats"),
+    # with two torch threads. With the CPU default format (w8a8 on an AMX-INT8 CPU, int4 on another
+    # bf16-capable one) the demo pair serves in under 5 GB RSS (router, draft, target replica and
+    # rank; README "Weight formats"),
     # and TP=1 measured faster and smaller than TP=2 over gloo (5.4 vs 3.8 tok/s plain decoding,
     # 4.5 vs 9.5 GB); --tp 2 still works (each rank quantizes its own shard).
     "local-cpu.yaml": AppConfig(
