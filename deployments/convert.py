@@ -14,13 +14,10 @@ row-major, so a K=4, M=64 block is about 1.8 KB.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
-from specdec.engine.processors import LogitProcessing
 from specdec.request import GenerationRequest, SamplingParams, parse_request
 from specdec.types import (
     BatchShape,
@@ -33,6 +30,10 @@ from specdec.types import (
     Usage,
     VerifyResult,
 )
+
+if TYPE_CHECKING:  # torch and the logit processing only in the functions that build tensors: the
+    # router and target replicas use this module and hold no model (tests/deployments/test_lean_imports.py)
+    from specdec.engine.processors import LogitProcessing
 
 # --- enums ---------------------------------------------------------------------------------
 
@@ -362,6 +363,8 @@ def session_open_to_proto(
 def session_open_options(msg: xpb.SessionOpen) -> dict:
     """The keyword options of ``TargetVerifier.open_session`` a SessionOpen carries beyond
     :func:`session_open_from_proto`'s four: ``processing`` and ``top_logprobs``."""
+    from specdec.engine.processors import LogitProcessing
+
     s = sampling_from_proto(msg.sampling)
     processing = LogitProcessing(
         prompt_len=int(msg.prompt_len),
@@ -393,6 +396,8 @@ def draft_block_to_proto(
     """
     msg = xpb.CandidateBlock(session_id=session_id, position=position, token_ids=block.token_ids.tolist())
     if block.q_ids is not None:
+        import torch
+
         m = int(block.q_ids.shape[1])
         msg.q.width = m
         msg.q.ids.extend(block.q_ids.reshape(-1).tolist())
@@ -408,6 +413,8 @@ def draft_block_from_proto(msg: xpb.CandidateBlock) -> DraftBlock:
     Raises:
         ValueError: q's size is not K * width.
     """
+    import torch
+
     token_ids = torch.tensor(list(msg.token_ids), dtype=torch.long, device="cpu")  # [K], on the CPU
     if not msg.HasField("q"):
         return DraftBlock(token_ids=token_ids)

@@ -103,7 +103,8 @@ class Router:
         self.cfg = cfg
         self.draft = draft
         self.target = target
-        self.info = info if info is not None else TargetInfo.load(cfg.target_model, cfg.target_format())
+        # read in a child process: AutoTokenizer would leave torch in this replica (it holds no model)
+        self.info = info if info is not None else TargetInfo.load_in_child(cfg)
         self.gate = gate if gate is not None else TenancyGate.from_config(cfg)
         self._ready = False
         self.resumes = 0
@@ -152,7 +153,7 @@ class Router:
         return proposer, int(k)
 
     def _encode(self, req: GenerationRequest) -> list[int]:
-        from specdec.engine.engine import encode_prompt
+        from specdec.engine.prompt import encode_prompt
 
         ids = encode_prompt(self.info.tokenizer, req, self.info.emittable_vocab)
         if len(ids) >= self.info.max_positions:

@@ -178,13 +178,14 @@ class Target:
         """Start the TP ranks in this replica's placement group; sets :attr:`infos`."""
         import ray
 
+        from deployments.target_info import target_folder
         from deployments.tp_worker import start_tp_workers
-        from specdec.models.loader import resolve_folder
 
         pg = ray.util.get_current_placement_group()
+        folder, fmt = target_folder(cfg)  # without torch: this replica holds no model
         workers, infos = start_tp_workers(
-            resolve_folder(cfg.target_model, cfg.target_format()), cfg.target_tp, pg, first_bundle=1,
-            dtype=cfg.target_format(),
+            folder, cfg.target_tp, pg, first_bundle=1,
+            dtype=fmt,
             num_gpus=cfg.target_gpus_per_worker,
             threads=rank_threads(cfg, pg.bundle_specs if pg is not None else None),
         )
@@ -230,8 +231,7 @@ class Target:
         One forward at a time (every TP rank runs it); blocks arriving meanwhile join the next.
         A prefill chunked over several forwards keeps the loop going until it is answered.
         """
-        from specdec.engine.verifier import InvalidBlockError
-        from specdec.errors import GenerationCancelledError, InvalidRequestError
+        from specdec.errors import GenerationCancelledError, InvalidBlockError, InvalidRequestError
 
         errors = {"InvalidRequestError": InvalidRequestError, "InvalidBlockError": InvalidBlockError,
                   "PromptTooLongError": InvalidRequestError, "GenerationCancelledError": GenerationCancelledError}

@@ -4,14 +4,23 @@ The router tokenizes prompts (chat template included) and checks them against th
 context limit; the draft replica turns emitted ids into text and applies stop conditions. Both
 need the *target's* tokenizer, context limit, EOS ids and emittable vocabulary, read here from the
 model folder's tokenizer and config files (milliseconds, a few MB), never from its weights.
+
+The router and target replicas hold no model and do not import torch
+(``tests/deployments/test_lean_imports.py``): the router reads its :class:`TargetInfo` in a child
+process (:meth:`TargetInfo.load_in_child`; transformers' ``AutoTokenizer`` imports torch), the
+target replica finds the folder it hands to its TP ranks with :func:`target_folder`.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from deployments.config import AppConfig
 
 
 @dataclass(frozen=True)
@@ -67,8 +76,54 @@ class TargetInfo:
             eos_token_ids=tuple(eos),
         )
 
+    @classmethod
+    def load_in_child(cls, cfg: "AppConfig") -> "TargetInfo":
+        """:meth:`load` of ``cfg``'s target in its served format (``cfg.target_format()``), run in a
+        child process (:func:`deployments.isolated.call_in_child`) so that this process imports
+        neither torch nor transformers' model code: the tokenizer comes back pickled, the same
+        object ``AutoTokenizer`` built (its class's module imports no torch).
+
+        Raises:
+            ModelLoadError: as :meth:`load`.
+        """
+        from deployments.isolated import call_in_child
+
+        return call_in_child(_load_served, cfg)
+
     def vocab_side(self):
         """The :class:`specdec.models.vocab.VocabSide` of the target (for the pair check)."""
         from specdec.models.vocab import VocabSide
 
         return VocabSide(f"target {self.name}", self.tokenizer, self.vocab_rows, self.eos_token_ids)
+
+
+def _load_served(cfg: "AppConfig") -> TargetInfo:
+    return TargetInfo.load(cfg.target_model, cfg.target_format())
+
+
+def _resolve_served(cfg: "AppConfig") -> tuple[str, str]:
+    from specdec.models.loader import resolve_folder
+
+    fmt = cfg.target_format()
+    return resolve_folder(cfg.target_model, fmt), fmt
+
+
+def target_folder(cfg: "AppConfig") -> tuple[str, str]:
+    """``(folder, weight format)`` of ``cfg``'s served target, for its TP ranks.
+
+    Without torch when the format is given (``cfg.target_dtype``) and the folder is built
+    (:func:`specdec.models.folders.built_folder`); else in a child process
+    (:func:`deployments.isolated.call_in_child`: deciding the machine's default format and
+    building a folder need torch), so the target replica never imports it.
+
+    Raises:
+        ModelLoadError: the folder cannot be found or built.
+    """
+    from specdec.models.folders import built_folder
+
+    folder = built_folder(cfg.target_model, cfg.target_dtype)
+    if folder is not None:
+        return folder, cfg.target_dtype
+    from deployments.isolated import call_in_child
+
+    return call_in_child(_resolve_served, cfg)

@@ -26,11 +26,14 @@ import datetime
 import os
 import socket
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from deployments.tp_load import TPLocalLinear, fuse_tp_projections, load_tp_model, localize_tp_linears  # noqa: F401
+# torch and the model code are imported inside the methods, in the rank's own process: the target
+# replica that starts the ranks (deployments.target) imports this module and holds no model
+# (tests/deployments/test_lean_imports.py)
 
 #: Seconds a rank waits in ``init_process_group`` and in any collective before failing.
 DIST_TIMEOUT_S = 120
@@ -54,6 +57,8 @@ def worker_device(num_gpus: float) -> torch.device:
     Raises:
         RuntimeError: ``num_gpus > 0`` but CUDA is not available in this process.
     """
+    import torch
+
     if num_gpus <= 0:
         return torch.device("cpu")
     if not torch.cuda.is_available():
@@ -96,12 +101,14 @@ class TPWorker:
         Returns:
             facts for logs and tests: rank, backend, device, load seconds, local q_proj shape.
         """
+        import torch
         import torch.distributed as dist
 
         from specdec.engine.verifier import TargetVerifier
         from specdec.models.fused import FusedLinear, FusedSlice
 
         from deployments.target_sessions import TargetSessionTable
+        from deployments.tp_load import load_tp_model
 
         t0 = time.perf_counter()
         if threads > 0:
@@ -147,14 +154,16 @@ class TPWorker:
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         }
 
-    @torch.no_grad()
     def forward(self, token_ids: Sequence[int], every_rank: bool = False) -> torch.Tensor | None:
         """Stateless forward over ``token_ids``: ``[T, V]`` float32 CPU logits on rank 0, None elsewhere.
 
         ``every_rank=True`` returns each rank's logits (to check they are identical).
         """
+        import torch
+
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.loaded.device)  # [1, T]
-        logits = self.loaded.model(ids, use_cache=False).logits[0].float().cpu()  # [T, V]
+        with torch.no_grad():
+            logits = self.loaded.model(ids, use_cache=False).logits[0].float().cpu()  # [T, V]
         return logits if (self.rank == 0 or every_rank) else None
 
     def session_state(self, session_id: str) -> tuple[int, int] | None:

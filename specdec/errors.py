@@ -16,6 +16,11 @@ class InvalidRequestError(SpecDecError, ValueError):
     """A request parameter is out of range or malformed (gRPC: INVALID_ARGUMENT)."""
 
 
+class InvalidBlockError(InvalidRequestError):
+    """A candidate block is malformed: ids out of range or a proposal distribution that is not one
+    (gRPC: INVALID_ARGUMENT). Raised by :func:`specdec.engine.verifier.validate_block`."""
+
+
 class PromptTooLongError(InvalidRequestError):
     """The prompt alone leaves no room for one generated token within the context limit.
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch only where a tensor is made: the serving layer's router and target
+    import torch  # replicas use these types and hold no model (tests/deployments/test_lean_imports.py)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ class DraftBlock:
     @classmethod
     def empty(cls) -> "DraftBlock":
         """The block that proposes nothing (K = 0): the step is plain decoding."""
+        import torch
+
         return cls(token_ids=torch.empty(0, dtype=torch.long, device="cpu"))
 
     def __repr__(self) -> str:

@@ -30,7 +30,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.errors import InvalidRequestError
+from specdec.errors import InvalidBlockError, InvalidRequestError
 from specdec.engine.kv_cache import CachedSequence, feed_many
 from specdec.models.loaded import LoadedModel
 from specdec.engine.processors import LogitProcessing
@@ -40,11 +40,6 @@ from specdec.types import DraftBlock, VerifyResult
 
 #: Largest |sum(q_probs row) - 1| accepted in a block (float32 sums of up to a few hundred terms).
 Q_SUM_TOLERANCE = 1e-3
-
-
-class InvalidBlockError(InvalidRequestError):
-    """A candidate block is malformed: ids out of range or a proposal distribution that is not one
-    (gRPC: INVALID_ARGUMENT)."""
 
 
 def validate_block(block: DraftBlock, emittable: int) -> None:

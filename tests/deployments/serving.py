@@ -125,3 +125,35 @@ def wait_no_sessions(timeout_s: float = 20) -> tuple[list[str], list[str]]:
         if (not d and not t) or time.time() > end:
             return d, t
         time.sleep(0.1)
+
+
+def replica_pids(deployment: str) -> list[int]:
+    """Pids of the live replicas of ``deployment`` in :data:`APP` started by this test process's Ray
+    (processes below this one titled ``ray::ServeReplica:<APP>:<deployment>``; Linux /proc)."""
+    import os
+
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, stack = [], [os.getpid()]
+    while stack:
+        for pid in children.get(stack.pop(), []):
+            stack.append(pid)
+            try:
+                title = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].decode(errors="replace")
+            except OSError:
+                continue
+            if title.strip() == f"ray::ServeReplica:{APP}:{deployment}":
+                found.append(pid)
+    return found
+
+
+def maps_torch(pid: int) -> bool:
+    """Whether process ``pid`` has torch's library mapped (it imported torch)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return any("libtorch" in line for line in f)

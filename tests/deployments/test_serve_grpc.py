@@ -26,6 +26,8 @@ from tests.deployments.serving import (
     KEYS,
     MD,
     deployment_handle,
+    maps_torch,
+    replica_pids,
     serve_tiny_app,
     sessions,
     wait_no_sessions,
@@ -517,3 +519,13 @@ def test_specdec_client_command(served, capsys):
     assert data["finish_reason"] in ("max_tokens", "eos") and len(data["token_ids"]) == len(data["logprobs"])
     assert data["usage"]["completion_tokens"] == len(data["token_ids"]) and data["stats"]["steps"] > 0
     assert data["wire"]["bytes_per_step"] > 0
+
+
+def test_router_and_target_replicas_hold_no_torch(served):
+    """After the requests above (generations, tenant stats, replicas killed and rebuilt), the router
+    and target replicas have not imported torch (they hold no model: 0.2-0.3 GiB each otherwise);
+    the draft replica, which holds the draft model, has (the check sees it)."""
+    routers, targets, drafts = (replica_pids(name) for name in ("Router", "Target", "Draft"))
+    assert len(routers) >= 1 and len(targets) >= 1 and len(drafts) >= 1
+    assert {pid: maps_torch(pid) for pid in routers + targets} == {pid: False for pid in routers + targets}
+    assert all(maps_torch(pid) for pid in drafts)

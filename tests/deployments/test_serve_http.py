@@ -16,7 +16,17 @@ from deployments import convert
 from protos.specdec.v1 import specdec_pb2 as pb
 from protos.specdec.v1 import specdec_pb2_grpc as pb_grpc
 from tests.conftest import load_tiny, target_greedy
-from tests.deployments.serving import APP, KEYS, MD, serve_tiny_app, sessions, wait_no_sessions, wait_running
+from tests.deployments.serving import (
+    APP,
+    KEYS,
+    MD,
+    maps_torch,
+    replica_pids,
+    serve_tiny_app,
+    sessions,
+    wait_no_sessions,
+    wait_running,
+)
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.serve
@@ -240,3 +250,11 @@ def test_sampling_surface_through_both_ports(served, models):
     got = r.choices[0].logprobs.top_logprobs
     assert [list(d) for d in got] == [list(d) for d in expected]
     assert [list(d.values()) for d in got] == [pytest.approx(list(d.values()), abs=1e-5) for d in expected]
+
+
+def test_router_replica_serving_http_holds_no_torch(served):
+    """The OpenAI API's requests above (completions, chat, streams, errors) left the router replica
+    without torch (test_serve_grpc.py checks the target replica too)."""
+    routers = replica_pids("Router")
+    assert len(routers) >= 1 and [maps_torch(pid) for pid in routers] == [False] * len(routers)
+    assert all(maps_torch(pid) for pid in replica_pids("Draft"))

@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from deployments.tp_worker import TPLocalLinear, free_port, load_tp_model
+from deployments.tp_load import TPLocalLinear, load_tp_model
+from deployments.tp_worker import free_port
 from specdec.models import cache
 from specdec.models.quant_cache import cache_folder
 from specdec.testing.tiny import build_tiny_model

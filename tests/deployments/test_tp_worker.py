@@ -7,7 +7,8 @@ import torch
 
 from deployments import convert
 from deployments.target_sessions import TargetSessionTable
-from deployments.tp_worker import call_all, load_tp_model, start_tp_workers
+from deployments.tp_load import load_tp_model
+from deployments.tp_worker import call_all, start_tp_workers
 from protos.specdec.v1 import exchange_pb2 as xpb
 from specdec.request import SamplingParams
 from specdec.testing.tiny import build_tiny_model

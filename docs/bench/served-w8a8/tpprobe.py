@@ -69,7 +69,7 @@ if __name__ == "__main__":
         ray.kill(w)
         ray.shutdown()
     if "inproc" in modes:
-        from deployments.tp_worker import load_tp_model
+        from deployments.tp_load import load_tp_model
         torch.set_num_threads(2)
         m = load_tp_model(folder, 0, 1, fmt)
         print("in process:", json.dumps(probe_forward(m.model)), flush=True)
