@@ -103,8 +103,8 @@ class Router:
         self.cfg = cfg
         self.draft = draft
         self.target = target
-        # read in a child process: AutoTokenizer would leave torch in this replica (it holds no model)
-        self.info = info if info is not None else TargetInfo.load_in_child(cfg)
+        # without torch (read in a child process): this replica holds no model
+        self.info = info if info is not None else TargetInfo.load_served(cfg)
         self.gate = gate if gate is not None else TenancyGate.from_config(cfg)
         self._ready = False
         self.resumes = 0

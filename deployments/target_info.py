@@ -7,7 +7,7 @@ model folder's tokenizer and config files (milliseconds, a few MB), never from i
 
 The router and target replicas hold no model and do not import torch
 (``tests/deployments/test_lean_imports.py``): the router reads its :class:`TargetInfo` in a child
-process (:meth:`TargetInfo.load_in_child`; transformers' ``AutoTokenizer`` imports torch), the
+process (:meth:`TargetInfo.load_served`; transformers' ``AutoTokenizer`` imports torch), the
 target replica finds the folder it hands to its TP ranks with :func:`target_folder`.
 """
 
@@ -77,15 +77,21 @@ class TargetInfo:
         )
 
     @classmethod
-    def load_in_child(cls, cfg: "AppConfig") -> "TargetInfo":
-        """:meth:`load` of ``cfg``'s target in its served format (``cfg.target_format()``), run in a
-        child process (:func:`deployments.isolated.call_in_child`) so that this process imports
-        neither torch nor transformers' model code: the tokenizer comes back pickled, the same
-        object ``AutoTokenizer`` built (its class's module imports no torch).
+    def load_served(cls, cfg: "AppConfig") -> "TargetInfo":
+        """:meth:`load` of ``cfg``'s target in its served format (``cfg.target_format()``), without
+        importing torch here: in a process that has not imported torch (a router replica), run in
+        a child process (:func:`deployments.isolated.call_in_child`), whose tokenizer comes back
+        pickled, the same object ``AutoTokenizer`` built (its class's module imports no torch); in
+        a process that already holds torch (tests, a draft replica), here (the same function, no
+        child's start-up).
 
         Raises:
             ModelLoadError: as :meth:`load`.
         """
+        import sys
+
+        if "torch" in sys.modules:
+            return _load_served(cfg)
         from deployments.isolated import call_in_child
 
         return call_in_child(_load_served, cfg)
@@ -114,16 +120,21 @@ def target_folder(cfg: "AppConfig") -> tuple[str, str]:
     Without torch when the format is given (``cfg.target_dtype``) and the folder is built
     (:func:`specdec.models.folders.built_folder`); else in a child process
     (:func:`deployments.isolated.call_in_child`: deciding the machine's default format and
-    building a folder need torch), so the target replica never imports it.
+    building a folder need torch; here when this process already imported torch), so the target
+    replica never imports it.
 
     Raises:
         ModelLoadError: the folder cannot be found or built.
     """
     from specdec.models.folders import built_folder
 
+    import sys
+
     folder = built_folder(cfg.target_model, cfg.target_dtype)
     if folder is not None:
         return folder, cfg.target_dtype
+    if "torch" in sys.modules:  # nothing to keep out of this process
+        return _resolve_served(cfg)
     from deployments.isolated import call_in_child
 
     return call_in_child(_resolve_served, cfg)

@@ -129,7 +129,8 @@ def wait_no_sessions(timeout_s: float = 20) -> tuple[list[str], list[str]]:
 
 def replica_pids(deployment: str) -> list[int]:
     """Pids of the live replicas of ``deployment`` in :data:`APP` started by this test process's Ray
-    (processes below this one titled ``ray::ServeReplica:<APP>:<deployment>``; Linux /proc)."""
+    (processes below this one titled ``ray::ServeReplica:<APP>:<deployment>``, with ``.<method>``
+    while they run a task; Linux /proc)."""
     import os
 
     children: dict[int, list[int]] = {}
@@ -148,7 +149,8 @@ def replica_pids(deployment: str) -> list[int]:
                 title = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].decode(errors="replace")
             except OSError:
                 continue
-            if title.strip() == f"ray::ServeReplica:{APP}:{deployment}":
+            name = f"ray::ServeReplica:{APP}:{deployment}"
+            if title.strip() == name or title.startswith(name + "."):  # ".<method>" while it runs one
                 found.append(pid)
     return found
 
