@@ -93,9 +93,10 @@ def test_idle_timeout_is_validated():
     assert AppConfig().target_session_idle_timeout_s == 600
 
 
-def test_target_starts_its_workers_through_ray_start_path(monkeypatch, tiny_target):
+def test_target_starts_its_workers_through_ray_start_path(monkeypatch, tiny_target, tmp_path):
     """The replica's own start path (TP workers in its placement group) sets the rank infos
-    that ``Info`` returns; exercised with ``start_tp_workers`` replaced (no Ray cluster)."""
+    that ``Info`` returns; exercised with ``start_tp_workers`` replaced (no Ray cluster) and an
+    empty cache (the folder is not built: ``resolve_folder`` is asked, here since torch is loaded)."""
     import types
 
     import deployments.tp_worker as tp
@@ -105,6 +106,7 @@ def test_target_starts_its_workers_through_ray_start_path(monkeypatch, tiny_targ
     fake_ray = types.SimpleNamespace(util=types.SimpleNamespace(get_current_placement_group=lambda: None))
     monkeypatch.setitem(__import__("sys").modules, "ray", fake_ray)
     monkeypatch.setattr(loader, "resolve_folder", lambda spec, fmt: f"/models/target-{fmt}")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     seen = {}
 
     def start(path, tp_size, pg, first_bundle, num_gpus, threads, dtype):
