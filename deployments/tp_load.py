@@ -191,7 +191,9 @@ def load_tp_model(path: str, rank: int, tp_size: int, dtype: str | torch.dtype =
             column shards (:func:`fuse_tp_projections`).
 
     Returns:
-        a :class:`specdec.models.loaded.LoadedModel` whose ``model`` returns full logits;
+        a :class:`specdec.models.loaded.LoadedModel` whose ``model`` returns full logits and whose
+        ``tokenizer`` is only its :class:`~specdec.models.loaded.TokenizerFacts` (a rank never
+        encodes or decodes text);
         ``quant_cache`` says whether int8/int4/w8a8 weights came from the cache (each rank caches its
         own shard next to the folder: :mod:`specdec.models.quant_cache`).
 
@@ -203,11 +205,14 @@ def load_tp_model(path: str, rank: int, tp_size: int, dtype: str | torch.dtype =
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specdec.models import formats, quant_cache
-    from specdec.models.loaded import LoadedModel
+    from specdec.models.loaded import LoadedModel, TokenizerFacts
 
     fmt = formats.check_format(str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else dtype)
     if invariant is None:
         invariant = fmt != "float32"
+    # a rank only scores ids: it keeps the tokenizer's length and EOS id, not the tokenizer (~150 MiB;
+    # read first, so the heap it frees is reused by the weights)
+    tokenizer = TokenizerFacts.of(AutoTokenizer.from_pretrained(path))
     kwargs: dict[str, Any] = {"dtype": formats.compute_dtype(fmt)}
     if tp_size > 1:
         from transformers.distributed import DistributedConfig
@@ -231,7 +236,6 @@ def load_tp_model(path: str, rank: int, tp_size: int, dtype: str | torch.dtype =
         from specdec.models.release import release_after_load
 
         release_after_load(model)  # w8a8 prepacked now; file pages no tensor uses dropped
-    tokenizer = AutoTokenizer.from_pretrained(path)
     cfg = model.config
     return LoadedModel(
         name=f"{path} (TP rank {rank}/{tp_size})",

@@ -242,3 +242,27 @@ def test_w8a8_not_fusable_reasons(w8a8_models):
         gate(torch.randn(1, gate.in_features, dtype=torch.bfloat16))
     assert gate.prepacked
     assert fusable([gate, up]) == "w8a8 weight already prepacked (its int8 rows are gone)"
+
+
+def test_w8a8_fusion_check_does_not_prepack_the_layers_it_discards(folders, monkeypatch):
+    """The load-time bitwise check computes the separate projections on their int8 rows
+    (aten._int_mm) instead of prepacking oneDNN copies of them that are thrown away with them;
+    the fused layer, which stays, is prepacked by the check; its columns equal the separate
+    layers' oneDNN results bitwise."""
+    from specdec.models.formats import W8A8Linear
+
+    plain = load_model(HFModelSpec(path=folders[0]), weight_format="w8a8", fuse=False, invariant=False)
+    monkeypatch.setattr(W8A8Linear, "QLINEAR_MIN_OUT", 0)  # from now on every tiny layer runs oneDNN's qlinear
+    attn = _layer(plain).self_attn
+    parts = [attn.q_proj, attn.k_proj, attn.v_proj]
+    assert not any(p.prepacked for p in parts)
+    assert fuse_projections(attn) == 1
+    assert [(p.prepacked, p.qweight.numel(), "KERNEL" in vars(p)) for p in parts] == \
+        [(False, 128 * 128, False), (False, 64 * 128, False), (False, 64 * 128, False)]
+    fused = attn.q_proj.fused.linear
+    assert fused.prepacked and fused.qweight.numel() == 0
+    x = torch.randn(7, 128, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    with torch.inference_mode():
+        separate = torch.cat([p(x) for p in parts], dim=-1)  # now prepacked: oneDNN
+        assert all(p.prepacked for p in parts)
+        assert torch.equal(fused(x), separate)

@@ -36,6 +36,7 @@ q-then-k-then-v pattern is only slower, never wrong.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from typing import Sequence
@@ -213,12 +214,33 @@ def fusable(linears: Sequence[nn.Module]) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _unpacked(linears: Sequence[nn.Module]):
+    """w8a8 layers compute on their int8 rows (``aten._int_mm``) inside the block, never prepacking.
+
+    The separate layers of a group are discarded once fused: prepacking them for the check would
+    build oneDNN copies of their weights (the demo target's q and gate/up: ~0.8 GB in all) only
+    to free them. ``aten._int_mm`` gives bitwise what oneDNN's qlinear gives (the definition of
+    :class:`~specdec.models.formats.W8A8Linear`; tests/test_formats.py), so the check's reference
+    is the same. Other layers run as they are."""
+    cls = _w8a8_class()
+    w8a8 = [lin for lin in linears if type(lin) is cls and not lin.prepacked]
+    for lin in w8a8:
+        lin.KERNEL = "int_mm"  # shadows the class attribute for this instance only
+    try:
+        yield
+    finally:
+        for lin in w8a8:
+            del lin.KERNEL
+
+
 def _check_bitwise(linears: Sequence[nn.Linear], fused: FusedLinear, seed: int = 0) -> str | None:
-    """None when the fused columns equal the separate projections bitwise for :data:`CHECK_ROWS`."""
+    """None when the fused columns equal the separate projections bitwise for :data:`CHECK_ROWS`
+    (w8a8: the separate layers' reference computed without prepacking them, :func:`_unpacked`)."""
     g = torch.Generator().manual_seed(seed)
     k = fused.linear.in_features
     dtype = getattr(linears[0], "act_dtype", None) or linears[0].weight.dtype
-    with torch.inference_mode():
+    with torch.inference_mode(), _unpacked(linears):
         for rows in CHECK_ROWS:
             x = torch.randn(rows, k, generator=g).to(dtype)
             want = torch.cat([lin(x) for lin in linears], dim=-1)

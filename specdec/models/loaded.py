@@ -1,4 +1,5 @@
-"""The in-memory form of a loaded model, shared by proposers and verifiers, and a model's EOS ids."""
+"""The in-memory form of a loaded model, shared by proposers and verifiers, a model's EOS ids, and
+the tokenizer facts a process that holds no tokenizer keeps."""
 
 from __future__ import annotations
 
@@ -29,6 +30,37 @@ def eos_token_ids(tokenizer: PreTrainedTokenizerBase, generation_config: Any = N
     return ids
 
 
+@dataclass(frozen=True)
+class TokenizerFacts:
+    """What a model process that never encodes or decodes text needs of its tokenizer: its length
+    (``len``, for :attr:`LoadedModel.emittable_vocab`) and EOS id (for
+    :attr:`LoadedModel.eos_token_ids`), without the tokenizer itself.
+
+    A TP rank (deployments/tp_load.py) only scores token ids, and a draft replica detokenizes with
+    the target's tokenizer once its draft's vocabulary is checked against it; the demo pair's
+    Qwen2 tokenizer takes about 150 MiB of a process's memory (the Rust tokenizer ~100 MiB, the
+    rest transformers' Python side; measured on this machine), held for nothing there.
+
+    Attributes:
+        length: ``len(tokenizer)``: the ids it knows, added tokens included.
+        eos_token_id: ``tokenizer.eos_token_id`` (None: none).
+    """
+
+    length: int
+    eos_token_id: int | None
+
+    def __len__(self) -> int:
+        return self.length
+
+    @classmethod
+    def of(cls, tokenizer: "PreTrainedTokenizerBase | TokenizerFacts") -> "TokenizerFacts":
+        """The facts of ``tokenizer`` (itself when it already is one)."""
+        if isinstance(tokenizer, TokenizerFacts):
+            return tokenizer
+        eos = tokenizer.eos_token_id
+        return cls(len(tokenizer), None if eos is None else int(eos))
+
+
 @dataclass
 class LoadedModel:
     """A causal LM ready for decoding, with its tokenizer and limits.
@@ -37,7 +69,8 @@ class LoadedModel:
         name: human-readable name used in errors and logs (e.g. ``"demo target
             (Qwen2.5-Coder-1.5B-Instruct)"`` or a folder path).
         model: the transformers causal LM, in eval mode.
-        tokenizer: its tokenizer (fast tokenizer where available).
+        tokenizer: its tokenizer (fast tokenizer where available), or only the
+            :class:`TokenizerFacts` of it in a process that never encodes or decodes text.
         max_positions: context limit in tokens (``config.max_position_embeddings``); no position
             at or beyond it is ever fed to the model.
         vocab_rows: rows of the output embedding (logits width); may exceed ``len(tokenizer)``
@@ -56,7 +89,7 @@ class LoadedModel:
 
     name: str
     model: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase | TokenizerFacts
     max_positions: int
     vocab_rows: int
     weight_format: str = "float32"

@@ -8,7 +8,8 @@ file does (torch maps the whole file once; each tensor is a view of it). After l
 pages are dead:
 
 - the bfloat16 linear weights, read once to quantize them (:func:`release_source_file` copies the
-  few unquantized tensors, embeddings, norms and biases, so that mapping goes);
+  few small unquantized tensors, norms and biases, out of the mapping; the input embedding table
+  stays mapped, see below);
 - w8a8: the int8 rows of every layer oneDNN prepacked (the prepacked copy replaces them,
   :meth:`specdec.models.formats.W8A8Linear.prepack`), and the separate q/k/v and gate/up rows the
   fused layers copied (:mod:`specdec.models.fused`); :func:`release_after_load` prepacks every
@@ -17,6 +18,18 @@ pages are dead:
 - int4 (and what else stays file-backed): the separate q/k/v and gate/up weights read by the
   fusion. :func:`drop_unused_pages` tells the kernel (``madvise(MADV_DONTNEED)``) to drop the
   pages of a mapping that no live tensor of the model covers; the pages live tensors use stay.
+
+The input embedding table (:data:`EMBEDDINGS_MAPPED`): a forward reads only the rows of the
+tokens it is fed (one row per token: 1536 bfloat16 = 3 KiB for the demo target), so the table
+stays a read-only view of the bfloat16 folder's safetensors file and :func:`drop_unused_pages`
+drops its pages too: a row's page is read back from the page cache (or the disk) when a token
+first needs it, and only the pages of the tokens a process has seen count in its RSS, file-backed
+(``RssFile``, clean: the kernel may reclaim them under memory pressure) rather than anonymous. The
+demo pair's tables are 445 MiB (target, 151936 x 1536) and 260 MiB (draft, 151936 x 896) in
+bfloat16; copied, they were anonymous memory for the process's life. The values are the file's, as
+the copy's were: outputs are bitwise the same. At worst (every token id seen) the resident pages
+are the whole table, as before, but file-backed and reclaimable. llama.cpp maps its weights the
+same way.
 
 ``MADV_DONTNEED`` on a private file mapping whose pages were never written only unmaps them from
 the process; a later read faults the file's bytes back in (from the page cache), so a page
@@ -27,6 +40,7 @@ on write: ``Anonymous`` in /proc/self/smaps) is left alone. Linux only (``/proc/
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import mmap
 
@@ -41,30 +55,58 @@ log = logging.getLogger(__name__)
 #: file and safetensors weights.
 MAPPED_SUFFIXES: tuple[str, ...] = ("quantized.pt", ".safetensors")
 _MADV_DONTNEED = 4
+#: Keep the input embedding table a view of the file it was loaded from and drop its pages after
+#: loading (module doc). False: copy it into anonymous memory, as the other unquantized tensors.
+EMBEDDINGS_MAPPED = True
 
 
 def release_freed_memory() -> None:
-    """Hand freed heap pages back to the OS (glibc ``malloc_trim``): quantizing frees the
-    bfloat16 weights in many small pieces that would otherwise stay in the process's RSS."""
+    """Collect garbage (objects in reference cycles, e.g. a dropped tokenizer's), then hand freed
+    heap pages back to the OS (glibc ``malloc_trim``): quantizing frees the bfloat16 weights in
+    many small pieces that would otherwise stay in the process's RSS."""
+    gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
 
 
+def input_embedding(model: nn.Module) -> torch.Tensor | None:
+    """The plain CPU tensor of ``model``'s input embedding table (``[V, hidden]``), or None (no
+    ``get_input_embeddings``, a tensor subclass such as a TP DTensor, not on the CPU)."""
+    get = getattr(model, "get_input_embeddings", None)
+    weight = getattr(get(), "weight", None) if callable(get) else None
+    if weight is None:
+        return None
+    t = weight.data
+    return t if type(t) is torch.Tensor and t.device.type == "cpu" else None
+
+
+def _mapped_embedding(model: nn.Module) -> torch.Tensor | None:
+    """:func:`input_embedding` when :data:`EMBEDDINGS_MAPPED` and it is a view of a mapped file
+    (:data:`MAPPED_SUFFIXES`), else None."""
+    t = input_embedding(model) if EMBEDDINGS_MAPPED else None
+    return t if t is not None and _in_mapping(t, file_mappings()) else None
+
+
 def release_source_file(model: nn.Module) -> int:
-    """Copy the model's unquantized tensors (embeddings, norms, biases) into memory of their own.
+    """Copy the model's small unquantized tensors (norms, biases) into memory of their own.
 
     ``from_pretrained`` leaves bfloat16 tensors memory-mapped from the folder's safetensors file;
     while one of them lives, the whole mapping stays, and every page of it that was read
     (all the linear weights, read once to quantize them) counts in the process's RSS although
-    the model no longer uses them. Copying the few unquantized tensors lets the mapping go.
-    Quantized layers (plain int8 or torchao tensors) are left as they are; tied tensors stay tied.
+    the model no longer uses them. Copying the few unquantized tensors leaves the mapping to the
+    input embedding table (:data:`EMBEDDINGS_MAPPED`, read row by row: :func:`drop_unused_pages`
+    drops its pages and those no tensor covers), or lets it go. Quantized layers (plain int8 or
+    torchao tensors) are left as they are; tied tensors stay tied.
 
     Returns:
         bytes copied.
     """
     copies: dict[int, torch.Tensor] = {}
+    embedding = _mapped_embedding(model)
+    if embedding is not None:  # stays a view of the file: never copied, also where it is tied
+        copies[embedding.untyped_storage().data_ptr()] = embedding
     copied = 0
     for module in model.modules():
         if isinstance(module, (formats.Int8WeightOnlyLinear, formats.W8A8Linear)):
@@ -169,7 +211,8 @@ def own_w8a8_tensors(model: nn.Module) -> int:
 
 def drop_unused_pages(model: nn.Module, suffixes: tuple[str, ...] = MAPPED_SUFFIXES) -> int:
     """``madvise(MADV_DONTNEED)`` the whole pages of this process's mappings of ``suffixes`` files
-    that no tensor of ``model`` covers, in the mappings that hold at least one of its tensors (see
+    that no tensor of ``model`` covers, and those of the mapped input embedding table (read per
+    token, :data:`EMBEDDINGS_MAPPED`), in the mappings that hold at least one of its tensors (see
     the module doc; mappings with written pages are skipped).
 
     Returns:
@@ -179,14 +222,20 @@ def drop_unused_pages(model: nn.Module, suffixes: tuple[str, ...] = MAPPED_SUFFI
     if not maps:
         return 0
     page = mmap.PAGESIZE
-    live = sorted((t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
-                  for t in _tensors(model) if _in_mapping(t, maps))
+    spans = {(t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+             for t in _tensors(model) if _in_mapping(t, maps)}
+    holders = {a for a, _ in spans}  # the mappings to trim: those holding a tensor of the model
+    embedding = _mapped_embedding(model)
+    if embedding is not None:  # its pages go too: a lookup reads its rows back from the file
+        e = embedding.untyped_storage().data_ptr()
+        spans = {s for s in spans if s[0] != e}
+    live = sorted(spans)
     stats = _mapping_stats()
     before = sum(stats.get(lo, {}).get("Rss", 0) for lo, _, _ in maps)  # (every mapping: RSS freed anywhere)
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     for lo, hi, path in maps:
-        if not any(lo <= a < hi for a, _ in live):
+        if not any(lo <= a < hi for a in holders):
             continue  # another model's mapping (or one about to go): not this model's to trim
         if stats.get(lo, {}).get("Anonymous", 0):  # copied-on-write pages: the file no longer has them
             log.info("not trimming %s: it has written pages", path)
