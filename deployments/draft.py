@@ -110,10 +110,10 @@ class Draft:
         self.draft_proposer = None
         if cfg.draft_model:
             from specdec.models.loaded import TokenizerFacts
-            from specdec.models.loader import load_model
+            from specdec.models.loader import load_model, resolve_folder
             from specdec.models.release import release_freed_memory
             from specdec.models.spec import parse_model_spec
-            from specdec.models.vocab import VocabSide, check_vocab_compatible
+            from specdec.models.vocab import VocabSide, check_vocab_compatible, same_tokenizer_files
             from specdec.engine.proposers.draft_model import DraftModelProposer
 
             from deployments.tp_worker import worker_device
@@ -121,14 +121,18 @@ class Draft:
             # the GPU Ray gave this replica (cuda:0 in its view); a clear error, not a silent CPU
             # run, when it holds one but this torch cannot use it
             device = worker_device(cfg.draft_num_gpus)
-            draft = load_model(parse_model_spec(cfg.draft_model), device=device,
-                               weight_format=cfg.draft_format(device.type),
-                               vocab_subset=cfg.draft_vocab_subset, vocab_table=cfg.draft_vocab_table)
+            fmt = cfg.draft_format(device.type)
+            # one tokenizer in this replica (~150 MiB each for the demo pair's): the target's (self.info,
+            # for text) also serves as the draft's when their files are the same
+            shared = same_tokenizer_files(resolve_folder(cfg.draft_model, fmt),
+                                          resolve_folder(cfg.target_model, cfg.target_format()))
+            draft = load_model(parse_model_spec(cfg.draft_model), device=device, weight_format=fmt,
+                               vocab_subset=cfg.draft_vocab_subset, vocab_table=cfg.draft_vocab_table,
+                               tokenizer=self.info.tokenizer if shared else None)
             check_vocab_compatible(VocabSide.of(draft), self.info.vocab_side())
-            # text is the target tokenizer's job (self.info): the draft keeps its tokenizer's facts only
-            # (~150 MiB less for the demo draft's Qwen2 tokenizer; the freed heap handed back)
-            draft.tokenizer = TokenizerFacts.of(draft.tokenizer)
-            release_freed_memory()
+            if not shared:  # checked against the target's: the draft keeps its tokenizer's facts only
+                draft.tokenizer = TokenizerFacts.of(draft.tokenizer)
+                release_freed_memory()
             self.draft_proposer = DraftModelProposer(draft, eos_ids=self.info.eos_token_ids)
         #: generation id -> its Generation (the sessions whose draft caches live here)
         self.sessions: dict[str, Any] = {}

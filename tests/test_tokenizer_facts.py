@@ -12,7 +12,7 @@ from specdec.testing.tiny import build_tiny_model, build_tiny_tokenizer
 def test_facts_are_the_length_and_eos_id():
     tok = build_tiny_tokenizer()
     facts = TokenizerFacts.of(tok)
-    assert (len(facts), facts.eos_token_id) == (len(tok), tok.eos_token_id) == (320, 2)
+    assert (len(facts), facts.eos_token_id, facts.pad_token_id) == (len(tok), tok.eos_token_id, tok.pad_token_id) == (320, 2, 0)
     assert TokenizerFacts.of(facts) is facts
 
 
@@ -32,7 +32,7 @@ def test_the_tp_rank_keeps_no_tokenizer(tmp_path):
 
     folder = build_tiny_model(tmp_path / "m", vocab_rows=384)
     loaded = load_tp_model(str(folder), 0, 1, "w8a8")
-    assert loaded.tokenizer == TokenizerFacts(320, 2)
+    assert loaded.tokenizer == TokenizerFacts(320, 2, 0)
     assert (loaded.emittable_vocab, loaded.eos_token_ids) == (320, [2])
     with torch.inference_mode():
         assert loaded.model(torch.tensor([[1, 5, 9]])).logits.shape == (1, 3, 384)

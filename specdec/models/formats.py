@@ -15,7 +15,8 @@ w8a8        int8, symmetric, one scale per output row    int8 per     ``onednn.q
 int8 and int4 are weight-only and quantized with torchao (``Int8WeightOnlyConfig``;
 ``PrototypeInt4WeightOnlyConfig``, the CPU packing of ``Int4WeightOnlyConfig``) from the bfloat16
 weights, every ``nn.Linear`` including the output projection (embeddings and norms stay
-bfloat16; an int4 layer whose input width no group size divides, or on CPU whose output width
+bfloat16, the input embedding table read from the bfloat16 folder's file per token, its pages
+not kept: :mod:`specdec.models.release`; an int4 layer whose input width no group size divides, or on CPU whose output width
 is not a multiple of 16 (the kernel packs 16 rows), stays bfloat16 too). On CPU, torchao 0.18's int8 tensor multiplies by converting the whole weight to
 bfloat16 on every call; the int8 layers therefore run torch's own int8 weight-only kernel
 (``aten._weight_int8pack_mm``, the one gpt-fast uses) on torchao's quantized data and scales.

@@ -33,8 +33,9 @@ def eos_token_ids(tokenizer: PreTrainedTokenizerBase, generation_config: Any = N
 @dataclass(frozen=True)
 class TokenizerFacts:
     """What a model process that never encodes or decodes text needs of its tokenizer: its length
-    (``len``, for :attr:`LoadedModel.emittable_vocab`) and EOS id (for
-    :attr:`LoadedModel.eos_token_ids`), without the tokenizer itself.
+    (``len``, for :attr:`LoadedModel.emittable_vocab`), EOS id (for
+    :attr:`LoadedModel.eos_token_ids`) and padding id (transformers' ``generate``), without the
+    tokenizer itself.
 
     A TP rank (deployments/tp_load.py) only scores token ids, and a draft replica detokenizes with
     the target's tokenizer once its draft's vocabulary is checked against it; the demo pair's
@@ -44,10 +45,12 @@ class TokenizerFacts:
     Attributes:
         length: ``len(tokenizer)``: the ids it knows, added tokens included.
         eos_token_id: ``tokenizer.eos_token_id`` (None: none).
+        pad_token_id: ``tokenizer.pad_token_id`` (None: none).
     """
 
     length: int
     eos_token_id: int | None
+    pad_token_id: int | None = None
 
     def __len__(self) -> int:
         return self.length
@@ -57,8 +60,8 @@ class TokenizerFacts:
         """The facts of ``tokenizer`` (itself when it already is one)."""
         if isinstance(tokenizer, TokenizerFacts):
             return tokenizer
-        eos = tokenizer.eos_token_id
-        return cls(len(tokenizer), None if eos is None else int(eos))
+        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        return cls(len(tokenizer), None if eos is None else int(eos), None if pad is None else int(pad))
 
 
 @dataclass

@@ -48,6 +48,7 @@ def load_model(
     vocab_subset: int | None = None,
     vocab_table: "FrequencyTable | str | Path | None" = None,
     fuse: bool = True,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> LoadedModel:
     """Load the model and tokenizer a spec names, in eval mode, on ``device``, in a weight format.
 
@@ -76,6 +77,10 @@ def load_model(
             int4 matmul (w8a8: one per-token activation quantization and one int8 matmul) each
             (:func:`specdec.models.fused.fuse_projections`; bitwise the same outputs, checked per
             layer when loading; fewer, larger calls per token).
+        tokenizer: use this tokenizer instead of reading the model folder's (a caller that holds
+            the same one: the draft replica shares the target's when
+            :func:`specdec.models.vocab.same_tokenizer_files`; a loaded tokenizer takes ~150 MiB for
+            the demo pair's). A GGUF spec loaded with ``cache_gguf=False`` reads its own.
 
     Returns:
         A :class:`LoadedModel`; ``name`` is e.g. ``"demo target (Qwen2.5-Coder-1.5B-Instruct)"``,
@@ -94,12 +99,12 @@ def load_model(
     if isinstance(spec, DemoModelSpec):
         info = demo.demo_model(spec.role)
         folder = demo.ensure_demo_folder(spec.role, dtype=store)
-        loaded = _load_folder(folder, f"demo {spec.role} ({info.model_name})", act, device)
+        loaded = _load_folder(folder, f"demo {spec.role} ({info.model_name})", act, device, tokenizer)
     elif isinstance(spec, GGUFModelSpec):
         path = Path(spec.path).expanduser()
         if cache_gguf:
             folder = convert.cached_gguf_folder(path, dtype=store)
-            loaded = _load_folder(folder, path.name, act, device)
+            loaded = _load_folder(folder, path.name, act, device, tokenizer)
         else:
             if not path.is_file():
                 raise ModelLoadError(f"GGUF file {path} does not exist")
@@ -109,7 +114,7 @@ def load_model(
         folder = Path(spec.path).expanduser()
         marker = cache.read_marker(folder)
         name = f"{marker['name']} ({folder})" if marker and marker.get("name") else str(folder)
-        loaded = _load_folder(folder, name, act, device)
+        loaded = _load_folder(folder, name, act, device, tokenizer)
     else:
         raise TypeError(f"not a model spec: {spec!r}")
     if vocab_subset is not None:
@@ -234,11 +239,12 @@ def resolve_folder(spec_text: str, weight_format: str | None = None) -> str:
     return str(Path(spec.path).expanduser())
 
 
-def _load_folder(folder: Path, name: str, dtype: torch.dtype, device: str | torch.device) -> LoadedModel:
+def _load_folder(folder: Path, name: str, dtype: torch.dtype, device: str | torch.device,
+                 tokenizer: PreTrainedTokenizerBase | None = None) -> LoadedModel:
     if not folder.is_dir():
         raise ModelLoadError(f"model folder {folder} does not exist")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise ModelLoadError(f"cannot load model {name}: {e}") from e

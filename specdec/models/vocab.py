@@ -19,6 +19,7 @@ difference (about 0.1 s for the 151,936-token Qwen vocabulary).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
@@ -58,6 +59,26 @@ class VocabSide:
         for tok, i in vocab.items():
             out[i] = tok
         return out
+
+
+#: The files a Hugging Face tokenizer is read from (those a folder has).
+TOKENIZER_FILES: tuple[str, ...] = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                    "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def same_tokenizer_files(a: str | Path, b: str | Path) -> bool:
+    """Whether folders ``a`` and ``b`` hold the same tokenizer: each file of :data:`TOKENIZER_FILES`
+    present in either is present in both with the same bytes, and there is at least one (the demo
+    pair's draft and target share Qwen2.5's tokenizer; one loaded copy can serve both).
+    A missing folder gives False."""
+    a, b = Path(a), Path(b)
+    present = [n for n in TOKENIZER_FILES if (a / n).is_file() or (b / n).is_file()]
+    if not present:
+        return False
+    try:
+        return all((a / n).read_bytes() == (b / n).read_bytes() for n in present)
+    except OSError:
+        return False
 
 
 def check_pair_compatible(draft: LoadedModel, target: LoadedModel) -> None:

@@ -22,7 +22,7 @@ from specdec.engine.sampling import derive_seeds
 from specdec.testing.tiny import build_tiny_model
 from specdec.types import DraftBlock
 from specdec.engine.verifier import TargetVerifier
-from tests.conftest import load_tiny
+from tests.conftest import load_tiny, target_greedy
 
 
 @pytest.fixture(scope="module")
@@ -258,3 +258,32 @@ def test_deadline_stops_the_generation(draft_replica):
     with pytest.raises(DeadlineExceededError):
         asyncio.run(_collect(rep.Generate(job.SerializeToString())))
     assert rep.Sessions() == [] and len(wire.table) == 0
+
+
+def test_the_draft_replica_holds_one_tokenizer_when_the_pair_shares_its_files(pair, tmp_path):
+    """The tiny pair's folders hold the same tokenizer files: the draft model's tokenizer is the
+    target's (the replica's TargetInfo), not a second copy; a draft whose tokenizer files differ
+    (same vocabulary, another chat template in its config) keeps only its tokenizer's facts."""
+    from specdec.models.loaded import TokenizerFacts
+    from specdec.models.vocab import same_tokenizer_files
+
+    t, d, target, _ = pair
+    assert same_tokenizer_files(t, d)
+    wire = Wire(target)
+    rep = Draft(AppConfig(target_model=t, draft_model=d, cpu_threads=1), send_factory=lambda key: wire.send)
+    assert rep.draft_proposer.draft.tokenizer is rep.info.tokenizer
+    import json
+    import shutil
+
+    other = tmp_path / "draft-other"
+    shutil.copytree(d, other)
+    cfg = json.loads((other / "tokenizer_config.json").read_text())
+    cfg["model_max_length"] = 12345
+    (other / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert not same_tokenizer_files(t, other)
+    rep = Draft(AppConfig(target_model=t, draft_model=str(other), cpu_threads=1), send_factory=lambda key: wire.send)
+    assert rep.draft_proposer.draft.tokenizer == TokenizerFacts(len(rep.info.tokenizer), 2, 0)
+    # it drafts and the output is the target alone's (greedy)
+    job = _job(PROMPT, max_tokens=12, speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=4))
+    out = convert.join_chunks(asyncio.run(_collect(rep.Generate(job.SerializeToString()))))
+    assert list(out.token_ids) == target_greedy(target, PROMPT, 12) and out.stats.accepted > 0

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import json
 import os
+import subprocess
 import sys
 import time
 
@@ -128,7 +130,7 @@ def main() -> None:
     tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 64
     report("start")
     import torch
-    from transformers import AutoTokenizer
+    import transformers  # noqa: F401
 
     from specdec.models import release
     from specdec.models.loader import resolve_folder
@@ -137,8 +139,11 @@ def main() -> None:
         release.EMBEDDINGS_MAPPED = False
     torch.set_num_threads(2)
     text = open(os.path.join(os.path.dirname(__file__), "../../../specdec/models/release.py")).read()[:1200]
-    ids = AutoTokenizer.from_pretrained(resolve_folder(f"demo:{role}", fmt))(text)["input_ids"]
-    release.release_freed_memory()  # the tokenizer, used for the prompt only, freed
+    # the prompt tokenized in a child process: a tokenizer loaded and freed here leaves ~130 MiB in the heap
+    code = ("import json, sys; from transformers import AutoTokenizer; "
+            f"print(json.dumps(AutoTokenizer.from_pretrained(sys.argv[1])(sys.argv[2])['input_ids']))")
+    ids = json.loads(subprocess.check_output([sys.executable, "-c", code, resolve_folder(f"demo:{role}", fmt), text],
+                                             stderr=subprocess.DEVNULL).decode().strip().splitlines()[-1])
     report(f"torch + transformers imported, prompt tokenized (embeddings mapped: {release.EMBEDDINGS_MAPPED})")
     t0 = time.perf_counter()
     if role == "draft":
