@@ -38,6 +38,11 @@ def _rank(rank: int, target: str, draft: str, port: int, fmt: str, out: str) -> 
     worker = TPWorker(rank, 2)
     info = worker.setup(target, "127.0.0.1", port, fmt)
     loaded = worker.loaded
+    from transformers import AutoTokenizer
+
+    # a rank keeps only its tokenizer's facts (it never handles text); the in-process engine that
+    # drives it here detokenizes, as the draft replica does with the target's tokenizer when served
+    loaded.tokenizer = AutoTokenizer.from_pretrained(target)
     engine = SpeculativeEngine(loaded, load_model(HFModelSpec(path=draft), weight_format=fmt))
     result = {"info": {k: info[k] for k in ("q_proj_local_shape", "weight_format", "quant_cache", "fused_groups")},
               "local_layers": sum(isinstance(m, TPLocalLinear) for m in loaded.model.modules()),
