@@ -27,6 +27,16 @@ def _warn_once(msg: str) -> None:
         log.warning(msg)
 
 
+def _collapse_packed(packed: torch.Tensor) -> int:
+    """Put oneDNN's prepacked weight on huge pages; bytes moved (0 where not possible)."""
+    from specdec.models.hugepages import collapse
+
+    try:
+        return collapse(torch.ops.mkldnn.data_ptr(packed), torch.ops.mkldnn._nbytes(packed))
+    except (AttributeError, RuntimeError):  # an older torch without these ops
+        return 0
+
+
 class _RowsLinear(nn.Module):
     """Base of the int8 linears: ``forward`` flattens ``[..., in]`` to ``[M, in]`` rows, calls the
     subclass's ``forward_rows`` (``[M, in]`` -> ``[M, out]``) and restores the leading dims."""
@@ -131,6 +141,10 @@ class W8A8Linear(_RowsLinear):
     #: Keep the plain int8 weight after prepacking (for comparing kernels). False: the prepacked
     #: copy is the only one (no second copy of the weights in memory); ``qweight`` is then empty.
     KEEP_INT8 = False
+    #: Move each prepacked weight onto 2 MiB pages (:func:`specdec.models.hugepages.collapse`):
+    #: a decode step streams every weight, and on 4 KiB pages a VM pays a two-level page walk per
+    #: TLB miss (4-10 % of the demo target's int8 matmul time at one thread; bitwise the same).
+    HUGEPAGES = True
 
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                  act_dtype: torch.dtype = torch.bfloat16):
@@ -145,6 +159,7 @@ class W8A8Linear(_RowsLinear):
         self.register_buffer("scale", scale.reshape(-1).to(torch.float32).contiguous())
         self.bias = nn.Parameter(bias.detach(), requires_grad=False) if bias is not None else None
         self._packed = None  # oneDNN's prepacked weight (built at the first qlinear call); False: unavailable
+        self._huge_bytes = 0  # bytes of the prepacked weight moved onto huge pages (HUGEPAGES)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -173,6 +188,8 @@ class W8A8Linear(_RowsLinear):
                     _warn_once(f"w8a8: oneDNN's qlinear_prepack is not available ({type(e).__name__}: {e}); "
                                "using aten._int_mm")
                 else:
+                    if self.HUGEPAGES:
+                        self._huge_bytes = _collapse_packed(self._packed)
                     if not self.KEEP_INT8:  # drop the plain copy (e.g. the cache file's mapping)
                         self.qweight = self.qweight.new_empty((0, self.in_features))
         return self._packed
