@@ -36,6 +36,34 @@ def test_cost_model_terms():
         c.observe_verify(3, 2, 1.0)
 
 
+def test_one_contended_forward_at_a_thinly_measured_count_does_not_price_it_for_good():
+    """Served trace (w8a8 pair, one client, acceptance 0.98): 1 and 2 positions measured over
+    hundreds of forwards at 0.128 / 0.14 s, 3 positions once at 0.204 s (the first K = 2 step).
+    Priced at 0.204, K = 2 never paid again and the client held K = 1; a thin count is priced at
+    most on the line of the well-measured ones, and its own measurements decide once it has 3."""
+    c = BatchCostModel(max_positions=64)
+    for _ in range(60):
+        c.observe_verify(1, 1, 0.128)
+    for _ in range(100):
+        c.observe_verify(1, 2, 0.14)
+    c.observe_verify(1, 3, 0.204)
+    for _ in range(50):
+        c.observe_draft(1, 0.07)
+    assert c.verify_s(1, 3) == pytest.approx(0.128 + 2 * 0.012)  # the line through 1 and 2 positions
+    assert c.verify_s(1, 2) == pytest.approx(0.14) and c.verify_s(3, 3) == pytest.approx(0.152)
+    d = choose_batch_ks({"default": TenantLoad(sessions=1, alpha=0.98)}, c, budget=64)
+    assert d.ks["default"] == 2  # priced at 0.204 it was K = 1
+    c_old = BatchCostModel(max_positions=64)
+    c_old.verify = c.verify
+    c_old.draft = c.draft
+    c_old.THIN_SAMPLES = 1  # every measured count trusted: the model before
+    assert c_old.verify_s(1, 3) == pytest.approx(0.204)
+    assert choose_batch_ks({"default": TenantLoad(sessions=1, alpha=0.98)}, c_old, budget=64).ks["default"] == 1
+    c.observe_verify(1, 3, 0.204)
+    c.observe_verify(1, 3, 0.204)  # 3 samples: measured often enough to stand for itself
+    assert c.verify_s(1, 3) == pytest.approx(0.204)
+
+
 def test_expensive_positions_drop_the_low_acceptance_tenant_to_k0():
     """Verify cost steep in positions: speculation by the creative tenant (α 0.3) costs the
     batch more than it gains, the code tenant (α 0.95) keeps speculating."""
