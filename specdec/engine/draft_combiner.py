@@ -146,21 +146,20 @@ class DraftCombiner:
             groups.setdefault(id(w.session._proposer), []).append(w)
         later: list[_Waiting] = []
         for rows in groups.values():
-            timings: list[tuple[int, float]] = []
-            trace: list[tuple[int, int]] = []
             try:
-                blocks = rows[0].session._proposer.propose_batch(
-                    [w.session for w in rows], [w.k for w in rows], timings,
-                    **({} if self.max_prefill is None else {"max_prefill": self.max_prefill}), trace=trace)
-            except BaseException as e:  # every session of the batch fails alike
+                blocks = self._draft(rows)
+            except Exception as e:
+                if len(rows) == 1:
+                    rows[0].error = e
+                    continue
+                blocks = self._draft_alone(rows)
+            except BaseException as e:  # an interrupt, not one session's failure: all alike
                 for w in rows:
                     w.error = e
                 continue
-            finally:
-                with self._cv:
-                    self.trace.extend(trace)
-                    self._timings.extend(timings)
             for w, block in zip(rows, blocks):
+                if w.error is not None:
+                    continue
                 if block is None:
                     later.append(w)  # its prompt is being prefilled in chunks: next round
                 else:
@@ -168,6 +167,39 @@ class DraftCombiner:
         if later:
             with self._cv:
                 self._queue = later + self._queue
+
+    def _draft(self, rows: list[_Waiting]) -> list[DraftBlock | None]:
+        """One batched drafting of ``rows`` (sessions of one proposer); records its forwards.
+
+        Raises:
+            whatever :meth:`DraftModelProposer.propose_batch` raises (the batch as a whole).
+        """
+        timings: list[tuple[int, float]] = []
+        trace: list[tuple[int, int]] = []
+        try:
+            return rows[0].session._proposer.propose_batch(
+                [w.session for w in rows], [w.k for w in rows], timings,
+                **({} if self.max_prefill is None else {"max_prefill": self.max_prefill}), trace=trace)
+        finally:
+            with self._cv:
+                self.trace.extend(trace)
+                self._timings.extend(timings)
+
+    def _draft_alone(self, rows: list[_Waiting]) -> list[DraftBlock | None]:
+        """After a batched drafting of ``rows`` raised: each session drafts alone, so the one
+        that fails (a closed session, a bad token, a failing logit processor) gets its own error
+        (``_Waiting.error``, its block None) and the others their blocks, exactly as alone (the
+        draw of a drafted token depends only on the session's seed and position, and a forward
+        that failed part-way is cut out of every cache first: :meth:`CachedSequence.realign`)."""
+        blocks: list[DraftBlock | None] = []
+        for w in rows:
+            try:
+                w.session.seq.realign()
+                blocks.append(self._draft([w])[0])
+            except Exception as e:
+                w.error = e
+                blocks.append(None)
+        return blocks
 
     def take_timings(self) -> list[tuple[int, float]]:
         """``(rows, seconds)`` of the batched draft forwards run since the last call (thread-safe)."""

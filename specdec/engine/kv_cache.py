@@ -119,6 +119,23 @@ class CachedSequence:
         if cached_upto is not None:
             self._crop(min(cached_upto, _common_prefix(self.cached, self.token_ids)))
 
+    def realign(self) -> None:
+        """Drop the keys and values past ``cached`` from every layer (a no-op on a closed or
+        consistent cache).
+
+        A forward that raised part-way (a packed forward of :func:`feed_many` whose later layer
+        failed) has appended its new positions to the first layers only; afterwards every layer
+        holds exactly the ``len(cached)`` positions of ``cached`` again, so the sequence can be
+        fed alone as if the failed forward had not run.
+        """
+        if self.cache is None:
+            return
+        n = len(self.cached)
+        for layer in getattr(self.cache, "layers", ()):
+            extra = layer.get_seq_length() - n if getattr(layer, "is_initialized", False) else 0
+            if extra > 0:
+                layer.crop(-extra)
+
     def close(self) -> None:
         """Drop the cache. Idempotent."""
         self.cache = None
