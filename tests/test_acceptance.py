@@ -166,3 +166,28 @@ def test_global_prior_weight_keeps_a_new_keys_prior_off_an_extreme():
     assert est.global_alpha("draft") == pytest.approx((80 + 10) / (80 + 22 + 20))
     with pytest.raises(ValueError, match="global_prior_weight must be >= 0"):
         AcceptanceEstimator(global_prior_weight=-1)
+
+
+def test_upper_alpha_is_an_upper_confidence_bound_on_the_keys_own_evidence():
+    """upper_alpha: max(alpha, m + z·sd) of the Beta(Σa + 1, R + 1) posterior of the key's own
+    counts (the prior's pseudo-counts left out: they are what the bound is optimistic about). No
+    evidence: 0.5 + 0.289·z; a first rejected step does not crush it (0.57 at z = 1, α̂ 0.48
+    with the served prior); 4 steps of 4 accepted drafts: 0.96 where α̂ is 0.72; many rejected
+    steps: α̂ (the prior holds it higher), the bound below it."""
+    exact = dict(half_life_steps=None, global_half_life_steps=None, global_prior_weight=20)
+    est = AcceptanceEstimator(**exact)
+    key = ("t", "draft")
+    assert est.upper_alpha(key) == pytest.approx(0.5 + (0.25 / 3) ** 0.5)
+    assert est.upper_alpha(key, z=0.0) == est.alpha(key) == 0.5
+    est.record(key, 1, 0)
+    assert est.upper_alpha(key) == pytest.approx(1 / 3 + (2 / 9 / 4) ** 0.5) and est.alpha(key) < 0.48
+    for _ in range(4):
+        est.record(key, 4, 4)
+    m = 17 / 19
+    assert est.upper_alpha(key) == pytest.approx(m + (m * (1 - m) / 20) ** 0.5) and est.alpha(key) < 0.73
+    low = AcceptanceEstimator(**exact)
+    for _ in range(10):
+        low.record(key, 4, 0)
+    assert low.upper_alpha(key) == low.alpha(key) > 1 / 12 + (1 / 12 * 11 / 12 / 13) ** 0.5
+    with pytest.raises(ValueError, match="z must be >= 0"):
+        est.upper_alpha(key, z=-1)

@@ -64,6 +64,35 @@ def test_one_contended_forward_at_a_thinly_measured_count_does_not_price_it_for_
     assert c.verify_s(1, 3) == pytest.approx(0.204)
 
 
+def test_a_thin_count_is_never_capped_below_the_well_measured_curve():
+    """The int4 main job with one contended forward (tests/test_batch_one_client.py): 3 and 4
+    positions measured 3-4 times at 0.256 / 0.289 s, 5 positions 3 times (0.25, 0.25 and one
+    slowed to 2.14 s: 0.88 on average), 1 position once at 0.19 s. The line through the
+    well-measured counts (slope 0.31 s per position) crosses zero below 3 positions: capped on
+    it, the 1-position forward cost 0 s and the decision divided by zero. Capped no lower than
+    the curve through the origin below the smallest well-measured count, K = 0 costs
+    0.256 / 3 s and the decision stands (K = 0 here: the cap underprices the thin count, which
+    it then measures)."""
+    c = BatchCostModel()
+    c.observe_verify(1, 1, 0.19)
+    for _ in range(3):
+        c.observe_verify(1, 3, 0.256)
+    for _ in range(4):
+        c.observe_verify(1, 4, 0.289)
+    for s in (0.25, 0.25, 2.14):
+        c.observe_verify(1, 5, s)
+    c.observe_draft(1, 0.085)
+    line = c._well_measured_line()
+    assert line == pytest.approx((-0.7916, 0.312)) and line[0] + line[1] < 0
+    assert c.verify_s(1, 1) == pytest.approx(0.256 / 3)
+    assert c.verify_s(1, 2) == pytest.approx((0.19 + 0.256) / 2)  # never measured: interpolated, no cap
+    d = choose_batch_ks({"default": TenantLoad(sessions=1, alpha=0.95, k_max=4)}, c, budget=64)
+    assert d.ks == {"default": 0} and d.tokens_per_s == pytest.approx(3 / 0.256)
+    c.observe_verify(1, 1, 0.19)
+    c.observe_verify(1, 1, 0.19)  # measured 3 times: its own price
+    assert c.verify_s(1, 1) == pytest.approx(0.19)
+
+
 def test_expensive_positions_drop_the_low_acceptance_tenant_to_k0():
     """Verify cost steep in positions: speculation by the creative tenant (α 0.3) costs the
     batch more than it gains, the code tenant (α 0.95) keeps speculating."""
@@ -243,9 +272,9 @@ def test_probes_of_a_tenant_held_at_k0_bring_it_back_and_cost_little():
     assert kp == 4 and ctl.k_for("creative") == 0 and ctl.k_for("code") == 8
     probes = [i for i, (k, p) in enumerate(low) if p]
     assert len(low) == 1000 and len(probes) == 32 and ctl.probes == 8 and ctl.probe_step_count == 32
-    # each probe at the K the tenant would get at α = 0.9 under the load then (the first while
-    # the code tenant's α̂ was still near its prior)
-    assert [low[i][0] for i in probes] == [5] * 4 + [kp] * 28
+    # each probe at the K the tenant would get at α = 0.9 under the load then (the code tenant
+    # priced at its optimistic acceptance, near 1 from its first steps on)
+    assert [low[i][0] for i in probes] == [kp] * 32
     # after the prior's first steps, every step at K > 0 is a probe: speculation never pays
     first_held = next(i for i, (k, _) in enumerate(low) if k == 0)
     assert all(p for k, p in low[first_held:] if k > 0)

@@ -125,9 +125,10 @@ def test_int4_like_costs_from_prefill_forwards_choose_k0_without_the_guard():
     for code, 6 for creative from round 3: the 64-position forward it keeps running is predicted
     at the prefill's 3.11 s, the K = 0 forward at 5.52 s, and never measured) at 6.3 tok/s; the
     new one keeps the prefills off its verify curve, holds K = 0 until a decode forward is
-    measured (round 1), probes each tenant once at once (no acceptance evidence: round 2 at
-    K = 1, one step per session) and then holds K = 0: 0.99x the best batch under the true
-    costs (8 tokens per 0.65 s)."""
+    measured (round 1), tries K = 1 once (round 2, one step per session: no acceptance evidence
+    yet, so the decision's optimistic acceptance, the upper confidence bound 0.79, is what K = 1
+    needs; before that optimism a probe of each tenant ran the same round) and then holds
+    K = 0: 0.99x the best batch under the true costs (8 tokens per 0.65 s)."""
     def verify(p):
         return 0.05 + 0.075 * p
 
@@ -138,7 +139,7 @@ def test_int4_like_costs_from_prefill_forwards_choose_k0_without_the_guard():
     ks_new, tps_new, c = _simulate("monotone", verify, draft, SERVED_PREFILLS)
     assert ks_old[1:3] == [(7, 7), (8, 8)] and ks_old[3:] == [(8, 6)] * 27
     assert tps_old == pytest.approx(6.29, abs=0.01)
-    assert ks_new == [(0, 0), (0, 0), (1, 1)] + [(0, 0)] * 27 and c.probes == 2 and c.probe_step_count == 8
+    assert ks_new == [(0, 0), (0, 0), (1, 1)] + [(0, 0)] * 27 and c.probes == 0 and c.probe_step_count == 0
     assert round(tps_new / (8 / verify(8)), 3) == 0.988
     # the true best: no (code K, creative K) beats K = 0 for both
     for kc in range(0, 9):
@@ -152,12 +153,15 @@ def test_flat_costs_from_a_prefill_forward_speculate_after_one_k0_round():
     """GPU-like flat true costs (verify 0.30 + 0.001 s per position): after prefill forwards of
     400 and 380 positions (off the verify curve) round 1 runs at K = 0 and measures an
     8-position forward; from round 2 on the controller speculates (no probe needed) and
-    settles where the old model settled: code at K = 8, creative at K = 2."""
+    settles where the old model settled: code at K = 8, creative at K = 3 (K = 2 before the
+    decisions priced a tenant at the upper confidence bound of its acceptance, about 0.5 + one
+    sd of its evidence for creative, which puts K = 3 a hair above K = 2 on the flat curve;
+    under the true costs the two differ by about 1 % of the batch's tokens/s)."""
     prefills = [BatchShape(1, 1, 400, 0.70), BatchShape(2, 2, 380, 0.68)]
     ks_old, _, _ = _simulate("trend", lambda p: 0.30 + 0.001 * p, lambda r: 0.03 + 0.001 * r, prefills)
     ks_new, _, c = _simulate("monotone", lambda p: 0.30 + 0.001 * p, lambda r: 0.03 + 0.001 * r, prefills)
-    assert ks_new[:4] == [(0, 0), (0, 0), (1, 1), (3, 8)] and c.probes == 0
-    assert ks_new[-8:] == ks_old[-8:] == [(8, 2)] * 8
+    assert ks_new[:4] == [(0, 0), (0, 0), (2, 2), (8, 8)] and c.probes == 0
+    assert ks_new[-8:] == ks_old[-8:] == [(8, 3)] * 8
 
 
 def _run(guard: GoodputGuard, spec_rate: float, plain_rate: float, steps: int) -> str:
@@ -174,11 +178,16 @@ def _run(guard: GoodputGuard, spec_rate: float, plain_rate: float, steps: int) -
     return "".join(out)
 
 
+#: the guard's first exploration after its first ``min_steps`` spec steps (as the served guard
+#: did before ``first_explore``): the tests of its veto and back-off mechanics start from it
+EARLY = 12
+
+
 def test_goodput_guard_vetoes_speculation_that_measures_slower():
     """Speculation measures 2/3 of plain decoding's tokens per second: after 12 spec steps K = 0
     is explored for 12 steps, then vetoed for 96 steps; the recheck's 12 spec steps lose again,
     so the next hold is twice as long (192)."""
-    g = GoodputGuard()
+    g = GoodputGuard(first_explore=EARLY)
     seq = _run(g, spec_rate=2 / 3, plain_rate=1.0, steps=300)
     assert seq == "s" * 11 + "P" * 12 + "s" + "P" * 96 + "s" * 12 + "P" * 168
     assert g.vetoes == 2 and g.explorations == 1 and g.forced
@@ -192,12 +201,12 @@ def test_goodput_guard_keeps_speculation_that_measures_faster():
     12 spec steps, then after 64 spec steps, and each exploration that confirms speculation
     doubles the spacing up to 8 x 64: 5 explorations in 1200 steps (60 steps at K = 0), where a
     fixed spacing (``explore_backoff=1``, the guard before) explored 16 times (192 steps)."""
-    g = GoodputGuard()
+    g = GoodputGuard(first_explore=EARLY)
     seq = _run(g, spec_rate=1.5, plain_rate=1.0, steps=1200)
     spaced = "".join("s" * n + "P" * 12 for n in (64, 128, 256, 512))
     assert seq == "s" * 11 + "P" * 12 + spaced + "s" * 169
     assert g.vetoes == 0 and g.explorations == 5 and g.snapshot()["explore_spacing"] == 512
-    fixed = GoodputGuard(explore_backoff=1)
+    fixed = GoodputGuard(explore_backoff=1, first_explore=EARLY)
     seq = _run(fixed, spec_rate=1.5, plain_rate=1.0, steps=1200)
     assert seq == "s" * 11 + "P" * 12 + ("s" * 64 + "P" * 12) * 15 + "s" * 37 and fixed.explorations == 16
     with pytest.raises(ValueError, match="regime"):
@@ -210,13 +219,33 @@ def test_goodput_guard_keeps_speculation_that_measures_faster():
         GoodputGuard(explore_backoff=0)
 
 
+def test_goodput_guard_first_exploration_waits_for_64_spec_steps():
+    """The served guard (defaults) explores K = 0 first after 64 spec steps, not after its first
+    12: a fresh server's first request (one client, 128 tokens, about 30 steps at K = 4) ran a
+    third of its steps at K = 0 for an exploration no comparison had asked for yet. Speculation
+    that measures slower is still vetoed: after 64 + 12 steps. Speculation that pays: the
+    next exploration 64 spec steps later, then the spacing doubles as before (128, ...)."""
+    g = GoodputGuard()
+    assert g.first_explore == 64
+    assert _run(g, spec_rate=2 / 3, plain_rate=1.0, steps=200) == "s" * 63 + "P" * 12 + "s" + "P" * 96 + "s" * 12 + "P" * 16
+    assert g.vetoes == 2 and g.explorations == 1
+    g = GoodputGuard()
+    assert _run(g, spec_rate=1.5, plain_rate=1.0, steps=500) == (
+        "s" * 63 + "P" * 12 + "s" * 64 + "P" * 12 + "s" * 128 + "P" * 12 + "s" * 209)
+    assert g.explorations == 3 and g.vetoes == 0
+    early = GoodputGuard(first_explore=12)
+    assert _run(early, spec_rate=1.5, plain_rate=1.0, steps=40) == "s" * 11 + "P" * 12 + "s" * 17
+    with pytest.raises(ValueError, match="first_explore >= min_steps"):
+        GoodputGuard(first_explore=4)
+
+
 def test_goodput_guard_backed_off_still_vetoes_speculation_turning_slower_at_once():
     """Speculation pays 1.5x for 500 steps (explorations spaced 64, 128, 256), then measures half
     plain decoding's speed: every spec step is compared with the last exploration's plain, so
     the 15th slow spec step vetoes (its decayed goodput below plain's; the 11th without the
     outlier clip, which counts each slow step at no more than twice the mean step until the mean
     has risen), and the veto sets the exploration spacing back to 64."""
-    g = GoodputGuard()
+    g = GoodputGuard(first_explore=EARLY)
     before = _run(g, spec_rate=1.5, plain_rate=1.0, steps=500)
     assert before == "s" * 11 + "P" * 12 + "".join("s" * n + "P" * 12 for n in (64, 128)) + "s" * 256 + "P" * 5
     assert g.snapshot()["explore_spacing"] == 256  # doubled once the exploration in progress confirms
@@ -243,7 +272,7 @@ def test_goodput_guard_one_contended_step_does_not_veto():
     """Speculation pays 1.3x; its 14th step (3 after the first exploration) takes 5x as long.
     Counted in full it drags speculation's goodput below plain's: a veto, 96 steps at K = 0.
     Clipped at twice the mean spec step: no veto, explorations as without the slow step."""
-    clipped, full = GoodputGuard(), GoodputGuard(outlier_clip=float("inf"))
+    clipped, full = GoodputGuard(first_explore=EARLY), GoodputGuard(outlier_clip=float("inf"), first_explore=EARLY)
     assert _one_slow_step(clipped, 14, 5.0) == "s" * 11 + "P" * 12 + "s" * 64 + "P" * 12 + "s" * 101
     assert clipped.vetoes == 0
     assert _one_slow_step(full, 14, 5.0) == "s" * 11 + "P" * 12 + "s" * 2 + "P" * 96 + "s" * 62 + "P" * 12 + "s" * 5
@@ -258,7 +287,7 @@ def test_batch_k_sessions_guard_overrules_the_model_when_measured_slower():
     explores K = 0, then forces it (every adaptive step's K is 0), and the first step of a
     generation (its prefill) is not measured."""
     c = _controller(lambda p: 0.30 + 0.001 * p, lambda r: 0.03 + 0.001 * r)
-    live = BatchKSessions(c, guard=GoodputGuard(min_steps=4, explore_every=8, hold=20))
+    live = BatchKSessions(c, guard=GoodputGuard(min_steps=4, explore_every=8, hold=20, first_explore=4))
     for i in range(4):
         live.join(("code", i), "code", "draft", k_range=(0, 4))
     sched = {i: live.schedule("code", 4) for i in range(4)}
@@ -298,7 +327,7 @@ def test_goodput_guard_is_per_tenant_a_paying_tenant_keeps_its_k():
     and 34 (each exploration confirming its speculation doubles the spacing: 32, 64, 128 of
     its guard's spec steps; 12 explorations at a fixed 32) and is never vetoed."""
     c = _controller(lambda p: 0.30 + 0.001 * p, lambda r: 0.03 + 0.001 * r)
-    live = BatchKSessions(c, guard=GoodputGuard(min_steps=8, explore_every=32, hold=48))
+    live = BatchKSessions(c, guard=GoodputGuard(min_steps=8, explore_every=32, hold=48, first_explore=8))
     keys = [("code", i) for i in range(4)] + [("creative", i) for i in range(4)]
     for key in keys:
         live.join(key, key[0], "draft", k_range=(0, 2))

@@ -69,7 +69,7 @@ def _evaluate(loads: dict[str, TenantLoad], ks: dict[str, int], cost: BatchCostM
                      load.tokens_left / expected_tokens_per_step(min(max(load.alpha, 0.0), 1.0), ks[name]))
             catchup += load.catchup_s / max(steps, 1.0)
     step = cost.step_s(per_session_k, drafted)
-    return tokens / (step + catchup), step
+    return tokens / max(step + catchup, 1e-12), step  # a step priced at 0 s (all measured 0): no crash
 
 
 def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: int,

@@ -154,14 +154,34 @@ class BatchCostModel:
         at 0.204, K = 2 never paid again and the client held K = 1 for 120 steps (1.17x plain
         decoding where K = 2-4 gave 1.4-1.5x). An underpriced count is run and measured, so the
         cap corrects itself after a few forwards (the asymmetry of :meth:`catchup_s`).
+
+        The cap is no lower than the curve can be: the dearest well-measured count at or below
+        ``positions`` (the curve never decreases), or below them all the line through the origin
+        from the smallest (``t_lo · positions / p_lo``). Without that floor a line bent by one
+        contended forward (0.26, 0.29 and 0.88 s at 3, 4, 5 positions, the last one slowed to
+        2 s once) crossed zero at 1 position and priced K = 0 at 0 s: a division by zero in
+        the decision (tests/test_batch_one_client.py).
         """
         t = self.verify.verify_s(positions)
         e = self.verify._verify.get(positions)
         if e is not None and e.value is not None and e.n < self.THIN_SAMPLES:
             line = self._well_measured_line()
             if line is not None:
-                t = min(t, max(line[0] + line[1] * positions, 0.0))
+                t = min(t, max(line[0] + line[1] * positions, self._well_measured_floor(positions)))
         return t + self._row_s * max(0, rows - 1)
+
+    def _well_measured_floor(self, positions: int) -> float:
+        """The least a forward of ``positions`` positions can cost on a never-decreasing curve
+        through the well-measured counts (:meth:`verify_s`); 0 when there are none."""
+        pts = [(p, e.value) for p, e in self.verify._verify.items()
+               if e.value is not None and e.n >= self.THIN_SAMPLES]
+        below = [t for p, t in pts if p <= positions]
+        if below:
+            return max(below)
+        if not pts:
+            return 0.0
+        p_lo, t_lo = min(pts)
+        return t_lo * positions / p_lo
 
     def _well_measured_line(self) -> tuple[float, float] | None:
         """(intercept, slope) of the sample-weighted least-squares line through the verify counts

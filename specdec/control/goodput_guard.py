@@ -42,7 +42,7 @@ class GoodputGuard:
     Policy, in adaptive steps (summed over all sessions):
 
     - **explore**: while ``spec`` runs, when ``plain`` has fewer than ``min_steps`` fresh steps
-      (the first time after ``min_steps`` steps) and then every ``explore_every`` spec steps,
+      (the first time after ``first_explore`` spec steps) and then every ``explore_every`` spec steps,
       force K = 0 for ``min_steps`` steps, so that there is a fresh measured ``plain`` to compare
       with (an exploration due while ``may_explore`` is False waits for the next ``spec`` step).
       **Explorations back off while they confirm speculation**: an exploration whose comparison
@@ -56,7 +56,12 @@ class GoodputGuard:
       exploration's ``plain``, so speculation that turns slower is vetoed within steps of it
       (its decayed goodput falls below the measured ``plain``); only plain decoding that turns
       faster waits for the next exploration, at most ``explore_every · explore_backoff`` spec
-      steps away;
+      steps away. **The first exploration waits for evidence** (``first_explore`` spec steps,
+      ``explore_every`` by default): exploring after ``min_steps`` spec steps cost a fresh
+      server's first request (one client on code, 128 tokens, about 30 steps at K = 4 on the
+      w8a8 pair) 12 steps at K = 0, a third of its steps, before any comparison was due; a
+      speculation that measures slower than plain decoding is still vetoed within
+      ``first_explore + min_steps`` steps;
     - **veto**: once both regimes hold ``min_steps`` fresh steps and
       ``goodput(spec) < goodput(plain) · (1 - margin)``, force K = 0 for ``hold`` steps (doubled
       after each veto that a recheck confirms, up to ``hold · max_backoff``), then let the
@@ -70,6 +75,7 @@ class GoodputGuard:
     Args:
         min_steps: fresh steps per regime before comparing (≥ 1).
         explore_every: spec steps between explorations of K = 0 (≥ min_steps), the first spacing.
+        first_explore: spec steps before the first exploration (≥ min_steps; None: ``explore_every``).
         explore_backoff: the spacing grows up to ``explore_every · explore_backoff`` while
             explorations confirm speculation (≥ 1; 1: a fixed spacing).
         hold: steps K = 0 is forced after a veto (≥ 1).
@@ -87,13 +93,16 @@ class GoodputGuard:
     """
 
     def __init__(self, *, min_steps: int = 12, explore_every: int = 64, hold: int = 96, max_backoff: int = 4,
-                 margin: float = 0.0, decay: float = 0.97, explore_backoff: int = 8, outlier_clip: float = 2.0):
-        if (min_steps < 1 or explore_every < min_steps or hold < 1 or max_backoff < 1
+                 margin: float = 0.0, decay: float = 0.97, explore_backoff: int = 8, outlier_clip: float = 2.0,
+                 first_explore: int | None = None):
+        first_explore = explore_every if first_explore is None else first_explore
+        if (min_steps < 1 or explore_every < min_steps or first_explore < min_steps or hold < 1 or max_backoff < 1
                 or not 0 <= margin < 1 or not 0 < decay <= 1 or explore_backoff < 1 or not outlier_clip >= 1):
-            raise ValueError("need min_steps >= 1, explore_every >= min_steps, hold >= 1, max_backoff >= 1, "
-                             f"0 <= margin < 1, 0 < decay <= 1, explore_backoff >= 1, outlier_clip >= 1; got "
-                             f"{min_steps}, {explore_every}, {hold}, {max_backoff}, {margin}, {decay}, "
-                             f"{explore_backoff}, {outlier_clip}")
+            raise ValueError("need min_steps >= 1, explore_every >= min_steps, first_explore >= min_steps, hold >= 1, "
+                             "max_backoff >= 1, 0 <= margin < 1, 0 < decay <= 1, explore_backoff >= 1, outlier_clip >= 1; "
+                             f"got {min_steps}, {explore_every}, {first_explore}, {hold}, {max_backoff}, {margin}, "
+                             f"{decay}, {explore_backoff}, {outlier_clip}")
+        self.first_explore = int(first_explore)
         self.outlier_clip = float(outlier_clip)
         self.min_steps, self.explore_every, self.hold = int(min_steps), int(explore_every), int(hold)
         self.explore_backoff = int(explore_backoff)
@@ -115,7 +124,8 @@ class GoodputGuard:
         """A new guard with this one's settings and nothing measured (one per tenant)."""
         return GoodputGuard(min_steps=self.min_steps, explore_every=self.explore_every, hold=self.hold,
                             max_backoff=self.max_backoff, margin=self.margin, decay=self.decay,
-                            explore_backoff=self.explore_backoff, outlier_clip=self.outlier_clip)
+                            explore_backoff=self.explore_backoff, outlier_clip=self.outlier_clip,
+                            first_explore=self.first_explore)
 
     @property
     def forced(self) -> bool:
@@ -180,7 +190,10 @@ class GoodputGuard:
             if self._explored:  # the exploration confirmed speculation: explore less often
                 self._explored = False
                 self._explore_spacing = min(self._explore_spacing * 2, self.explore_every * self.explore_backoff)
-        if may_explore and ns >= self.min_steps and (npl < self.min_steps or self._since_explore >= self._explore_spacing):
+        first = npl < self.min_steps and not self.explorations  # nothing measured of plain yet
+        if may_explore and ns >= self.min_steps and (
+                (npl < self.min_steps and not first) or self._since_explore >= (
+                    self.first_explore if first else self._explore_spacing)):
             self._sums["plain"] = [0.0, 0.0, 0, 0.0]  # explore with fresh steps
             self._since_explore = 0
             self.explorations += 1
