@@ -34,7 +34,9 @@ def tenant_stats_to_proto(stats: Mapping, proposer: str | None = None):
     """``GetTenantStatsResponse`` for one proposer of :meth:`TenancyGate.tenant_stats`'s dict.
 
     ``proposer`` None: the tenant's default proposer. A proposer the tenant never used gets
-    only its id, usage and ``current_k`` 0 (acceptance and speedup unset). A proposer whose
+    only its id, usage and ``current_k`` 0 (acceptance and speedup unset). Acceptance is set
+    only with evidence (observed trials > 0): a tenant whose steps all ran at K = 0 measured
+    none, and its α̂ would be the prior (0.5, or the other tenants' pool) reported as its own. A proposer whose
     steps the draft replicas pooled (``"batch_acceptance"``: K under load) takes its acceptance
     and counters from that pool, and neither ``current_k``, ``predicted_speedup`` nor ``cost``
     from the per-request controller (its K is the draft replicas': the router sets
@@ -53,7 +55,7 @@ def tenant_stats_to_proto(stats: Mapping, proposer: str | None = None):
         return msg
     batch = p.get("batch_acceptance")
     acc = batch or p.get("acceptance") or {}
-    if acc.get("evidence", 0) > 0 or acc.get("alpha") is not None:
+    if acc.get("evidence", 0) > 0:  # no observed trial (e.g. every step at K = 0): unknown, left unset
         msg.acceptance_rate = float(acc["alpha"])
     msg.current_k = 0 if batch else int(p.get("current_k") or 0)
     last = None if batch else p.get("last_decision")

@@ -272,3 +272,27 @@ def test_tenant_stats_after_one_rejected_pooled_step_of_a_second_tenant_is_not_z
     assert restored.was_restored() and restored.batch_acceptance.global_prior_weight == 20.0
     assert tenant_stats_to_proto(restored.tenant_stats("b")).acceptance_rate == second.acceptance_rate
     assert restored.controller.estimator.global_prior_weight == 20.0
+
+
+def test_tenant_stats_of_a_tenant_only_at_k0_leave_acceptance_unset():
+    """A batch-adaptive tenant whose steps all ran at K = 0 (the draft replicas pooled none of
+    its steps; the per-request controller recorded 5 steps at K = 0) measured no acceptance:
+    GetTenantStats' optional acceptance_rate stays unset (unknown), where it reported the
+    prior's 0.5 as the tenant's. Once a K > 0 step is pooled it is set."""
+    from deployments.ingress.tenant_stats import tenant_stats_to_proto
+    from specdec.types import SpeculationStats
+
+    state = SharedTenantState(store=DictStore(), clock=Clock())
+    state.decide("c", "draft", {})
+    st = SpeculationStats()
+    for _ in range(5):
+        st.record_step(0, 0, 0.0, 0.1)
+    state.record("c", "draft", st.as_dict())
+    stats = state.tenant_stats("c")
+    assert stats["proposers"]["draft"]["acceptance"]["evidence"] == 0.0
+    assert stats["proposers"]["draft"]["acceptance"]["alpha"] == 0.5
+    msg = tenant_stats_to_proto(stats)
+    assert not msg.HasField("acceptance_rate") and msg.stats.steps == 0 and msg.stats.proposed == 0
+    state.sync_batch_acceptance("r1", {"segments": [{"steps": [["c", "draft", 2, 2, 1]], "cap": None}]})
+    msg = tenant_stats_to_proto(state.tenant_stats("c"))
+    assert msg.HasField("acceptance_rate") and msg.stats.accepted == 2
