@@ -333,6 +333,10 @@ def run_client(args) -> int:
                 print(json_format.MessageToJson(client.tenant_stats(args.proposer)))
                 return 0
             kwargs = request_kwargs(args)
+            if args.prompt is not None and args.message:
+                print("specdec client: give a prompt or --message, not both (the prompt would be ignored)",
+                      file=sys.stderr)
+                return 2
             if args.message:
                 msgs = []
                 for m in args.message:

@@ -285,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "generate":
             if not args.prompt and not args.message:
                 parser.error("generate needs a prompt or --message")
+            if args.prompt is not None and args.message:
+                parser.error("generate takes a prompt or --message, not both (the prompt would be ignored)")
             return run_generate(args)
         if args.command == "prefetch":
             return run_prefetch(args)

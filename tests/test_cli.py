@@ -76,3 +76,17 @@ def test_help_texts_name_the_defaults(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     assert "The ``specdec`` command line" not in capsys.readouterr().out
+
+
+def test_a_prompt_and_messages_together_are_refused(capsys):
+    """``specdec generate PROMPT --message user:TEXT`` (and ``specdec client`` alike) answered the
+    messages and dropped the prompt without a word; both together are now refused, exit 2,
+    before any model loads or any call (nothing listens on the address)."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["generate", "--target", "/nonexistent-target", "def f(", "--message", "user:hi"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "specdec: error: generate takes a prompt or --message, not both (the prompt would be ignored)")
+    assert cli.main(["client", "def f(", "--message", "user:hi", "--address", "localhost:1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "specdec client: give a prompt or --message, not both (the prompt would be ignored)")
