@@ -139,14 +139,13 @@ class Draft:
         self._gauged: dict[str, float] = {}  # tenant -> when its batch-K gauges were last set
         self._lock = threading.Lock()
         from deployments.metrics import SpecDecMetrics
-        from specdec.control.acceptance import GLOBAL_PRIOR_WEIGHT, AcceptanceEstimator
         from specdec.control.batch_k import BatchKController, BatchKSessions, GoodputGuard
         from specdec.engine.draft_combiner import DraftCombiner
 
         self.metrics = metrics if metrics is not None else SpecDecMetrics()
         #: K under load per tenant (None: the router's K holds for every step)
-        self.batch_k = (BatchKSessions(BatchKController(budget=cfg.max_batch_positions, estimator=AcceptanceEstimator(
-                                          global_prior_weight=GLOBAL_PRIOR_WEIGHT)),
+        # the estimator's defaults (GLOBAL_PRIOR_WEIGHT) are the in-process controller's too
+        self.batch_k = (BatchKSessions(BatchKController(budget=cfg.max_batch_positions),
                                       trace=os.environ.get("SPECDEC_BATCH_K_TRACE") or None,
                                       guard=GoodputGuard() if cfg.batch_k_goodput_guard else None)
                         if cfg.served_batch_k else None)

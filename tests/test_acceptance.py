@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from specdec.control.acceptance import AcceptanceEstimator
+from specdec.control.acceptance import GLOBAL_PRIOR_WEIGHT, AcceptanceEstimator
 from specdec.types import SpeculationStats
 
 KEY = ("acme", "draft")
@@ -12,6 +12,10 @@ KEY = ("acme", "draft")
 
 def exact(**kw):
     return AcceptanceEstimator(half_life_steps=None, global_half_life_steps=None, prior_weight=0.0, **kw)
+
+
+#: the raw global pool (no pseudo-trials of its own): the tests of the pool's arithmetic
+RAW_POOL = dict(global_prior_weight=0.0)
 
 
 def test_truncated_geometric_mle_by_hand_with_varying_k():
@@ -97,7 +101,7 @@ def test_decay_follows_drift():
 
 def test_new_key_starts_from_global_pool_of_its_proposer():
     est = AcceptanceEstimator(half_life_steps=None, global_half_life_steps=None, prior_weight=20, default_alpha=0.5,
-                              prior_half_life_steps=None)
+                              prior_half_life_steps=None, **RAW_POOL)
     assert est.alpha(("new", "draft")) == 0.5  # nothing anywhere: default
     est.record_counts(("old", "draft"), accepted=80, rejected_steps=20, spec_steps=30)
     assert est.global_alpha("draft") == pytest.approx(0.8)
@@ -132,7 +136,7 @@ def test_discount_keeps_alpha_and_lowers_weight():
 
 def test_prior_fades_with_the_keys_own_steps():
     est = AcceptanceEstimator(half_life_steps=None, global_half_life_steps=None, prior_weight=20,
-                              prior_half_life_steps=20)
+                              prior_half_life_steps=20, **RAW_POOL)
     est.record_counts(("good", "draft"), accepted=95, rejected_steps=5, spec_steps=25)
     assert est.global_alpha("draft") == pytest.approx(0.95)
     for _ in range(60):  # a draft that never agrees: one rejection per step
@@ -146,14 +150,15 @@ def test_prior_fades_with_the_keys_own_steps():
 def test_global_prior_weight_keeps_a_new_keys_prior_off_an_extreme():
     """Without pseudo-counts in the global estimate, one rejected step of one tenant made α_g = 0,
     so the next tenant's prior was 20 pseudo-rejections. With global_prior_weight 20 the global
-    is (Σa + 20·0.5) / (Σa + R + 20)."""
+    is (Σa + 20·0.5) / (Σa + R + 20): the default, in process as served (one constant)."""
     exact = dict(half_life_steps=None, global_half_life_steps=None, prior_weight=20, prior_half_life_steps=None)
-    raw = AcceptanceEstimator(**exact)
+    raw = AcceptanceEstimator(**exact, **RAW_POOL)
     raw.record(("a", "draft"), 4, 0)
     assert raw.global_alpha("draft") == 0.0
     raw.record(("b", "draft"), 4, 0)
     assert raw.alpha(("b", "draft")) == 0.0
-    est = AcceptanceEstimator(**exact, global_prior_weight=20)
+    est = AcceptanceEstimator(**exact)
+    assert est.global_prior_weight == GLOBAL_PRIOR_WEIGHT == 20 and AcceptanceEstimator().global_prior_weight == 20
     assert est.global_alpha("draft") == 0.5
     est.record(("a", "draft"), 4, 0)
     assert est.global_alpha("draft") == pytest.approx(10 / 21)

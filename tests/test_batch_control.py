@@ -258,8 +258,8 @@ def _run_two_tenants(ctl: BatchKController, ticks: int, truth: dict) -> list[tup
 def test_probes_of_a_tenant_held_at_k0_bring_it_back_and_cost_little():
     """Verify cost steep in positions (speculation by the creative tenant pays from α ≈ 0.6).
     Creative's drafts agree 10 % of the time: it is held at K = 0 and its probes (4 consecutive
-    steps at the K it would get at α = 0.9, intervals 32, 64, 128, 128, ... held steps) take
-    32 of its 1000 steps (3.2 %). Then its drafts agree 95 % of the time: the next probe moves
+    steps at the K it would get at α = 0.9: at once, its evidence being under 8 trials, then
+    after 64, 128, 128, ... held steps) take 32 of its 1000 steps (3.2 %). Then its drafts agree 95 % of the time: the next probe moves
     α̂ (the old counts weigh 8 trials) past the point where speculation pays, and it is back at
     K > 0 right after that probe, within 128 + 4 of its steps."""
     cost = _cost(0.05)
@@ -278,10 +278,11 @@ def test_probes_of_a_tenant_held_at_k0_bring_it_back_and_cost_little():
     # after the prior's first steps, every step at K > 0 is a probe: speculation never pays
     first_held = next(i for i, (k, _) in enumerate(low) if k == 0)
     assert all(p for k, p in low[first_held:] if k > 0)
-    # probes in runs of 4 after 32, 64, then 128 held steps
+    # probes in runs of 4: at once when first held (its 8 steps at K = 3 and K = 1 left it under
+    # 8 trials of evidence), then after 64 and 128 held steps
     starts = [i for i in probes if i - 1 not in probes]
     assert [b - a - 4 for a, b in zip(starts, starts[1:])] == [64, 128, 128, 128, 128, 128, 128]
-    assert starts[0] - first_held == 32
+    assert starts[0] == 8 and first_held == 12 and [k for k, _ in low[:8]] == [3] * 4 + [1] * 4
     assert ctl.estimator.alpha(("creative", "draft")) < 0.2
 
     truth["creative"] = BeattyDrafts(0.95)

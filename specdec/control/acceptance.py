@@ -31,9 +31,9 @@ where α_g is the global estimate (``default_alpha`` while the global pool is em
 ``global_prior_weight`` w_g > 0 the global estimate has pseudo-counts of its own,
 ``(Σa_g + w_g·default_alpha) / (Σa_g + R_g + w_g)``: without them one rejected step of one
 tenant makes α_g = 0, and the next tenant starts from ``prior_weight`` pseudo-rejections and
-reads α̂ = 0.0 after its own first rejected step. The served estimators (the controller actor's
-and the draft replicas') use :data:`GLOBAL_PRIOR_WEIGHT`; the default 0 keeps the raw pool
-(the in-process simulations of ``tests/test_batch_*.py`` are pinned to it). The
+reads α̂ = 0.0 after its own first rejected step. The default is :data:`GLOBAL_PRIOR_WEIGHT`,
+in process as served (the controller actor's and the draft replicas' estimators); 0 keeps the
+raw pool (tests of the pool's arithmetic). The
 pseudo-counts decay with the key's own counts and, in addition, halve every
 ``prior_half_life_steps`` (default 20) of the key's own K > 0 steps, so the prior fades as the
 tenant's data arrives. The extra fade matters for a draft that never agrees: each of its steps
@@ -206,7 +206,7 @@ class AcceptanceEstimator:
         prior_half_life_steps: extra half-life of a key's prior pseudo-counts, in the key's own
             K > 0 steps; None: the prior decays only with the key's counts.
         global_prior_weight: pseudo-trials at ``default_alpha`` in each proposer's global
-            estimate (:meth:`global_alpha`; 0: the raw pool).
+            estimate (:meth:`global_alpha`; default :data:`GLOBAL_PRIOR_WEIGHT`; 0: the raw pool).
 
     Raises:
         ValueError: a half-life that is not > 0, a negative weight, ``default_alpha`` outside [0, 1].
@@ -220,7 +220,7 @@ class AcceptanceEstimator:
         prior_weight: float = 20.0,
         default_alpha: float = 0.5,
         prior_half_life_steps: float | None = 20.0,
-        global_prior_weight: float = 0.0,
+        global_prior_weight: float = GLOBAL_PRIOR_WEIGHT,
     ):
         for name, v in (("half_life_steps", half_life_steps), ("global_half_life_steps", global_half_life_steps)):
             if v is not None and not v > 0:
