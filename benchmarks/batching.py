@@ -1,13 +1,17 @@
 """Benchmark: continuous batching against the unbatched path, in one run, in process.
 
-    python -m benchmarks.batching --clients 1,2,4,8 --max-tokens 32 --k 4 --out docs/bench/batching
+    python -m benchmarks.batching --clients 1,2,4,8 --max-tokens 32,128 --k 4 --adaptive --out docs/bench/batching
 
-For each number of concurrent clients c, c chat requests (different prompts, code and creative
-mixed, greedy) start together and run to the end under a :class:`specdec.engine.batch.BatchScheduler`,
-once batched and once with ``batched=False`` (every draft and verify alone, as sessions queued
-behind each other were served before); the two arms alternate per client count. Aggregate
-tokens/s = all completion tokens / wall seconds of the whole group. Outputs of both arms are
-compared token for token (they must be identical).
+For each request length (``--max-tokens``, a comma list: short requests are dominated by their
+prompt's prefill, long ones by decoding) and number of concurrent clients c, c chat requests
+(different prompts, code and creative mixed, greedy) start together and run to the end under a
+:class:`specdec.engine.batch.BatchScheduler`, once batched and once with ``batched=False`` (every
+draft and verify alone, as sessions queued behind each other were served before), and with
+``--adaptive`` once more batched with K per tenant chosen under the current load (at most
+``--k``) by a :class:`specdec.control.batch_k.BatchKController` warmed up once per format, like a
+server that has been running; the arms alternate per client count. Aggregate tokens/s = all
+completion tokens / wall seconds of the whole group. Outputs of all arms are compared token
+for token (they must be identical).
 """
 
 from __future__ import annotations
@@ -139,6 +143,100 @@ def run_tenants(engine, a) -> dict:
     return arms
 
 
+def _lengths(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected token counts >= 1 like '32' or '16,128', got {text!r}")
+    return out
+
+
+def batch_controller(a):
+    """A fresh :class:`specdec.control.batch_k.BatchKController` for the adaptive arm (K per
+    tenant under load, 0..``a.k``, code and creative weighted equally)."""
+    from specdec.control.batch_k import BatchKController
+
+    return BatchKController(budget=a.budget, weights={"code": 1.0, "creative": 1.0},
+                            k_ranges={"code": (0, a.k), "creative": (0, a.k)})
+
+
+def client_rows(engines: dict, controllers: dict, a) -> list[dict]:
+    """Per request length, client count and format: the arms alternating (``--adaptive`` adds
+    the K-under-load arm); one row each with every arm's numbers and the ratios to the format's
+    own 1-client row at the same length."""
+    arms_order = ["unbatched", "batched"] + (["adaptive"] if a.adaptive else [])
+    rows = []
+    for n in a.lengths:
+        for c in a.client_counts:
+            for fmt, engine in engines.items():
+                arms = {}
+                shift = (c + n) % len(arms_order)
+                for arm in arms_order[shift:] + arms_order[:shift]:
+                    r = run_group(engine, _prompts(c), batched=arm != "unbatched", k=a.k, proposer=a.proposer,
+                                  max_tokens=n, budget=a.budget, controller=controllers.get(fmt) if arm == "adaptive"
+                                  else None)
+                    arms[arm] = r
+                    print(f"{fmt} {n} tokens clients={c} {arm}: {r['tok_per_s']:.2f} tok/s "
+                          f"({r['tokens']} tokens in {r['wall_s']:.1f}s, {r['tok_per_cpu_s']:.2f} tok/CPU s, "
+                          f"{r['mean_rows_per_forward']:.1f} rows/forward, {r['mean_positions_per_forward']:.1f} "
+                          f"positions/tick, verify {r['mean_verify_s_per_forward']:.3f} s/forward, draft "
+                          f"{r['mean_draft_s_per_tick']:.3f} s/tick, K steps {r['k_counts']}; decode forwards by rows "
+                          f"{r['decode_forwards_by_rows']}; load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+                ref = arms["batched"]["outputs"]
+                rows.append({"format": fmt, "max_tokens": n, "clients": c,
+                             "identical_outputs": all(r["outputs"] == ref for r in arms.values()),
+                             "load_avg": os.getloadavg()[0],
+                             **{f"{arm}_{key}": v for arm, r in arms.items() for key, v in r.items() if key != "outputs"}})
+                if a.out:  # partial results survive a timeout
+                    Path(a.out).mkdir(parents=True, exist_ok=True)
+                    (Path(a.out) / "batching.partial.json").write_text(json.dumps(rows, indent=2))
+    for r in rows:
+        first = next(x for x in rows if x["format"] == r["format"] and x["max_tokens"] == r["max_tokens"])
+        r["batched_vs_unbatched"] = r["batched_tok_per_s"] / r["unbatched_tok_per_s"]
+        for arm in arms_order:
+            r[f"{arm}_vs_1_client"] = r[f"{arm}_tok_per_s"] / first[f"{arm}_tok_per_s"]
+            r[f"{arm}_vs_1_client_per_cpu_s"] = r[f"{arm}_tok_per_cpu_s"] / first[f"{arm}_tok_per_cpu_s"]
+        if a.adaptive:
+            r["adaptive_vs_batched"] = r["adaptive_tok_per_s"] / r["batched_tok_per_s"]
+    return rows
+
+
+def clients_table(rows: list[dict], a) -> list[str]:
+    """The markdown lines of the client-count comparison."""
+    ad = a.adaptive
+    lines = [
+        f"In-process, demo pair (target/draft formats: {', '.join(a.formats)}), greedy, {a.proposer} K={a.k}, "
+        f"{', '.join(map(str, a.lengths))} tokens per request, positions budget {a.budget}, {a.threads} torch threads; "
+        f"one run: per request length and client count the formats in turn, the arms alternating. 'vs 1 client' = "
+        f"the arm's tokens/s (and per CPU s) over its own 1-client row (same format and length)."
+        + (f" adaptive = batched with K per tenant under load (0..{a.k}, BatchKController warmed up once)."
+           if ad else "")
+        + " Verify s: one batched forward (batched) or the tick's separate forwards together (unbatched); draft s: "
+          "per tick.",
+        "",
+        "| format | tokens | clients | unbatched tok/s | batched tok/s | batched / unbatched | batched vs 1 client | "
+        + ("adaptive tok/s | adaptive vs 1 client | adaptive K steps | " if ad else "")
+        + "tok per CPU s unbatched / batched | batched vs 1 client, per CPU s | rows per forward | positions per "
+        "forward | verify s unbatched / batched | draft s unbatched / batched | load | identical |",
+        "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---|" if ad else "") + "---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['format']} | {r['max_tokens']} | {r['clients']} | {r['unbatched_tok_per_s']:.2f} | "
+            f"{r['batched_tok_per_s']:.2f} | {r['batched_vs_unbatched']:.2f}x | {r['batched_vs_1_client']:.2f}x | "
+            + (f"{r['adaptive_tok_per_s']:.2f} | {r['adaptive_vs_1_client']:.2f}x | {r['adaptive_k_counts']} | "
+               if ad else "")
+            + f"{r['unbatched_tok_per_cpu_s']:.2f} / {r['batched_tok_per_cpu_s']:.2f} | "
+            f"{r['batched_vs_1_client_per_cpu_s']:.2f}x | "
+            f"{r['batched_mean_rows_per_forward']:.1f} | {r['batched_mean_positions_per_forward']:.1f} | "
+            f"{r['unbatched_mean_verify_s_per_forward']:.3f} / {r['batched_mean_verify_s_per_forward']:.3f} | "
+            f"{r['unbatched_mean_draft_s_per_tick']:.3f} / {r['batched_mean_draft_s_per_tick']:.3f} | "
+            f"{r['load_avg']:.1f} | {'yes' if r['identical_outputs'] else 'NO'} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="demo:target")
@@ -146,7 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", default="1,2,4,8")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--proposer", default="draft")
-    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--max-tokens", type=_lengths, default=[32],
+                   help="completion tokens per request; a comma list (e.g. 16,128) runs every length in this one run")
+    p.add_argument("--adaptive", action="store_true",
+                   help="a third arm per client count: batched, K per tenant under load (0..--k)")
     p.add_argument("--budget", type=int, default=128, help="positions budget of a batched forward")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--format", default=None,
@@ -164,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                         "int4,bfloat16,w8a8/int4): every pair is loaded once, and for each client count the formats "
                         "run one after another (the arms alternating within each); overrides --format/--draft-format")
     a = p.parse_args(argv)
+    a.lengths, a.max_tokens = a.max_tokens, a.max_tokens[0]  # the two-tenant comparison runs the first length
     torch.set_num_threads(a.threads)
     from specdec.engine.engine import SpeculativeEngine
     from specdec.models.loader import load_pair
@@ -172,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = ([tuple((f.split("/") + [None])[:2]) for f in a.formats.split(",") if f.strip()] if a.formats
               else [(a.format, a.draft_format)])
     engines: dict[str, object] = {}
+    controllers: dict[str, object] = {}
     for tf, df in wanted:
         t0 = time.perf_counter()
         target, draft = load_pair(ModelPairSpec(target=parse_model_spec(a.target), draft=parse_model_spec(a.draft)),
@@ -183,60 +286,20 @@ def main(argv: list[str] | None = None) -> int:
         # warm-up (allocator, kernels): one short batched and unbatched group
         for batched in (True, False):
             run_group(engine, _prompts(2), batched=batched, k=a.k, proposer=a.proposer, max_tokens=4, budget=a.budget)
+        if a.adaptive and not a.skip_clients:  # costs and acceptance learned first, as a running server has
+            controllers[name] = batch_controller(a)
+            run_group(engine, _prompts(6)[2:], batched=True, k=a.k, proposer=a.proposer, max_tokens=8,
+                      budget=a.budget, controller=controllers[name])
     a.format, a.draft_format = list(engines)[0].split("/")
     a.formats = list(engines)
     a.fixed_ks = [int(x) for x in a.fixed_ks.split(",")]
-    rows = []
-    for c in ([] if a.skip_clients else [int(x) for x in a.clients.split(",")]):
-        for fmt, engine in engines.items():
-            arms = {}
-            for batched in ((False, True) if c % 2 else (True, False)):
-                r = run_group(engine, _prompts(c), batched=batched, k=a.k, proposer=a.proposer,
-                              max_tokens=a.max_tokens, budget=a.budget)
-                arms["batched" if batched else "unbatched"] = r
-                print(f"{fmt} clients={c} {'batched' if batched else 'unbatched'}: {r['tok_per_s']:.2f} tok/s "
-                      f"({r['tokens']} tokens in {r['wall_s']:.1f}s, {r['tok_per_cpu_s']:.2f} tok/CPU s, "
-                      f"{r['mean_rows_per_forward']:.1f} rows/forward, {r['mean_positions_per_forward']:.1f} positions/tick, "
-                      f"verify {r['mean_verify_s_per_forward']:.3f} s/forward, draft {r['mean_draft_s_per_tick']:.3f} s/tick; "
-                      f"decode forwards by rows {r['decode_forwards_by_rows']}; load {os.getloadavg()[0]:.1f})",
-                      file=sys.stderr, flush=True)
-            same = arms["batched"]["outputs"] == arms["unbatched"]["outputs"]
-            rows.append({"format": fmt, "clients": c, "identical_outputs": same, "load_avg": os.getloadavg()[0],
-                         **{f"{arm}_{key}": v for arm, r in arms.items() for key, v in r.items() if key != "outputs"}})
-            if a.out:  # partial results survive a timeout
-                Path(a.out).mkdir(parents=True, exist_ok=True)
-                (Path(a.out) / "batching.partial.json").write_text(json.dumps(rows, indent=2))
-    for r in rows:
-        first = next(x for x in rows if x["format"] == r["format"])
-        r["batched_vs_unbatched"] = r["batched_tok_per_s"] / r["unbatched_tok_per_s"]
-        r["batched_vs_1_client"] = r["batched_tok_per_s"] / first["batched_tok_per_s"]
-        r["unbatched_vs_1_client"] = r["unbatched_tok_per_s"] / first["unbatched_tok_per_s"]
-        r["batched_vs_1_client_per_cpu_s"] = r["batched_tok_per_cpu_s"] / first["batched_tok_per_cpu_s"]
+    a.client_counts = [] if a.skip_clients else [int(x) for x in a.clients.split(",")]
+    rows = client_rows(engines, controllers, a)
     engine = engines[list(engines)[0]]
     tenants = run_tenants(engine, a) if a.tenants else None
     report = {"settings": {k: v for k, v in vars(a).items() if k != "out"},
               "torch_threads": torch.get_num_threads(), "rows": rows, "tenants": tenants}
-    lines = [
-        f"In-process, demo pair (target/draft formats: {', '.join(a.formats)}), greedy, {a.proposer} K={a.k}, "
-        f"{a.max_tokens} tokens per request, positions budget {a.budget}, {a.threads} torch threads; one run: per "
-        f"client count the formats in turn, batched and unbatched alternating. 'vs 1 client' = the format's batched "
-        f"tokens/s (and per CPU s) over its own 1-client row. Verify s: one batched forward (batched) or the tick's "
-        f"separate forwards together (unbatched); draft s: per tick.",
-        "",
-        "| format | clients | unbatched tok/s | batched tok/s | batched / unbatched | batched vs 1 client | "
-        "tok per CPU s unbatched / batched | batched vs 1 client, per CPU s | rows per forward | positions per "
-        "forward | verify s unbatched / batched | draft s unbatched / batched | load | identical |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        lines.append(f"| {r['format']} | {r['clients']} | {r['unbatched_tok_per_s']:.2f} | {r['batched_tok_per_s']:.2f} | "
-                     f"{r['batched_vs_unbatched']:.2f}x | {r['batched_vs_1_client']:.2f}x | "
-                     f"{r['unbatched_tok_per_cpu_s']:.2f} / {r['batched_tok_per_cpu_s']:.2f} | "
-                     f"{r['batched_vs_1_client_per_cpu_s']:.2f}x | "
-                     f"{r['batched_mean_rows_per_forward']:.1f} | {r['batched_mean_positions_per_forward']:.1f} | "
-                     f"{r['unbatched_mean_verify_s_per_forward']:.3f} / {r['batched_mean_verify_s_per_forward']:.3f} | "
-                     f"{r['unbatched_mean_draft_s_per_tick']:.3f} / {r['batched_mean_draft_s_per_tick']:.3f} | "
-                     f"{r['load_avg']:.1f} | {'yes' if r['identical_outputs'] else 'NO'} |")
+    lines = clients_table(rows, a)
     if tenants:
         lines += [
             "",

@@ -188,7 +188,35 @@ def test_batching_bench_format_and_forward_stats(tiny_pair_folders, tmp_path):
                 assert v["mean_positions"] <= int(rows) * 5
     assert report["rows"][0]["batched_vs_1_client"] == 1.0
     table = (out / "batching.md").read_text()
-    assert "(target/draft formats: int8/float32)" in table and "| int8/float32 | 3 |" in table
+    assert "(target/draft formats: int8/float32)" in table and "| int8/float32 | 6 | 3 |" in table
+
+
+def test_batching_bench_lengths_and_adaptive_arm_in_one_run(tiny_pair_folders, tmp_path):
+    """``--max-tokens 4,7 --adaptive``: every request length runs its client counts in the one run,
+    with a third arm (batched, K per tenant under load) whose outputs equal the other arms', and
+    the 'vs 1 client' ratios are taken per arm against the same length's 1-client row."""
+    from benchmarks.batching import main
+
+    target, draft = tiny_pair_folders
+    out = tmp_path / "batching"
+    assert main(["--target", str(target), "--draft", str(draft), "--clients", "1,2", "--max-tokens", "4,7",
+                 "--adaptive", "--threads", "1", "--format", "int8", "--draft-format", "float32",
+                 "--out", str(out)]) == 0
+    report = json.loads((out / "batching.json").read_text())
+    assert report["settings"]["lengths"] == [4, 7] and report["settings"]["adaptive"] is True
+    assert [(r["max_tokens"], r["clients"]) for r in report["rows"]] == [(4, 1), (4, 2), (7, 1), (7, 2)]
+    for r in report["rows"]:
+        assert r["identical_outputs"] is True
+        assert r["adaptive_tokens"] == r["batched_tokens"] == r["unbatched_tokens"] <= r["clients"] * r["max_tokens"]
+        assert sum(r["adaptive_k_counts"].values()) > 0 and max(map(int, r["adaptive_k_counts"])) <= 4
+        first = next(x for x in report["rows"] if x["max_tokens"] == r["max_tokens"])
+        for arm in ("unbatched", "batched", "adaptive"):
+            assert r[f"{arm}_vs_1_client"] == r[f"{arm}_tok_per_s"] / first[f"{arm}_tok_per_s"]
+        assert r["adaptive_vs_batched"] == r["adaptive_tok_per_s"] / r["batched_tok_per_s"]
+    table = (out / "batching.md").read_text()
+    assert "| int8/float32 | 7 | 2 |" in table and "adaptive vs 1 client" in table
+    with pytest.raises(SystemExit):
+        main(["--max-tokens", "16,0"])
 
 
 def test_batching_bench_formats_axis_in_one_run(tiny_pair_folders, tmp_path):
