@@ -208,7 +208,8 @@ def clients_table(rows: list[dict], a) -> list[str]:
     ad = a.adaptive
     lines = [
         f"In-process, demo pair (target/draft formats: {', '.join(a.formats)}), greedy, {a.proposer} K={a.k}, "
-        f"{', '.join(map(str, a.lengths))} tokens per request, positions budget {a.budget}, {a.threads} torch threads; "
+        f"{', '.join(map(str, a.lengths))} tokens per request, positions budget {a.budget}, {a.threads} torch threads, "
+        f"prefix cache {'on' if a.prefix_cache else 'off'}; "
         f"one run: per request length and client count the formats in turn, the arms alternating. 'vs 1 client' = "
         f"the arm's tokens/s (and per CPU s) over its own 1-client row (same format and length)."
         + (f" adaptive = batched with K per tenant under load (0..{a.k}, BatchKController warmed up once)."
@@ -248,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="completion tokens per request; a comma list (e.g. 16,128) runs every length in this one run")
     p.add_argument("--adaptive", action="store_true",
                    help="a third arm per client count: batched, K per tenant under load (0..--k)")
+    p.add_argument("--prefix-cache", action="store_true",
+                   help="prefix caching of both models (specdec.engine.prefix_cache), warmed by the warm-up groups")
     p.add_argument("--budget", type=int, default=128, help="positions budget of a batched forward")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--format", default=None,
@@ -280,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         target, draft = load_pair(ModelPairSpec(target=parse_model_spec(a.target), draft=parse_model_spec(a.draft)),
                                   weight_format=tf, draft_format=df)
         engine = SpeculativeEngine(target, draft)
+        if a.prefix_cache:
+            from specdec.engine.prefix_cache import enable_prefix_cache
+
+            enable_prefix_cache(target.model, entries=8)
+            enable_prefix_cache(draft.model, entries=8)
         name = f"{target.weight_format}/{draft.weight_format}"
         engines[name] = engine
         print(f"{name} loaded in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)

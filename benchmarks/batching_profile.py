@@ -143,6 +143,7 @@ def profile_group(engine, clients: int, max_tokens: int, k: int, budget: int, pr
 
 def table(p: dict) -> str:
     lines = [f"{p['clients']} clients x {p['max_tokens']} tokens, K={p['k']}, budget {p['budget']}, "
+             f"prefix cache {'on' if p.get('prefix_cache') else 'off'}, "
              f"{p['threads']} threads: {p['tokens']} tokens in {p['wall_s']:.2f} s wall, {p['cpu_s']:.2f} s CPU "
              f"({p['tok_per_s']:.2f} tok/s), {p['ticks']} ticks, prompts {p['prompt_tokens']} tokens, "
              f"acceptance {p['acceptance_rate']:.2f}, load {p['load_avg']:.1f}",
@@ -169,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="folder for profile-<threads>t-<tokens>tok.json/.md")
+    ap.add_argument("--prefix-cache", choices=("off", "on", "both"), default="off",
+                    help="prefix caching (specdec.engine.prefix_cache) of both models; both: every group twice, "
+                         "off then on (the cache warmed by the warm-up group, as a running server's)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     from benchmarks.batching import run_group
@@ -179,12 +183,29 @@ def main(argv: list[str] | None = None) -> int:
     target, draft = load_pair(ModelPairSpec(target=parse_model_spec(a.target), draft=parse_model_spec(a.draft)),
                               weight_format=a.format)
     engine = SpeculativeEngine(target, draft)
-    run_group(engine, _prompts(2), batched=True, k=a.k, proposer="draft", max_tokens=4, budget=a.budget)
+    from specdec.engine.prefix_cache import disable_prefix_cache, enable_prefix_cache
+
+    stores = {}
+
+    def prefix(on: bool) -> None:  # the same stores each time: what they hold survives an "off" group
+        for m in (target.model, draft.model):
+            disable_prefix_cache(m)
+            if on:
+                stores[id(m)] = stores.get(id(m)) or enable_prefix_cache(m, entries=8)
+                m._specdec_prefix_cache = stores[id(m)]
+
+    modes = {"off": [False], "on": [True], "both": [False, True]}[a.prefix_cache]
+    for on in modes:  # warm-up (allocator, kernels; the prefix cache's entries)
+        prefix(on)
+        run_group(engine, _prompts(2), batched=True, k=a.k, proposer="draft", max_tokens=4, budget=a.budget)
     out = []
     for c in [int(x) for x in a.clients.split(",")]:
-        p = profile_group(engine, c, a.max_tokens, a.k, a.budget)
-        out.append(p)
-        print(table(p) + "\n", flush=True)
+        for on in modes:
+            prefix(on)
+            p = profile_group(engine, c, a.max_tokens, a.k, a.budget)
+            p["prefix_cache"] = on
+            out.append(p)
+            print(table(p) + "\n", flush=True)
     if a.out:
         d = Path(a.out)
         d.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specdec.engine.prefix_cache import prefix_cache_of
 from specdec.errors import ModelLoadError
 
 
@@ -46,6 +47,10 @@ class CachedSequence:
         self.token_ids = token_ids
         self.cached: list[int] = []
         self.cache: DynamicCache | None = DynamicCache(config=model.config)
+        #: the model's prefix cache (:mod:`specdec.engine.prefix_cache`), or None
+        self._prefix = prefix_cache_of(model)
+        if self._prefix is not None:
+            self._prefix.register(self)
 
     def _crop(self, length: int) -> None:
         if length >= len(self.cached):
@@ -60,13 +65,17 @@ class CachedSequence:
         """Cut the cache back to its longest common prefix with ``upcoming``, minus one token.
 
         At least the last token of ``upcoming`` is left uncached, so the next forward pass yields
-        logits for the position after it.
+        logits for the position after it. An empty cache first copies the longest prefix of
+        ``upcoming`` another sequence holds when the model has a prefix cache
+        (:class:`specdec.engine.prefix_cache.PrefixCache`).
 
         Returns:
             the number of cached positions kept.
         """
         if self.cache is None:
             raise RuntimeError("sequence is closed")
+        if not self.cached and self._prefix is not None:
+            self._prefix.start(self, upcoming)
         keep = min(_common_prefix(self.cached, upcoming), len(upcoming) - 1)
         self._crop(keep)
         return keep
@@ -137,7 +146,9 @@ class CachedSequence:
                 layer.crop(-extra)
 
     def close(self) -> None:
-        """Drop the cache. Idempotent."""
+        """Drop the cache (to the model's prefix cache, if any). Idempotent."""
+        if self._prefix is not None and self.cache is not None:
+            self._prefix.retire(self)
         self.cache = None
         self.cached = []
 

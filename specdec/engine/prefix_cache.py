@@ -1,0 +1,136 @@
+"""Prefix caching: a new sequence's KV cache starts from the longest prefix it shares with another.
+
+Requests to one assistant share their chat template's opening (the demo pair's Qwen template: 24
+tokens of the 44-68 of the benchmark's prompts), and a conversation's next turn shares the whole
+previous one. A :class:`PrefixCache` attached to a model (:func:`enable_prefix_cache`) lets a
+:class:`specdec.engine.kv_cache.CachedSequence` whose cache is empty copy the keys and values of
+the longest prefix its upcoming tokens share with a live sequence of the same model, or with one
+of the last ``entries`` closed ones (kept, least recently used first out), instead of computing
+them (vLLM's automatic prefix caching, SGLang's RadixAttention, here per sequence and without
+paging).
+
+Exactness: only for a model whose forward is shape-invariant
+(:func:`specdec.engine.invariant.make_invariant`): a position's keys and values then depend only
+on the tokens up to it, not on how many positions or sequences the forward that computed them
+fed, so copied keys and values are bitwise the ones the sequence would compute itself and every
+output stays the same request's output alone. :func:`enable_prefix_cache` refuses other models.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from typing import Sequence
+
+from transformers import DynamicCache
+
+#: shorter shared prefixes are computed, not copied (a copy's bookkeeping outweighs a few positions)
+MIN_SHARED = 4
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class PrefixCache:
+    """The sequences of one model whose cached prefixes a new sequence may start from.
+
+    Args:
+        entries: closed sequences kept (their token ids and cache), least recently used first out.
+
+    Attributes:
+        hits: sequences started from a shared prefix; shared_positions: positions copied.
+    """
+
+    def __init__(self, entries: int = 4):
+        if entries < 0:
+            raise ValueError(f"entries must be >= 0, got {entries}")
+        self.entries = entries
+        self._live: "weakref.WeakSet" = weakref.WeakSet()
+        self._closed: "OrderedDict[int, tuple[list[int], DynamicCache]]" = OrderedDict()
+        self._next = 0
+        self.hits = 0
+        self.shared_positions = 0
+
+    def register(self, seq) -> None:
+        """A live :class:`CachedSequence` others may copy from."""
+        self._live.add(seq)
+
+    def retire(self, seq) -> None:
+        """Keep a closing sequence's cached tokens and cache (its cache object is no longer used by it)."""
+        self._live.discard(seq)
+        if self.entries == 0 or seq.cache is None or len(seq.cached) < MIN_SHARED:
+            return
+        self._closed[self._next] = (list(seq.cached), seq.cache)
+        self._next += 1
+        while len(self._closed) > self.entries:
+            self._closed.popitem(last=False)
+
+    def start(self, seq, upcoming: Sequence[int]) -> int:
+        """Fill the empty cache of ``seq`` with the longest prefix of ``upcoming`` held by another
+        sequence, within its committed tokens and short of their last one: a verify forward
+        scores the last committed token and every proposed one after it, whose keys another
+        sequence may hold too (it drafted the same), and a drafting forward the last committed
+        token.
+
+        Returns:
+            the positions copied (0 when no prefix of at least :data:`MIN_SHARED` is held).
+        """
+        limit = min(len(upcoming), len(seq.token_ids)) - 1
+        best, src, key = 0, None, None
+        for other in list(self._live):
+            if other is seq or other.cache is None:
+                continue
+            n = min(_common_prefix(other.cached, upcoming), limit)
+            if n > best:
+                best, src, key = n, other.cache, None
+        for k, (tokens, cache) in self._closed.items():
+            n = min(_common_prefix(tokens, upcoming), limit)
+            if n > best:
+                best, src, key = n, cache, k
+        if best < MIN_SHARED:
+            return 0
+        if key is not None:
+            self._closed.move_to_end(key)
+        cache = DynamicCache(config=seq.model.config)
+        for i, layer in enumerate(src.layers):
+            cache.update(layer.keys[:, :, :best], layer.values[:, :, :best], i)  # copies (concatenation)
+        seq.cache = cache
+        seq.cached = list(upcoming[:best])
+        self.hits += 1
+        self.shared_positions += best
+        return best
+
+
+def prefix_cache_of(model) -> PrefixCache | None:
+    """The :class:`PrefixCache` attached to ``model``, or None."""
+    return getattr(model, "_specdec_prefix_cache", None)
+
+
+def enable_prefix_cache(model, entries: int = 4) -> PrefixCache:
+    """Attach a :class:`PrefixCache` to ``model`` (a shape-invariant transformers causal LM); returns it.
+
+    Sequences opened on the model afterwards register with it.
+
+    Raises:
+        ValueError: the model's forward is not shape-invariant (copied keys and values could
+            differ in the last bits from computed ones), or ``entries < 0``.
+    """
+    from specdec.engine.invariant import ATTENTION_NAME
+
+    if getattr(model.config, "_attn_implementation", None) != ATTENTION_NAME:
+        raise ValueError("prefix caching needs a shape-invariant forward (specdec.engine.invariant.make_invariant): "
+                         "without it copied keys and values may differ from computed ones")
+    store = PrefixCache(entries)
+    model._specdec_prefix_cache = store
+    return store
+
+
+def disable_prefix_cache(model) -> None:
+    """Detach the model's :class:`PrefixCache` (sequences already open keep working)."""
+    if hasattr(model, "_specdec_prefix_cache"):
+        del model._specdec_prefix_cache

@@ -1,0 +1,136 @@
+"""Prefix caching: a sequence started from another's cached prefix computes exactly what it would
+alone, feeds only its unshared tail, and batched/alone outputs stay identical."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.engine.batch import BatchScheduler
+from specdec.engine.engine import SpeculativeEngine
+from specdec.engine.kv_cache import CachedSequence, feed_many
+from specdec.engine.prefix_cache import MIN_SHARED, PrefixCache, disable_prefix_cache, enable_prefix_cache, prefix_cache_of
+from specdec.request import GenerationRequest
+from specdec.testing.tiny import build_tiny_model
+from tests.conftest import load_tiny
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A tiny shape-invariant (int8) target and a close draft of its own (not shared with other tests)."""
+    from specdec.models.loader import load_model
+    from specdec.models.spec import HFModelSpec
+
+    d = tmp_path_factory.mktemp("prefixpair")
+    t = build_tiny_model(d / "t", seed=0)
+    target = load_model(HFModelSpec(kind="hf", path=t), weight_format="int8")
+    dr = build_tiny_model(d / "d", seed=1, base=load_tiny(t).model, noise=0.03)
+    draft = load_model(HFModelSpec(kind="hf", path=dr), weight_format="int8")
+    assert target.invariant and draft.invariant
+    return target, draft
+
+
+PREFIX = [5, 17, 42, 9, 100, 33, 7, 250, 61, 12, 8, 90]
+
+
+def test_a_sequence_started_from_a_shared_prefix_gives_the_same_logits_and_feeds_only_its_tail(pair):
+    model = pair[0].model
+    donor_ids = PREFIX + [3, 4, 5]
+    ids = PREFIX + [77, 78, 79, 80]
+    alone = CachedSequence(model, list(ids))
+    ref = alone.feed(ids)  # [16, V]: computed alone, every position
+    store = enable_prefix_cache(model, entries=2)
+    try:
+        donor = CachedSequence(model, list(donor_ids))
+        donor.feed(donor_ids)
+        seq = CachedSequence(model, list(ids))
+        assert seq.sync(ids) == len(PREFIX)  # the shared prefix is copied, not fed
+        assert store.hits == 1 and store.shared_positions == len(PREFIX)
+        out = seq.feed(ids[len(PREFIX):])
+        assert torch.equal(out, ref[len(PREFIX):])
+        # its keys and values are the ones it would have computed: the next step agrees too
+        nxt = [int(out[-1].argmax())]
+        assert torch.equal(seq.feed(nxt), alone.feed(nxt))
+        # a closed sequence is kept: a new one copies from it (the live donor holds only 12)
+        seq.close()
+        donor.close()
+        again = CachedSequence(model, list(ids) + nxt + [1])
+        assert again.sync(again.token_ids) == len(ids) + 1
+        assert torch.equal(again.feed(again.token_ids[len(ids) + 1:]), alone.feed([1]))
+        # too short a shared prefix is fed, not copied
+        short = CachedSequence(model, PREFIX[:MIN_SHARED - 1] + [250])
+        assert short.sync(short.token_ids) == 0 and store.hits == 2
+    finally:
+        disable_prefix_cache(model)
+    assert prefix_cache_of(model) is None
+
+
+def test_enable_refuses_a_model_whose_forward_is_not_shape_invariant(tmp_path):
+    plain = load_tiny(build_tiny_model(tmp_path / "f", seed=0))
+    plain.model.config._attn_implementation = "sdpa"
+    with pytest.raises(ValueError, match="shape-invariant forward"):
+        enable_prefix_cache(plain.model)
+    with pytest.raises(ValueError, match="entries must be >= 0"):
+        PrefixCache(-1)
+
+
+def _requests(n: int, max_tokens: int = 10):
+    # one shared system prompt, different questions: the chat template's prefix is shared
+    sys_prompt = "You answer briefly."
+    return [GenerationRequest(messages=[{"role": "system", "content": sys_prompt},
+                                        {"role": "user", "content": f"question number {i} about {'ab' * (i + 1)}"}],
+                              max_tokens=max_tokens, speculation={"proposer": "draft", "k": 3})
+            for i in range(n)]
+
+
+def test_batched_outputs_with_prefix_caching_equal_the_requests_alone_and_feed_fewer_positions(pair):
+    target, draft = pair
+    engine = SpeculativeEngine(target, draft)
+    alone = [engine.generate(r).token_ids for r in _requests(4)]
+
+    def run() -> tuple[list[list[int]], int]:
+        sched = BatchScheduler(engine, max_batch_positions=32)
+        handles = [sched.submit(r) for r in _requests(4)]
+        sched.run_until_idle()
+        return [h.result().token_ids for h in handles], sum(t.positions_fed for t in sched.trace)
+
+    plain_out, plain_fed = run()
+    stores = [enable_prefix_cache(target.model), enable_prefix_cache(draft.model)]
+    try:
+        warm_out, _ = run()  # a running server: the shared template is held after the first requests
+        cached_out, cached_fed = run()
+    finally:
+        disable_prefix_cache(target.model)
+        disable_prefix_cache(draft.model)
+    assert plain_out == warm_out == cached_out == alone
+    assert all(s.hits > 0 for s in stores)
+    shared = len(_common_template_prefix(engine))
+    assert shared >= MIN_SHARED
+    # every one of the 4 requests of the last run copied at least the shared template opening
+    assert plain_fed - cached_fed >= 4 * (shared - 1)
+
+
+def _common_template_prefix(engine) -> list[int]:
+    import os
+
+    ids = [engine.encode(r) for r in _requests(4)]
+    return os.path.commonprefix(ids)
+
+
+def test_packed_forward_from_copied_prefixes_matches_alone(pair):
+    """Two sequences whose caches were copied from a donor, fed together in one packed forward."""
+    model = pair[0].model
+    a_ids, b_ids = PREFIX + [1, 2], PREFIX[:8] + [44, 45, 46]
+    ref_a = CachedSequence(model, list(a_ids)).feed(a_ids, keep=2)
+    ref_b = CachedSequence(model, list(b_ids)).feed(b_ids, keep=3)
+    enable_prefix_cache(model)
+    try:
+        donor = CachedSequence(model, list(PREFIX))
+        donor.feed(PREFIX)
+        a, b = CachedSequence(model, list(a_ids)), CachedSequence(model, list(b_ids))
+        ka, kb = a.sync(a_ids), b.sync(b_ids)
+        assert (ka, kb) == (len(PREFIX), 8)
+        out_a, out_b = feed_many([(a, a_ids[ka:], 2), (b, b_ids[kb:], 3)])
+    finally:
+        disable_prefix_cache(model)
+    assert torch.equal(out_a, ref_a) and torch.equal(out_b, ref_b)
