@@ -86,6 +86,7 @@ def test_ctrl_c_while_the_models_load_shuts_down_without_a_traceback(monkeypatch
     monkeypatch.setattr(serve, "run", loading)
     monkeypatch.setattr(cli, "shutdown_serve", lambda *a, **k: calls.append("serve.shutdown"))
     monkeypatch.setattr(deployments.app, "build_app", lambda cfg: None)
+    monkeypatch.setattr(cli, "ensure_ports_free", lambda cfg: None)  # whatever listens on 8000/9000 here
     monkeypatch.setattr(cli, "_stop_on_sigterm", lambda: None)
     for keep_running in ([], ["--keep-running"]):
         calls.clear()
@@ -125,6 +126,7 @@ def test_a_failed_demo_request_is_one_line_and_sends_the_api_key(monkeypatch, ca
         monkeypatch.setattr(serve, name, lambda *a, **k: None)
     monkeypatch.setattr(cli, "shutdown_serve", lambda *a, **k: None)
     monkeypatch.setattr(deployments.app, "build_app", lambda cfg: None)
+    monkeypatch.setattr(cli, "ensure_ports_free", lambda cfg: None)  # whatever listens on 8000/9000 here
     monkeypatch.setattr(cli, "_stop_on_sigterm", lambda: None)
     monkeypatch.setattr(client_lib, "SpecDecClient", Refusing)
     monkeypatch.setenv("SPECDEC_API_KEY", "sk-demo")
@@ -176,3 +178,38 @@ def test_sigint_stops_serve_even_when_started_in_the_background():
             "        print('stopped', sig.name)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split("\n")[:2] == ["stopped SIGINT", "stopped SIGTERM"], out.stderr
+
+
+@pytest.mark.parametrize("taken", ["http", "grpc"])
+def test_serve_refuses_a_port_another_server_listens_on(taken, monkeypatch, capsys):
+    """A second ``specdec serve`` on the ports of a running one started without a word: Serve's
+    proxies listen with SO_REUSEPORT, so the kernel split the connections between the two and
+    a greedy request got either server's answer. Now it is refused (exit 2, the port and the
+    flag named) before Ray starts; the listener here uses SO_REUSEPORT as Serve's proxy does."""
+    import socket
+
+    import ray
+
+    from specdec import cli as specdec_cli
+    from tests.deployments.serving import free_port
+
+    ports = {"http": free_port(), "grpc": free_port()}
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    listener.bind(("0.0.0.0", ports[taken]))
+    listener.listen()
+    started = []
+    monkeypatch.setattr(ray, "init", lambda *a, **k: started.append("ray.init"))
+    try:
+        argv = ["serve", "--target", "/models/t", "--draft", "none",
+                "--http-port", str(ports["http"]), "--grpc-port", str(ports["grpc"])]
+        assert specdec_cli.main(argv) == 2
+    finally:
+        listener.close()
+    name, flag = ("HTTP", "--http-port") if taken == "http" else ("gRPC", "--grpc-port")
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"specdec: error: {name} port {ports[taken]} is already in use on this machine (another `specdec serve`?): "
+        "a second server on it would share its connections, answering some requests with the other server's "
+        f"models; stop that one or pass {flag} with a free port")
+    assert started == []
+    cli.ensure_ports_free(cli.load_config(_args("--http-port", str(ports["http"]), "--grpc-port", str(ports["grpc"]))))
