@@ -14,6 +14,7 @@ import os
 import sys
 import time
 
+from deployments.serve_checks import check_model_specs, deploy_failures, ensure_ports_free
 from specdec.cli import Command
 
 DEMO_MESSAGE = "Write a Python function that checks whether a number is prime."
@@ -131,49 +132,6 @@ def load_config(args):
     return cfg
 
 
-def ensure_ports_free(cfg) -> None:
-    """Refuse to serve on an HTTP or gRPC port that something already listens on.
-
-    Serve's proxies listen with ``SO_REUSEPORT``, so a second ``specdec serve`` on the same
-    ports started without a word and the kernel split the connections between the two servers:
-    a caller got answers from either one's models (seen: one greedy request sent 10 times, 5
-    answered by each of two tiny targets). Probed by binding each port without
-    ``SO_REUSEPORT`` (IPv4 and IPv6), which fails while another socket listens there; a port
-    left in TIME_WAIT by a stopped server counts as free (``SO_REUSEADDR``).
-
-    Args:
-        cfg: the :class:`deployments.config.AppConfig` (``http_port``, ``grpc_port``).
-
-    Raises:
-        specdec.errors.SpecDecError: a port is in use, naming it and the flag to change it.
-    """
-    import errno
-    import socket
-
-    from specdec.errors import SpecDecError
-
-    for name, port, flag in (("HTTP", cfg.http_port, "--http-port"), ("gRPC", cfg.grpc_port, "--grpc-port")):
-        for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
-            try:
-                sock = socket.socket(family, socket.SOCK_STREAM)
-            except OSError:  # no IPv6 on this machine
-                continue
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                sock.bind((host, port))
-            except OSError as e:
-                if e.errno == errno.EADDRINUSE:
-                    raise SpecDecError(
-                        f"{name} port {port} is already in use on this machine (another `specdec serve`?): a second "
-                        "server on it would share its connections, answering some requests with the other "
-                        f"server's models; stop that one or pass {flag} with a free port") from None
-                # any other failure (e.g. no IPv6 address) says nothing about the port: Serve will tell
-            finally:
-                sock.close()
-
-
 def _log(msg: str) -> None:
     print(f"[specdec serve] {msg}", file=sys.stderr, flush=True)
 
@@ -267,6 +225,7 @@ def run_serve(args) -> int:
 
     cfg = load_config(args)
     ensure_ports_free(cfg)
+    check_model_specs(cfg)
     num_cpus = args.num_cpus or os.cpu_count() or 2
     _log(f"target {cfg.target_model} (TP={cfg.target_tp}), draft {cfg.draft_model}; local Ray with {num_cpus} CPUs")
     if cfg.target_model.startswith("demo") or (cfg.draft_model or "").startswith("demo"):
@@ -292,7 +251,13 @@ def run_serve(args) -> int:
         )
         t0 = time.perf_counter()
         _log("deploying Router, Draft, Target (loading the models) ...")
-        serve.run(build_app(cfg), name=cfg.app_name, route_prefix=f"/{cfg.app_name}")
+        try:
+            serve.run(build_app(cfg), name=cfg.app_name, route_prefix=f"/{cfg.app_name}")
+        except RuntimeError as e:  # a replica failed to start: say why in a few lines, not Serve's traceback
+            _log(f"the deploy failed: {e}")
+            for line in deploy_failures(cfg.app_name):
+                _log(line)
+            return 1
         address = f"localhost:{cfg.grpc_port}"
         _log(f"ready in {time.perf_counter() - t0:.1f} s")
         for line in endpoint_lines(cfg):

@@ -87,6 +87,7 @@ def test_ctrl_c_while_the_models_load_shuts_down_without_a_traceback(monkeypatch
     monkeypatch.setattr(cli, "shutdown_serve", lambda *a, **k: calls.append("serve.shutdown"))
     monkeypatch.setattr(deployments.app, "build_app", lambda cfg: None)
     monkeypatch.setattr(cli, "ensure_ports_free", lambda cfg: None)  # whatever listens on 8000/9000 here
+    monkeypatch.setattr(cli, "check_model_specs", lambda cfg: None)  # /models/t exists nowhere
     monkeypatch.setattr(cli, "_stop_on_sigterm", lambda: None)
     for keep_running in ([], ["--keep-running"]):
         calls.clear()
@@ -127,6 +128,7 @@ def test_a_failed_demo_request_is_one_line_and_sends_the_api_key(monkeypatch, ca
     monkeypatch.setattr(cli, "shutdown_serve", lambda *a, **k: None)
     monkeypatch.setattr(deployments.app, "build_app", lambda cfg: None)
     monkeypatch.setattr(cli, "ensure_ports_free", lambda cfg: None)  # whatever listens on 8000/9000 here
+    monkeypatch.setattr(cli, "check_model_specs", lambda cfg: None)  # /models/t exists nowhere
     monkeypatch.setattr(cli, "_stop_on_sigterm", lambda: None)
     monkeypatch.setattr(client_lib, "SpecDecClient", Refusing)
     monkeypatch.setenv("SPECDEC_API_KEY", "sk-demo")
@@ -213,3 +215,73 @@ def test_serve_refuses_a_port_another_server_listens_on(taken, monkeypatch, caps
         f"models; stop that one or pass {flag} with a free port")
     assert started == []
     cli.ensure_ports_free(cli.load_config(_args("--http-port", str(ports["http"]), "--grpc-port", str(ports["grpc"]))))
+
+
+def test_serve_names_a_missing_model_before_starting_ray(tmp_path, monkeypatch, capsys):
+    """``specdec serve --target /no/such/folder`` started Ray and Serve, then failed with Serve's
+    traceback "Failed to update the deployments ['Draft']"; now the spec is checked first: one
+    line naming the flag and the path, exit 2, Ray never started."""
+    import ray
+
+    from specdec import cli as specdec_cli
+    from tests.deployments.serving import free_port
+
+    started = []
+    monkeypatch.setattr(ray, "init", lambda *a, **k: started.append("ray.init"))
+    ports = ["--http-port", str(free_port()), "--grpc-port", str(free_port())]
+    missing = str(tmp_path / "no-such-model")
+    assert specdec_cli.main(["serve", "--target", missing, "--draft", "none", *ports]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"specdec: error: --target: model path {missing!r} does not exist (expected a Hugging Face folder or a .gguf file)")
+    assert specdec_cli.main(["serve", "--target", "demo:target", "--draft", missing + ".gguf", *ports]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"specdec: error: --draft: ")
+    assert started == []
+
+
+def test_a_failed_deploy_says_which_replica_failed_and_why(monkeypatch, capsys):
+    """A replica that failed to start (here: a file named .gguf that is not one) ended ``specdec
+    serve`` with Serve's traceback, which only named the deployment; now it is the replica's own
+    error, one line per failed deployment, exit 1, and Serve and Ray are shut down."""
+    from types import SimpleNamespace
+
+    import ray
+    from ray import serve
+
+    import deployments.app
+
+    calls = []
+    replica_error = (
+        "The deployment failed to start 3 times in a row.\nTraceback (most recent call last):\n"
+        '  File "/x/deployments/draft.py", line 80, in __init__\n    self.target = load(cfg)\n'
+        "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+        "specdec.errors.ModelLoadError: cannot load GGUF file /m/bad.gguf: /m/bad.gguf does not start with the "
+        "GGUF magic bytes, so it is not a GGUF file.\n")
+    status = SimpleNamespace(applications={"specdec": SimpleNamespace(deployments={
+        "Router": SimpleNamespace(status="HEALTHY", message=""),
+        "Draft": SimpleNamespace(status="DEPLOY_FAILED", message=replica_error),
+        "Target": SimpleNamespace(status="UNHEALTHY", message=""),
+    })})
+
+    def failing(*a, **k):
+        raise RuntimeError("Deploying application specdec failed: Failed to update the deployments ['Draft'].")
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: calls.append("ray.init"))
+    monkeypatch.setattr(ray, "shutdown", lambda *a, **k: calls.append("ray.shutdown"))
+    monkeypatch.setattr(serve, "start", lambda *a, **k: calls.append("serve.start"))
+    monkeypatch.setattr(serve, "run", failing)
+    monkeypatch.setattr(serve, "status", lambda: status)
+    monkeypatch.setattr(cli, "shutdown_serve", lambda *a, **k: calls.append("serve.shutdown"))
+    monkeypatch.setattr(cli, "ensure_ports_free", lambda cfg: None)
+    monkeypatch.setattr(cli, "check_model_specs", lambda cfg: None)
+    monkeypatch.setattr(deployments.app, "build_app", lambda cfg: None)
+    monkeypatch.setattr(cli, "_stop_on_sigterm", lambda: None)
+    assert cli.run_serve(_args("--target", "/m/bad.gguf", "--draft", "none")) == 1
+    assert calls == ["ray.init", "serve.start", "serve.shutdown", "ray.shutdown"]
+    err = capsys.readouterr().err
+    assert ("[specdec serve] the deploy failed: Deploying application specdec failed: Failed to update the "
+            "deployments ['Draft'].\n"
+            "[specdec serve] Draft: specdec.errors.ModelLoadError: cannot load GGUF file /m/bad.gguf: /m/bad.gguf "
+            "does not start with the GGUF magic bytes, so it is not a GGUF file.\n"
+            "[specdec serve] Target: UNHEALTHY\n"
+            "[specdec serve] shutting down\n") in err
+    assert "Traceback" not in err
