@@ -43,6 +43,7 @@ def run_group(engine, prompts, *, batched: bool, k: int, proposer: str, max_toke
     from specdec.engine.batch import BatchScheduler
     from specdec.request import GenerationRequest
 
+    prefix_warm(engine)
     sched = BatchScheduler(engine, batched=batched, max_batch_positions=budget, controller=controller)
     t0 = time.perf_counter()
     cpu0 = time.process_time()
@@ -76,6 +77,28 @@ def run_group(engine, prompts, *, batched: bool, k: int, proposer: str, max_toke
         },
         "k_counts": _merge_counts([r.stats.k_counts for r in results]),
     }
+
+
+#: the request that leaves a prefix-cached engine holding only what every prompt shares (the chat
+#: template's opening) before each measured group; not one of the measured prompts
+WARM_PROMPT = "Say hello."
+
+
+def prefix_warm(engine) -> None:
+    """With prefix caching on (:mod:`specdec.engine.prefix_cache`): forget the closed sequences and
+    run :data:`WARM_PROMPT` for one token, so a group finds the shared chat-template opening held,
+    as on a server that has answered other requests, but not its own prompts (which an earlier arm
+    or group of the same benchmark ran)."""
+    from specdec.engine.prefix_cache import prefix_cache_of
+    from specdec.request import GenerationRequest
+
+    stores = [s for s in (prefix_cache_of(m.model) for m in (engine.target, engine.draft) if m is not None) if s]
+    if not stores:
+        return
+    for s in stores:
+        s.clear()
+    engine.generate(GenerationRequest(messages=[{"role": "user", "content": WARM_PROMPT}], max_tokens=2,
+                                      speculation={"proposer": "draft", "k": 1}))
 
 
 def forward_stats(trace, k: int) -> dict:

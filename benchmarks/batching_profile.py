@@ -107,6 +107,9 @@ def profile_group(engine, clients: int, max_tokens: int, k: int, budget: int, pr
     from specdec.engine.batch import BatchScheduler
     from specdec.request import GenerationRequest
 
+    from benchmarks.batching import prefix_warm
+
+    prefix_warm(engine)  # with prefix caching: only the chat template's opening held, not these prompts
     meter = Meter()
     undo = instrument(engine, meter)
     try:

@@ -219,6 +219,40 @@ def test_batching_bench_lengths_and_adaptive_arm_in_one_run(tiny_pair_folders, t
         main(["--max-tokens", "16,0"])
 
 
+def test_batching_bench_with_prefix_caching_keeps_outputs_and_holds_only_the_shared_opening(tiny_pair_folders,
+                                                                                             tmp_path):
+    """``--prefix-cache``: outputs of both arms identical; before each group the prefix caches hold
+    only what the warm request left (never a measured prompt whole)."""
+    from benchmarks.batching import WARM_PROMPT, main, prefix_warm
+    from specdec.engine.prefix_cache import disable_prefix_cache, enable_prefix_cache
+
+    target, draft = tiny_pair_folders
+    out = tmp_path / "batching"
+    assert main(["--target", str(target), "--draft", str(draft), "--clients", "1,2", "--max-tokens", "5",
+                 "--threads", "1", "--format", "int8", "--prefix-cache", "--out", str(out)]) == 0
+    report = json.loads((out / "batching.json").read_text())
+    assert report["settings"]["prefix_cache"] is True
+    assert all(r["identical_outputs"] for r in report["rows"])
+    assert "prefix cache on" in (out / "batching.md").read_text()
+
+    from specdec.engine.engine import SpeculativeEngine
+    from specdec.models.loader import load_model
+    from specdec.models.spec import HFModelSpec
+    from specdec.request import GenerationRequest
+
+    engine = SpeculativeEngine(*(load_model(HFModelSpec(kind="hf", path=f), weight_format="int8")
+                                 for f in (target, draft)))
+    store = enable_prefix_cache(engine.target.model)
+    try:
+        engine.generate(GenerationRequest(messages=[{"role": "user", "content": "a measured prompt"}], max_tokens=2))
+        prefix_warm(engine)
+        warm = engine.encode(GenerationRequest(messages=[{"role": "user", "content": WARM_PROMPT}], max_tokens=2))
+        held = [tokens for tokens, _ in store._closed.values()]
+        assert len(held) == 1 and held[0][:len(warm)] == warm
+    finally:
+        disable_prefix_cache(engine.target.model)
+
+
 def test_batching_bench_formats_axis_in_one_run(tiny_pair_folders, tmp_path):
     """``--formats``: every pair loaded once, each client count run per format, ratios per format."""
     from benchmarks.batching import main

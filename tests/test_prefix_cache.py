@@ -60,6 +60,11 @@ def test_a_sequence_started_from_a_shared_prefix_gives_the_same_logits_and_feeds
         # too short a shared prefix is fed, not copied
         short = CachedSequence(model, PREFIX[:MIN_SHARED - 1] + [250])
         assert short.sync(short.token_ids) == 0 and store.hits == 2
+        # cleared: the closed sequences are forgotten
+        again.close()
+        store.clear()
+        fresh = CachedSequence(model, list(ids))
+        assert fresh.sync(ids) == 0 and store.hits == 2
     finally:
         disable_prefix_cache(model)
     assert prefix_cache_of(model) is None

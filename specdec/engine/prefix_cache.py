@@ -70,6 +70,10 @@ class PrefixCache:
         while len(self._closed) > self.entries:
             self._closed.popitem(last=False)
 
+    def clear(self) -> None:
+        """Forget the closed sequences kept (live ones stay registered)."""
+        self._closed.clear()
+
     def start(self, seq, upcoming: Sequence[int]) -> int:
         """Fill the empty cache of ``seq`` with the longest prefix of ``upcoming`` held by another
         sequence, within its committed tokens and short of their last one: a verify forward
