@@ -138,6 +138,15 @@ class W8A8Linear(_RowsLinear):
     #: 4864 -> 896 down projections: 90 vs 129 us, 279 vs 456 us; 2-core Sapphire Rapids VM, one
     #: thread, minimum of 15 calls; docs/bench/formats/PROFILE.md section 9).
     QLINEAR_MIN_OUT = 384
+    #: Zero point of the activation codes fed to oneDNN's qlinear: the int8 codes plus 128 as uint8
+    #: (``quantize_rows(x, 128)``), so oneDNN sums ``(q + 128) * w`` and subtracts ``128 * sum(w)``
+    #: per output, both exact in int32 (at most 255 * 127 * 8960 < 2**31): the same integer sums
+    #: as int8 codes, bitwise the same output. oneDNN's VNNI and AMX kernels multiply u8 x s8 (the
+    #: x86 int8 recipe of PyTorch quantizes activations to uint8); an int8 source on a CPU without
+    #: AMX-INT8 (AVX512-VNNI, e.g. the AMD EPYC of this project's machine since 2 Dec 2026) takes
+    #: oneDNN's reference ``ref_int8`` matmul: 0.46 s for one row of 1536 -> 2048, against 0.17 ms
+    #: for the uint8 source on ``brg_matmul:avx512_core_vnni`` (docs/bench/formats/PROFILE.md section 11).
+    U8_ZERO_POINT = 128
     #: Keep the plain int8 weight after prepacking (for comparing kernels). False: the prepacked
     #: copy is the only one (no second copy of the weights in memory); ``qweight`` is then empty.
     KEEP_INT8 = False
@@ -169,12 +178,15 @@ class W8A8Linear(_RowsLinear):
         return self.qweight
 
     @staticmethod
-    def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-token symmetric int8 quantization: ``[M, in]`` float -> (``[M, in]`` int8,
-        ``[M, 1]`` float32 scales) with ``x ≈ q * s``."""
+    def quantize_rows(x: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token symmetric int8 quantization: ``[M, in]`` float -> (``[M, in]`` codes,
+        ``[M, 1]`` float32 scales) with ``x ≈ q * s``; the codes are int8 in [-127, 127], or with
+        ``offset`` 128 the same codes plus 128 as uint8 in [1, 255] (:attr:`U8_ZERO_POINT`)."""
         xf = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)  # divided in place
         s = xf.abs().amax(dim=-1, keepdim=True).div_(127.0).clamp_min_(W8A8Linear.EPS)
         # |x| / s <= 127 * (1 + 2**-23) rounds to at most 127: no clamp needed (in [-127, 127])
+        if offset:
+            return xf.div_(s).round_().add_(offset).to(torch.uint8), s
         return xf.div_(s).round_().to(torch.int8), s
 
     def _prepacked(self):
@@ -210,13 +222,15 @@ class W8A8Linear(_RowsLinear):
 
     def forward_rows(self, x: torch.Tensor) -> torch.Tensor:
         """``[M, in]`` -> ``[M, out]`` in ``act_dtype`` (any M >= 1)."""
-        q, s = self.quantize_rows(x)
         use_qlinear = self.KERNEL == "qlinear" and self.out_features >= self.QLINEAR_MIN_OUT
         packed = self._prepacked() if use_qlinear or self.prepacked else False
         if packed is not False:
-            y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, packed, self.scale, self._zero_points, None,
+            zp = self.U8_ZERO_POINT
+            q, s = self.quantize_rows(x, zp)
+            y = torch.ops.onednn.qlinear_pointwise(q, 1.0, zp, packed, self.scale, self._zero_points, None,
                                                    1.0, 0, torch.float32, "none", [], "")
         else:
+            q, s = self.quantize_rows(x)
             y = torch._int_mm(q, self.qweight.t()).to(torch.float32).mul_(self.scale)  # int32 sums: exact
         y = y.mul_(s).to(self.act_dtype)
         if self.bias is None:
