@@ -37,6 +37,17 @@ def _float_list(text: str) -> list[float]:
     return values
 
 
+def _count(text: str) -> int:
+    """A whole number >= 0 (``--alone-rounds``)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return n
+
+
 def _name_list(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
@@ -69,6 +80,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         "benchmark runs once per format, draft and target in that format, into <out>/<format>/, "
                         "and <out>/formats.md compares them (default: one run in the default format); "
                         "F:alone times only that format's target alone (no draft loaded), e.g. the float32 baseline")
+    g.add_argument("--alone-rounds", type=_count, default=None, metavar="N",
+                   help="with --formats: keep every format's target loaded and time the targets alone again in "
+                        "N rounds, formats interleaved (float32, w8a8 | w8a8, float32 | ...); formats.md reports "
+                        "per prompt the median per-round ratio over the first format and its min-max "
+                        "(default 3 with two or more formats; 0: off)")
     g.add_argument("--draft-vocab-subset", type=int, default=None, metavar="N",
                    help="our draft scores only the N most frequent token ids (FR-Spec); transformers' "
                         "assisted generation gets the full-vocabulary draft, loaded too, in the same format")

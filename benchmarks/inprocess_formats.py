@@ -21,6 +21,13 @@ def run_each_format(args: argparse.Namespace, run: Callable[..., dict], load: Ca
     A format written ``F:alone`` runs only the target alone in F (no draft, no speculation, no
     transformers' assisted or prompt-lookup runs): a baseline that costs minutes in float32.
 
+    With ``--alone-rounds N`` (default 3 for two or more formats; 0: off) every format's target
+    stays loaded, and after the per-format runs the targets alone are timed again in N rounds,
+    formats interleaved (:mod:`benchmarks.inprocess_rounds`); ``formats.md`` then ends with the
+    per-prompt median ratio over the first format and its spread, each format's result its
+    summaries under ``alone_rounds`` (prompt -> :func:`benchmarks.inprocess_rounds.summarize_rounds`'s
+    entry), and ``formats.json`` also the runs (top-level ``alone_rounds``).
+
     Args:
         args: the parsed arguments of ``specdec bench`` with ``formats``.
         run: :func:`benchmarks.inprocess.run_bench` (``run(args, models=...) -> report``).
@@ -33,6 +40,8 @@ def run_each_format(args: argparse.Namespace, run: Callable[..., dict], load: Ca
     import gc
     import math
 
+    from benchmarks.inprocess_args import resolve_args
+    from benchmarks.inprocess_rounds import rounds_table, time_alone_rounds
     from specdec.models.formats import check_format, weight_bytes
 
     formats, alone = [], set()
@@ -44,7 +53,8 @@ def run_each_format(args: argparse.Namespace, run: Callable[..., dict], load: Ca
         if opt:
             alone.add(formats[-1])
     base_out = Path(args.out)
-    results = {}
+    rounds = alone_rounds(args, len(formats))
+    results, targets = {}, {}
     for fmt in formats:
         sub = argparse.Namespace(**vars(args))
         sub.formats, sub.out = None, str(base_out / fmt)
@@ -57,8 +67,15 @@ def run_each_format(args: argparse.Namespace, run: Callable[..., dict], load: Ca
         mem["assistant_weight_gb"] = (weight_bytes(models[2].model) / 2**30
                                       if models[2] is not None and models[2] is not models[1] else None)
         results[fmt] = {"memory": mem, "rows": report["rows"], "meta": report["meta"]}
+        if rounds:
+            targets[fmt] = models[0]
         del models, report
         gc.collect()
+    by_rounds = time_alone_rounds(targets, resolve_args(args), rounds) if rounds else None
+    targets.clear()
+    if by_rounds is not None:
+        for fmt in formats:
+            results[fmt]["alone_rounds"] = {p: per[fmt] for p, per in by_rounds["prompts"].items()}
     first = formats[0]
 
     def gmean(xs):
@@ -98,7 +115,25 @@ def run_each_format(args: argparse.Namespace, run: Callable[..., dict], load: Ca
             lines.append(f"| {fmt} | {mem['target_weight_gb']:.2f} | "
                          f"{(mem['draft_weight_gb'] or 0):.2f} | {label} | " + " | ".join(cells) + f" | {ident} |")
     text = "\n".join(lines) + "\n"
+    if by_rounds is not None:
+        text += "\n" + rounds_table(by_rounds)
     (base_out / "formats.md").write_text(text)
-    (base_out / "formats.json").write_text(json.dumps(results, indent=1, default=str))
+    dump = dict(results, alone_rounds=by_rounds) if by_rounds is not None else results
+    (base_out / "formats.json").write_text(json.dumps(dump, indent=1, default=str))
     print(text)
     return results
+
+
+def alone_rounds(args: argparse.Namespace, n_formats: int) -> int:
+    """Rounds of the interleaved target-alone timing: ``--alone-rounds``, by default 3 when the run
+    compares two or more formats, else 0.
+
+    Raises:
+        ValueError: a negative ``--alone-rounds``.
+    """
+    n = getattr(args, "alone_rounds", None)
+    if n is None:
+        return 3 if n_formats >= 2 else 0
+    if n < 0:
+        raise ValueError(f"--alone-rounds must be >= 0, got {n}")
+    return n

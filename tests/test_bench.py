@@ -129,7 +129,8 @@ def test_format_axis_target_alone_only(tiny_pair_folders, tmp_path):
         assert [(r["prompt"], r["method"], r["runs"]) for r in rows] == [("code-prime", "target", 2)]  # bracketed
         assert rows[0]["new_tokens"] == 12 and rows[0]["cpu_s"] > 0
         assert results[fmt]["memory"]["draft_weight_gb"] is None
-    lines = [line for line in (out / "formats.md").read_text().splitlines() if line.startswith("| ")]
+    formats_table = (out / "formats.md").read_text().split("\n## Target alone in rounds")[0]  # rounds table after
+    lines = [line for line in formats_table.splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[3] for line in lines[1:]] == ["target", "target"]
     assert "median of 2 run(s) per method and prompt" in (out / "int4" / "table.md").read_text()
 
@@ -151,7 +152,8 @@ def test_format_axis_alone_suffix_times_only_that_formats_target(tiny_pair_folde
     assert [r["method"] for r in results["int8"]["rows"]] == ["target", "ours-draft-K2"]
     assert results["int8"]["memory"]["draft_weight_gb"] > 0
     assert all(r["identical"] for r in results["int8"]["rows"])
-    lines = [line for line in (out / "formats.md").read_text().splitlines() if line.startswith("| ")]
+    formats_table = (out / "formats.md").read_text().split("\n## Target alone in rounds")[0]  # rounds table after
+    lines = [line for line in formats_table.splitlines() if line.startswith("| ")]
     assert [line.split(" | ")[:4] for line in lines[1:]] == [
         ["| float32", f"{results['float32']['memory']['target_weight_gb']:.2f}", "0.00", "target"],
         ["| int8", f"{results['int8']['memory']['target_weight_gb']:.2f}",
@@ -340,3 +342,87 @@ def test_bad_formats_are_a_usage_error_before_any_model_loads(value, message, ca
     assert info.value.code == 2
     assert capsys.readouterr().err.strip().endswith(f"specdec bench: error: {message}")
     assert parser.parse_args(["--formats", "w8a8, float32:alone"]).formats == ["w8a8", "float32:alone"]
+
+
+def test_alone_rounds_interleave_formats_and_report_median_ratio_with_spread(tiny_pair_folders, tmp_path):
+    """``--alone-rounds 3``: both targets stay loaded and run alone in 3 rounds, formats back to back
+    (order reversed every other round); formats.md's rounds table holds the median of the per-round
+    CPU ratios over float32 and their min-max, computed from the recorded runs."""
+    import statistics
+
+    from benchmarks.inprocess import run_formats
+
+    target, _ = tiny_pair_folders
+    out = tmp_path / "fmt"
+    args = _parse(["--quick", "--threads", "1", "--target", str(target), "--draft", "none", "--out", str(out),
+                   "--formats", "float32:alone,int8:alone", "--skip-hf", "--no-plot", "--proposers", "",
+                   "--prompts", "code-prime,poem-sea", "--alone-rounds", "3"])
+    results = run_formats(args)
+    assert list(results) == ["float32", "int8"]
+    dump = json.loads((out / "formats.json").read_text())["alone_rounds"]
+    runs = dump["runs"]
+    assert [(x["round"], x["prompt"], x["format"]) for x in runs] == [
+        (0, "code-prime", "float32"), (0, "code-prime", "int8"), (0, "poem-sea", "float32"), (0, "poem-sea", "int8"),
+        (1, "code-prime", "int8"), (1, "code-prime", "float32"), (1, "poem-sea", "int8"), (1, "poem-sea", "float32"),
+        (2, "code-prime", "float32"), (2, "code-prime", "int8"), (2, "poem-sea", "float32"), (2, "poem-sea", "int8")]
+    assert all(x["new_tokens"] == 12 and x["cpu_s"] > 0 and x["seconds"] > 0 for x in runs)
+    table = (out / "formats.md").read_text()
+    assert "## Target alone in rounds (3 rounds, formats interleaved)" in table
+    for prompt in ("code-prime", "poem-sea"):
+        # greedy: every round gives the format's own output; the tiny int8 target differs from float32 nowhere here
+        by = {(x["round"], x["format"]): x for x in runs if x["prompt"] == prompt}
+        assert len({tuple(by[(r, "int8")]["token_ids"]) for r in range(3)}) == 1
+        ratios = [(12 / by[(r, "int8")]["cpu_s"]) / (12 / by[(r, "float32")]["cpu_s"]) for r in range(3)]
+        s = results["int8"]["alone_rounds"][prompt]
+        assert s["ratios_cpu"] == pytest.approx(ratios)
+        assert s["ratio_cpu"] == pytest.approx(statistics.median(ratios))
+        assert (s["ratio_cpu_min"], s["ratio_cpu_max"]) == (pytest.approx(min(ratios)), pytest.approx(max(ratios)))
+        assert s["tps_cpu"] == pytest.approx(statistics.median(12 / by[(r, "int8")]["cpu_s"] for r in range(3)))
+        assert s["identical"] is True
+        assert (f"| {prompt} | int8 | {s['tps_cpu']:.2f} | {statistics.median(ratios):.2f}x "
+                f"({min(ratios):.2f}-{max(ratios):.2f}) |") in table
+        assert f"| {prompt} | float32 | " in table
+        assert results["float32"]["alone_rounds"][prompt]["ratios_cpu"] == [1.0, 1.0, 1.0]
+    f32_line = next(line for line in table.splitlines() if line.startswith("| code-prime | float32 |"))
+    assert "| 1.00x (1.00-1.00) |" in f32_line
+
+
+def test_alone_rounds_summary_from_given_runs():
+    """summarize_rounds on hand-made runs: medians and spread of the per-round ratios, exactly."""
+    from benchmarks.inprocess_rounds import rounds_table, summarize_rounds
+
+    def run(r, f, cpu, wall, ids=(1, 2)):
+        return {"round": r, "prompt": "p", "format": f, "position": 0, "new_tokens": 10, "seconds": wall,
+                "cpu_s": cpu, "loadavg": 1.5, "token_ids": list(ids)}
+
+    runs = [run(0, "float32", 5.0, 5.0), run(0, "w8a8", 2.0, 2.5),   # ratio cpu 2.5, wall 2.0
+            run(1, "w8a8", 1.0, 1.0), run(1, "float32", 4.0, 4.0),   # 4.0, 4.0
+            run(2, "float32", 6.0, 6.0), run(2, "w8a8", 2.0, 2.0, ids=(1, 3))]  # 3.0, 3.0
+    s = summarize_rounds(runs, ["float32", "w8a8"], ["p"])["p"]
+    assert s["w8a8"]["ratios_cpu"] == [2.5, 4.0, 3.0]
+    assert (s["w8a8"]["ratio_cpu"], s["w8a8"]["ratio_cpu_min"], s["w8a8"]["ratio_cpu_max"]) == (3.0, 2.5, 4.0)
+    assert (s["w8a8"]["ratio_wall"], s["w8a8"]["ratio_wall_min"], s["w8a8"]["ratio_wall_max"]) == (3.0, 2.0, 4.0)
+    assert s["w8a8"]["tps_cpu"] == 5.0 and s["float32"]["tps_cpu"] == 2.0
+    assert s["w8a8"]["identical"] is False and s["float32"]["identical"] is True
+    table = rounds_table({"rounds": 3, "formats": ["float32", "w8a8"], "runs": runs, "prompts": {"p": s}})
+    assert "| p | w8a8 | 5.00 | 3.00x (2.50-4.00) | 5.00 | 3.00x (2.00-4.00) | False |" in table
+    assert "| p | float32 | 2.00 | 1.00x (1.00-1.00) | 2.00 | 1.00x (1.00-1.00) | True |" in table
+    assert "load average at the calls: 1.5-1.5" in table
+
+
+@pytest.mark.parametrize("argv, rounds", [(["--formats", "float32:alone,w8a8"], 3), (["--formats", "w8a8"], 0),
+                                          (["--formats", "float32,w8a8", "--alone-rounds", "0"], 0),
+                                          (["--formats", "w8a8", "--alone-rounds", "5"], 5)])
+def test_alone_rounds_default(argv, rounds):
+    from benchmarks.inprocess_formats import alone_rounds
+
+    args = _parse(argv)
+    assert alone_rounds(args, len(args.formats)) == rounds
+
+
+def test_negative_alone_rounds_is_a_usage_error(capsys):
+    parser = add_bench_arguments(argparse.ArgumentParser(prog="specdec bench"))
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args(["--alone-rounds", "-1"])
+    assert info.value.code == 2
+    assert "argument --alone-rounds: expected a whole number >= 0, got '-1'" in capsys.readouterr().err
