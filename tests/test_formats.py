@@ -195,6 +195,11 @@ def test_default_format_follows_the_cpu(monkeypatch):
     assert formats.choose_cpu_format(sapphire_rapids, "AVX512") == formats.CPU_AMX_INT8_DEFAULT == "w8a8"
     assert formats.choose_cpu_format(sapphire_rapids, "AVX2") == "float32"
     assert formats.choose_cpu_format({"avx2", "avx512f", "avx512_vnni"}, "AVX512") == "float32"  # no bf16
+    # AMD EPYC (Zen 4/5): AVX512-VNNI and -BF16, no AMX: w8a8 (oneDNN's VNNI int8 matmul on uint8 codes)
+    epyc = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni"}
+    assert formats.choose_cpu_format(epyc, "AVX512") == "w8a8"
+    assert formats.choose_cpu_format(epyc - {"avx512_vnni"}, "AVX512") == "int4"
+    assert formats.choose_cpu_format(epyc, "AVX2") == "float32"
     assert formats.choose_cpu_format({"avx2"}, "AVX2") == "float32"
     assert formats.choose_cpu_format(avx512_bf16, "AVX2") == "float32"  # torch not using AVX512 kernels
     monkeypatch.delenv("SPECDEC_WEIGHT_FORMAT")

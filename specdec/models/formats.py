@@ -38,14 +38,18 @@ on torchao's quantized data; on a GPU they stay torchao tensors (untested).
 
 :func:`default_format` picks the format when a spec names none: ``$SPECDEC_WEIGHT_FORMAT``, else
 bfloat16 on a GPU, else by the CPU (:func:`choose_cpu_format`): **w8a8** on a CPU with AMX-INT8
-(``amx_int8`` in /proc/cpuinfo: Sapphire Rapids and later), **int4** on other CPUs with native
-bfloat16 instructions (``avx512_bf16`` or ``amx_bf16``), float32 on older CPUs; the two quantized
-defaults need torch running its AVX512 kernels. w8a8 is the AMX default because its verify cost
+(``amx_int8`` in /proc/cpuinfo: Sapphire Rapids and later) or with AVX512-VNNI and native bfloat16
+(``avx512_vnni`` and ``avx512_bf16``: AMD EPYC Zen 4/5, this project's machine since 2 Dec 2026),
+**int4** on other CPUs with native bfloat16 instructions (``avx512_bf16`` or ``amx_bf16``),
+float32 on older CPUs; the two quantized defaults need torch running its AVX512 kernels. w8a8 is
+the default there because its verify cost
 hardly grows with the rows a forward scores (speculation's K + 1 positions and the batch of
 sessions), where int4's grows about linearly: on the 2-core Sapphire Rapids VM the served w8a8 pair
 gives 2.66x one client's tokens/s at 8 clients (int4 1.40x) and the same main-job speed
-(README "Weight formats", "Continuous batching"). int4 stays the default without AMX-INT8, where
-oneDNN's int8 matmul is not measured here. Exactness is per format: speculation equals the
+(README "Weight formats", "Continuous batching"); on the AMD EPYC (VNNI) the demo target's forward of
+1 / 5 / 17 positions costs 0.071 / 0.098 / 0.199 CPU-s in w8a8, 0.065 / 0.175 / 0.478 in int4
+(one thread). int4 stays the default without either, where oneDNN's int8 matmul is not measured
+here. Exactness is per format: speculation equals the
 target alone *in the same format*; int4 and w8a8 requantize the demo GGUF's Q4_K/Q6_K weights
 and their text differs from float32's after a few tokens.
 
@@ -106,6 +110,13 @@ CPU_BF16_DEFAULT = "int4"
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 #: /proc/cpuinfo flag of Intel AMX's int8 tile multiply (oneDNN's int8 matmul runs on it).
 AMX_INT8_CPU_FLAG = "amx_int8"
+#: /proc/cpuinfo flag of AVX512-VNNI's u8 x s8 dot products (oneDNN's ``brg_matmul:avx512_core_vnni``
+#: int8 matmul without AMX, e.g. AMD EPYC Zen 4/5). With native bfloat16 too, w8a8 is the default:
+#: on the AMD EPYC of this project's machine since 2 Dec 2026 (AVX512-VNNI + AVX512-BF16, no AMX),
+#: one thread, the demo target's forward of 1 / 5 / 17 positions took 0.071 / 0.098 / 0.199 CPU-s
+#: in w8a8 against int4's 0.065 / 0.175 / 0.478 and float32's 0.344 / 0.706 / 1.107
+#: (docs/bench/formats/PROFILE.md section 11).
+VNNI_CPU_FLAG = "avx512_vnni"
 
 
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
@@ -136,14 +147,14 @@ def cpu_supports_bf16() -> bool:
 def choose_cpu_format(flags: frozenset[str] | set[str], capability: str) -> str:
     """The CPU default for a CPU with these ``/proc/cpuinfo`` flags and this
     ``torch.backends.cpu.get_cpu_capability()`` (``"AVX512"``, ``"AVX2"``, ``"DEFAULT"``...):
-    :data:`CPU_AMX_INT8_DEFAULT` (w8a8) when the CPU has AMX-INT8 (:data:`AMX_INT8_CPU_FLAG`),
-    else :data:`CPU_BF16_DEFAULT` (int4) when it has native bfloat16 (a flag of
+    :data:`CPU_AMX_INT8_DEFAULT` (w8a8) when the CPU has AMX-INT8 (:data:`AMX_INT8_CPU_FLAG`), or
+    AVX512-VNNI (:data:`VNNI_CPU_FLAG`) and native bfloat16, else :data:`CPU_BF16_DEFAULT` (int4) when it has native bfloat16 (a flag of
     :data:`BF16_CPU_FLAGS`), in both cases only where torch uses its AVX512 kernels; else float32
     (older CPUs: bfloat16 is emulated there and the quantized kernels' bfloat16 activations are
     slow; not measured here)."""
     if not capability.upper().startswith("AVX512"):
         return "float32"
-    if AMX_INT8_CPU_FLAG in flags:
+    if AMX_INT8_CPU_FLAG in flags or (VNNI_CPU_FLAG in flags and set(flags) & BF16_CPU_FLAGS):
         return CPU_AMX_INT8_DEFAULT
     if set(flags) & BF16_CPU_FLAGS:
         return CPU_BF16_DEFAULT
@@ -153,7 +164,7 @@ def choose_cpu_format(flags: frozenset[str] | set[str], capability: str) -> str:
 def default_format(device: str | torch.device = "cpu") -> str:
     """The format used when none is named: ``$SPECDEC_WEIGHT_FORMAT`` if set, else bfloat16 on
     CUDA, else :func:`choose_cpu_format` of this CPU (w8a8 on a CPU with AMX-INT8 such as
-    Sapphire Rapids, int4 on other CPUs with native bfloat16, float32 on older CPUs).
+    Sapphire Rapids or with AVX512-VNNI and bfloat16 such as AMD EPYC Zen 4/5, int4 on other CPUs with native bfloat16, float32 on older CPUs).
 
     Raises:
         ValueError: ``$SPECDEC_WEIGHT_FORMAT`` is not a weight format.
