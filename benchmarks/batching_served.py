@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         out["k_under_load"] = {
             name: {"k_under_load": s.batch.k_under_load if s.batch.HasField("k_under_load") else None,
                    "rows_per_step": s.batch.tenant_rows_per_step, "positions_per_step": s.batch.tenant_positions_per_step,
-                   "steps": s.batch.tenant_steps, "acceptance_rate": s.acceptance_rate}
+                   "steps": s.batch.tenant_steps, "acceptance_rate": s.acceptance_rate if s.HasField("acceptance_rate") else None}
             for name, s in (("code", code), ("creative", creative))}
     finally:
         try:
