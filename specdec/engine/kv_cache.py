@@ -14,16 +14,8 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specdec.engine.prefix_cache import prefix_cache_of
+from specdec.engine.prefix_cache import _common_prefix, prefix_cache_of
 from specdec.errors import ModelLoadError
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class CachedSequence:
