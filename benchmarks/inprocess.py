@@ -44,7 +44,7 @@ import torch
 
 from benchmarks.inprocess_args import QUICK, add_bench_arguments, resolve_args  # noqa: F401 (re-exported)
 from benchmarks.inprocess_formats import run_each_format
-from benchmarks.inprocess_methods import RunOutcome, Runner, bench_methods, log, warm_up
+from benchmarks.inprocess_methods import RunOutcome, Runner, bench_methods, log, methods_for, warm_up
 from benchmarks.inprocess_prompts import PROMPTS, chat_request, select_prompts  # noqa: F401 (re-exported)
 from benchmarks.report import PROMPT_TYPES, format_tables, summarize, tabulate, write_report  # noqa: F401
 from specdec.cli import Command
@@ -121,27 +121,32 @@ def run_bench(args: argparse.Namespace, *, models=None) -> dict:
 
     runner = Runner(target, draft, a, assistant=assistant)
     methods = bench_methods(a, draft is not None, assistant is not None)
+    only = dict(a.only or {})
     for p in prompts:
         p["token_ids"] = runner.engine.encode(chat_request(p))
-        if len(p["token_ids"]) + a.tokens > target.max_positions:
-            raise ValueError(f"prompt {p['name']} ({len(p['token_ids'])} tokens) + {a.tokens} new tokens exceeds the "
-                             f"target's {target.max_positions} positions")
+        p["max_new_tokens"] = prompt_tokens(p, a.tokens)
+        p["methods"] = methods_for(methods, p, only)
+        if len(p["token_ids"]) + p["max_new_tokens"] > target.max_positions:
+            raise ValueError(f"prompt {p['name']} ({len(p['token_ids'])} tokens) + {p['max_new_tokens']} new tokens "
+                             f"exceeds the target's {target.max_positions} positions")
 
     report = {
         "meta": _meta(a, target, draft, load_s),
         "prompts": [{"name": p["name"], "type": p["type"], "content": p["content"],
-                     "prompt_tokens": len(p["token_ids"])} for p in prompts],
+                     "prompt_tokens": len(p["token_ids"]), "max_new_tokens": p["max_new_tokens"],
+                     "methods": [m.label for m in p["methods"]]} for p in prompts],
         "rows": [],
         "summary": {},
     }
     old_verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # generate's notes on unused sampling defaults, once per call
     try:
-        warm_up(runner, methods, prompts[0]["token_ids"], a)
+        runner.tenant = tenant_of(prompts[0])
+        warm_up(runner, prompts[0]["methods"], prompts[0]["token_ids"], prompts[0]["max_new_tokens"])
         report["meta"]["hf_settings"] = runner.hf_config
         t_start = time.perf_counter()
         samples: dict[tuple[str, str], list[RunOutcome]] = {}
-        done, total = 0, len(prompts) * a.repeats * (len(methods) + (1 if a.bracket else 0))
+        done, total = 0, a.repeats * sum(len(p["methods"]) + (1 if a.bracket else 0) for p in prompts)
         blocks_done, stopped, covered = 0, None, set()
         for rep in range(a.repeats):
             if stopped:
@@ -154,10 +159,13 @@ def run_bench(args: argparse.Namespace, *, models=None) -> dict:
                     log(f"bench: {stopped}")
                     report["meta"]["stopped_early"] = stopped
                     break
-                order = methods[1:] if rep % 2 == 0 else list(reversed(methods[1:]))
-                schedule = [methods[0]] + order + ([methods[0]] if a.bracket else [])
+                pm = p["methods"]
+                order = pm[1:] if rep % 2 == 0 else list(reversed(pm[1:]))
+                schedule = [pm[0]] + order + ([pm[0]] if a.bracket else [])
+                runner.tenant = tenant_of(p)
                 for m in schedule:
-                    o = runner.run(m, p["token_ids"], a.tokens)
+                    o = runner.run(m, p["token_ids"], p["max_new_tokens"])
+                    o.repeat = rep
                     samples.setdefault((p["name"], m.label), []).append(o)
                     done += 1
                     el = time.perf_counter() - t_start
@@ -174,9 +182,22 @@ def run_bench(args: argparse.Namespace, *, models=None) -> dict:
                 write_report(report, out_dir, plot=False)
     finally:
         hf_logging.set_verbosity(old_verbosity)
+    if runner._adaptive is not None:
+        report["meta"]["adaptive_warm_up"] = runner.adaptive.warm_log
     write_report(report, out_dir, plot=a.plot)
     print(format_tables(report))
     return report
+
+
+def prompt_tokens(p: dict, tokens: int) -> int:
+    """The most new tokens of prompt ``p``: its own ``max_tokens`` (a rewrite runs to the end of
+    its block or EOS) or the run's ``--tokens``."""
+    return int(p.get("max_tokens") or tokens)
+
+
+def tenant_of(p: dict) -> str:
+    """The tenant of an adaptive method's requests on prompt ``p``: its ``tenant`` or its type."""
+    return p.get("tenant") or p["type"]
 
 
 def _meta(a, target, draft, load_s: float) -> dict:
@@ -198,6 +219,8 @@ def _meta(a, target, draft, load_s: float) -> dict:
         "hf_assisted_draft": ("the full-vocabulary draft, loaded beside the subset draft"
                               if getattr(a, "draft_vocab_subset", None) is not None else "the draft"),
         "ours_ngram": {"ngram_min": a.ngram_min, "ngram_max": a.ngram_max},
+        "adaptive": {"warm": getattr(a, "adaptive", None), "min_confidence": getattr(a, "adaptive_min_confidence", 0.0),
+                     "policy": "K in 0..8, adaptive (the served default); tenant = the prompt's type"},
         "hf_prompt_lookup_args": {"prompt_lookup_num_tokens": a.hf_lookup_tokens,
                                   "max_matching_ngram_size": a.hf_lookup_ngram},
         "load_s": load_s,
@@ -211,8 +234,10 @@ def _meta(a, target, draft, load_s: float) -> dict:
         "dtype": str(next(target.model.parameters()).dtype),
         "device": str(target.device),
         "timing": "time.perf_counter (wall) and time.process_time (cpu) around the generate call only, after "
-                  "one warm-up call per method family; median over repeats; tokens/s = new tokens / seconds "
-                  "(prompt prefill included)",
+                  "one untimed full-length call of every method on the first prompt; every repeat runs each "
+                  "method once (order reversed every other repeat) with the target alone at its start (and end "
+                  "with bracket); a speedup is the median over repeats of the method's tokens/s over the same "
+                  "repeat's target alone; tokens/s = new tokens / seconds (prompt prefill included)",
     }
 
 

@@ -48,6 +48,27 @@ def _count(text: str) -> int:
     return n
 
 
+def _count_list(text: str) -> list[int]:
+    """``--adaptive``: comma-separated whole numbers >= 0 (``0,4``)."""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or any(n < 0 for n in out):
+        raise argparse.ArgumentTypeError(f"expected whole numbers >= 0 like '0,4', got {text!r}")
+    return sorted(set(out))
+
+
+def _only(text: str) -> tuple[str, list[str]]:
+    """``--only PROMPT_OR_TYPE:LABEL[,LABEL...]``."""
+    where, sep, labels = text.partition(":")
+    names = _name_list(labels)
+    if not sep or not where.strip() or not names:
+        raise argparse.ArgumentTypeError(f"expected PROMPT_OR_TYPE:LABEL[,LABEL...] like "
+                                         f"'copy:ours-ngram-K16', got {text!r}")
+    return where.strip(), names
+
+
 def _name_list(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
@@ -85,6 +106,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         "N rounds, formats interleaved (float32, w8a8 | w8a8, float32 | ...); formats.md reports "
                         "per prompt the median per-round ratio over the first format and its min-max "
                         "(default 3 with two or more formats; 0: off)")
+    g.add_argument("--alone-prompts", type=_name_list, default=None, metavar="P[,P...]",
+                   help="with --formats: the prompts (names or types) of the F:alone formats and of the "
+                        "interleaved rounds (default: --prompts); e.g. code, to time a float32 baseline on "
+                        "the code prompt only")
     g.add_argument("--draft-vocab-subset", type=int, default=None, metavar="N",
                    help="our draft scores only the N most frequent token ids (FR-Spec); transformers' "
                         "assisted generation gets the full-vocabulary draft, loaded too, in the same format")
@@ -112,6 +137,16 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                    help="draft proposer: early-stop thresholds to run, each with every K "
                         "(0 = none, the default; 0.4 is transformers' assisted default); "
                         "methods are labelled ours-draft-K<k>-c<C>")
+    g.add_argument("--adaptive", type=_count_list, default=None, metavar="W[,W...]",
+                   help="also run our engine with the per-tenant K controller as a server runs it (tenant = the "
+                        "prompt's type, K in 0..8): ours-adaptive-w<W> for each W, its controller taught by W "
+                        "earlier requests of the same type (other prompts, untimed) before every timed run; "
+                        "W = 0: a fresh controller (a fresh server's first request)")
+    g.add_argument("--adaptive-min-confidence", type=float, default=0.0, metavar="C",
+                   help="the adaptive method's draft early stop (default 0: none)")
+    g.add_argument("--only", type=_only, action="append", default=None, metavar="PROMPT_OR_TYPE:LABEL[,LABEL...]",
+                   help="run only these methods (and the target alone) on that prompt or prompt type; "
+                        "repeatable, e.g. --only copy:ours-ngram-K16")
     g.add_argument("--ngram-min", type=int, default=1, help="our prompt lookup: shortest n-gram (default 1)")
     g.add_argument("--ngram-max", type=int, default=3, help="our prompt lookup: longest n-gram (default 3)")
     g.add_argument("--hf-lookup-tokens", type=int, default=10,
@@ -147,6 +182,10 @@ def resolve_args(args) -> argparse.Namespace:
         a.prompts = list(QUICK["prompts"])
     if a.tokens < 1 or a.repeats < 1:
         raise ValueError("--tokens and --repeats must be >= 1")
+    if not 0.0 <= getattr(a, "adaptive_min_confidence", 0.0) <= 1.0:
+        raise ValueError(f"--adaptive-min-confidence must be in [0, 1], got {a.adaptive_min_confidence}")
+    only = getattr(a, "only", None)
+    a.only = dict(only) if only else None
     bad_hf = [h for h in a.hf if h not in ("assisted", "prompt-lookup")]
     if bad_hf:
         raise ValueError(f"unknown --hf method(s) {bad_hf}; expected assisted, prompt-lookup")

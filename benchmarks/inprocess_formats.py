@@ -41,6 +41,8 @@ def run_each_format(args: argparse.Namespace, run: Callable[..., dict], load: Ca
     import math
 
     from benchmarks.inprocess_args import resolve_args
+    from benchmarks.inprocess_goals import goals_table
+    from benchmarks.report import PROMPT_TYPES
     from benchmarks.inprocess_rounds import rounds_table, time_alone_rounds
     from specdec.models.formats import check_format, weight_bytes
 
@@ -59,7 +61,9 @@ def run_each_format(args: argparse.Namespace, run: Callable[..., dict], load: Ca
         sub = argparse.Namespace(**vars(args))
         sub.formats, sub.out = None, str(base_out / fmt)
         if fmt in alone:
-            sub.draft, sub.skip_hf, sub.proposers = "none", True, []
+            sub.draft, sub.skip_hf, sub.proposers, sub.only, sub.adaptive = "none", True, [], None, None
+            if getattr(args, "alone_prompts", None):
+                sub.prompts = list(args.alone_prompts)
         models = load(sub, fmt)
         mem = {"target_weight_gb": weight_bytes(models[0].model) / 2**30,
                "draft_weight_gb": weight_bytes(models[1].model) / 2**30 if models[1] is not None else None}
@@ -71,7 +75,10 @@ def run_each_format(args: argparse.Namespace, run: Callable[..., dict], load: Ca
             targets[fmt] = models[0]
         del models, report
         gc.collect()
-    by_rounds = time_alone_rounds(targets, resolve_args(args), rounds) if rounds else None
+    rounds_args = resolve_args(args)
+    if getattr(args, "alone_prompts", None):
+        rounds_args.prompts = list(args.alone_prompts)
+    by_rounds = time_alone_rounds(targets, rounds_args, rounds) if rounds else None
     targets.clear()
     if by_rounds is not None:
         for fmt in formats:
@@ -82,12 +89,13 @@ def run_each_format(args: argparse.Namespace, run: Callable[..., dict], load: Ca
         xs = [x for x in xs if x]
         return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
-    types = sorted({r["type"] for r in results[first]["rows"]})
+    types = [t for t in PROMPT_TYPES if any(r["type"] == t for f in formats for r in results[f]["rows"])]
     base_cpu = {t: {r["prompt"]: r["new_tokens"] / r["cpu_s"] for r in results[first]["rows"]
                     if r["type"] == t and r["family"] == "target"} for t in types}
     base_wall = {t: {r["prompt"]: r["tokens_per_s"] for r in results[first]["rows"]
                      if r["type"] == t and r["family"] == "target"} for t in types}
-    lines = [f"# Weight formats ({', '.join(formats)}), one run", "",
+    lines = [f"# Weight formats ({', '.join(formats)}), one run", "", goals_table(results, formats, by_rounds),
+             "## Per format and method", "",
              "Per prompt type, geometric mean over its prompts, CPU-time ratios. `x own` = speedup over the "
              f"same format's target alone; `x {first}` = over {first}'s target alone (the first format of the run); "
              f"`wall` = tokens/s and x {first} by wall clock. "
@@ -103,6 +111,9 @@ def run_each_format(args: argparse.Namespace, run: Callable[..., dict], load: Ca
             cells = []
             for t in types:
                 rs = [r for r in rows if r["type"] == t and r["method"] == label]
+                if not rs:
+                    cells.append("–")
+                    continue
                 tps = gmean([r["new_tokens"] / r["cpu_s"] for r in rs])
                 own = gmean([r["cpu_speedup"] for r in rs])
                 vs_first = gmean([r["new_tokens"] / r["cpu_s"] / base_cpu[t][r["prompt"]] for r in rs
@@ -110,7 +121,9 @@ def run_each_format(args: argparse.Namespace, run: Callable[..., dict], load: Ca
                 wall = gmean([r["tokens_per_s"] for r in rs])
                 wall_first = gmean([r["tokens_per_s"] / base_wall[t][r["prompt"]] for r in rs
                                     if r["prompt"] in base_wall[t]])
-                cells.append(f"{tps:.2f}, {own:.2f}x, {vs_first:.2f}x (wall {wall:.2f}, {wall_first:.2f}x)")
+                vs_first_s = "–" if math.isnan(vs_first) else f"{vs_first:.2f}x"
+                wall_first_s = "–" if math.isnan(wall_first) else f"{wall_first:.2f}x"
+                cells.append(f"{tps:.2f}, {own:.2f}x, {vs_first_s} (wall {wall:.2f}, {wall_first_s})")
             ident = all(r["identical"] for r in rows if r["method"] == label)
             lines.append(f"| {fmt} | {mem['target_weight_gb']:.2f} | "
                          f"{(mem['draft_weight_gb'] or 0):.2f} | {label} | " + " | ".join(cells) + f" | {ident} |")

@@ -23,10 +23,11 @@ class Method:
     """One thing to time on a prompt."""
 
     label: str
-    family: str  # target | hf-assisted | hf-prompt-lookup | ours
+    family: str  # target | hf-assisted | hf-prompt-lookup | ours | ours-adaptive
     proposer: str | None = None  # draft | ngram | none (ours only)
     k: int | None = None
     min_confidence: float = 0.0  # draft proposer: early stop below this draft probability
+    warm: int | None = None  # ours-adaptive: earlier requests of the prompt's type that taught its controller
 
 
 @dataclass
@@ -40,6 +41,10 @@ class RunOutcome:
     steps: int | None = None
     draft_time_s: float | None = None
     verify_time_s: float | None = None
+    ttft_s: float | None = None  # ours: seconds to the first token (both prefills and the first step)
+    repeat: int | None = None  # the bench's repeat (round) this run belongs to
+    decision: dict | None = None  # ours-adaptive: the controller's decision (k, reason, alpha, probe)
+    k_counts: dict | None = None  # ours: steps per K
 
 
 @dataclass
@@ -139,6 +144,19 @@ class Runner:
         pad = target.tokenizer.pad_token_id
         self.pad = pad if pad is not None else self.eos[0]
         self.hf_config: dict[str, dict] = {}
+        self._adaptive = None  # benchmarks.inprocess_adaptive.AdaptiveState, on first use
+        self.tenant: str = "code"  # ours-adaptive: the tenant of the next runs (the prompt's type)
+
+    @property
+    def adaptive(self):
+        """The learned controllers of the ``ours-adaptive-w<N>`` methods."""
+        if self._adaptive is None:
+            from benchmarks.inprocess_adaptive import AdaptiveState
+            from specdec.request import GenerationRequest
+
+            self._adaptive = AdaptiveState(self.engine, lambda text: self.engine.encode(GenerationRequest(
+                messages=[{"role": "user", "content": text}], max_tokens=1)))
+        return self._adaptive
 
     def _hf_kwargs(self, ids: torch.Tensor, tokens: int) -> dict:
         return dict(
@@ -154,6 +172,8 @@ class Runner:
     def run(self, method: Method, prompt_ids: list[int], tokens: int) -> RunOutcome:
         if method.family == "ours":
             return self._run_ours(method, prompt_ids, tokens)
+        if method.family == "ours-adaptive":
+            return self._run_adaptive(method, prompt_ids, tokens)
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.target.device)
         kwargs = self._hf_kwargs(ids, tokens)
         if method.family == "hf-assisted":
@@ -185,13 +205,33 @@ class Runner:
         spec = {"proposer": method.proposer, "k": method.k or 0,
                 "ngram_min": self.args.ngram_min, "ngram_max": self.args.ngram_max,
                 "draft_min_confidence": method.min_confidence}
+        from specdec.control.adaptive import run_timed
+
         req = GenerationRequest(prompt_token_ids=list(prompt_ids), max_tokens=tokens, speculation=spec)
         tm: dict = {}
         with _timer(tm):
-            res = self.engine.generate(req)
-        s = res.stats
-        return RunOutcome(token_ids=list(res.token_ids), **tm, proposed=s.proposed, accepted=s.accepted,
-                          steps=s.steps, draft_time_s=s.draft_time_s, verify_time_s=s.verify_time_s)
+            timed = run_timed(self.engine.start(req))
+        return _ours_outcome(timed, tm)
+
+    def _run_adaptive(self, method: Method, prompt_ids: list[int], tokens: int) -> RunOutcome:
+        from benchmarks.inprocess_adaptive import record, run_adaptive
+
+        ctl = self.adaptive.controller(method.warm or 0, self.tenant, self.args.tokens, method.min_confidence)
+        tm: dict = {}
+        with _timer(tm):
+            timed, decision = run_adaptive(self.engine, ctl, self.tenant, prompt_ids, tokens, method.min_confidence)
+        record(ctl, self.tenant, timed)
+        out = _ours_outcome(timed, tm)
+        out.decision = {"k": decision.k, "reason": decision.reason, "alpha": decision.alpha,
+                        "probe": decision.probe, "predicted_speedup": decision.predicted_speedup}
+        return out
+
+
+def _ours_outcome(timed, tm: dict) -> RunOutcome:
+    s = timed.result.stats
+    return RunOutcome(token_ids=list(timed.result.token_ids), **tm, proposed=s.proposed, accepted=s.accepted,
+                      steps=s.steps, draft_time_s=s.draft_time_s, verify_time_s=s.verify_time_s,
+                      ttft_s=timed.ttft_s, k_counts={int(a): b for a, b in s.k_counts.items()})
 
 
 def bench_methods(args, have_draft: bool, have_assistant: bool | None = None) -> list[Method]:
@@ -209,19 +249,41 @@ def bench_methods(args, have_draft: bool, have_assistant: bool | None = None) ->
             out += [Method(f"ours-draft-K{k}{tag}", "ours", "draft", k, c) for k in args.ks]
     if "ngram" in args.proposers:
         out += [Method(f"ours-ngram-K{k}", "ours", "ngram", k) for k in args.ngram_ks]
+    if have_draft:
+        c = getattr(args, "adaptive_min_confidence", 0.0)
+        tag = f"-c{c:g}" if c > 0 else ""
+        out += [Method(f"ours-adaptive-w{w}{tag}", "ours-adaptive", "draft", None, c, w)
+                for w in getattr(args, "adaptive", None) or []]
     return out
 
 
-def warm_up(runner: Runner, methods: list[Method], prompt_ids: list[int], a) -> None:
-    """One short untimed call per method family (and per proposer), so first-call costs don't count."""
-    n = min(a.tokens, 8)
-    seen = set()
+def methods_for(methods: list[Method], prompt: dict, only: dict[str, list[str]]) -> list[Method]:
+    """The methods run on ``prompt``: all, or with ``--only`` naming its name or type, the target
+    alone and the labels listed (a prompt's name wins over its type).
+
+    Raises:
+        ValueError: a listed label that is not a method of this run.
+    """
+    labels = only.get(prompt["name"], only.get(prompt["type"]))
+    if labels is None:
+        return list(methods)
+    known = {m.label for m in methods}
+    unknown = [lab for lab in labels if lab not in known]
+    if unknown:
+        raise ValueError(f"--only {prompt['name']}/{prompt['type']}: unknown method(s) {unknown}; this run has "
+                         f"{sorted(known)}")
+    return [m for m in methods if m.family == "target" or m.label in labels]
+
+
+def warm_up(runner: Runner, methods: list[Method], prompt_ids: list[int], tokens: int) -> None:
+    """One untimed call of every method at the full length ``tokens`` on the first prompt, so no
+    method's timed runs carry first-call costs (the process's first long generation, lazily grown
+    allocations) that another method's do not: session 9's first timed target-alone run of
+    32 tokens, after an 8-token warm-up, took 4.89 CPU-s against 3.44 for the same call later.
+    An adaptive method warms with a throwaway cold controller (its learned state is unchanged)."""
     t0 = time.perf_counter()
     for m in methods:
-        key = (m.family, m.proposer)
-        if key in seen:
-            continue
-        seen.add(key)
-        warm = Method(m.label, m.family, m.proposer, min(m.k or 0, 2) if m.proposer != "none" else 0)
-        runner.run(warm, prompt_ids, n)
-    log(f"bench: warm-up ({len(seen)} calls of {n} tokens) took {time.perf_counter() - t0:.1f} s")
+        if m.family == "ours-adaptive":
+            m = Method(m.label, m.family, m.proposer, m.k, m.min_confidence, 0)
+        runner.run(m, prompt_ids, tokens)
+    log(f"bench: warm-up ({len(methods)} calls of {tokens} tokens) took {time.perf_counter() - t0:.1f} s")

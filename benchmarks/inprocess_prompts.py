@@ -1,5 +1,6 @@
 """The prompts of ``specdec bench`` (:mod:`benchmarks.inprocess`): code, SQL/JSON, a copy-heavy
-rewrite and open creative writing, each one user message rendered with the target's chat
+rewrite (cut at ``--tokens``, and ``code-rename-full`` run to the end of the rewritten block: its
+own ``max_tokens``, type ``copy_full``) and open creative writing, each one user message rendered with the target's chat
 template; choosing them by name or type."""
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def print_receipt(items: list[Item]) -> None:
     print(f"{'total':20s} {total_price(items):16.2f}")
 """
 
-#: The prompts: name, type, one user message (rendered with the target's chat template).
+#: The prompts: name, type, one user message (rendered with the target's chat template);
+#: optional ``max_tokens`` (the prompt's own cap on new tokens instead of ``--tokens``) and
+#: ``tenant`` (an adaptive method's tenant; default the type).
 PROMPTS: list[dict] = [
     {
         "name": "code-prime",
@@ -64,6 +67,16 @@ PROMPTS: list[dict] = [
         # prompt lookup (n-gram drafting) is made for
         "name": "code-rename",
         "type": "copy",
+        "content": "Rewrite this Python code with the function `total_price` renamed to `order_total` "
+        "everywhere. Return only the code.\n\n```python\n" + RENAME_SOURCE + "```",
+    },
+    {
+        # the same rewrite run to its natural end: the whole rewritten block (EOS), not its first
+        # --tokens tokens; its own type, so its ratios are not mixed with the 32-token figure
+        "name": "code-rename-full",
+        "type": "copy_full",
+        "tenant": "copy",
+        "max_tokens": 256,
         "content": "Rewrite this Python code with the function `total_price` renamed to `order_total` "
         "everywhere. Return only the code.\n\n```python\n" + RENAME_SOURCE + "```",
     },

@@ -53,7 +53,7 @@ def time_alone_rounds(targets: dict, args, rounds: int, *, make_runner: Callable
         order = formats if r % 2 == 0 else formats[::-1]
         for p in prompts:
             for pos, f in enumerate(order):
-                o = runners[f].run(alone, ids[p["name"]], args.tokens)
+                o = runners[f].run(alone, ids[p["name"]], int(p.get("max_tokens") or args.tokens))
                 runs.append({"round": r, "prompt": p["name"], "format": f, "position": pos,
                              "new_tokens": len(o.token_ids), "seconds": o.seconds, "cpu_s": o.cpu_s,
                              "loadavg": o.loadavg, "token_ids": list(o.token_ids)})

@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 
 #: prompt types, in table/plot order
-PROMPT_TYPES = ("code", "sql_json", "copy", "creative")
+PROMPT_TYPES = ("code", "sql_json", "copy", "copy_full", "creative")
 
 
 def median(xs: list[float]) -> float | None:
@@ -28,17 +28,33 @@ def geomean(xs: list[float]) -> float | None:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
+def paired_ratios(runs: list, ref_runs: list, key: str) -> list[float]:
+    """Per run of a method: its new tokens per ``key`` second (``"seconds"`` or ``"cpu_s"``) over
+    the target alone's in the same repeat (the median of that repeat's target-alone runs; a run
+    without a repeat, or whose repeat has none, is compared with all of them).
+
+    Both sides were warmed the same way and ran in the same round, so no method gains from
+    running later in the process than the target alone it is compared with."""
+    def tps(o) -> float:
+        return len(o.token_ids) / getattr(o, key)
+
+    by_rep: dict = {}
+    for o in ref_runs:
+        by_rep.setdefault(getattr(o, "repeat", None), []).append(tps(o))
+    every = [tps(o) for o in ref_runs]
+    return [tps(o) / median(by_rep.get(getattr(o, "repeat", None)) or every) for o in runs]
+
+
 def tabulate(prompts: list[dict], methods: list, samples: dict) -> list[dict]:
     """One row per prompt and method: median seconds over its runs, tokens/s, speedup over the
-    target alone of the same prompt (wall and CPU), acceptance, and identity with the target."""
+    target alone of the same prompt (wall and CPU; the median over repeats of the repeat's ratio,
+    :func:`paired_ratios`), acceptance, and identity with the target."""
     rows = []
     for p in prompts:
         ref_runs = samples.get((p["name"], "target"))
         if not ref_runs:
             continue
         ref_ids = ref_runs[0].token_ids
-        ref_tps = len(ref_ids) / median([o.seconds for o in ref_runs])
-        ref_cpu_tps = len(ref_ids) / median([o.cpu_s for o in ref_runs])
         for m in methods:
             runs = samples.get((p["name"], m.label))
             if not runs:
@@ -47,6 +63,8 @@ def tabulate(prompts: list[dict], methods: list, samples: dict) -> list[dict]:
             secs = median([o.seconds for o in runs])
             n = len(last.token_ids)
             tps = n / secs
+            wall_ratios = [1.0] * len(runs) if m.family == "target" else paired_ratios(runs, ref_runs, "seconds")
+            cpu_ratios = [1.0] * len(runs) if m.family == "target" else paired_ratios(runs, ref_runs, "cpu_s")
             row = {
                 "prompt": p["name"],
                 "type": p["type"],
@@ -59,10 +77,12 @@ def tabulate(prompts: list[dict], methods: list, samples: dict) -> list[dict]:
                 "seconds": secs,
                 "seconds_all": [o.seconds for o in runs],
                 "tokens_per_s": tps,
-                "speedup": tps / ref_tps,
+                "speedup": median(wall_ratios),
                 "cpu_s": median([o.cpu_s for o in runs]),
                 "cpu_s_all": [o.cpu_s for o in runs],
-                "cpu_speedup": (n / median([o.cpu_s for o in runs])) / ref_cpu_tps,
+                "cpu_speedup": median(cpu_ratios),
+                "cpu_speedup_all": cpu_ratios,
+                "repeats_all": [getattr(o, "repeat", None) for o in runs],
                 "loadavg_all": [o.loadavg for o in runs],
                 "identical": all(o.token_ids == ref_ids for o in runs),
                 "steps": last.steps,
@@ -72,6 +92,9 @@ def tabulate(prompts: list[dict], methods: list, samples: dict) -> list[dict]:
                 "mean_accepted_length": (n / last.steps) if last.steps else None,
                 "draft_time_s": median([o.draft_time_s for o in runs if o.draft_time_s is not None]),
                 "verify_time_s": median([o.verify_time_s for o in runs if o.verify_time_s is not None]),
+                "ttft_s": median([o.ttft_s for o in runs if getattr(o, "ttft_s", None) is not None]),
+                "k_counts": getattr(last, "k_counts", None),
+                "decisions": [o.decision for o in runs if getattr(o, "decision", None) is not None] or None,
             }
             if m.family == "target":
                 row["steps"] = n
