@@ -79,7 +79,8 @@ def error_param(exc: BaseException, endpoint: str | None = None) -> str | None:
 
     An error that names its field explicitly (attribute ``param``, set where the HTTP layer
     refuses a body) gives that; a prompt over the context gives ``prompt`` (completions) or
-    ``messages`` (chat), as OpenAI's own ``context_length_exceeded``; any other bad request gives
+    ``messages`` (chat), as OpenAI's own ``context_length_exceeded`` (a chat prompt over a tenant's
+    ``max_prompt_tokens`` too: a chat body has no ``prompt``); any other bad request gives
     the field path its message starts with (every validation message of both APIs starts with
     the field as the caller sent it: ``max_tokens: ...``, ``messages.0.role: ...``,
     ``sampling.temperature: ...`` -> ``temperature``), if that path starts with a field of the
@@ -112,7 +113,10 @@ def error_param(exc: BaseException, endpoint: str | None = None) -> str | None:
     head = path.split(".")[0]
     if head == "logit_bias":  # its keys are token ids; pydantic's path continues into them
         return head
-    path = _PARAM_OF_CORE.get(head, head) + path[len(head):]
+    param_head = _PARAM_OF_CORE.get(head, head)
+    if endpoint == "chat" and param_head == "prompt":  # a chat body's prompt is its messages
+        param_head = "messages"
+    path = param_head + path[len(head):]
     return path if path.split(".")[0] in BODY_FIELDS else None
 
 

@@ -143,7 +143,7 @@ def test_check_request_clips_k_and_rejects_the_rest(reg):
         reg.check_request(acme, 10, 257, 4, "draft")
     with pytest.raises(InvalidRequestError, match=r"prompt is 1001 tokens but tenant 'acme' allows at most 1000"):
         reg.check_request(acme, 1001, 10, 4, "draft")
-    with pytest.raises(InvalidRequestError, match=r"proposer 'ngram' is not allowed for tenant 'acme'; allowed: \['draft', 'none'\]"):
+    with pytest.raises(InvalidRequestError, match=r"speculation.proposer: 'ngram' is not allowed for tenant 'acme'; allowed: \['draft', 'none'\]"):
         reg.check_request(acme, 10, 10, 4, "ngram")
 
 
@@ -156,7 +156,7 @@ def test_unnamed_proposer_falls_back_to_one_the_tenant_allows(reg):
     assert reg.check_request(acme, 10, 10, 4, "draft", default_proposers=servers).proposer == "draft"
     globex = reg.get("globex")  # default policy: any proposer
     assert reg.check_request(globex, 10, 10, 4, "draft", default_proposers=servers).proposer == "draft"
-    with pytest.raises(InvalidRequestError, match="proposer 'ngram' is not allowed"):  # named: refused
+    with pytest.raises(InvalidRequestError, match="speculation.proposer: 'ngram' is not allowed"):  # named: refused
         reg.check_request(acme, 10, 10, 4, "ngram")
 
 

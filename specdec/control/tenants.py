@@ -322,7 +322,7 @@ class TenantRegistry:
         if proposer != "none" and proposer not in pol.allowed_proposers:
             allowed = sorted(set(pol.allowed_proposers) | {"none"})
             raise InvalidRequestError(
-                f"proposer {proposer!r} is not allowed for tenant {tenant.id!r}; allowed: {allowed}"
+                f"speculation.proposer: {proposer!r} is not allowed for tenant {tenant.id!r}; allowed: {allowed}"
             )
         if k < 0:
             raise InvalidRequestError(f"k must be >= 0, got {k}")

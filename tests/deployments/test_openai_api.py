@@ -498,6 +498,38 @@ def test_wrong_json_types_are_400_naming_the_field(stack, field, value, message)
     assert resp.status_code == 400 and resp.json()["error"]["message"] == message
 
 
+def test_a_tenants_policy_refusal_names_the_body_field_as_param(stack):
+    """A proposer the tenant does not allow was 400 with ``param: null`` (its message began
+    "proposer 'draft' is not allowed"), and a chat prompt over the tenant's ``max_prompt_tokens``
+    had ``param: "prompt"``, a field a chat body does not have. gRPC gives the same message."""
+    long_text = "ab " * 40  # 81 prompt tokens as a completion, 98 templated as chat: over small's 64
+    cases = [
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 4, "speculation": {"proposer": "draft"}},
+         "speculation.proposer: 'draft' is not allowed for tenant 'small'; allowed: ['ngram', 'none']",
+         "speculation.proposer"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+                                  "speculation": {"proposer": "draft", "max_k": 2}},
+         "speculation.proposer: 'draft' is not allowed for tenant 'small'; allowed: ['ngram', 'none']",
+         "speculation.proposer"),
+        ("/v1/completions", {"model": MODEL, "prompt": long_text, "max_tokens": 4},
+         "prompt is 81 tokens but tenant 'small' allows at most 64 (limits.max_prompt_tokens)", "prompt"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": long_text}], "max_tokens": 4},
+         "prompt is 98 tokens but tenant 'small' allows at most 64 (limits.max_prompt_tokens)", "messages"),
+    ]
+    for path, body, message, param in cases:
+        resp = _run(_raw(stack["app"], "POST", path, body, headers={"Authorization": f"Bearer {SMALL_KEY}"}))
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"] == {"message": message, "type": "invalid_request_error", "param": param,
+                                        "code": None}
+    _, ctx = _grpc(stack["router"], pb.GenerateRequest(
+        prompt="x", max_tokens=4, speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT)), key=SMALL_KEY)
+    assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT and ctx.details == cases[0][2]
+    # refused before admission: nothing of small's tokens per minute is spent (test_rate_limit_... counts them)
+    ok = _run(_raw(stack["app"], "POST", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 4,
+                                                            "ignore_eos": True, "speculation": {"proposer": "draft"}}))
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+
+
 def test_a_default_max_tokens_is_at_most_the_tenants_limit(stack):
     """A request that sets no max_tokens gets the server's default (chat and gRPC 128,
     completions 16) clipped to its tenant's ``limits.max_tokens``: tenant small (8) had every

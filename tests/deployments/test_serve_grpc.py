@@ -309,7 +309,7 @@ def test_unauthenticated(served, metadata, message, streaming):
     [
         (pb.GenerateRequest(prompt="x", max_tokens=9), "max_tokens=9 exceeds the limit of tenant 'small', 8 (limits.max_tokens)"),
         (pb.GenerateRequest(prompt="x", max_tokens=4, speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT)),
-         "proposer 'draft' is not allowed for tenant 'small'; allowed: ['ngram', 'none']"),
+         "speculation.proposer: 'draft' is not allowed for tenant 'small'; allowed: ['ngram', 'none']"),
     ],
     ids=["max_tokens", "proposer"],
 )

@@ -241,7 +241,7 @@ def test_invalid_argument_messages_and_clipping(tenants_file):
             (req(prompt_token_ids=list(range(5, 38))),
              "prompt is 33 tokens but tenant 'small' allows at most 32 (limits.max_prompt_tokens)"),
             (req(speculation={"proposer": "ngram"}),
-             "proposer 'ngram' is not allowed for tenant 'small'; allowed: ['draft', 'none']"),
+             "speculation.proposer: 'ngram' is not allowed for tenant 'small'; allowed: ['draft', 'none']"),
         ]
         for r, msg in cases:
             with pytest.raises(InvalidRequestError) as ei:
