@@ -36,6 +36,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 
 step "venv .venv-gpu"
 PY=${PYTHON:-python3}
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "gpu-check: $PY is Python $("$PY" -c 'import platform; print(platform.python_version())'); the project needs >= 3.11 (set PYTHON=python3.11 or newer)" >&2
+  exit 2
+fi
 if [ ! -x .venv-gpu/bin/python ]; then
   "$PY" -m venv .venv-gpu
 fi
@@ -67,7 +71,12 @@ step "environment"
 } | tee "$OUT/environment.txt"
 
 step "demo pair (assembled once into the cache)"
-specdec prefetch
+# `specdec prefetch` alone builds this host CPU's default format (w8a8 on a Xeon with AMX: minutes
+# of quantizing nothing here loads). Build what this script loads instead: bfloat16, the default
+# on CUDA (`specdec bench --device cuda`), and float32, what the tests load unless they name a
+# format (tests/conftest.py sets SPECDEC_WEIGHT_FORMAT=float32).
+specdec prefetch --format bfloat16
+specdec prefetch --format float32
 
 step "tests marked gpu, and the device checks"
 set +e
