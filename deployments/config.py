@@ -281,11 +281,12 @@ def to_serve_config(cfg: AppConfig) -> dict[str, Any]:
 #: The configurations committed as YAML files (file name -> config).
 PRESETS: dict[str, AppConfig] = {
     # 2 CPUs, no GPU: everything fractional, one replica each, the target in one process (TP=1)
-    # with two torch threads. With the CPU default format (w8a8 on an AMX-INT8 CPU, int4 on another
-    # bf16-capable one) the demo pair serves in under 5 GB RSS (router, draft, target replica and
-    # rank; README "Weight formats"),
-    # and TP=1 measured faster and smaller than TP=2 over gloo (5.4 vs 3.8 tok/s plain decoding,
-    # 4.5 vs 9.5 GB); --tp 2 still works (each rank quantizes its own shard).
+    # with two torch threads. With the CPU default format (w8a8 on an AMX-INT8 or AVX512-VNNI +
+    # bf16 CPU, int4 on another bf16-capable one) the demo pair serves in under 5 GB RSS (router,
+    # draft, target replica and rank: 3.48 GiB in w8a8, README "On this machine: session 9's AMD
+    # EPYC, served and batched"), and TP=1 measured faster and smaller than TP=2 over gloo (int4:
+    # 5.4 vs 3.8 tok/s plain decoding, 4.5 vs 9.5 GB; docs/history/weight-formats.md, "Served with
+    # the default"); --tp 2 still works (each rank quantizes its own shard).
     "local-cpu.yaml": AppConfig(
         target_tp=1,
         cpu_threads=2,
@@ -334,7 +335,7 @@ def torch_threads(cfg_threads: int, assigned_cpus: float | None) -> int:
 #: each hold a team of two threads on the same two cores, and whichever process is idle spins
 #: against the one computing. Measured (demo pair, both w8a8, served main job, 128 tokens, one
 #: locked run, machine shared): target compute 1236 ms per step with the default, 317 ms with
-#: PASSIVE (README "Weight formats").
+#: PASSIVE (docs/history/serving.md, "Served w8a8 and the default pair").
 OMP_WAIT_POLICY = "PASSIVE"
 
 

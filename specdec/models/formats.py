@@ -46,7 +46,7 @@ the default there because its verify cost
 hardly grows with the rows a forward scores (speculation's K + 1 positions and the batch of
 sessions), where int4's grows about linearly: on the 2-core Sapphire Rapids VM the served w8a8 pair
 gives 2.66x one client's tokens/s at 8 clients (int4 1.40x) and the same main-job speed
-(README "Weight formats", "Continuous batching"); on the AMD EPYC (VNNI) the demo target's forward of
+(docs/history/weight-formats.md, "Default format"); on the AMD EPYC (VNNI) the demo target's forward of
 1 / 5 / 17 positions costs 0.071 / 0.098 / 0.199 CPU-s in w8a8, 0.065 / 0.175 / 0.478 in int4
 (one thread). int4 stays the default without either, where oneDNN's int8 matmul is not measured
 here. Exactness is per format: speculation equals the
@@ -104,7 +104,7 @@ def storage_dtype(fmt: str) -> torch.dtype:
 CPU_AMX_INT8_DEFAULT = "w8a8"
 #: The default format on a CPU with native bfloat16 instructions (AVX512-BF16 or AMX-BF16) but no
 #: AMX-INT8: the format measured fastest for one session's speculation on such instructions
-#: (README "Weight formats": int4 ahead of int8 and bfloat16).
+#: (docs/history/weight-formats.md: int4 ahead of int8 and bfloat16).
 CPU_BF16_DEFAULT = "int4"
 #: /proc/cpuinfo flags that mean native bfloat16 matrix instructions.
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})

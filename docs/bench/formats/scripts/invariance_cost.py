@@ -3,7 +3,8 @@ target over 1 / 4 / 16 new positions on a 64-token cache, same weights, alternat
 
 usage: flock -w 1800 /tmp/specdec-heavy.lock python invariance_cost.py bfloat16,int8,int4
 env: THREADS (default 2), ROUNDS (default 3: median of 3 alternating rounds).
-Prints one JSON line per format and a markdown table at the end (README "Weight formats").
+Prints one JSON line per format and a markdown table at the end (docs/history/weight-formats.md,
+"Cost of invariance").
 """
 import gc, json, os, sys, time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
