@@ -334,6 +334,7 @@ def run_client(args) -> int:
     from google.protobuf import json_format
 
     from deployments.client import SpecDecClient, SpecDecError, build_request
+    from deployments.client_flags import flag_problem
 
     with SpecDecClient(args.address, application=args.application, api_key=args.api_key,
                        session_id=args.session_id) as client:
@@ -346,6 +347,7 @@ def run_client(args) -> int:
                 print("specdec client: give a prompt or --message, not both (the prompt would be ignored)",
                       file=sys.stderr)
                 return 2
+            msgs = None
             if args.message:
                 msgs = []
                 for m in args.message:
@@ -354,12 +356,14 @@ def run_client(args) -> int:
                         print(f"--message must be ROLE:TEXT, got {m!r}", file=sys.stderr)
                         return 2
                     msgs.append({"role": role, "content": text})
-                request = build_request(messages=msgs, **kwargs)
-            elif args.prompt:
-                request = build_request(args.prompt, **kwargs)
-            else:
+            elif not args.prompt:
                 print("specdec client: give a prompt or --message", file=sys.stderr)
                 return 2
+            problem = flag_problem(kwargs, args.prompt, msgs, args.timeout)  # named by flag, nothing sent
+            if problem:
+                print(f"specdec client: {problem}", file=sys.stderr)
+                return 2
+            request = build_request(args.prompt, messages=msgs, **kwargs)
             t0 = time.perf_counter()
             if args.stream and not args.json:
                 last = None

@@ -67,6 +67,48 @@ def test_client_flags_carry_the_sampling_surface():
         cli.request_kwargs(p.parse_args(["x", "--logit-bias", "seven"]))
 
 
+def _client_args(*argv):
+    p = argparse.ArgumentParser()
+    cli.add_client_arguments(p)
+    # nothing listens on port 1: a request that were sent would end UNAVAILABLE (exit 1)
+    return p.parse_args([*argv, "--address", "localhost:1", "--api-key", "sk-x"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    # named by the wire field (speculation.max_k) after a round trip
+    (["x", "-k", "99"], "-k: Input should be less than or equal to 16"),
+    # "k must be a whole number in 0..4294967295", the uint32 field's range
+    (["x", "-k", "-1"], "-k: Input should be greater than or equal to 0"),
+    (["x", "--max-tokens", "-1"], "--max-tokens: Input should be greater than or equal to 1"),
+    (["x", "--top-p", "2", "--temperature", "-1"],
+     "--temperature: Input should be greater than or equal to 0; --top-p: Input should be less than or equal to 1"),
+    (["x", "--logit-bias", "5=500"], "--logit-bias: the bias of token 5 must be in -100..100, got 500.0"),
+    (["x", "--top-logprobs", "3"], "--top-logprobs needs --logprobs"),
+    (["x", "--min-tokens", "9", "--max-tokens", "8"], "--min-tokens (9) must be <= --max-tokens (8)"),
+    (["--message", "robot:hi"], "--message: Input should be 'system', 'user', 'assistant' or 'tool'"),
+    # ended in DEADLINE_EXCEEDED from gRPC, as if the server had been slow
+    (["x", "--timeout", "-1"], "--timeout must be a positive number of seconds, got -1"),
+    (["x", "--timeout", "0"], "--timeout must be a positive number of seconds, got 0"),
+    (["x", "--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
+], ids=["k-99", "k-negative", "max-tokens", "two-flags", "logit-bias", "top-logprobs", "min-tokens", "role",
+        "timeout-negative", "timeout-zero", "timeout-nan"])
+def test_client_refuses_bad_flags_by_their_flag_name_before_sending(argv, message, capsys):
+    assert cli.run_client(_client_args(*argv)) == 2
+    assert capsys.readouterr().err == f"specdec client: {message}\n"
+
+
+def test_client_flag_check_lets_every_valid_flag_through():
+    from deployments.client_flags import flag_problem
+
+    args = _client_args("x", "--max-tokens", "16", "--temperature", "0.7", "--top-p", "0.9", "--top-k", "40",
+                        "--seed", str(2**64 - 1), "--min-p", "0.05", "--repetition-penalty", "1.1",
+                        "--presence-penalty", "-2", "--frequency-penalty", "2", "--logit-bias", "7=-100",
+                        "--min-tokens", "16", "--logprobs", "--top-logprobs", "20", "--proposer", "ngram",
+                        "-k", "16", "--draft-min-confidence", "1", "--stop", "\n\n", "--timeout", "0.5")
+    assert flag_problem(cli.request_kwargs(args), "x", None, args.timeout) is None
+    assert flag_problem(cli.request_kwargs(args), None, [{"role": "system", "content": ""}], None) is None
+
+
 def test_ctrl_c_while_the_models_load_shuts_down_without_a_traceback(monkeypatch, capsys):
     """Ctrl-C (or SIGTERM) while ``serve.run`` waits for the models raised KeyboardInterrupt out
     of ``specdec serve`` (a traceback); now it says so, shuts Serve and Ray down, exits 130."""
