@@ -26,23 +26,31 @@ Fairness: each tenant gets its weighted max-min fair share of the positions budg
 first, a prefill chunked to what is left of its tenant's share), the rest only on leftover
 budget. So a burst from one tenant cannot push another tenant's steps, or its new prompt's
 prefill, out of the forwards: the other tenant progresses by its share every tick.
+
+The parts, one job each: this module, the tick and its driving (:class:`BatchScheduler`);
+:mod:`specdec.engine.batch_request` (the request handle and the tick record, re-exported here);
+:mod:`specdec.engine.batch_draft` (step 3); :mod:`specdec.engine.batch_adaptive` (what the K
+controller is told before step 2, and an adaptive request's K); :mod:`specdec.engine.fairness`
+(the budget's fair order in step 4).
 """
 
 from __future__ import annotations
 
 import itertools
-import queue
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
+from specdec.engine.batch_adaptive import adaptive_k, decide_under_load
+from specdec.engine.batch_draft import draft_blocks
+from specdec.engine.batch_request import BatchedRequest, TickRecord
 from specdec.engine.decoder import Generation
-from specdec.errors import GenerationCancelledError, InvalidRequestError
 from specdec.engine.fairness import fair_budget_plan
-from specdec.engine.proposers.draft_model import DECODE_TAIL, DraftModelSession
+from specdec.errors import GenerationCancelledError, InvalidRequestError
 from specdec.request import GenerationRequest
-from specdec.types import DraftBlock, FinishReason, GenerationChunk, GenerationResult
+from specdec.types import DraftBlock, FinishReason, GenerationChunk
+
+__all__ = ["DEFAULT_MAX_BATCH_POSITIONS", "BatchScheduler", "BatchedRequest", "TickRecord", "VerifyFn"]
 
 #: Default positions budget of one batched target forward (Σ over rows of fed positions).
 DEFAULT_MAX_BATCH_POSITIONS = 64
@@ -50,88 +58,6 @@ DEFAULT_MAX_BATCH_POSITIONS = 64
 #: ``verify(items, max_positions) -> results``: see :meth:`specdec.engine.verifier.TargetVerifier.verify_batch`.
 VerifyFn = Callable[[Sequence[tuple[Any, DraftBlock]], "int | None"], list]
 
-
-@dataclass
-class TickRecord:
-    """What one tick did (for tests and the cost model).
-
-    Attributes:
-        rows: request ids offered to the target forward, in budget order.
-        answered: request ids whose block was decided in it.
-        positions: positions the rows' next forwards need (uncached tail + K each).
-        positions_fed: positions the target forward fed (≤ the budget unless one row alone);
-            unbatched, the sum over the rows' separate forwards.
-        draft_s, verify_s: seconds spent drafting and in the target forward.
-    """
-
-    rows: list[int]
-    answered: list[int]
-    positions: int
-    positions_fed: int
-    draft_s: float
-    verify_s: float
-
-
-@dataclass
-class BatchedRequest:
-    """A request running under a :class:`BatchScheduler`; its chunks arrive in :attr:`chunks`.
-
-    Attributes:
-        id: scheduler-wide request id (submission order).
-        tenant: the tenant it counts against.
-        generation: its decoding loop.
-    """
-
-    id: int
-    tenant: str
-    generation: Generation
-    proposer: str = "none"
-    chunks: "queue.Queue[GenerationChunk | BaseException | None]" = field(default_factory=queue.Queue)
-    error: BaseException | None = None
-    block: DraftBlock | None = None
-    #: tick its current block was drafted in (rows whose block waited longest go first)
-    block_tick: int = 0
-    draft_s: float = 0.0
-    _cancel: bool = False
-    _done: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def cancel(self) -> None:
-        """Ask the scheduler to stop this generation at the next tick boundary (thread-safe).
-
-        Its caches are freed then; the other rows of the batch are not disturbed.
-        """
-        self._cancel = True
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the generation ended; whether it did within ``timeout`` seconds."""
-        return self._done.wait(timeout)
-
-    def result(self) -> GenerationResult:
-        """The finished generation.
-
-        Raises:
-            the error that ended it (e.g. :class:`specdec.errors.InvalidRequestError`), or
-            RuntimeError when it has not ended.
-        """
-        if self.error is not None:
-            raise self.error
-        if not self.done:
-            raise RuntimeError("the generation has not finished")
-        return self.generation.result()
-
-    def stream(self, timeout: float | None = None) -> Iterator[GenerationChunk]:
-        """Yield the chunks as the scheduler produces them (needs a running scheduler thread)."""
-        while True:
-            item = self.chunks.get(timeout=timeout)
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
 
 class BatchScheduler:
     """Steps many generations of one :class:`specdec.engine.engine.SpeculativeEngine` together.
@@ -221,11 +147,7 @@ class BatchScheduler:
         if adaptive:
             if self.controller is None:
                 raise ValueError("adaptive K needs a scheduler with a controller")
-            cap = request.speculation.k
-            ctl = self.controller
-
-            def k(tenant=tenant, cap=cap):  # K under load, or a probe's K while held at K = 0
-                return ctl.step_k(tenant, cap)
+            k = adaptive_k(self.controller, tenant, request.speculation.k)
 
         gen = self.engine.start(request, k=k)
         return self.add(gen, tenant=tenant, proposer=request.speculation.proposer)
@@ -278,19 +200,7 @@ class BatchScheduler:
         self._ticks += 1
         self.running = self._end_cancelled(self.running)
         if self.controller is not None and self.running:
-            counts: dict[tuple[str, str], int] = {}
-            behind: dict[str, int] = {}
-            left: dict[str, list[int]] = {}
-            for r in self.running:
-                counts[(r.tenant, r.proposer)] = counts.get((r.tenant, r.proposer), 0) + 1
-                p = r.generation.proposer
-                behind[r.tenant] = behind.get(r.tenant, 0) + (p.behind() if isinstance(p, DraftModelSession) else 0)
-                a = r.generation.assembler
-                left.setdefault(r.tenant, []).append(max(0, a.max_tokens - len(a.token_ids)))
-            # as served (specdec.control.batch_sessions.BatchKSessions): a tenant leaving K = 0
-            # pays its drafts' catch-up, spread over the tokens its sessions have left
-            self.controller.decide(counts, behind=behind,
-                                   tokens_left={t: max(1.0, sum(v) / len(v)) for t, v in left.items()})
+            decide_under_load(self.controller, self.running)
         # plan: K for each generation that needs a new block
         need: list[tuple[BatchedRequest, int]] = []
         alive: list[BatchedRequest] = []
@@ -383,35 +293,8 @@ class BatchScheduler:
 
     def _draft(self, need: list[tuple[BatchedRequest, int]]) -> None:
         """Draft the blocks of ``need``: batched per draft proposer, prompt lookup alone."""
-        groups: dict[int, list[tuple[BatchedRequest, int]]] = {}
-        for r, k in need:
-            proposer = r.generation.proposer
-            if proposer is None or k <= 0:
-                r.block = DraftBlock.empty()
-            elif self.batched and isinstance(proposer, DraftModelSession):
-                groups.setdefault(id(proposer._proposer), []).append((r, k))
-            else:
-                r.block = proposer.propose(k)
-        for rows in groups.values():
-            sessions = [r.generation.proposer for r, _ in rows]
-            timings: list[tuple[int, float]] = []
-            trace: list[tuple[int, int]] = []
-            blocks = sessions[0]._proposer.propose_batch(sessions, [k for _, k in rows], timings=timings,
-                                                         max_prefill=self.draft_prefill_chunk, trace=trace)
-            self.draft_trace += trace
-            # the controller measures draft positions: a forward that also fed a prompt's
-            # prefill or the catch-up of tokens decoded at K = 0 (more than DECODE_TAIL positions
-            # per row) is no draft position's cost, and taken as one it would hold tenants at K = 0;
-            # it is a catch-up's: its seconds beyond a draft forward of as many rows, per position
-            # beyond one a row (BatchCostModel.observe_catchup, as served)
-            for t, (n, positions) in zip(timings, trace):
-                if positions <= DECODE_TAIL * n:
-                    self._draft_timings.append(t)
-                elif self.controller is not None and positions - n >= 8:
-                    cost = self.controller.cost
-                    cost.observe_catchup(positions - n, max(0.0, t[1] - cost.draft_s(n)))
-            for (r, _), block in zip(rows, blocks):
-                r.block = block
+        self._draft_timings += draft_blocks(need, batched=self.batched, max_prefill=self.draft_prefill_chunk,
+                                            controller=self.controller, draft_trace=self.draft_trace)
 
     # --- driving ---------------------------------------------------------------------------------
 
