@@ -146,7 +146,8 @@ def profile_group(engine, clients: int, max_tokens: int, k: int, budget: int, pr
 
 def table(p: dict) -> str:
     lines = [f"{p['clients']} clients x {p['max_tokens']} tokens, K={p['k']}, budget {p['budget']}, "
-             f"prefix cache {'on' if p.get('prefix_cache') else 'off'}, "
+             f"prefix cache {'on' if p.get('prefix_cache') else 'off'}, row-wise attention rows in "
+             f"{p.get('row_dtype', 'float32')}, "
              f"{p['threads']} threads: {p['tokens']} tokens in {p['wall_s']:.2f} s wall, {p['cpu_s']:.2f} s CPU "
              f"({p['tok_per_s']:.2f} tok/s), {p['ticks']} ticks, prompts {p['prompt_tokens']} tokens, "
              f"acceptance {p['acceptance_rate']:.2f}, load {p['load_avg']:.1f}",
@@ -176,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix-cache", choices=("off", "on", "both"), default="off",
                     help="prefix caching (specdec.engine.prefix_cache) of both models; both: every group twice, "
                          "off then on (the cache warmed by the warm-up group, as a running server's)")
+    ap.add_argument("--row-dtype", choices=("float32", "native", "both"), default="float32",
+                    help="dtype row-wise attention computes bfloat16 rows in on a CPU "
+                         "(specdec.engine.invariant.CPU_ROW_DTYPE): float32 (the default), native (the bfloat16 "
+                         "kernel, sessions 6-9), both: every group twice, native then float32")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     from benchmarks.batching import run_group
@@ -201,14 +206,21 @@ def main(argv: list[str] | None = None) -> int:
     for on in modes:  # warm-up (allocator, kernels; the prefix cache's entries)
         prefix(on)
         run_group(engine, _prompts(2), batched=True, k=a.k, proposer="draft", max_tokens=4, budget=a.budget)
+    from specdec.engine import invariant
+
+    row_dtypes = {"float32": [torch.float32], "native": [None], "both": [None, torch.float32]}[a.row_dtype]
     out = []
     for c in [int(x) for x in a.clients.split(",")]:
         for on in modes:
-            prefix(on)
-            p = profile_group(engine, c, a.max_tokens, a.k, a.budget)
-            p["prefix_cache"] = on
-            out.append(p)
-            print(table(p) + "\n", flush=True)
+            for dt in row_dtypes:
+                invariant.CPU_ROW_DTYPE = dt
+                prefix(on)
+                p = profile_group(engine, c, a.max_tokens, a.k, a.budget)
+                p["prefix_cache"] = on
+                p["row_dtype"] = "native" if dt is None else str(dt).replace("torch.", "")
+                out.append(p)
+                print(table(p) + "\n", flush=True)
+    invariant.CPU_ROW_DTYPE = torch.float32
     if a.out:
         d = Path(a.out)
         d.mkdir(parents=True, exist_ok=True)

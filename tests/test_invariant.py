@@ -15,6 +15,14 @@ def _qkv(b, q, length, heads=4, kv_heads=2, d=16, dtype=torch.bfloat16, seed=0):
             torch.randn(b, kv_heads, length, d, generator=g).to(dtype))
 
 
+def _row_ref(q, k, v, scale=None):
+    """The call row-wise attention makes for one row on a CPU: bfloat16/float16 in float32, rounded back."""
+    dt = q.dtype
+    if dt in (torch.bfloat16, torch.float16):
+        q, k, v = q.float(), k.float(), v.float()
+    return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True).to(dt)
+
+
 def test_rowwise_attention_rows_equal_one_call_per_row_over_visible_keys():
     """Row (b, i) is bitwise the call plain decoding makes: its query alone over keys lo..hi-1;
     a row that sees nothing is zeros; left padding and causal offsets follow the mask."""
@@ -33,13 +41,41 @@ def test_rowwise_attention_rows_equal_one_call_per_row_over_visible_keys():
                 assert torch.equal(out[b, i], torch.zeros(4, 16, dtype=torch.bfloat16))
                 continue
             lo, hi = int(vis[0]), int(vis[-1]) + 1
-            ref = F.scaled_dot_product_attention(q[b:b + 1, :, i:i + 1], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi],
-                                                 scale=0.25, enable_gqa=True)
+            ref = _row_ref(q[b:b + 1, :, i:i + 1], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi], scale=0.25)
             assert torch.equal(out[b, i], ref[0, :, 0]), (b, i)
     # no mask: causal, row i sees the first L - q + i + 1 keys
     out, _ = rowwise_attention(None, q[:1], k[:1], v[:1], None, scaling=0.25)
-    ref = F.scaled_dot_product_attention(q[:1, :, 2:3], k[:1, :, :10], v[:1, :, :10], scale=0.25, enable_gqa=True)
+    ref = _row_ref(q[:1, :, 2:3], k[:1, :, :10], v[:1, :, :10], scale=0.25)
     assert torch.equal(out[0, 2], ref[0, :, 0])
+
+
+def test_rowwise_attention_computes_bfloat16_rows_in_float32_on_cpu():
+    """On a CPU a bfloat16 row is its query alone over its keys in float32, rounded back to
+    bfloat16 (CPU_ROW_DTYPE: the bfloat16 kernel cost 5-6x per row on the AMD EPYC), not the
+    bfloat16 kernel's result, which differs in about a third of the values here; float32 rows
+    are computed as they are."""
+    from specdec.engine.invariant import CPU_ROW_DTYPE
+
+    assert CPU_ROW_DTYPE == torch.float32
+    q, k, v = _qkv(2, 3, 150, heads=12, kv_heads=2, d=128)
+    out, _ = rowwise_attention(None, q, k, v, None, scaling=0.088)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 3, 12, 128)
+    differ = 0
+    for b in range(2):
+        for i in range(3):
+            hi = 150 - 3 + i + 1
+            args = (q[b:b + 1, :, i:i + 1], k[b:b + 1, :, :hi], v[b:b + 1, :, :hi])
+            in_f32 = F.scaled_dot_product_attention(*(t.float() for t in args), scale=0.088,
+                                                    enable_gqa=True).to(torch.bfloat16)
+            assert torch.equal(out[b, i], in_f32[0, :, 0]), (b, i)
+            in_bf16 = F.scaled_dot_product_attention(*args, scale=0.088, enable_gqa=True)
+            differ += int((in_bf16[0, :, 0] != out[b, i]).sum())
+    assert differ > 0.1 * out.numel()  # the test tells the two kernels apart
+    qf, kf, vf = (t.float() for t in (q, k, v))
+    out32, _ = rowwise_attention(None, qf, kf, vf, None, scaling=0.088)
+    assert out32.dtype == torch.float32
+    assert torch.equal(out32[1, 2], F.scaled_dot_product_attention(qf[1:, :, 2:3], kf[1:], vf[1:], scale=0.088,
+                                                                   enable_gqa=True)[0, :, 0])
 
 
 def test_row_ranges_are_computed_once_per_mask_and_checked():
@@ -65,7 +101,7 @@ def test_rowwise_attention_does_not_depend_on_intra_op_threads():
         for i in range(3):
             for keys, got in ((700, many), (2100, long)):
                 hi = keys - 3 + i + 1
-                ref = F.scaled_dot_product_attention(q[:, :, i:i + 1], k[:, :, :hi], v[:, :, :hi], enable_gqa=True)
+                ref = _row_ref(q[:, :, i:i + 1], k[:, :, :hi], v[:, :, :hi])
                 assert torch.equal(got[0, i], ref[0, :, 0]), (keys, i)
         torch.set_num_threads(1)
         assert torch.equal(rowwise_attention(None, q, k, v, None)[0], long)
@@ -74,7 +110,7 @@ def test_rowwise_attention_does_not_depend_on_intra_op_threads():
             torch.set_num_threads(2)
             one, _ = rowwise_attention(None, q[:, :, :1], k[:, :, :keys], v[:, :, :keys], None)
             assert torch.get_num_threads() == 2
-            ref = F.scaled_dot_product_attention(q[:, :, :1], k[:, :, :keys], v[:, :, :keys], enable_gqa=True)
+            ref = _row_ref(q[:, :, :1], k[:, :, :keys], v[:, :, :keys])
             assert torch.equal(one[0, 0], ref[0, :, 0]), keys
     finally:
         torch.set_num_threads(before)

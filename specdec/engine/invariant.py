@@ -25,7 +25,7 @@ rows:
    and, when every probed count agrees, called unchunked whatever the row count (its own
    ``forward``, no chunking wrapper).
 2. **Attention**: :func:`rowwise_attention` runs one scaled-dot-product call per query row over
-   exactly the keys that row may see, the call plain decoding makes, so neither the number of
+   exactly the keys that row may see (on a CPU, bfloat16/float16 rows in float32), so neither the number of
    query rows nor left padding of a batch changes a row's result.
 
 Everything else in a decoder layer (embedding, RMSNorm, rotary embedding, activations, residual
@@ -63,6 +63,15 @@ UNCHUNKED_ROWS = 1 << 62
 #: thread than on two, 1.3-5x, the machine shared with other jobs; one decode row over 100 keys
 #: too).
 SINGLE_THREAD_MAX_KEYS = 2048
+#: On a CPU, row-wise attention over bfloat16/float16 tensors computes every row in this dtype and
+#: rounds the row's result back: torch's reduced-precision CPU attention kernel cost 5-6x the
+#: float32 one per row on the AMD EPYC (Zen 5, no AMX) of session 10 (one query row, 12/2 heads,
+#: d = 128, one thread: 145 / 345 / 1013 / 2498 us against 34 / 63 / 154 / 448 us over 60 / 150 /
+#: 400 / 1000 keys; docs/bench/batching/inprocess-s10/README.md), and row-wise attention was 31 %
+#: of an 8-client batch's CPU seconds. Still one call per row over exactly its keys, so a row's
+#: bits depend on neither the batch nor the block (the property, not the kernel, is what matters).
+#: None: rows in their own dtype (the reduced-precision kernel; sessions 6-9).
+CPU_ROW_DTYPE: torch.dtype | None = torch.float32
 
 
 @dataclass(frozen=True)
@@ -197,7 +206,9 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
 
     Every query row gets its own scaled-dot-product call over exactly the keys it may see (the
     call plain decoding makes for that position), so a row's result depends neither on how many
-    query rows the forward has nor on padding. One call per row is what keeps it exact: a shared
+    query rows the forward has nor on padding. On a CPU, bfloat16/float16 rows are computed in
+    float32 (:data:`CPU_ROW_DTYPE`: inputs upcast, the row's result rounded back; 5-6x cheaper
+    there than the reduced-precision kernel). One call per row is what keeps it exact: a shared
     call with a mask gives rows whose visible keys end before the call's last key different bits
     (measured: CPU bfloat16, 12/2 heads, d = 128: 2786 of 6412 such rows differ), because the
     kernel reduces a masked tail differently from a shorter key range. The rows' key ranges are
@@ -210,7 +221,7 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
             per row are contiguous; a row that sees no key (a padding position) gets zeros.
 
     Returns:
-        ``([B, q, H, d], None)``.
+        ``([B, q, H, d], None)`` in ``query``'s dtype.
 
     Raises:
         ValueError: a row whose visible keys are not one contiguous range.
@@ -218,6 +229,11 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     b_size, heads, q_len, _ = query.shape
     kv_len = key.shape[2]
     gqa = key.shape[1] != heads
+    out_dtype = query.dtype
+    if CPU_ROW_DTYPE is not None and query.device.type == "cpu" and out_dtype in (torch.bfloat16, torch.float16):
+        # every row in float32 (CPU_ROW_DTYPE), its result rounded back below: once per layer
+        # call for the whole key range, not per row (a block's rows share their keys)
+        query, key, value = query.to(CPU_ROW_DTYPE), key.to(CPU_ROW_DTYPE), value.to(CPU_ROW_DTYPE)
     ranges = _row_ranges(attention_mask, b_size, q_len, kv_len)
     threads = torch.get_num_threads()
     # Short per-row calls, a decode step's single row included: one intra-op thread each (a
@@ -245,7 +261,7 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
         if single:
             torch.set_num_threads(threads)
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [1, H, B*q, d]
-    return out.view(heads, b_size, q_len, -1).permute(1, 2, 0, 3), None
+    return out.to(out_dtype).view(heads, b_size, q_len, -1).permute(1, 2, 0, 3), None
 
 
 _registered = False

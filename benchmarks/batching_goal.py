@@ -1,0 +1,187 @@
+"""Issue 10's in-process goal in one run: aggregate tokens/s of 8 clients against one client.
+
+    python -m benchmarks.batching_goal --max-tokens 32,128 --out docs/bench/batching/inprocess-s10
+
+Each side uses what specdec would do. **One client**: one request (the first prompt of
+:func:`benchmarks.batching._prompts`, code), batched scheduler, draft model at fixed K = ``--k``
+and adaptive (K under load from a warmed :class:`specdec.control.batch_k.BatchKController`); its
+best arm is the reference. **Many clients** (``--clients``, default 8; code and creative
+prompts alternating, the first one the one client's prompt): batched, at every fixed K of
+``--ks`` (K = 0 is plain batched decoding: no draft) and adaptive, where the controller picks K
+per tenant under the load. Per request length the arms run interleaved (one-client arms between
+the many-client ones) so drift hits both sides; one engine, prefix caching on both models (as
+session 9's in-process numbers), the caches cleared before every group
+(:func:`benchmarks.batching.prefix_warm`).
+
+Printed per length and arm: tokens/s (wall), tokens per CPU second, the ratio to the one-client
+best (both per wall second and per CPU second), the K steps, and where the group's wall seconds
+went (draft forwards, verify forwards, the rest: scheduler, sampling, commits). Outputs: every
+many-client arm gives the same tokens (greedy), and its first request the one client's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.batching import _lengths, _prompts, batch_controller, run_group
+
+#: the issue's goal: many clients' aggregate tokens/s over one client's
+GOAL = 2.5
+
+
+def _ks(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 0:
+        raise argparse.ArgumentTypeError(f"expected K values >= 0 like '0,1,2,4', got {text!r}")
+    return out
+
+
+def _summary(r: dict) -> dict:
+    keep = ("wall_s", "cpu_s", "tokens", "tok_per_s", "tok_per_cpu_s", "ticks", "mean_rows_per_forward",
+            "mean_positions_per_forward", "acceptance_rate", "k_counts", "verify_s_total", "draft_s_total",
+            "decode_forwards_by_rows", "tok_per_s_by_tenant")
+    out = {k: r[k] for k in keep}
+    out["other_s"] = r["wall_s"] - r["verify_s_total"] - r["draft_s_total"]
+    return out
+
+
+def run_length(engine, controller, a, n: int) -> dict:
+    """Both sides at request length ``n``: the arms interleaved; returns the row for the report."""
+    one_arms = [f"K={a.k}", "adaptive"]
+    many_arms = [f"K={k}" for k in a.ks] + ["adaptive"]
+    # interleave: one-client arms spread between the many-client arms
+    order: list[tuple[str, str]] = [("one", one_arms[0])]
+    half = len(many_arms) // 2
+    order += [("many", m) for m in many_arms[:half]] + [("one", one_arms[1])] + [("many", m) for m in many_arms[half:]]
+    res: dict[str, dict] = {"one": {}, "many": {}}
+    outputs: dict[tuple[str, str], list] = {}
+    for side, arm in order:
+        clients = 1 if side == "one" else a.clients
+        adaptive = arm == "adaptive"
+        k = a.k if adaptive else int(arm[2:])
+        r = run_group(engine, _prompts(clients), batched=True, k=k, proposer=a.proposer, max_tokens=n,
+                      budget=a.budget, controller=controller if adaptive else None)
+        outputs[(side, arm)] = r["outputs"]
+        res[side][arm] = _summary(r)
+        print(f"{n} tokens, {clients} client(s), {arm}: {r['tok_per_s']:.2f} tok/s, {r['tok_per_cpu_s']:.2f} tok/CPU s "
+              f"({r['tokens']} tokens in {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} CPU s; verify "
+              f"{r['verify_s_total']:.2f} s, draft {r['draft_s_total']:.2f} s; K steps {r['k_counts']}; "
+              f"load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+    best_one = max(res["one"], key=lambda m: res["one"][m]["tok_per_s"])
+    ref = res["one"][best_one]
+    many_ref = outputs[("many", many_arms[0])]
+    one_ref = outputs[("one", one_arms[0])]
+    identical = (all(o == many_ref for (s, _), o in outputs.items() if s == "many")
+                 and all(o == one_ref for (s, _), o in outputs.items() if s == "one")
+                 and many_ref[0] == one_ref[0])
+    for arm, r in res["many"].items():
+        r["vs_one_client"] = r["tok_per_s"] / ref["tok_per_s"]
+        r["vs_one_client_per_cpu_s"] = r["tok_per_cpu_s"] / ref["tok_per_cpu_s"]
+    best_fixed = max((m for m in many_arms if m != "adaptive"), key=lambda m: res["many"][m]["tok_per_s"])
+    return {"max_tokens": n, "clients": a.clients, "one_client": res["one"], "one_client_best": best_one,
+            "many_clients": res["many"], "best_fixed": best_fixed, "identical_outputs": identical,
+            "adaptive_vs_one_client": res["many"]["adaptive"]["vs_one_client"],
+            "adaptive_vs_best_fixed": res["many"]["adaptive"]["tok_per_s"] / res["many"][best_fixed]["tok_per_s"],
+            "load_avg": os.getloadavg()[0]}
+
+
+def table(rows: list[dict], a, fmt: str) -> list[str]:
+    lines = [
+        f"In process, demo pair ({fmt}), greedy, batched scheduler, positions budget {a.budget}, {a.threads} torch "
+        f"threads, prefix cache {'on' if a.prefix_cache else 'off'}. One client: the best of K={a.k} and adaptive. "
+        f"{a.clients} clients: fixed K and adaptive (K under load, 0..{a.k}). 'x 1 client' = the arm's tokens/s over "
+        f"the one-client best of the same length (per CPU s: tokens per CPU second over the same). Goal: "
+        f"{a.clients} clients >= {GOAL}x one client.",
+        "",
+        "| tokens | clients | arm | tok/s | tok per CPU s | x 1 client | x 1 client per CPU s | K steps | "
+        "verify s | draft s | other s | load |",
+        "|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        for side, arms in (("one_client", row["one_client"]), ("many_clients", row["many_clients"])):
+            for arm, r in arms.items():
+                c = 1 if side == "one_client" else row["clients"]
+                ratio = (f"{r['vs_one_client']:.2f}x | {r['vs_one_client_per_cpu_s']:.2f}x" if c > 1 else
+                         ("(best) | " if arm == row["one_client_best"] else " | "))
+                lines.append(f"| {row['max_tokens']} | {c} | {arm} | {r['tok_per_s']:.2f} | {r['tok_per_cpu_s']:.2f} | "
+                             f"{ratio} | {r['k_counts']} | {r['verify_s_total']:.2f} | {r['draft_s_total']:.2f} | "
+                             f"{r['other_s']:.2f} | {row['load_avg']:.1f} |")
+    lines.append("")
+    for row in rows:
+        m = row["many_clients"]
+        lines.append(
+            f"**{row['max_tokens']} tokens: {row['clients']} clients adaptive = "
+            f"{row['adaptive_vs_one_client']:.2f}x one client** (goal {GOAL}x: "
+            f"{'met' if row['adaptive_vs_one_client'] >= GOAL else 'not met'}); best fixed K ({row['best_fixed']}) "
+            f"{m[row['best_fixed']]['vs_one_client']:.2f}x; adaptive / best fixed {row['adaptive_vs_best_fixed']:.2f}x; "
+            f"outputs identical: {'yes' if row['identical_outputs'] else 'NO'}.")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="demo:target")
+    p.add_argument("--draft", default="demo:draft")
+    p.add_argument("--format", default=None, help="weight format of both models (default: the device's default)")
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--k", type=int, default=4, help="the one client's fixed K and the adaptive arms' largest K")
+    p.add_argument("--ks", type=_ks, default=[0, 1, 2, 4], help="fixed K arms of the many clients")
+    p.add_argument("--max-tokens", type=_lengths, default=[32, 128])
+    p.add_argument("--proposer", default="draft")
+    p.add_argument("--budget", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false")
+    p.add_argument("--out", default=None, help="folder for goal.json / goal.md")
+    a = p.parse_args(argv)
+    if a.clients < 2 or a.k < 1:
+        p.error(f"--clients must be >= 2 and --k >= 1, got {a.clients}, {a.k}")
+    torch.set_num_threads(a.threads)
+    from specdec.engine.engine import SpeculativeEngine
+    from specdec.models.loader import load_pair
+    from specdec.models.spec import ModelPairSpec, parse_model_spec
+
+    t0 = time.perf_counter()
+    target, draft = load_pair(ModelPairSpec(target=parse_model_spec(a.target), draft=parse_model_spec(a.draft)),
+                              weight_format=a.format, draft_format=a.format)
+    engine = SpeculativeEngine(target, draft)
+    if a.prefix_cache:
+        from specdec.engine.prefix_cache import enable_prefix_cache
+
+        enable_prefix_cache(target.model, entries=8)
+        enable_prefix_cache(draft.model, entries=8)
+    fmt = f"{target.weight_format}/{draft.weight_format}"
+    print(f"{fmt} loaded in {time.perf_counter() - t0:.1f}s; load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+    # warm-up (allocator, kernels), then the controller learns costs and acceptance as a running server has
+    run_group(engine, _prompts(2), batched=True, k=a.k, proposer=a.proposer, max_tokens=4, budget=a.budget)
+    controller = batch_controller(a)
+    run_group(engine, _prompts(a.clients + 2)[2:], batched=True, k=a.k, proposer=a.proposer, max_tokens=8,
+              budget=a.budget, controller=controller)
+    rows = []
+    for n in a.max_tokens:
+        rows.append(run_length(engine, controller, a, n))
+        if a.out:  # partial results survive a timeout
+            Path(a.out).mkdir(parents=True, exist_ok=True)
+            (Path(a.out) / "goal.partial.json").write_text(json.dumps(rows, indent=2))
+    text = "\n".join(table(rows, a, fmt))
+    print(text)
+    if a.out:
+        out = Path(a.out)
+        (out / "goal.json").write_text(json.dumps({"settings": {k: v for k, v in vars(a).items() if k != "out"},
+                                                   "format": fmt, "rows": rows}, indent=2))
+        (out / "goal.md").write_text(text + "\n")
+        (out / "goal.partial.json").unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""``python -m benchmarks.batching_goal`` (issue 10's in-process goal) end to end on a tiny pair."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec.testing.tiny import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_pair_folders(tmp_path_factory):
+    """(target folder, draft folder): a tiny Qwen2 target and a draft = target + small weight noise."""
+    from transformers import Qwen2ForCausalLM
+
+    root = tmp_path_factory.mktemp("goalpair")
+    target = build_tiny_model(root / "target", seed=0, max_positions=1024)
+    draft = build_tiny_model(root / "draft", seed=1, base=Qwen2ForCausalLM.from_pretrained(target), noise=0.03,
+                             max_positions=1024)
+    return target, draft
+
+
+def test_batching_goal_runs_both_sides_in_one_run_with_identical_outputs(tiny_pair_folders, tmp_path):
+    """Per length: one client at K=--k and adaptive, many clients at every --ks and adaptive;
+    the ratios are over the one client's best arm, outputs are identical across arms (and the
+    many clients' first request is the one client's), and the goal line is printed."""
+    from benchmarks.batching_goal import GOAL, main
+
+    target, draft = tiny_pair_folders
+    out = tmp_path / "goal"
+    assert main(["--target", str(target), "--draft", str(draft), "--clients", "3", "--ks", "0,2", "--k", "2",
+                 "--max-tokens", "5,7", "--threads", "1", "--format", "int8", "--out", str(out)]) == 0
+    report = json.loads((out / "goal.json").read_text())
+    assert not (out / "goal.partial.json").exists()
+    assert [r["max_tokens"] for r in report["rows"]] == [5, 7]
+    for row in report["rows"]:
+        assert row["identical_outputs"] is True
+        assert list(row["one_client"]) == ["K=2", "adaptive"]
+        assert list(row["many_clients"]) == ["K=0", "K=2", "adaptive"]
+        one = row["one_client"][row["one_client_best"]]
+        assert one["tok_per_s"] == max(r["tok_per_s"] for r in row["one_client"].values())
+        for arm, r in row["many_clients"].items():
+            assert r["tokens"] == 3 * row["max_tokens"]  # the tiny pair never stops early at these lengths
+            assert r["vs_one_client"] == r["tok_per_s"] / one["tok_per_s"]
+            assert r["vs_one_client_per_cpu_s"] == r["tok_per_cpu_s"] / one["tok_per_cpu_s"]
+            assert r["other_s"] == pytest.approx(r["wall_s"] - r["verify_s_total"] - r["draft_s_total"])
+        assert row["many_clients"]["K=0"]["k_counts"] == {"0": 3 * row["max_tokens"]}  # plain batched decoding
+        assert max(map(int, row["many_clients"]["adaptive"]["k_counts"])) <= 2
+        assert row["adaptive_vs_one_client"] == row["many_clients"]["adaptive"]["vs_one_client"]
+    table = (out / "goal.md").read_text()
+    assert f"**5 tokens: 3 clients adaptive = {report['rows'][0]['adaptive_vs_one_client']:.2f}x one client** " \
+           f"(goal {GOAL}x" in table
+    assert "| 7 | 3 | K=0 |" in table and "| 7 | 1 | K=2 |" in table
+
+
+@pytest.mark.parametrize("argv", [["--clients", "1"], ["--k", "0"], ["--ks", "0,-1"], ["--ks", "a"],
+                                  ["--max-tokens", "0"]])
+def test_batching_goal_refuses_bad_arguments(argv):
+    from benchmarks.batching_goal import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
