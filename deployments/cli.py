@@ -259,6 +259,12 @@ def run_serve(args) -> int:
                 _log(line)
             return 1
         address = f"localhost:{cfg.grpc_port}"
+        # the draft replica's start-up calibration of K under load (deployments.draft_calibration)
+        try:
+            serve.get_deployment_handle("Draft", app_name=cfg.app_name).calibrate.remote().result(
+                timeout_s=cfg.request_timeout_s)
+        except Exception as e:  # noqa: BLE001 - requests say what is wrong; serving goes on
+            _log(f"the draft replica is not ready yet: {type(e).__name__}: {e}")
         _log(f"ready in {time.perf_counter() - t0:.1f} s")
         for line in endpoint_lines(cfg):
             _log(line)

@@ -114,6 +114,11 @@ class AppConfig(BaseModel):
         "wait in the router's per-tenant fair queue (weighted by batch_weight). None: the draft replica's "
         "max_ongoing_requests (the sessions a draft replica steps at once), at most the router's",
     )
+    startup_calibration_repeats: int = Field(
+        0, ge=0, le=16, description="before a draft replica reports ready it times its draft forwards and the "
+        "target's verify forwards at each K up to default_max_k, this many steps per K, on a fixed prompt "
+        "(deployments.draft_calibration), so a fresh server's first request is priced from measurements; 0: off",
+    )
     served_batch_k: bool = Field(
         True, description="K under load: the draft replica chooses each adaptive request's K per step from the "
         "batch it runs in (specdec.control.batch_k); False: the router's per-request K holds for every step",
@@ -295,6 +300,8 @@ PRESETS: dict[str, AppConfig] = {
         draft_cpu_threads=2,
         # the router holds up to 32 requests; 8 (the draft's) run, the rest wait in its fair queue
         router=Scaling(min_replicas=1, max_replicas=1, max_ongoing_requests=32),
+        # a fresh server's first request priced from measured forwards (deployments.draft_calibration)
+        startup_calibration_repeats=3,
     ),
     # One GPU node: draft on a quarter GPU, target TP=2 on two GPUs (nccl), autoscaled router.
     "gpu.yaml": AppConfig(
@@ -308,6 +315,7 @@ PRESETS: dict[str, AppConfig] = {
         router=Scaling(min_replicas=1, max_replicas=4, target_ongoing_requests=8, max_ongoing_requests=32),
         draft=Scaling(min_replicas=1, max_replicas=2, max_ongoing_requests=16),
         target=Scaling(min_replicas=1, max_replicas=2, max_ongoing_requests=16),
+        startup_calibration_repeats=3,
     ),
 }
 

@@ -165,6 +165,11 @@ class Draft:
         #: batches the drafting of the generations stepped concurrently (continuous batching)
         self.combiner = DraftCombiner(batched=cfg.draft_batching, window_s=cfg.batch_window_s,
                                       max_prefill=cfg.draft_prefill_chunk, k_control=self.batch_k)
+        from deployments.draft_calibration import StartupCalibration
+
+        #: the start-up calibration of K under load (:meth:`calibrate`); served, it starts in
+        #: the background once the target answers
+        self.startup = StartupCalibration(self, start=target is not None)
 
     # --- building one generation -------------------------------------------------------------
 
@@ -365,6 +370,12 @@ class Draft:
         if self.target is not None:
             await self.target.Ready.remote()
         return True
+
+    async def calibrate(self) -> dict | None:
+        """The start-up calibration's result (:class:`deployments.draft_calibration.StartupCalibration`:
+        run once, concurrent callers wait for the same run; None when it does not run or failed).
+        `specdec serve` waits for it before it reports ready."""
+        return await self.startup.run()
 
     def Sessions(self) -> list[str]:
         """Ids of the generations running on this replica (their draft caches are held here)."""

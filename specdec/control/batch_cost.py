@@ -106,7 +106,8 @@ class BatchCostModel:
         self._cheapest_per_position = float("inf")
         self._prefill_n = 0  # prefill forwards seen (kept off the verify curve)
 
-    def observe_verify(self, rows: int, positions: int, seconds: float, *, prefill: bool = False) -> None:
+    def observe_verify(self, rows: int, positions: int, seconds: float, *, prefill: bool = False,
+                       calibration: bool = False) -> None:
         """One batched verify forward of ``rows`` sessions and ``positions`` positions took ``seconds``.
 
         ``prefill``: the forward fed more positions than its rows' blocks can hold (a prompt's
@@ -115,6 +116,11 @@ class BatchCostModel:
         :attr:`min_positions_per_row`, but is not put on the verify curve that prices decode
         steps (class docstring, "Prefill forwards are not decode forwards").
 
+        ``calibration``: a start-up calibration forward (one session on a dummy sequence,
+        :meth:`specdec.control.batch_sessions.BatchKSessions.join`): on the curve, but not in
+        :attr:`min_positions_per_row`, which says whether a decode forward of the replica's
+        traffic was measured (``measure_first``).
+
         Raises:
             ValueError: ``rows < 1`` or ``positions < rows``, or ``seconds`` negative or not finite.
         """
@@ -122,7 +128,8 @@ class BatchCostModel:
             raise ValueError(f"need 1 <= rows <= positions, got rows={rows}, positions={positions}")
         if not 0 <= seconds < float("inf"):
             raise ValueError(f"seconds must be finite and >= 0, got {seconds}")
-        self.min_positions_per_row = min(self.min_positions_per_row, positions / rows)
+        if not calibration:
+            self.min_positions_per_row = min(self.min_positions_per_row, positions / rows)
         if positions >= 16:
             self._cheapest_per_position = min(self._cheapest_per_position, seconds / positions)
         if prefill:

@@ -28,6 +28,9 @@ class _Joined:
     k_min: int = 0  # an adaptive session's K while its tenant's guard forces K = 0
     behind: int = 0  # tokens its draft has not fed yet: the prompt, then those decoded at K = 0
     left: int | None = None  # tokens it has left to generate (None: unknown)
+    #: a start-up calibration run (:meth:`BatchKSessions.join`): None (a request), "warmup"
+    #: (its steps measure nothing) or "measure" (its forwards feed the cost model, nothing else)
+    calibration: str | None = None
 
 
 class BatchKSessions(AcceptanceExchange):
@@ -97,9 +100,22 @@ class BatchKSessions(AcceptanceExchange):
         return self.controller.probes
 
     def join(self, key: Any, tenant: str, proposer: str, *, adaptive: bool = True, weight: float = 1.0,
-             k_range: tuple[int, int] = (0, 8), prompt_tokens: int = 0, max_tokens: int | None = None) -> None:
+             k_range: tuple[int, int] = (0, 8), prompt_tokens: int = 0, max_tokens: int | None = None,
+             calibration: str | None = None) -> None:
         """A generation starts (``key``: any hashable id). Adaptive ones get their K from the
         decision; the others count in it at their own K (``k_range[1]``).
+
+        **Start-up calibration** (``calibration`` "warmup" or "measure"; :meth:`set_calibration`
+        switches it): a generation on a dummy prompt that a replica runs before it reports ready,
+        at the K its requests will run (deployments.draft_calibration). Its steps count in no
+        decision, no acceptance estimate, no goodput guard and no tenant's statistics; in
+        "measure" its verify forwards, draft forwards and the draft's catch-up feed the cost
+        model (as a request's do: its first drafting step's draft forwards, which also feed the
+        prompt, are left out), so a fresh replica's first request is priced from measured
+        forwards instead of the cost priors; in "warmup" nothing (a fresh process's first
+        forward of each shape is dearer: kernels are created and cached). Its verify forwards
+        do not count as a decode forward measured under load (``measure_first`` of
+        :class:`BatchKController`: one session's forwards say nothing of a batch's).
 
         Args:
             weight: the tenant's fair-share weight (policy ``batch_weight``).
@@ -117,15 +133,38 @@ class BatchKSessions(AcceptanceExchange):
             raise ValueError(f"bad K range {k_range}")
         if prompt_tokens < 0 or (max_tokens is not None and max_tokens < 1):
             raise ValueError(f"need prompt_tokens >= 0 and max_tokens >= 1, got {prompt_tokens}, {max_tokens}")
+        if calibration not in (None, "warmup", "measure"):
+            raise ValueError(f"calibration must be None, 'warmup' or 'measure', got {calibration!r}")
         with self._lock:
             self._joined[key] = _Joined(tenant, proposer, adaptive, int(k_range[1]), k_min=int(k_range[0]),
-                                        behind=int(prompt_tokens), left=None if max_tokens is None else int(max_tokens))
+                                        behind=int(prompt_tokens), left=None if max_tokens is None else int(max_tokens),
+                                        calibration=calibration)
+            if calibration is not None:
+                return
             self.controller.weights[tenant] = float(weight)
             if adaptive:
                 self.controller.k_ranges[tenant] = (int(k_range[0]), int(k_range[1]))
                 if self.guard is not None and tenant not in self.guards:
                     self.guards[tenant] = self.guard.fresh()
             self._dirty = True
+
+    def set_calibration(self, key: Any, mode: str) -> None:
+        """Switch the calibration run ``key`` between "warmup" and "measure" (:meth:`join`).
+
+        Raises:
+            ValueError: ``key`` is not a calibration run, or an unknown mode.
+        """
+        if mode not in ("warmup", "measure"):
+            raise ValueError(f"mode must be 'warmup' or 'measure', got {mode!r}")
+        with self._lock:
+            j = self._joined.get(key)
+            if j is None or j.calibration is None:
+                raise ValueError("not a calibration run")
+            j.calibration = mode
+
+    def _serving(self) -> int:
+        """Generations joined that serve requests (calibration runs left out)."""
+        return sum(1 for j in self._joined.values() if j.calibration is None)
 
     def leave(self, key: Any) -> None:
         """The generation ``key`` ended (idempotent)."""
@@ -139,6 +178,8 @@ class BatchKSessions(AcceptanceExchange):
         behind: dict[str, int] = {}
         left: dict[str, list[int]] = {}
         for j in self._joined.values():
+            if j.calibration is not None:
+                continue
             if j.adaptive and j.proposer != "none" and self._forced_locked(j.tenant):
                 key = (j.tenant, j.proposer, j.k_min)  # held at k_min by its guard: decided for the others
                 fixed[key] = fixed.get(key, 0) + 1
@@ -229,6 +270,9 @@ class BatchKSessions(AcceptanceExchange):
         """
         with self._lock:
             j = self._joined.get(key)
+            if j is not None and j.calibration is not None:
+                self._observe_calibration_locked(j, k, accepted, batch, draft_forwards, draft_s)
+                return
             if self._trace is not None:
                 self._write_trace({"step": id(key), "tenant": None if j is None else j.tenant, "k": int(k),
                                    "accepted": int(accepted), "draft_s": draft_s, "verify_wall_s": verify_s,
@@ -237,13 +281,13 @@ class BatchKSessions(AcceptanceExchange):
                                    "draft_forwards": list(draft_forwards)})
             if j is not None and j.adaptive and self.guards and j.last_k is not None \
                     and draft_s is not None and verify_s is not None and draft_s + verify_s > 0:
-                self._guard_step_locked(j.tenant, int(k), (int(accepted) + 1) * len(self._joined),
+                self._guard_step_locked(j.tenant, int(k), (int(accepted) + 1) * self._serving(),
                                         draft_s + verify_s)
             if j is not None:
                 if k > 0 and j.last_k in (None, 0):
                     draft_forwards = ()
                 if k > 0 and j.behind >= 8 and draft_s is not None and j.proposer == "draft":
-                    own = int(k) * self.controller.cost.draft_s(len(self._joined))  # its K draft forwards
+                    own = int(k) * self.controller.cost.draft_s(self._serving())  # its K draft forwards
                     self.controller.cost.observe_catchup(j.behind, max(0.0, float(draft_s) - own))
                 j.last_k = int(k)
                 j.behind = 0 if k > 0 else j.behind + int(accepted) + 1
@@ -270,6 +314,34 @@ class BatchKSessions(AcceptanceExchange):
                     batch.rows if new_forward else 0, max(batch.positions, batch.rows) if new_forward else 0,
                     batch.seconds if new_forward else 0.0, list(draft_forwards))
                 self._dirty = True
+
+    def _observe_calibration_locked(self, j: _Joined, k: int, accepted: int, batch: Any,
+                                    draft_forwards: Sequence[tuple[int, float]], draft_s: float | None) -> None:
+        """A calibration run's step (:meth:`join`): in "measure" its forwards and catch-up feed the cost model."""
+        measure = j.calibration == "measure"
+        if self._trace is not None:
+            self._write_trace({"calibration": j.calibration, "k": int(k), "accepted": int(accepted), "draft_s": draft_s,
+                               "batch": None if batch is None else [batch.forward, batch.rows, batch.positions,
+                                                                    batch.seconds],
+                               "draft_forwards": list(draft_forwards)})
+        cost = self.controller.cost
+        if k > 0 and j.last_k in (None, 0):
+            if measure and j.behind >= 8 and draft_s is not None and j.proposer == "draft" and j.last_k == 0:
+                # a catch-up after K = 0 steps (not the prompt's first prefill: a fresh process's dearest)
+                cost.observe_catchup(j.behind, max(0.0, float(draft_s) - int(k) * cost.draft_s(1)))
+            draft_forwards = ()
+        j.last_k = int(k)
+        j.behind = 0 if k > 0 else j.behind + int(accepted) + 1
+        if not measure:
+            return
+        if batch is not None and batch.rows >= 1:
+            cost.observe_verify(batch.rows, max(batch.positions, batch.rows), batch.seconds,
+                                prefill=batch.positions > batch.rows * (self.controller.k_top() + 1),
+                                calibration=True)
+        for r, s in draft_forwards:
+            if r >= 1:
+                cost.observe_draft(r, s)
+        self._dirty = True
 
     def _guard_step_locked(self, tenant: str, k: int, tokens: float, seconds: float) -> None:
         """Record one adaptive step of ``tenant`` at K = ``k`` (``tokens`` weighted by the sessions
@@ -304,7 +376,8 @@ class BatchKSessions(AcceptanceExchange):
         """Every tenant seen here -> :meth:`tenant_view` (for the shared controller, which answers
         ``GetTenantStats`` with every draft replica's K under load)."""
         with self._lock:
-            tenants = set(self._shapes) | {j.tenant for j in self._joined.values()} | set(self.controller.k_by_tenant)
+            tenants = set(self._shapes) | {j.tenant for j in self._joined.values() if j.calibration is None} | set(
+                self.controller.k_by_tenant)
         return {t: self.tenant_view(t) for t in sorted(tenants)}
 
     def alpha(self, tenant: str, proposer: str) -> float:
@@ -340,13 +413,14 @@ class BatchKSessions(AcceptanceExchange):
                 "rows_per_step": sum(r for r, _ in shapes) / n if n else 0.0,
                 "positions_per_step": sum(p for _, p in shapes) / n if n else 0.0,
                 "steps": n,
-                "sessions": sum(1 for j in self._joined.values() if j.tenant == tenant),
+                "sessions": sum(1 for j in self._joined.values() if j.tenant == tenant and j.calibration is None),
             }
 
     def stats(self) -> dict:
         """:meth:`tenant_stats` of every tenant seen, plus the controller's :meth:`BatchKController.stats`."""
         with self._lock:
-            tenants = set(self._shapes) | {j.tenant for j in self._joined.values()} | set(self.controller.k_by_tenant)
+            tenants = set(self._shapes) | {j.tenant for j in self._joined.values() if j.calibration is None} | set(
+                self.controller.k_by_tenant)
         out = {t: self.tenant_stats(t) for t in sorted(tenants)}
         with self._lock:
             return {"tenants": out, "controller": self.controller.stats(), "decisions": self.decisions,
