@@ -164,16 +164,18 @@ def test_flat_costs_from_a_prefill_forward_speculate_after_one_k0_round():
     assert ks_new[-8:] == ks_old[-8:] == [(8, 3)] * 8
 
 
-def _run(guard: GoodputGuard, spec_rate: float, plain_rate: float, steps: int) -> str:
+def _run(guard: GoodputGuard, spec_rate: float, plain_rate: float, steps: int,
+         plain_bound: float | None = None) -> str:
     """Drive ``guard``: each step is plain (1 token per ``1 / plain_rate`` s) while it forces K = 0,
     spec (2 tokens per ``2 / spec_rate`` s) otherwise; returns 'P'/'s' per step: whether K = 0 is
-    forced after recording it (the spec step that starts an exploration or a veto shows 'P')."""
+    forced after recording it (the spec step that starts an exploration or a veto shows 'P').
+    ``plain_bound``: passed with every step (the most plain decoding could reach)."""
     out = []
     for _ in range(steps):
         if guard.forced:
-            guard.record("plain", 1, 1.0 / plain_rate)
+            guard.record("plain", 1, 1.0 / plain_rate, plain_bound=plain_bound)
         else:
-            guard.record("spec", 2, 2.0 / spec_rate)
+            guard.record("spec", 2, 2.0 / spec_rate, plain_bound=plain_bound)
         out.append("P" if guard.forced else "s")
     return "".join(out)
 
@@ -193,7 +195,8 @@ def test_goodput_guard_vetoes_speculation_that_measures_slower():
     assert g.vetoes == 2 and g.explorations == 1 and g.forced
     assert g.snapshot() == {"goodput_spec": pytest.approx(2 / 3), "goodput_plain": pytest.approx(1.0),
                             "steps_spec": 12, "steps_plain": 12 + 96 + 167, "forced": "veto",
-                            "forced_left": 192 - 167, "vetoes": 2, "explorations": 1, "explore_spacing": 64}
+                            "forced_left": 192 - 167, "vetoes": 2, "explorations": 1, "skipped": 0,
+                            "explore_spacing": 64}
 
 
 def test_goodput_guard_keeps_speculation_that_measures_faster():
@@ -237,6 +240,27 @@ def test_goodput_guard_first_exploration_waits_for_64_spec_steps():
     assert _run(early, spec_rate=1.5, plain_rate=1.0, steps=40) == "s" * 11 + "P" * 12 + "s" * 17
     with pytest.raises(ValueError, match="first_explore >= min_steps"):
         GoodputGuard(first_explore=4)
+
+
+def test_goodput_guard_skips_explorations_that_plain_decoding_cannot_win():
+    """With ``plain_bound`` (the most tokens/s plain decoding could reach by the target's measured
+    forwards) below speculation's measured goodput, no exploration runs: speculation at 1.5x
+    with plain bounded at 1.2 runs all 500 steps at K > 0 (the first exploration, due after 64
+    spec steps, is skipped, and again every 64). Without the bound, or with a bound it does
+    not beat (1.6, or unknown), the same explorations as before: 36 steps at K = 0. Speculation
+    slower than plain (2/3) never beats a bound above it: explored and vetoed as before."""
+    g = GoodputGuard()
+    assert _run(g, spec_rate=1.5, plain_rate=1.0, steps=500, plain_bound=1.2) == "s" * 500
+    assert g.explorations == 0 and g.skipped == 7 and g.vetoes == 0
+    before = "s" * 63 + "P" * 12 + "s" * 64 + "P" * 12 + "s" * 128 + "P" * 12 + "s" * 209
+    for bound in (None, 1.6):
+        g = GoodputGuard()
+        assert _run(g, spec_rate=1.5, plain_rate=1.0, steps=500, plain_bound=bound) == before
+        assert g.explorations == 3 and g.skipped == 0
+    g = GoodputGuard()
+    assert _run(g, spec_rate=2 / 3, plain_rate=1.0, steps=200, plain_bound=1.0) == (
+        "s" * 63 + "P" * 12 + "s" + "P" * 96 + "s" * 12 + "P" * 16)
+    assert g.vetoes == 2 and g.skipped == 0
 
 
 def test_goodput_guard_backed_off_still_vetoes_speculation_turning_slower_at_once():

@@ -177,6 +177,12 @@ class BatchCostModel:
                 t = min(t, max(line[0] + line[1] * positions, self._well_measured_floor(positions)))
         return t + self._row_s * max(0, rows - 1)
 
+    def measured_verify_s(self, positions: int) -> float | None:
+        """The curve's seconds at ``positions`` when that count was measured at least
+        :attr:`THIN_SAMPLES` times (no interpolation, no prior); None otherwise."""
+        e = self.verify._verify.get(positions)
+        return e.value if e is not None and e.value is not None and e.n >= self.THIN_SAMPLES else None
+
     def _well_measured_floor(self, positions: int) -> float:
         """The least a forward of ``positions`` positions can cost on a never-decreasing curve
         through the well-measured counts (:meth:`verify_s`); 0 when there are none."""

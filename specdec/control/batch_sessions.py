@@ -353,6 +353,7 @@ class BatchKSessions(AcceptanceExchange):
         if k > 0 and (self._forced_locked(tenant) or self.controller.k_for(tenant) == 0):
             return
         active = {j.tenant for j in self._joined.values() if j.adaptive and j.proposer != "none"}
+        bound = self._plain_bound_locked()
         for t in sorted(active):
             g = self.guards.get(t)
             if g is None:
@@ -360,9 +361,20 @@ class BatchKSessions(AcceptanceExchange):
             was = g.forced
             regime = "plain" if was or not (self.controller.k_for(t) or 0) > 0 else "spec"
             others = any(o.exploring for n, o in self.guards.items() if n != t)
-            g.record(regime, tokens, seconds, may_explore=not others)
+            g.record(regime, tokens, seconds, may_explore=not others, plain_bound=bound)
             if g.forced != was:
                 self._dirty = True
+
+    def _plain_bound_locked(self) -> float | None:
+        """The most tokens/s plain decoding could reach here by the measured forwards (the goodput
+        guard's ``plain_bound``): ``1 / verify_s(1 position)`` for one session alone when that
+        forward was measured at least 3 times (the start-up calibration measures it); None
+        under load (several sessions: the batch's per-row costs are not all measured) or
+        before."""
+        if self._serving() != 1:
+            return None
+        t = self.controller.cost.measured_verify_s(1)
+        return 1.0 / t if t is not None and t > 0 else None
 
     def tenant_view(self, tenant: str) -> dict:
         """``tenant``'s K under load here as plain scalars: :meth:`tenant_stats` with the guard's

@@ -70,6 +70,19 @@ class GoodputGuard:
     - otherwise the model's choice stands; a veto's hold falls back to ``hold`` once a recheck
       finds speculation paying.
 
+    - **an exploration that cannot find plain decoding faster is skipped** (``plain_bound`` of
+      :meth:`record`): the goodput plain decoding would at most reach, from the target's
+      well-measured forwards alone (``sessions / verify_s(sessions rows, sessions positions)``:
+      no drafting, no round trip, no scheduling, all of which a plain step also pays). When
+      ``spec``'s measured goodput is above it, the exploration due now is not run and counts as
+      one that confirmed speculation (the spacing doubles; :attr:`skipped`). One client on
+      code with the w8a8 demo pair served (a start-up-calibrated 1-position verify, 0.085 s):
+      spec measured ~11.9 tokens/s against a bound of 11.8 at most, so its first exploration,
+      due in a fresh server's second request, cost that request 12 of its ~40 steps at K = 0
+      for a comparison that could not have vetoed. Where the bound is unknown (that forward
+      not measured at least 3 times) or not beaten (under load: the step's wall time holds
+      what no forward measures), explorations run as before.
+
     Not thread-safe (its owner locks).
 
     Args:
@@ -119,6 +132,8 @@ class GoodputGuard:
         #: vetoes and explorations started, for statistics and tests
         self.vetoes = 0
         self.explorations = 0
+        #: explorations skipped: speculation measured above the plain bound (class docstring)
+        self.skipped = 0
 
     def fresh(self) -> "GoodputGuard":
         """A new guard with this one's settings and nothing measured (one per tenant)."""
@@ -146,11 +161,14 @@ class GoodputGuard:
         """Fresh steps measured in ``regime``."""
         return self._sums[regime][2]
 
-    def record(self, regime: str, tokens: float, seconds: float, may_explore: bool = True) -> None:
+    def record(self, regime: str, tokens: float, seconds: float, may_explore: bool = True,
+               plain_bound: float | None = None) -> None:
         """One adaptive step of ``regime`` emitted ``tokens`` tokens (weighted: n_s · tokens_s of
         the class docstring) in ``seconds`` seconds of wall time; then the policy (class
         docstring) moves on by one step. ``may_explore`` False: an exploration due now waits
-        (another tenant's guard is exploring).
+        (another tenant's guard is exploring). ``plain_bound``: the most tokens/s plain decoding
+        of the batch could reach by the target's measured forwards (None: unknown); an
+        exploration due now is skipped while ``spec`` measures above it (class docstring).
 
         Raises:
             ValueError: an unknown regime, tokens < 1 or seconds not finite and > 0.
@@ -194,6 +212,13 @@ class GoodputGuard:
         if may_explore and ns >= self.min_steps and (
                 (npl < self.min_steps and not first) or self._since_explore >= (
                     self.first_explore if first else self._explore_spacing)):
+            spec = self.goodput("spec")
+            if plain_bound is not None and spec is not None and spec > plain_bound:
+                # plain decoding cannot be faster than what speculation measures: no exploration
+                self._since_explore = 0
+                self.skipped += 1
+                self._explore_spacing = min(self._explore_spacing * 2, self.explore_every * self.explore_backoff)
+                return
             self._sums["plain"] = [0.0, 0.0, 0, 0.0]  # explore with fresh steps
             self._since_explore = 0
             self.explorations += 1
@@ -205,5 +230,5 @@ class GoodputGuard:
         return {"goodput_spec": self.goodput("spec"), "goodput_plain": self.goodput("plain"),
                 "steps_spec": self.steps("spec"), "steps_plain": self.steps("plain"),
                 "forced": self._forced_why if self.forced else None, "forced_left": self._forced_left,
-                "vetoes": self.vetoes, "explorations": self.explorations,
+                "vetoes": self.vetoes, "explorations": self.explorations, "skipped": self.skipped,
                 "explore_spacing": self._explore_spacing}

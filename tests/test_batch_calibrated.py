@@ -1,0 +1,105 @@
+"""A fresh server's first and second requests (one client on code, the w8a8 demo pair's served
+costs) with the draft replica's start-up calibration and the goodput guard's plain bound: no
+step at K = 0 in either. Fake costs, a fake clock, exact K per step."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.control.batch_k import BatchKController, BatchKSessions, GoodputGuard
+from specdec.testing.sim import BeattyDrafts
+from specdec.types import BatchShape
+
+#: the w8a8 demo pair served on the 2-core EPYC (trace-s9-default.jsonl.gz): a verify forward of
+#: p decode positions (1..5), a draft forward at one row, the draft's catch-up per token, and
+#: the step's wall time outside both forwards (the round trip and scheduling)
+VERIFY = {1: 0.095, 2: 0.11, 3: 0.12, 4: 0.13, 5: 0.14}
+DRAFT, CATCHUP, OVERHEAD = 0.044, 0.007, 0.014
+PROMPT = 40
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _calibrate(live: BatchKSessions, repeats: int = 3, k_max: int = 4) -> None:
+    """The start-up calibration's steps (deployments.draft_calibration.calibration_schedule): the
+    warm-up pass at 3x the forwards' seconds (kernels created), then ``repeats`` steps per K."""
+    live.join("cal", "", "draft", adaptive=False, k_range=(0, k_max), prompt_tokens=30, calibration="warmup")
+    sched = [("warmup", k_max)] + [("warmup", k) for k in range(k_max, -1, -1)] + [
+        ("measure", k) for k in range(k_max, -1, -1) for _ in range(repeats)]
+    for i, (mode, k) in enumerate(sched):
+        live.set_calibration("cal", mode)
+        verify = VERIFY[k + 1] * (3 if mode == "warmup" else 1)
+        live.observe_step("cal", k, k, BatchShape(1000 + i, 1, k + 1 + (30 if i == 0 else 0), verify),
+                          [(1, DRAFT * (3 if mode == "warmup" else 1))] * k, draft_s=k * DRAFT,
+                          verify_s=verify + OVERHEAD)
+    live.leave("cal")
+
+
+def _request(live: BatchKSessions, clock: _Clock, key: str, step0: int, max_tokens: int = 128) -> tuple[str, float, int]:
+    """One adaptive 128-token request (K up to 4, drafts accepted at 0.9): (K per step, tokens/s, steps so far)."""
+    live.join(key, "default", "draft", k_range=(0, 4), prompt_tokens=PROMPT, max_tokens=max_tokens)
+    sched = live.schedule("default", 4)
+    drafts = BeattyDrafts(0.9)
+    left, behind, step, ks, t0 = max_tokens, PROMPT, step0, [], clock.t
+    while left > 0:
+        k = sched()
+        accepted = drafts.accepted(k)
+        first = step == step0
+        verify = 0.4 if first else VERIFY[k + 1]
+        draft_s = k * DRAFT + (behind * CATCHUP if k > 0 else 0.0)
+        step += 1
+        live.observe_step(key, k, accepted, BatchShape(step, 1, k + 1 + (PROMPT if first else 0), verify),
+                          [(1, DRAFT)] * k, draft_s=draft_s, verify_s=verify + OVERHEAD)
+        clock.t += draft_s + verify + OVERHEAD
+        behind = 0 if k > 0 else behind + accepted + 1
+        left -= min(accepted + 1, left)
+        ks.append(k)
+    live.leave(key)
+    return "".join(map(str, ks)), max_tokens / (clock.t - t0), step
+
+
+def _fresh_server(calibrated: bool) -> tuple[list[str], list[float], BatchKSessions]:
+    clock = _Clock()
+    live = BatchKSessions(BatchKController(budget=64, clock=clock), guard=GoodputGuard())
+    if calibrated:
+        _calibrate(live)
+    out, tps, step = [], [], 0
+    for key in ("first", "second"):
+        ks, rate, step = _request(live, clock, key, step)
+        out.append(ks)
+        tps.append(rate)
+    return out, tps, live
+
+
+PLAIN_TOKENS_PER_S = 1 / (VERIFY[1] + OVERHEAD)
+
+
+def test_a_calibrated_fresh_server_never_runs_k0_in_its_first_two_requests():
+    """Before (the cost priors, served since session 7): the first request's third step ran at
+    K = 0 (a 3-position verify measured, the 1-position one priced on the line through the
+    origin below it), and the guard's first exploration, due after 64 spec steps, ran 12 steps
+    at K = 0 in the second request (1.17x plain decoding there against 1.20x). With the
+    start-up calibration the first decisions are priced from measured forwards: no K = 0 step
+    in the first request (1.28x plain, 1.23x before), and in the second the exploration is
+    skipped, speculation measuring 12.1 tokens/s above the 10.5 (1 / 0.095 s) plain decoding
+    could reach by its measured forward."""
+    (first, second), tps, live = _fresh_server(calibrated=False)
+    assert first == "32012232333333333333333333333333333333333"
+    assert second == "3" * 26 + "0" * 12 + "3" * 10
+    assert live.guards["default"].explorations == 1
+    assert [round(t / PLAIN_TOKENS_PER_S, 2) for t in tps] == [1.23, 1.17]
+    (first, second), tps, live = _fresh_server(calibrated=True)
+    assert first == "13343443443443443443343343334333433"
+    assert second == "3" * 40
+    guard = live.guards["default"]
+    assert guard.explorations == 0 and guard.skipped == 1 and guard.vetoes == 0
+    assert guard.goodput("spec") == pytest.approx(12.13, abs=0.01)
+    assert [round(t / PLAIN_TOKENS_PER_S, 2) for t in tps] == [1.28, 1.2]
+    # the calibration taught the model costs only: no acceptance evidence of its dummy prompt
+    assert [k for k in live.controller.estimator.keys()] == [("default", "draft")]
