@@ -19,7 +19,9 @@ def run_each_format(args: argparse.Namespace, run: Callable[..., dict], load: Ca
     time also counts OpenMP threads waiting at barriers).
 
     A format written ``F:alone`` runs only the target alone in F (no draft, no speculation, no
-    transformers' assisted or prompt-lookup runs): a baseline that costs minutes in float32.
+    transformers' assisted or prompt-lookup runs): a baseline that costs minutes in float32; with
+    rounds it runs one repeat in its block (the rounds give its ratios), and with
+    ``--alone-prompts`` only those prompts (so do the rounds).
 
     With ``--alone-rounds N`` (default 3 for two or more formats; 0: off) every format's target
     stays loaded, and after the per-format runs the targets alone are timed again in N rounds,
@@ -64,6 +66,8 @@ def run_each_format(args: argparse.Namespace, run: Callable[..., dict], load: Ca
             sub.draft, sub.skip_hf, sub.proposers, sub.only, sub.adaptive = "none", True, [], None, None
             if getattr(args, "alone_prompts", None):
                 sub.prompts = list(args.alone_prompts)
+            if rounds:  # its ratios come from the interleaved rounds; one timed run in the block
+                sub.repeats = 1
         models = load(sub, fmt)
         mem = {"target_weight_gb": weight_bytes(models[0].model) / 2**30,
                "draft_weight_gb": weight_bytes(models[1].model) / 2**30 if models[1] is not None else None}

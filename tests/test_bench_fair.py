@@ -132,3 +132,25 @@ def test_goals_table_reads_paired_ratios_and_the_rounds():
         ">= 1.15x | yes |",
         "| 4: x target alone | code-rename | w8a8 | ours-ngram-K16 | 32 | 9.33 | **2.33x** (2.00-2.67) | >= 2x | yes |",
     ]
+
+
+def test_alone_prompts_limit_the_baseline_format_and_the_rounds(pair, tmp_path):
+    """--formats float32:alone,int8 --alone-prompts code-prime: float32 runs only that prompt, one
+    timed run (its ratio comes from the rounds), and the rounds time only that prompt; int8 runs
+    every prompt, both repeats; formats.md opens with the goals table."""
+    from benchmarks.inprocess import run_formats
+
+    target, draft = pair
+    args = _parse(["--threads", "1", "--target", target, "--draft", draft, "--out", str(tmp_path), "--no-plot",
+                   "--tokens", "6", "--ks", "2", "--proposers", "draft", "--skip-hf", "--repeats", "2", "--no-bracket",
+                   "--formats", "float32:alone,int8", "--alone-prompts", "code-prime", "--alone-rounds", "2",
+                   "--prompts", "code-prime,poem-sea"])
+    results = run_formats(args)
+    assert [(r["prompt"], r["method"], r["runs"]) for r in results["float32"]["rows"]] == [("code-prime", "target", 1)]
+    assert sorted((r["prompt"], r["method"], r["runs"]) for r in results["int8"]["rows"]) == [
+        ("code-prime", "ours-draft-K2", 2), ("code-prime", "target", 2),
+        ("poem-sea", "ours-draft-K2", 2), ("poem-sea", "target", 2)]
+    assert list(results["int8"]["alone_rounds"]) == ["code-prime"]
+    text = (tmp_path / "formats.md").read_text()
+    assert text.index("## Issue 9's goals in this run") < text.index("## Per format and method")
+    assert "| 1: target alone x float32 | code-prime | int8 | target |" in text
