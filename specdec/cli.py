@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -270,7 +271,24 @@ def run_prefetch(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``specdec`` command; returns the exit status."""
+    """Entry point of the ``specdec`` command; returns the exit status.
+
+    A reader that goes away (``specdec client --tenant-stats | head``) ends the command quietly
+    with status 1, as Python's own documentation advises for EPIPE, not with a BrokenPipeError
+    traceback.
+    """
+    try:
+        try:
+            return _dispatch(argv)
+        finally:  # on SystemExit too (--help): the write to a closed pipe fails here, not at exit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return 1
+
+
+def _dispatch(argv: list[str] | None) -> int:
+    """Parse ``argv`` and run the subcommand; returns its exit status."""
     parser = argparse.ArgumentParser(
         prog="specdec", description="Exact speculative decoding: generate in this process, serve on Ray Serve "
                                     "(gRPC and the OpenAI HTTP API), call a server, benchmark. See README.md.")

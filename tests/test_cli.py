@@ -88,3 +88,24 @@ def test_a_prompt_and_messages_together_are_refused(capsys):
     assert cli.main(["client", "def f(", "--message", "user:hi", "--address", "localhost:1"]) == 2
     assert capsys.readouterr().err.strip() == (
         "specdec client: give a prompt or --message, not both (the prompt would be ignored)")
+
+
+def test_a_reader_that_goes_away_is_not_a_traceback():
+    """``specdec client --tenant-stats | head`` printed a BrokenPipeError traceback once head had
+    read its lines; a closed stdout now ends the command quietly with status 1. The subcommand
+    here prints 100,000 lines (the real ones need a server) into a pipe nobody reads."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from specdec import cli; "
+            "cli.registered_commands = lambda: {'spam': cli.Command('print lines', lambda p: None, "
+            "lambda a: [print('line', i) for i in range(100_000)] and 0)}; sys.exit(cli.main(['spam']))")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write
+    try:
+        done = subprocess.run([sys.executable, "-c", code], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              timeout=120)
+    finally:
+        os.close(write_end)
+    assert done.stderr == "" and done.returncode == 1
