@@ -8,7 +8,8 @@ adaptive K; optionally also plain decoding) sent to each in turn.
 
 env: MODES (default "batched,unbatched"; also "threads1": one torch thread per model process),
 PROPOSERS (default "default"; "default,none" adds plain decoding per mode and round),
-TARGET / DRAFT (other model specs, e.g. tiny models for a smoke test).
+TARGET / DRAFT (other model specs, e.g. tiny models for a smoke test), FRESH=1 (no warm-up
+requests: round 1 holds each fresh server's first requests, round 2 its second; the served goal).
 
 Every app is calibrated at start-up, then one warm-up request per mode and proposer (not
 counted), then ROUNDS (default 3) rounds of one request per mode and proposer, the mode order
@@ -78,7 +79,7 @@ def main() -> int:
                 "target_compute_ms": round(s.target_compute_s * 1000), "round_trip_ms": round(s.round_trip_s * 1000),
                 "draft_s": round(s.draft_time_s, 2), "load": round(os.getloadavg()[0], 2), "ids": ids}
 
-    for mode in modes:  # warm-up: not counted
+    for mode in ([] if os.environ.get("FRESH") == "1" else modes):  # warm-up: not counted
         for p in proposers:
             r = one(mode, p)
             r.pop("ids")
