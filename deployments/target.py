@@ -223,7 +223,8 @@ class Target:
         return await fut
 
     async def _batch_loop(self) -> None:
-        """Gather the blocks that arrive within ``batch_window_s`` and verify them in one forward.
+        """Gather the blocks that arrive within ``batch_window_s`` and verify them in one forward
+        (no window when every session held here already has its block waiting).
 
         Then, while blocks wait, hold the forward for the sessions answered and expected back
         (:class:`BatchFill`, at most ``batch_fill_wait_s``), so sessions that drafted at
@@ -237,7 +238,7 @@ class Target:
                   "PromptTooLongError": InvalidRequestError, "GenerationCancelledError": GenerationCancelledError}
         while True:
             await self._kick.wait()
-            if self.cfg.batch_window_s > 0:
+            if self.cfg.batch_window_s > 0 and not self._all_known_queued():
                 await asyncio.sleep(self.cfg.batch_window_s)
             expected = self._fill.missing()
             held = await self._fill.wait() if self._queue or self._in_flight else 0.0
@@ -277,6 +278,14 @@ class Target:
                     fut.set_exception(errors.get(kind, RuntimeError)(message))
             if self._in_flight or self._queue:
                 self._kick.set()
+
+    def _all_known_queued(self) -> bool:
+        """Whether every session this replica holds already has a block waiting: then no block
+        the gathering window could wait for is expected (one client alone: its every step
+        waited ``batch_window_s`` for nobody; a new session's first block, a prompt prefill,
+        joins the next forward)."""
+        queued = {self._ticket_sid.get(t) for t, _ in self._queue}
+        return all(sid in queued for sid in self.activity.sessions())
 
     def _write_trace(self, new: int, held: float, expected: list[str], answers: list, forward_s: float) -> None:
         """One JSON line per batched forward to ``$SPECDEC_TARGET_BATCH_TRACE`` (benchmarks)."""

@@ -55,6 +55,10 @@ class SessionActivity:
     def forget(self, session_id: str) -> None:
         self._last.pop(session_id, None)
 
+    def sessions(self) -> list[str]:
+        """Ids of the sessions in use (touched and not forgotten)."""
+        return list(self._last)
+
     def idle(self) -> list[str]:
         """Ids of the sessions unused for longer than ``idle_timeout_s``, oldest first."""
         now = self.clock()
