@@ -6,7 +6,8 @@ adaptive K; optionally also plain decoding) sent to each in turn.
     ip netns exec ns-X env RAY_TMPDIR=/tmp/ray-X HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=$PWD \\
         timeout 330 .venv/bin/python docs/bench/served-w8a8/one_client_modes.py [ROUNDS] [MAX_TOKENS]
 
-env: MODES (default "batched,unbatched"; also "threads1": one torch thread per model process),
+env: MODES (default "batched,unbatched"; also "threads1": one torch thread per model process,
+"draft1": one in the draft replica, two in the target's rank),
 PROPOSERS (default "default"; "default,none" adds plain decoding per mode and round),
 TARGET / DRAFT (other model specs, e.g. tiny models for a smoke test), FRESH=1 (no warm-up
 requests: round 1 holds each fresh server's first requests, round 2 its second; the served goal).
@@ -43,7 +44,7 @@ def main() -> int:
 
     base = PRESETS["local-cpu.yaml"].model_dump()
     known = {"batched": {}, "unbatched": {"target_batching": False, "draft_batching": False},
-             "threads1": {"cpu_threads": 1, "draft_cpu_threads": 1}}
+             "threads1": {"cpu_threads": 1, "draft_cpu_threads": 1}, "draft1": {"draft_cpu_threads": 1}}
     names = os.environ.get("MODES", "batched,unbatched").split(",")
     proposers = os.environ.get("PROPOSERS", "default").split(",")
     for field, env in (("target_model", "TARGET"), ("draft_model", "DRAFT")):  # a smoke test on tiny models
