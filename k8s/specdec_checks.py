@@ -256,7 +256,23 @@ def _check_mounts(where, tmpl, docs, tenants_dir, tenants_key, cfg, models=True)
                           and mount_of(i, MODEL_CACHE_DIR) for i in inits)
         if "specdec prefetch" not in text or not all(r in words for r in roles) or not init_env_ok:
             errors.append(f"{where}: an init container must assemble the demo models {sorted(roles)} into {MODEL_CACHE_DIR}")
+        want = _loaded_format(cfg, limit_of(c, GPU) > 0)
+        got = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "--format"), None)
+        if want != "mixed" and got != want:
+            errors.append(f"{where}: the init container prefetches {got or 'the node CPU default format'} but the pod's "
+                          f"models load {want or 'the node CPU default format'}: "
+                          + (f"add --format {want} to its specdec prefetch" if want else "drop its --format"))
     return errors
+
+
+def _loaded_format(cfg, gpu: bool) -> str | None:
+    """The weight format a pod's demo models load: ``target_dtype`` / ``draft_dtype``, else the
+    device's default (bfloat16 on a GPU pod: ``default_format("cuda")``; None on a CPU pod: the
+    node CPU's own, which a ``specdec prefetch`` without ``--format`` builds); ``"mixed"`` when
+    draft and target load different formats (one prefetch builds one)."""
+    default = "bfloat16" if gpu else None
+    formats = {cfg.target_dtype or default} | ({cfg.draft_dtype or default} if cfg.draft_model else set())
+    return formats.pop() if len(formats) == 1 else "mixed"
 
 
 def _strings(node: Any) -> Iterable[str]:

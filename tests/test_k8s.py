@@ -271,6 +271,12 @@ BROKEN = [
      lambda d: _wg(d, "target")["template"]["spec"].pop("tolerations"), "toleration"),
     ("head-num-cpus", "cpu-dev",
      lambda d: _rs(d)["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"].__setitem__("num-cpus", "4"), 'num-cpus must be "0"'),
+    ("prefetch-cpu-default-on-gpu-pod", "gpu",
+     lambda d: _wg(d, "target")["template"]["spec"]["initContainers"][0].__setitem__(
+         "command", ["specdec", "prefetch", "target", "draft"]), "add --format bfloat16"),
+    ("prefetch-format-on-cpu-pod", "cpu-dev",
+     lambda d: _wg(d, "cpu")["template"]["spec"]["initContainers"][0]["command"].extend(["--format", "bfloat16"]),
+     "drop its --format"),
     ("autoscaling-off", "gpu",
      lambda d: _rs(d)["spec"]["rayClusterConfig"].__setitem__("enableInTreeAutoscaling", False), "enableInTreeAutoscaling"),
     ("grpc-port-renamed", "gpu",
