@@ -151,6 +151,7 @@ def build_app(router: Any):
         return _model(model_id)
 
     async def _serve(request: Request, endpoint: str):
+        body = None
         try:
             metadata = metadata_from_headers(request.headers)
             # the key first, as gRPC's path: an unknown caller gets 401 whatever its body holds
@@ -168,7 +169,7 @@ def build_app(router: Any):
                 return JSONResponse(unary_response(req, results, text))
             started = await start_choices(router, req, metadata)
         except Exception as e:
-            return error_response(unwrap(e), endpoint)
+            return error_response(unwrap(e), endpoint, body)
         return StreamingResponse(sse_events(req, started, text), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 

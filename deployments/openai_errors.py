@@ -74,7 +74,7 @@ _PARAM_OF_CORE = {"prompt_token_ids": "prompt"}
 _LEADING_PATH = re.compile(r"([A-Za-z_]\w*(?:\.[\w\[\]]+)*)(?=[:= (]|$)")
 
 
-def error_param(exc: BaseException, endpoint: str | None = None) -> str | None:
+def error_param(exc: BaseException, endpoint: str | None = None, body: dict | None = None) -> str | None:
     """OpenAI's ``param`` of ``exc``: the request body field it is about, as the body spells it.
 
     An error that names its field explicitly (attribute ``param``, set where the HTTP layer
@@ -89,6 +89,8 @@ def error_param(exc: BaseException, endpoint: str | None = None) -> str | None:
     Args:
         exc: the error (unwrapped from Ray's wrappers).
         endpoint: ``"completions"`` or ``"chat"`` when known.
+        body: the request body when it was read: a chat body that set ``max_completion_tokens``
+            (OpenAI's current name; ``max_tokens`` is its deprecated alias) gets that name back.
     """
     from deployments.openai_requests import BODY_FIELDS
     from specdec.errors import PromptTooLongError
@@ -117,6 +119,8 @@ def error_param(exc: BaseException, endpoint: str | None = None) -> str | None:
     if endpoint == "chat" and param_head == "prompt":  # a chat body's prompt is its messages
         param_head = "messages"
     path = param_head + path[len(head):]
+    if path == "max_tokens" and isinstance(body, dict) and "max_tokens" not in body and "max_completion_tokens" in body:
+        path = "max_completion_tokens"
     return path if path.split(".")[0] in BODY_FIELDS else None
 
 
@@ -125,7 +129,7 @@ def error_body(status: int, message: str, code: str | None = None, param: str | 
     return {"error": {"message": message, "type": ERROR_TYPE.get(status, "error"), "param": param, "code": code}}
 
 
-def error_response(exc: BaseException, endpoint: str | None = None):
+def error_response(exc: BaseException, endpoint: str | None = None, body: dict | None = None):
     """A JSONResponse in OpenAI's error shape (``param`` from :func:`error_param`), with
     ``Retry-After`` on 429 and 503."""
     from fastapi.responses import JSONResponse
@@ -137,5 +141,5 @@ def error_response(exc: BaseException, endpoint: str | None = None):
         headers["Retry-After"] = str(max(1, math.ceil(retry)))
     elif status == 503:
         headers["Retry-After"] = "1"
-    return JSONResponse(error_body(status, details_for(exc), error_code(exc), error_param(exc, endpoint)),
+    return JSONResponse(error_body(status, details_for(exc), error_code(exc), error_param(exc, endpoint, body)),
                         status_code=status, headers=headers)

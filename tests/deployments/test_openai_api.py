@@ -500,8 +500,9 @@ def test_wrong_json_types_are_400_naming_the_field(stack, field, value, message)
 
 def test_a_tenants_policy_refusal_names_the_body_field_as_param(stack):
     """A proposer the tenant does not allow was 400 with ``param: null`` (its message began
-    "proposer 'draft' is not allowed"), and a chat prompt over the tenant's ``max_prompt_tokens``
-    had ``param: "prompt"``, a field a chat body does not have. gRPC gives the same message."""
+    "proposer 'draft' is not allowed"), a chat prompt over the tenant's ``max_prompt_tokens``
+    had ``param: "prompt"`` and a chat ``max_completion_tokens`` over the limit ``param:
+    "max_tokens"``, fields those bodies do not have. gRPC gives the same message."""
     long_text = "ab " * 40  # 81 prompt tokens as a completion, 98 templated as chat: over small's 64
     cases = [
         ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 4, "speculation": {"proposer": "draft"}},
@@ -515,6 +516,12 @@ def test_a_tenants_policy_refusal_names_the_body_field_as_param(stack):
          "prompt is 81 tokens but tenant 'small' allows at most 64 (limits.max_prompt_tokens)", "prompt"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": long_text}], "max_tokens": 4},
          "prompt is 98 tokens but tenant 'small' allows at most 64 (limits.max_prompt_tokens)", "messages"),
+        # OpenAI's current name for it (param was "max_tokens", a field this body did not send)
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                  "max_completion_tokens": 9},
+         "max_tokens=9 exceeds the limit of tenant 'small', 8 (limits.max_tokens)", "max_completion_tokens"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 9},
+         "max_tokens=9 exceeds the limit of tenant 'small', 8 (limits.max_tokens)", "max_tokens"),
     ]
     for path, body, message, param in cases:
         resp = _run(_raw(stack["app"], "POST", path, body, headers={"Authorization": f"Bearer {SMALL_KEY}"}))
