@@ -365,7 +365,7 @@ def run_client(args) -> int:
             elif not args.prompt:
                 print("specdec client: give a prompt or --message", file=sys.stderr)
                 return 2
-            problem = flag_problem(kwargs, args.prompt, msgs, args.timeout)  # named by flag, nothing sent
+            problem = flag_problem(args)  # named by flag, nothing sent
             if problem:
                 print(f"specdec client: {problem}", file=sys.stderr)
                 return 2

@@ -16,30 +16,9 @@ import re
 
 from pydantic import ValidationError
 
+from specdec.cli import FLAG_OF_FIELD, request_from_flags
 from specdec.request import GenerationRequest
 
-#: Core request field paths -> the ``specdec client`` flag that sets them.
-FLAG_OF_FIELD: dict[str, str] = {
-    "prompt": "the prompt",
-    "messages": "--message",
-    "max_tokens": "--max-tokens",
-    "min_tokens": "--min-tokens",
-    "stop": "--stop",
-    "logprobs": "--logprobs",
-    "top_logprobs": "--top-logprobs",
-    "sampling.temperature": "--temperature",
-    "sampling.top_p": "--top-p",
-    "sampling.top_k": "--top-k",
-    "sampling.seed": "--seed",
-    "sampling.min_p": "--min-p",
-    "sampling.repetition_penalty": "--repetition-penalty",
-    "sampling.presence_penalty": "--presence-penalty",
-    "sampling.frequency_penalty": "--frequency-penalty",
-    "sampling.logit_bias": "--logit-bias",
-    "speculation.proposer": "--proposer",
-    "speculation.k": "-k",
-    "speculation.draft_min_confidence": "--draft-min-confidence",
-}
 #: Field names as the core's cross-field messages write them ("min_tokens (9) must be <= max_tokens (8)",
 #: "top_logprobs needs logprobs", "stop strings must not be empty"), longest first so
 #: ``top_logprobs`` is not read as ``logprobs``.
@@ -50,8 +29,9 @@ _LEADING_FIELD = re.compile(r"([a-z_]+): (.*)", re.S)
 
 def flag_of(loc: tuple) -> str:
     """The flag for a pydantic error location: the longest field path it starts with
-    (``("sampling", "logit_bias", 7, "[key]")`` -> ``--logit-bias``); the dotted path itself
-    where no flag sets it."""
+    (``("sampling", "logit_bias", 7, "[key]")`` -> ``--logit-bias``, ``("messages", 0, "role")``
+    -> ``--message``; :data:`specdec.cli.FLAG_OF_FIELD`); the dotted path itself where no flag
+    sets it (``prompt``)."""
     parts = [str(p) for p in loc]
     for n in range(len(parts), 0, -1):
         flag = FLAG_OF_FIELD.get(".".join(parts[:n]))
@@ -60,45 +40,23 @@ def flag_of(loc: tuple) -> str:
     return ".".join(parts)
 
 
-def request_data(kwargs: dict, prompt: str | None, messages: list[dict] | None) -> dict:
-    """The core request (plain data) that :func:`deployments.client.build_request` would send for
-    these keyword arguments (:func:`deployments.cli.request_kwargs`); unset values are left out,
-    as on the wire."""
-    sampling = {key: kwargs[key] for key in ("temperature", "top_k", "min_p", "presence_penalty",
-                                             "frequency_penalty", "logit_bias")}
-    for key in ("top_p", "seed", "repetition_penalty"):
-        if kwargs[key] is not None:
-            sampling[key] = kwargs[key]
-    speculation = {"proposer": kwargs["proposer"], "k": kwargs["k"],
-                   "draft_min_confidence": kwargs["draft_min_confidence"]}
-    data = {"max_tokens": kwargs["max_tokens"], "stop": list(kwargs["stop"]), "logprobs": kwargs["logprobs"],
-            "top_logprobs": kwargs["top_logprobs"], "min_tokens": kwargs["min_tokens"], "sampling": sampling,
-            "speculation": {k: v for k, v in speculation.items() if v is not None}}
-    if messages is not None:
-        data["messages"] = messages
-    else:
-        data["prompt"] = prompt
-    return data
-
-
-def flag_problem(kwargs: dict, prompt: str | None, messages: list[dict] | None,
-                 timeout: float | None) -> str | None:
+def flag_problem(args) -> str | None:
     """What is wrong with ``specdec client``'s flags, naming each flag, or None.
 
     Args:
-        kwargs: :func:`deployments.cli.request_kwargs` of the parsed flags.
-        prompt, messages: the request's input (one of them set).
-        timeout: ``--timeout`` in seconds, or None.
+        args: the parsed flags, with a prompt or well-formed ``--message`` and ``--logit-bias``
+            values (:func:`deployments.cli.run_client` checks those first).
 
     Returns:
         ``"-k: Input should be less than or equal to 16"``, ``"--timeout must be a positive number
         of seconds, got -1"``, ``"--top-logprobs needs --logprobs"``, ... (several problems joined
         by ``"; "``), or None when the server would accept what these flags set.
     """
+    timeout = args.timeout
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         return f"--timeout must be a positive number of seconds, got {timeout:g}"
     try:
-        GenerationRequest.model_validate(request_data(kwargs, prompt, messages))
+        GenerationRequest.model_validate(request_from_flags(args))
     except ValidationError as e:
         parts = []
         for err in e.errors():

@@ -120,9 +120,9 @@ def _add_generate(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
 
 
-#: core request field path -> the ``specdec generate`` flag that sets it (validation errors name
-#: the flag the user typed, not the request field)
-GENERATE_FLAGS = {
+#: core request field path -> the ``specdec generate`` / ``specdec client`` flag that sets it
+#: (validation errors name the flag the user typed, not the request field)
+FLAG_OF_FIELD = {
     "max_tokens": "--max-tokens", "min_tokens": "--min-tokens", "stop": "--stop", "logprobs": "--logprobs",
     "top_logprobs": "--top-logprobs", "messages": "--message", "sampling.temperature": "--temperature",
     "sampling.top_k": "--top-k", "sampling.top_p": "--top-p", "sampling.seed": "--seed", "sampling.min_p": "--min-p",
@@ -132,7 +132,14 @@ GENERATE_FLAGS = {
 }
 
 
-def _request_from_args(args) -> dict:
+def request_from_flags(args) -> dict:
+    """The core request (plain data for :func:`specdec.request.parse_request`) that the flags of
+    ``specdec generate`` or ``specdec client`` set; a flag left at None is left out (the core's
+    or the server's default applies).
+
+    Raises:
+        SpecDecError: a ``--logit-bias`` that is not ``ID=BIAS``, a ``--message`` that is not ``ROLE:TEXT``.
+    """
     bias: dict[int, float] = {}
     for item in args.logit_bias:
         tid, sep, value = item.partition("=")
@@ -148,11 +155,12 @@ def _request_from_args(args) -> dict:
         "stop": args.stop,
         "logprobs": args.logprobs,
         "top_logprobs": args.top_logprobs,
-        "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
-                     "min_p": args.min_p, "repetition_penalty": args.repetition_penalty,
-                     "presence_penalty": args.presence_penalty, "frequency_penalty": args.frequency_penalty,
-                     "logit_bias": bias},
-        "speculation": {"proposer": _proposer(args), "k": args.k, "draft_min_confidence": args.draft_min_confidence},
+        "sampling": _set({"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
+                          "min_p": args.min_p, "repetition_penalty": args.repetition_penalty,
+                          "presence_penalty": args.presence_penalty, "frequency_penalty": args.frequency_penalty,
+                          "logit_bias": bias}),
+        "speculation": _set({"proposer": _proposer(args), "k": args.k,
+                             "draft_min_confidence": args.draft_min_confidence}),
     }
     if args.message:
         msgs = []
@@ -165,6 +173,10 @@ def _request_from_args(args) -> dict:
     else:
         data["prompt"] = args.prompt
     return data
+
+
+def _set(values: dict) -> dict:
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _proposer(args) -> str:
@@ -184,7 +196,7 @@ def run_generate(args) -> int:
     args.proposer = _proposer(args)
     if args.proposer == "draft" and args.draft == "none":  # before loading the target (minutes)
         raise SpecDecError("--proposer draft needs a draft model; --draft none loads none (use --proposer ngram or none)")
-    request = parse_request(_request_from_args(args), GENERATE_FLAGS)
+    request = parse_request(request_from_flags(args), FLAG_OF_FIELD)
     target_spec = parse_model_spec(args.target)
     if args.draft == "none" or args.proposer != "draft":
         target, draft = load_model(target_spec, weight_format=args.target_format), None

@@ -252,12 +252,12 @@ def test_generate_command_flags_carry_the_sampling_surface():
     args = parser.parse_args(["generate", "x", "--min-p", "0.1", "--repetition-penalty", "1.2", "--presence-penalty",
                               "0.5", "--frequency-penalty", "0.25", "--logit-bias", "7=2.5", "--min-tokens", "3",
                               "--logprobs", "--top-logprobs", "4", "--temperature", "0.7"])
-    req = parse_request(cli._request_from_args(args))
+    req = parse_request(cli.request_from_flags(args))
     s = req.sampling
     assert (s.min_p, s.repetition_penalty, s.presence_penalty, s.frequency_penalty) == (0.1, 1.2, 0.5, 0.25)
     assert (s.logit_bias, req.min_tokens, req.top_logprobs) == ({7: 2.5}, 3, 4)
     with pytest.raises(SpecDecError, match="--logit-bias must be ID=BIAS, got '7'"):
-        cli._request_from_args(parser.parse_args(["generate", "x", "--logit-bias", "7"]))
+        cli.request_from_flags(parser.parse_args(["generate", "x", "--logit-bias", "7"]))
 
 
 def test_a_vanishing_repetition_penalty_saturates_instead_of_nan():

@@ -105,8 +105,8 @@ def test_client_flag_check_lets_every_valid_flag_through():
                         "--presence-penalty", "-2", "--frequency-penalty", "2", "--logit-bias", "7=-100",
                         "--min-tokens", "16", "--logprobs", "--top-logprobs", "20", "--proposer", "ngram",
                         "-k", "16", "--draft-min-confidence", "1", "--stop", "\n\n", "--timeout", "0.5")
-    assert flag_problem(cli.request_kwargs(args), "x", None, args.timeout) is None
-    assert flag_problem(cli.request_kwargs(args), None, [{"role": "system", "content": ""}], None) is None
+    assert flag_problem(args) is None
+    assert flag_problem(_client_args("--message", "system:", "--message", "user:hi", "--max-tokens", "1")) is None
 
 
 def test_ctrl_c_while_the_models_load_shuts_down_without_a_traceback(monkeypatch, capsys):
