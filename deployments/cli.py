@@ -340,13 +340,17 @@ def run_client(args) -> int:
     from google.protobuf import json_format
 
     from deployments.client import SpecDecClient, SpecDecError, build_request
-    from deployments.client_flags import flag_problem
+    from deployments.client_flags import flag_problem, timeout_problem
 
+    if timeout_problem(args.timeout):
+        print(f"specdec client: {timeout_problem(args.timeout)}", file=sys.stderr)
+        return 2
     with SpecDecClient(args.address, application=args.application, api_key=args.api_key,
                        session_id=args.session_id) as client:
         try:
             if args.tenant_stats:
-                print(json_format.MessageToJson(client.tenant_stats(args.proposer)))
+                timeout = 30.0 if args.timeout is None else args.timeout
+                print(json_format.MessageToJson(client.tenant_stats(args.proposer, timeout=timeout)))
                 return 0
             kwargs = request_kwargs(args)
             if args.prompt is not None and args.message:

@@ -40,6 +40,13 @@ def flag_of(loc: tuple) -> str:
     return ".".join(parts)
 
 
+def timeout_problem(timeout: float | None) -> str | None:
+    """Why ``--timeout`` is not a deadline (zero, negative, nan or infinite seconds), or None."""
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        return f"--timeout must be a positive number of seconds, got {timeout:g}"
+    return None
+
+
 def flag_problem(args) -> str | None:
     """What is wrong with ``specdec client``'s flags, naming each flag, or None.
 
@@ -52,9 +59,8 @@ def flag_problem(args) -> str | None:
         of seconds, got -1"``, ``"--top-logprobs needs --logprobs"``, ... (several problems joined
         by ``"; "``), or None when the server would accept what these flags set.
     """
-    timeout = args.timeout
-    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-        return f"--timeout must be a positive number of seconds, got {timeout:g}"
+    if timeout_problem(args.timeout):
+        return timeout_problem(args.timeout)
     try:
         GenerationRequest.model_validate(request_from_flags(args))
     except ValidationError as e:
