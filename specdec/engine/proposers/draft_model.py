@@ -198,13 +198,21 @@ class DraftModelProposer:
             :func:`specdec.models.vocab.check_pair_compatible`).
         top_m: support size M of the proposal distribution under sampling.
         eos_ids: ids after which nothing is proposed (defaults to the draft's EOS ids).
+        lean: run the draft's plain one-position decode forwards through
+            :func:`specdec.models.lean_decode.install` (bitwise transformers' forward, fewer calls;
+            a model it does not know keeps transformers' forward).
     """
 
     name = "draft"
 
-    def __init__(self, draft: LoadedModel, top_m: int = DEFAULT_TOP_M, eos_ids: Sequence[int] | None = None):
+    def __init__(self, draft: LoadedModel, top_m: int = DEFAULT_TOP_M, eos_ids: Sequence[int] | None = None,
+                 lean: bool = True):
         if top_m < 1:
             raise ValueError(f"top_m must be >= 1, got {top_m}")
+        if lean:
+            from specdec.models.lean_decode import install
+
+            install(draft.model)
         self.draft = draft
         self.top_m = top_m
         self.eos_ids = set(eos_ids if eos_ids is not None else draft.eos_token_ids)

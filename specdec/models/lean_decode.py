@@ -1,0 +1,184 @@
+"""A lean one-position decode forward for a Qwen2 draft: the same ops as transformers', fewer calls.
+
+Why: one drafted token of the demo draft (Qwen2.5-Coder 0.5B, w8a8, one thread, AMD EPYC) costs
+~28 ms, of which its 97 int8 matmuls called alone take ~20.5 ms; most of the rest is the Python
+and dispatch cost of ~7,400 aten ops and ~370 module calls per forward
+(docs/bench/formats/PROFILE.md section 12). transformers' generic forward pays, per forward, a
+causal-mask builder, output-capturing and keyword-deprecation wrappers, and per layer ~15 module
+calls and five contiguous copies of the fused projections' columns (:class:`FusedSlice`).
+
+What: :func:`install` wraps a loaded model's ``forward``. A call that is a plain decode step of one
+sequence (``input_ids`` ``[1, 1]``, a :class:`transformers.DynamicCache`, no mask, no position
+ids, no embeddings, ``logits_to_keep`` 0 or 1, inference mode) runs :func:`decode_one`; every other
+call (prefill, verify blocks, packed batches of several sessions) runs transformers' forward as
+before. :func:`decode_one` runs the exact op sequence of transformers' Qwen2 decoder for one
+position (RMSNorm, projections, rotary, cache append, attention, residuals, SiLU-gated MLP, final
+norm, output layer), calling the same modules' kernels on the same values, so its logits and the
+keys and values it caches are bitwise those of transformers' forward (tests/test_lean_decode.py,
+every weight format; and the demo draft in the section-12 run). It only skips work that does
+not change a value: wrapper layers, the mask builder, copies of the fused projections' columns
+(it takes views of the one fused product), module dispatch.
+
+Attention is :func:`specdec.engine.invariant.rowwise_attention` with no mask (one query row sees
+every cached key), the call transformers makes through the registered interface for a model made
+shape-invariant. A model whose attention is not that (float32, not invariant) is not wrapped.
+
+Exactness does not rest on this module: the draft only proposes, and the target verifies. It is
+still kept bitwise, so that a draft's proposals and q do not depend on which code path ran them
+(a one-session step here, a packed batch there, a prefill after a rebuild).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+#: models :func:`install` wraps (transformers class names)
+ARCHITECTURES = ("Qwen2ForCausalLM",)
+
+
+def _rms(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """transformers' ``Qwen2RMSNorm.forward``, op for op."""
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    variance = x.pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(variance + norm.variance_epsilon)
+    return norm.weight * x.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _group(module: nn.Module, names: tuple[str, ...]):
+    """``(fused linear, bounds)`` when ``names`` are the :class:`FusedSlice` parts, in order, of one
+    fused linear; else None (the projections are called one by one)."""
+    from specdec.models.fused import FusedSlice
+
+    parts = [getattr(module, n) for n in names]
+    if not all(isinstance(p, FusedSlice) for p in parts):
+        return None
+    fused = parts[0].fused
+    if any(p.fused is not fused for p in parts) or [p.index for p in parts] != list(range(len(names))) \
+            or len(fused.bounds) != len(names):
+        return None
+    return fused.linear, fused.bounds
+
+
+def _projections(module: nn.Module, names: tuple[str, ...], x: torch.Tensor) -> list[torch.Tensor]:
+    """The outputs of ``module.<name>(x)`` for each name: column views of one fused product when
+    fused (the same values as the :class:`FusedSlice` copies), else each projection's call."""
+    group = getattr(module, "_specdec_lean_group", None)
+    if group is None:
+        group = _group(module, names) or False
+        module._specdec_lean_group = group
+    if group is False:
+        return [getattr(module, n)(x) for n in names]
+    linear, bounds = group
+    y = linear(x)
+    return [y[..., lo:hi] for lo, hi in bounds]
+
+
+@torch.inference_mode()
+def decode_one(model: nn.Module, input_ids: torch.Tensor, cache) -> torch.Tensor:
+    """One decode position of a shape-invariant Qwen2 causal LM: ``[1, 1]`` ids -> ``[1, 1, V]``
+    logits in the model's activation dtype; appends the position's keys and values to ``cache``.
+
+    The op sequence of transformers' ``Qwen2ForCausalLM.forward`` for this input (see module doc).
+    """
+    from specdec.engine.invariant import rowwise_attention
+
+    inner = model.model
+    h = inner.embed_tokens(input_ids)  # [1, 1, H]
+    past = cache.get_seq_length()
+    position_ids = (torch.arange(1, device=h.device) + past).unsqueeze(0)
+    cos, sin = inner.rotary_emb(h, position_ids)  # [1, 1, d] each, in h's dtype
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    for i, layer in enumerate(inner.layers[: model.config.num_hidden_layers]):
+        attn = layer.self_attn
+        residual = h
+        x = _rms(layer.input_layernorm, h)
+        q, k, v = _projections(attn, ("q_proj", "k_proj", "v_proj"), x)
+        q = q.view(1, 1, -1, attn.head_dim).transpose(1, 2)
+        k = k.view(1, 1, -1, attn.head_dim).transpose(1, 2)
+        v = v.view(1, 1, -1, attn.head_dim).transpose(1, 2)
+        q = (q * cos) + (_rotate_half(q) * sin)
+        k = (k * cos) + (_rotate_half(k) * sin)
+        k, v = cache.update(k, v, attn.layer_idx)
+        out, _ = rowwise_attention(attn, q, k, v, None, scaling=attn.scaling, dropout=0.0)
+        out = attn.o_proj(out.reshape(1, 1, -1).contiguous())
+        h = residual + out
+        residual = h
+        x = _rms(layer.post_attention_layernorm, h)
+        mlp = layer.mlp
+        gate, up = _projections(mlp, ("gate_proj", "up_proj"), x)
+        h = residual + mlp.down_proj(mlp.act_fn(gate) * up)
+    h = _rms(inner.norm, h)
+    return model.lm_head(h)
+
+
+def _plain_decode_call(model, input_ids, attention_mask, position_ids, cache, inputs_embeds, logits_to_keep,
+                       kwargs) -> bool:
+    from transformers import DynamicCache
+
+    return (
+        input_ids is not None and inputs_embeds is None and attention_mask is None and position_ids is None
+        and not kwargs and input_ids.shape == (1, 1) and type(cache) is DynamicCache
+        and isinstance(logits_to_keep, int) and logits_to_keep in (0, 1)
+        and not model.training and torch.is_inference_mode_enabled()
+    )
+
+
+def eligible(model: nn.Module) -> str | None:
+    """Why :func:`install` would not wrap ``model`` (None: it would)."""
+    from specdec.engine.invariant import ATTENTION_NAME
+
+    if type(model).__name__ not in ARCHITECTURES:
+        return f"architecture {type(model).__name__} (lean decode knows {', '.join(ARCHITECTURES)})"
+    if getattr(model.config, "_attn_implementation", None) != ATTENTION_NAME:
+        return "attention is not the shape-invariant row-wise attention"
+    if getattr(model.model, "has_sliding_layers", False):
+        return "sliding-window layers"
+    return None
+
+
+def install(model: nn.Module) -> bool:
+    """Route ``model``'s plain one-position decode calls to :func:`decode_one` (see module doc).
+
+    Idempotent. Returns whether the model is wrapped (False, with the reason logged at debug
+    level, for a model :func:`eligible` refuses).
+    """
+    if getattr(model, "_specdec_lean_decode", False):
+        return True
+    why = eligible(model)
+    if why:
+        log.debug("lean decode not installed: %s", why)
+        return False
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    original = model.forward
+
+    def forward(input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+        if labels is None and use_cache is not False and _plain_decode_call(
+                model, input_ids, attention_mask, position_ids, cache, inputs_embeds, logits_to_keep, kwargs):
+            return CausalLMOutputWithPast(logits=decode_one(model, input_ids, cache), cache=cache)
+        return original(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                        inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
+                        logits_to_keep=logits_to_keep, **kwargs)
+
+    model.forward = forward
+    model._specdec_lean_decode = True
+    return True
+
+
+def uninstall(model: nn.Module) -> None:
+    """Undo :func:`install` (the model's class forward again)."""
+    if getattr(model, "_specdec_lean_decode", False):
+        del model.forward
+        model._specdec_lean_decode = False
