@@ -15,6 +15,7 @@ import sys
 import time
 
 from deployments.serve_checks import check_model_specs, deploy_failures, ensure_ports_free
+from deployments.serve_config import load_config
 from specdec.cli import Command
 
 DEMO_MESSAGE = "Write a Python function that checks whether a number is prime."
@@ -83,53 +84,6 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # --- serve -------------------------------------------------------------------------------------
-
-
-def load_config(args):
-    """The AppConfig of ``specdec serve``: preset or ``--config`` file, then the flag overrides.
-
-    Raises:
-        TenantConfigError: the tenants file cannot be read or is not a valid tenants file.
-    """
-    import yaml
-
-    from deployments.config import PRESETS, AppConfig
-
-    if args.config:
-        with open(args.config) as f:
-            data = yaml.safe_load(f)
-        if isinstance(data, dict) and "applications" in data:  # a Serve config file
-            data = data["applications"][0].get("args", {})
-        cfg = AppConfig.model_validate(data or {})
-    else:
-        cfg = PRESETS["local-cpu.yaml"]
-    over: dict = {}
-    if args.target:
-        over["target_model"] = args.target
-    if args.draft:
-        over["draft_model"] = None if args.draft == "none" else args.draft
-    if args.tp:
-        over["target_tp"] = args.tp
-    if getattr(args, "draft_vocab_subset", None) is not None:
-        over["draft_vocab_subset"] = args.draft_vocab_subset or None
-    if getattr(args, "draft_vocab_table", None):
-        over["draft_vocab_table"] = args.draft_vocab_table
-    if args.grpc_port:
-        over["grpc_port"] = args.grpc_port
-    if args.http_port:
-        over["http_port"] = args.http_port
-    if getattr(args, "tenants", None) is not None:
-        if not args.tenants.strip():  # e.g. --tenants "$UNSET": serving without API keys must not happen silently
-            from specdec.control.tenants import TenantConfigError
-
-            raise TenantConfigError("--tenants is empty: give the tenants file's path")
-        over["tenants_file"] = os.path.abspath(args.tenants)  # Ray's workers run in other folders
-    cfg = AppConfig.model_validate({**cfg.model_dump(), **over}) if over else cfg
-    if cfg.tenants_file:  # read it here: a bad file is one line now, not a failed deploy later
-        from specdec.control.tenants import load_tenants_config
-
-        load_tenants_config(cfg.tenants_file)
-    return cfg
 
 
 def _log(msg: str) -> None:
@@ -226,7 +180,7 @@ def run_serve(args) -> int:
     cfg = load_config(args)
     ensure_ports_free(cfg)
     check_model_specs(cfg)
-    num_cpus = args.num_cpus or os.cpu_count() or 2
+    num_cpus = args.num_cpus or os.cpu_count() or 2  # load_config refused --num-cpus < 1
     _log(f"target {cfg.target_model} (TP={cfg.target_tp}), draft {cfg.draft_model}; local Ray with {num_cpus} CPUs")
     if cfg.target_model.startswith("demo") or (cfg.draft_model or "").startswith("demo"):
         from specdec.models.demo import ensure_demo_folder

@@ -33,6 +33,39 @@ def test_plain_appconfig_yaml(tmp_path):
     assert cli.load_config(_args("--config", str(path))).default_max_k == 6
 
 
+@pytest.mark.parametrize("argv, files, message", [
+    # pydantic ValidationError tracebacks naming the field target_tp
+    (["--tp", "-1"], {}, "--tp: Input should be greater than or equal to 1"),
+    # taken for "not given": the config's TP was served without a word
+    (["--tp", "0"], {}, "--tp: Input should be greater than or equal to 1"),
+    (["--grpc-port", "70000"], {}, "--grpc-port: Input should be less than or equal to 65535"),
+    (["--http-port", "0"], {}, "--http-port: Input should be greater than or equal to 1"),
+    # 0 silently meant every CPU of the machine
+    (["--num-cpus", "0"], {}, "--num-cpus: Input should be greater than or equal to 1, got 0"),
+    # FileNotFoundError / yaml.ParserError / ValidationError tracebacks
+    (["--config", "{dir}/missing.yaml"], {}, "cannot read --config {dir}/missing.yaml: No such file or directory"),
+    (["--config", "{dir}/a.yaml"], {"a.yaml": "x: [\n"},
+     "--config {dir}/a.yaml is not valid YAML: while parsing a flow node expected the node content, but found "
+     "'<stream end>' in \"{dir}/a.yaml\", line 2, column 1"),
+    (["--config", "{dir}/a.yaml"], {"a.yaml": "target_tp: -3\nnonsense: 1\n"},
+     "target_tp in {dir}/a.yaml: Input should be greater than or equal to 1; "
+     "nonsense in {dir}/a.yaml: Extra inputs are not permitted"),
+    (["--config", "{dir}/a.yaml"], {"a.yaml": "- 1\n"},
+     "--config {dir}/a.yaml must hold a mapping of AppConfig fields, got list"),
+    (["--config", "{dir}/a.yaml"], {"a.yaml": "applications: []\n"},
+     "--config {dir}/a.yaml: a Serve config file whose first application has no args mapping"),
+], ids=["tp-negative", "tp-zero", "grpc-port", "http-port", "num-cpus", "config-missing", "config-yaml",
+        "config-fields", "config-list", "config-serve-empty"])
+def test_bad_serve_flags_and_config_files_are_one_line_naming_them(tmp_path, argv, files, message):
+    from specdec.errors import SpecDecError
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(SpecDecError) as info:
+        cli.load_config(_args(*[a.format(dir=tmp_path) for a in argv]))
+    assert str(info.value) == message.format(dir=tmp_path)
+
+
 def test_module_top_level_imports_no_ray_or_grpc():
     import subprocess
     import sys
