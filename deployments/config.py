@@ -149,7 +149,8 @@ class AppConfig(BaseModel):
                           "(specdec.models.formats.default_format)",
     )
     draft_dtype: WeightFormat | None = Field(
-        None, description="weight format of the draft; None: the device's default",
+        None, description="weight format of the draft; None: the device's draft default "
+                          "(specdec.models.formats.default_draft_format)",
     )
     draft_vocab_subset: int | None = Field(
         None, ge=1, description="the draft scores only this many most frequent token ids (FR-Spec; "
@@ -205,10 +206,11 @@ class AppConfig(BaseModel):
         return self.target_dtype or default_format(device)
 
     def draft_format(self, device: str = "cpu") -> str:
-        """The draft's weight format: ``draft_dtype``, else the default of ``device``."""
-        from specdec.models.formats import default_format
+        """The draft's weight format: ``draft_dtype``, else the draft default of ``device``
+        (:func:`specdec.models.formats.default_draft_format`: int4 on a VNNI CPU without AMX)."""
+        from specdec.models.formats import default_draft_format
 
-        return self.draft_dtype or default_format(device)
+        return self.draft_dtype or default_draft_format(device)
 
     def router_admission_slots(self) -> int:
         """Fair-admission slots of one router replica (``admission_slots``; default the draft

@@ -243,7 +243,8 @@ def _add_prefetch(sub) -> None:
     p.add_argument("--format", choices=WEIGHT_FORMAT_CHOICES, default=None, dest="weight_format",
                    help="build the cache a weight format loads from (float32/float16: the float32 folder; "
                         "bfloat16: the bfloat16 folder; int8/int4/w8a8: the bfloat16 folder and the quantized "
-                        "weights next to it); default: the device's default format")
+                        "weights next to it); default: the format each model loads by default (the draft's: "
+                        "specdec.models.formats.default_draft_format)")
 
 
 def run_prefetch(args) -> int:
@@ -252,14 +253,15 @@ def run_prefetch(args) -> int:
     from specdec.models import cache, quant_cache
     from specdec.models.convert import folder_suffix
     from specdec.models.demo import demo_model, ensure_demo_folder
-    from specdec.models.formats import QUANTIZED_FORMATS, default_format, storage_dtype
+    from specdec.models.formats import QUANTIZED_FORMATS, default_draft_format, default_format, storage_dtype
 
     bad = [r for r in args.roles if r not in ("target", "draft")]
     if bad:
         raise SpecDecError(f"prefetch: unknown role {bad[0]!r}; choose from 'target', 'draft'")
-    fmt = getattr(args, "weight_format", None) or default_format("cpu")
-    dtype = storage_dtype(fmt)
     for role in args.roles or ["target", "draft"]:
+        # the format the role loads when none is named (the draft's own default: int4 on a VNNI CPU)
+        fmt = getattr(args, "weight_format", None) or (default_draft_format if role == "draft" else default_format)("cpu")
+        dtype = storage_dtype(fmt)
         folder = cache.cache_root() / "demo" / (role + folder_suffix(dtype))
         if cache.is_complete(folder, demo_model(role).sha256):
             if fmt not in QUANTIZED_FORMATS:

@@ -179,6 +179,41 @@ def default_format(device: str | torch.device = "cpu") -> str:
     return choose_cpu_format(flags, torch.backends.cpu.get_cpu_capability())
 
 
+#: The draft's CPU default where the target's is w8a8 without AMX-INT8 (AVX512-VNNI + bfloat16, e.g.
+#: the AMD EPYC of this project's machine): the 0.5B demo draft's one-position step is as cheap in int4
+#: as in w8a8 on one thread and cheaper on two (0.0416 vs 0.0537 CPU-s, 0.0206 vs 0.0274 s wall per
+#: drafted token, quiet; docs/bench/formats/PROFILE.md section 12): oneDNN's int8 matmul splits the
+#: draft's 896-wide layers poorly over two threads. A draft only proposes (the target verifies), so
+#: its format changes acceptance, never the output.
+CPU_VNNI_DRAFT_DEFAULT = "int4"
+
+
+def choose_draft_cpu_format(flags: frozenset[str] | set[str], capability: str) -> str:
+    """The draft's CPU default: :func:`choose_cpu_format`, except :data:`CPU_VNNI_DRAFT_DEFAULT`
+    (int4) where that is w8a8 on a CPU without AMX-INT8 (on AMX, w8a8 as the target)."""
+    fmt = choose_cpu_format(flags, capability)
+    if fmt == CPU_AMX_INT8_DEFAULT and AMX_INT8_CPU_FLAG not in flags:
+        return CPU_VNNI_DRAFT_DEFAULT
+    return fmt
+
+
+def default_draft_format(device: str | torch.device = "cpu") -> str:
+    """The format a draft gets when none is named (neither for it nor for its target):
+    ``$SPECDEC_WEIGHT_FORMAT`` if set, else bfloat16 on CUDA, else :func:`choose_draft_cpu_format`
+    of this CPU.
+
+    Raises:
+        ValueError: ``$SPECDEC_WEIGHT_FORMAT`` is not a weight format.
+    """
+    env = os.environ.get("SPECDEC_WEIGHT_FORMAT")
+    if env:
+        return check_format(env)
+    if torch.device(device).type == "cuda":
+        return "bfloat16"
+    flags = cpu_flags() or (BF16_CPU_FLAGS if cpu_supports_bf16() else frozenset())
+    return choose_draft_cpu_format(flags, torch.backends.cpu.get_cpu_capability())
+
+
 def _swap_int8_for_cpu(model: nn.Module, cls: type = Int8WeightOnlyLinear) -> int:
     """Replace every ``nn.Linear`` holding a torchao ``Int8Tensor`` by ``cls`` on its data and scales."""
     from torchao.quantization.quantize_.workflows.int8.int8_tensor import Int8Tensor

@@ -199,7 +199,9 @@ def load_pair(
     Both forwards are made shape-invariant: the target's for exact speculation, the draft's so
     that a seeded sampled request gives the same output when a session is rebuilt from its
     token history (one prefill instead of many decode steps). Formats: ``weight_format`` for the target (and the draft when
-    ``draft_format`` is None), else each spec's own (see :func:`load_model`).
+    ``draft_format`` is None), else each spec's own (see :func:`load_model`); a draft with no format
+    named anywhere gets :func:`specdec.models.formats.default_draft_format` (int4 on a VNNI CPU
+    without AMX, where the target's default is w8a8).
     ``draft_vocab_subset``: the draft scores only that many most frequent ids (FR-Spec,
     :mod:`specdec.models.vocab_subset`; ``draft_vocab_table``: its frequency table, None: the
     shipped one); the target always scores the full vocabulary.
@@ -211,7 +213,10 @@ def load_pair(
     target = load_model(pair.target, weight_format=weight_format, dtype=dtype, device=device)
     if pair.draft is None:
         return target, None
-    draft = load_model(pair.draft, weight_format=draft_format or weight_format, dtype=dtype, device=device,
+    draft_fmt = draft_format or weight_format
+    if draft_fmt is None and dtype is None and getattr(pair.draft, "format", None) is None:
+        draft_fmt = formats.default_draft_format(device)  # int4 where the target's default is w8a8 on VNNI
+    draft = load_model(pair.draft, weight_format=draft_fmt, dtype=dtype, device=device,
                        vocab_subset=draft_vocab_subset, vocab_table=draft_vocab_table)
     check_pair_compatible(draft, target)
     return target, draft

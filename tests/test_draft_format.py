@@ -1,0 +1,79 @@
+"""The draft's default weight format (specdec.models.formats.default_draft_format): int4 where the
+target's CPU default is w8a8 without AMX-INT8 (AVX512-VNNI + bfloat16, this project's AMD EPYC);
+otherwise the target's default. docs/bench/formats/PROFILE.md section 12."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.models import formats
+from specdec.models.loader import load_pair
+from specdec.models.spec import HFModelSpec, ModelPairSpec
+from specdec.testing.tiny import build_tiny_model
+
+EPYC = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni"}
+SAPPHIRE_RAPIDS = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile"}
+
+
+def test_draft_default_is_int4_on_vnni_without_amx_and_the_targets_elsewhere():
+    assert formats.choose_cpu_format(EPYC, "AVX512") == "w8a8"
+    assert formats.choose_draft_cpu_format(EPYC, "AVX512") == formats.CPU_VNNI_DRAFT_DEFAULT == "int4"
+    assert formats.choose_draft_cpu_format(SAPPHIRE_RAPIDS, "AVX512") == "w8a8"
+    assert formats.choose_draft_cpu_format({"avx2", "avx512f", "avx512_bf16"}, "AVX512") == "int4"
+    assert formats.choose_draft_cpu_format(EPYC, "AVX2") == "float32"
+    assert formats.choose_draft_cpu_format({"avx2"}, "AVX2") == "float32"
+
+
+def test_default_draft_format_honours_the_environment_and_cuda(monkeypatch):
+    monkeypatch.delenv("SPECDEC_WEIGHT_FORMAT", raising=False)
+    assert formats.default_draft_format("cuda") == "bfloat16"
+    here = formats.choose_draft_cpu_format(formats.cpu_flags(), __import__("torch").backends.cpu.get_cpu_capability())
+    assert formats.default_draft_format("cpu") == here
+    monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", "bfloat16")
+    assert formats.default_draft_format("cpu") == "bfloat16"
+    monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", "int3")
+    with pytest.raises(ValueError, match="unknown weight format 'int3'"):
+        formats.default_draft_format("cpu")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("draftfmt")
+    return ModelPairSpec(target=HFModelSpec(path=str(build_tiny_model(d / "t", seed=0, hidden_size=128))),
+                         draft=HFModelSpec(path=str(build_tiny_model(d / "d", seed=1, hidden_size=128))))
+
+
+def test_load_pair_gives_the_draft_its_own_default_only_when_no_format_is_named(pair, monkeypatch):
+    monkeypatch.delenv("SPECDEC_WEIGHT_FORMAT", raising=False)
+    monkeypatch.setattr(formats, "default_format", lambda device="cpu": "bfloat16")
+    monkeypatch.setattr(formats, "default_draft_format", lambda device="cpu": "int4")
+    target, draft = load_pair(pair)
+    assert (target.weight_format, draft.weight_format) == ("bfloat16", "int4")
+    target, draft = load_pair(pair, weight_format="bfloat16")  # a named format: the draft follows it
+    assert (target.weight_format, draft.weight_format) == ("bfloat16", "bfloat16")
+    target, draft = load_pair(pair, draft_format="w8a8")
+    assert (target.weight_format, draft.weight_format) == ("bfloat16", "w8a8")
+    spec = pair.model_copy(update={"draft": pair.draft.model_copy(update={"format": "bfloat16"})})
+    assert load_pair(spec)[1].weight_format == "bfloat16"  # the draft spec's own format
+
+
+def test_prefetch_builds_each_roles_own_default_format(tmp_path, monkeypatch, capsys):
+    """``specdec prefetch`` without --format builds what each model loads by default: the draft's
+    own default, not the target's (else a pod's init container warms the wrong cache entry)."""
+    import argparse
+
+    from specdec import cli
+    from specdec.models import cache, demo, loader
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(formats, "default_format", lambda device="cpu": "w8a8")
+    monkeypatch.setattr(formats, "default_draft_format", lambda device="cpu": "int4")
+    monkeypatch.setattr(cache, "is_complete", lambda folder, sha: False)
+    monkeypatch.setattr(demo, "ensure_demo_folder", lambda role, dtype: tmp_path / f"{role}-{dtype}")
+    loads = []
+    monkeypatch.setattr(loader, "load_model", lambda spec, weight_format, invariant: loads.append(
+        (spec.role, weight_format)) or argparse.Namespace(quant_cache="built"))
+    assert cli.run_prefetch(argparse.Namespace(roles=[], weight_format=None)) == 0
+    assert loads == [("target", "w8a8"), ("draft", "int4")]
+    assert cli.run_prefetch(argparse.Namespace(roles=["draft"], weight_format="w8a8")) == 0  # --format: both
+    assert loads[-1] == ("draft", "w8a8")
