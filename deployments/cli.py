@@ -352,7 +352,10 @@ def run_client(args) -> int:
                   file=sys.stderr)
             return 0
         except SpecDecError as e:
-            print(f"specdec client: {e}", file=sys.stderr)
+            hint = ""
+            if getattr(e, "code", None) == "UNAUTHENTICATED" and not args.api_key:
+                hint = " (give the key with --api-key or $SPECDEC_API_KEY)"
+            print(f"specdec client: {e}{hint}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:  # leaving the `with` closes the channel: the server cancels
             print("\nspecdec client: cancelled", file=sys.stderr)

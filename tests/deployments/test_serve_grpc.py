@@ -514,6 +514,12 @@ def test_specdec_client_command(served, capsys):
     assert cli.run_client(parser.parse_args(["x", "--logit-bias", "99999=1", *base])) == 1
     assert capsys.readouterr().err == ("specdec client: INVALID_ARGUMENT: logit_bias: id 99999 is outside the "
                                        "vocabulary 0..319\n")
+    # no key on a server with tenants: the server's UNAUTHENTICATED says what to send on the wire
+    # (gRPC metadata), the command line says which flag carries it
+    assert cli.run_client(parser.parse_args(["x", *base[:4], "--api-key", ""])) == 1
+    assert capsys.readouterr().err == (
+        "specdec client: UNAUTHENTICATED: missing API key: send 'authorization: Bearer <key>' (gRPC metadata or "
+        "HTTP header) (give the key with --api-key or $SPECDEC_API_KEY)\n")
     # --json: the shape of `specdec generate --json`, plus the wire numbers
     import json
 
