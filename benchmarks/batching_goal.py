@@ -8,7 +8,8 @@ and adaptive (K under load from a warmed :class:`specdec.control.batch_k.BatchKC
 best arm is the reference. **Many clients** (``--clients``, default 8; code and creative
 prompts alternating, the first one the one client's prompt): batched, at every fixed K of
 ``--ks`` (K = 0 is plain batched decoding: no draft) and adaptive, where the controller picks K
-per tenant under the load. Per request length the arms run interleaved (one-client arms between
+per tenant under the load; the controller is warmed up first on one group of each load (other
+prompts), like a server that has served both. Per request length the arms run interleaved (one-client arms between
 the many-client ones) so drift hits both sides; one engine, prefix caching on both models (as
 session 9's in-process numbers), the caches cleared before every group
 (:func:`benchmarks.batching.prefix_warm`).
@@ -161,11 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         enable_prefix_cache(draft.model, entries=8)
     fmt = f"{target.weight_format}/{draft.weight_format}"
     print(f"{fmt} loaded in {time.perf_counter() - t0:.1f}s; load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
-    # warm-up (allocator, kernels), then the controller learns costs and acceptance as a running server has
+    # warm-up (allocator, kernels), then the controller learns costs and acceptance as a running server
+    # has, under both loads: many clients, then one (a code prompt the one-client side does not run)
     run_group(engine, _prompts(2), batched=True, k=a.k, proposer=a.proposer, max_tokens=4, budget=a.budget)
     controller = batch_controller(a)
     run_group(engine, _prompts(a.clients + 2)[2:], batched=True, k=a.k, proposer=a.proposer, max_tokens=8,
               budget=a.budget, controller=controller)
+    run_group(engine, _prompts(3)[2:], batched=True, k=a.k, proposer=a.proposer, max_tokens=16, budget=a.budget,
+              controller=controller)
     rows = []
     for n in a.max_tokens:
         rows.append(run_length(engine, controller, a, n))
