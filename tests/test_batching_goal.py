@@ -62,3 +62,27 @@ def test_batching_goal_refuses_bad_arguments(argv):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
+
+
+def test_batching_profile_row_dtype_both_profiles_each_group_in_both_dtypes(tiny_pair_folders, tmp_path):
+    """``benchmarks.batching_profile --row-dtype both``: every group twice, the row-wise attention
+    in the model's own dtype (int8 weights, bfloat16 activations) then in float32, with the same
+    tokens and attention calls; the module's CPU_ROW_DTYPE is float32 again afterwards."""
+    import torch
+
+    from benchmarks.batching_profile import main
+    from specdec.engine import invariant
+
+    target, draft = tiny_pair_folders
+    out = tmp_path / "prof"
+    assert main(["--target", str(target), "--draft", str(draft), "--format", "int8", "--clients", "2,1",
+                 "--max-tokens", "4", "--threads", "1", "--row-dtype", "both", "--out", str(out)]) == 0
+    groups = json.loads((out / "profile-1t-4tok.json").read_text())["groups"]
+    assert [(g["clients"], g["row_dtype"]) for g in groups] == [(2, "native"), (2, "float32"), (1, "native"),
+                                                                (1, "float32")]
+    for native, f32 in (groups[:2], groups[2:]):
+        assert native["tokens"] == f32["tokens"] == 4 * native["clients"]
+        attention = "  of which row-wise attention"
+        assert native["parts"][attention]["calls"] == f32["parts"][attention]["calls"] > 0
+    assert invariant.CPU_ROW_DTYPE == torch.float32
+    assert "row-wise attention rows in native" in (out / "profile-1t-4tok.md").read_text()
