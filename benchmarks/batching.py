@@ -35,16 +35,18 @@ def _prompts(n: int) -> list[tuple[str, str]]:
 
 
 def run_group(engine, prompts, *, batched: bool, k: int, proposer: str, max_tokens: int, budget: int,
-              controller=None) -> dict:
+              controller=None, guard=None) -> dict:
     """Run the requests of one group together; wall seconds, tokens, outputs, batch shape.
 
-    With a ``controller`` the requests are adaptive (K per tenant under load, at most ``k``).
+    With a ``controller`` the requests are adaptive (K per tenant under load, at most ``k``);
+    with a ``guard`` too (a :class:`specdec.control.goodput_guard.GoodputGuard`), per-tenant
+    goodput guards overrule the controller as served (``BatchScheduler(guard=...)``).
     """
     from specdec.engine.batch import BatchScheduler
     from specdec.request import GenerationRequest
 
     prefix_warm(engine)
-    sched = BatchScheduler(engine, batched=batched, max_batch_positions=budget, controller=controller)
+    sched = BatchScheduler(engine, batched=batched, max_batch_positions=budget, controller=controller, guard=guard)
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     handles = [
@@ -76,6 +78,7 @@ def run_group(engine, prompts, *, batched: bool, k: int, proposer: str, max_toke
             for t in sorted({t for t, _ in prompts})
         },
         "k_counts": _merge_counts([r.stats.k_counts for r in results]),
+        "guards": sched.guards.snapshot() if sched.guards is not None else None,
     }
 
 

@@ -8,7 +8,8 @@ and adaptive (K under load from a warmed :class:`specdec.control.batch_k.BatchKC
 best arm is the reference. **Many clients** (``--clients``, default 8; code and creative
 prompts alternating, the first one the one client's prompt): batched, at every fixed K of
 ``--ks`` (K = 0 is plain batched decoding: no draft) and adaptive, where the controller picks K
-per tenant under the load; the controller is warmed up first on one group of each load (other
+per tenant under the load, overruled per tenant by a goodput guard as served (``--no-guard``: the
+controller alone; :class:`specdec.engine.batch_adaptive.TenantGuards`); the controller is warmed up first on one group of each load (other
 prompts), like a server that has served both. Per request length the arms run interleaved (one-client arms between
 the many-client ones) so drift hits both sides; one engine, prefix caching on both models (as
 session 9's in-process numbers), the caches cleared before every group
@@ -47,8 +48,15 @@ def _ks(text: str) -> list[int]:
     return out
 
 
+def guard_of(a):
+    """The goodput guard settings of the adaptive arms (``--no-guard``: None, the controller alone)."""
+    from specdec.control.goodput_guard import GoodputGuard
+
+    return GoodputGuard() if a.guard else None
+
+
 def _summary(r: dict) -> dict:
-    keep = ("wall_s", "cpu_s", "tokens", "tok_per_s", "tok_per_cpu_s", "ticks", "mean_rows_per_forward",
+    keep = ("guards", "wall_s", "cpu_s", "tokens", "tok_per_s", "tok_per_cpu_s", "ticks", "mean_rows_per_forward",
             "mean_positions_per_forward", "acceptance_rate", "k_counts", "verify_s_total", "draft_s_total",
             "decode_forwards_by_rows", "tok_per_s_by_tenant")
     out = {k: r[k] for k in keep}
@@ -71,7 +79,8 @@ def run_length(engine, controller, a, n: int) -> dict:
         adaptive = arm == "adaptive"
         k = a.k if adaptive else int(arm[2:])
         r = run_group(engine, _prompts(clients), batched=True, k=k, proposer=a.proposer, max_tokens=n,
-                      budget=a.budget, controller=controller if adaptive else None)
+                      budget=a.budget, controller=controller if adaptive else None,
+                      guard=guard_of(a) if adaptive else None)
         outputs[(side, arm)] = r["outputs"]
         res[side][arm] = _summary(r)
         print(f"{n} tokens, {clients} client(s), {arm}: {r['tok_per_s']:.2f} tok/s, {r['tok_per_cpu_s']:.2f} tok/CPU s "
@@ -100,7 +109,8 @@ def table(rows: list[dict], a, fmt: str) -> list[str]:
     lines = [
         f"In process, demo pair ({fmt}), greedy, batched scheduler, positions budget {a.budget}, {a.threads} torch "
         f"threads, prefix cache {'on' if a.prefix_cache else 'off'}. One client: the best of K={a.k} and adaptive. "
-        f"{a.clients} clients: fixed K and adaptive (K under load, 0..{a.k}). 'x 1 client' = the arm's tokens/s over "
+        f"{a.clients} clients: fixed K and adaptive (K under load, 0..{a.k}, "
+        f"{'goodput guard per tenant' if a.guard else 'no goodput guard'}). 'x 1 client' = the arm's tokens/s over "
         f"the one-client best of the same length (per CPU s: tokens per CPU second over the same). Goal: "
         f"{a.clients} clients >= {GOAL}x one client.",
         "",
@@ -142,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false")
+    p.add_argument("--no-guard", dest="guard", action="store_false",
+                   help="adaptive arms without the per-tenant goodput guards (the served default has them)")
     p.add_argument("--out", default=None, help="folder for goal.json / goal.md")
     a = p.parse_args(argv)
     if a.clients < 2 or a.k < 1:
@@ -167,9 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     run_group(engine, _prompts(2), batched=True, k=a.k, proposer=a.proposer, max_tokens=4, budget=a.budget)
     controller = batch_controller(a)
     run_group(engine, _prompts(a.clients + 2)[2:], batched=True, k=a.k, proposer=a.proposer, max_tokens=8,
-              budget=a.budget, controller=controller)
+              budget=a.budget, controller=controller, guard=guard_of(a))
     run_group(engine, _prompts(3)[2:], batched=True, k=a.k, proposer=a.proposer, max_tokens=16, budget=a.budget,
-              controller=controller)
+              controller=controller, guard=guard_of(a))
     rows = []
     for n in a.max_tokens:
         rows.append(run_length(engine, controller, a, n))

@@ -41,7 +41,7 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from specdec.engine.batch_adaptive import adaptive_k, decide_under_load
+from specdec.engine.batch_adaptive import TenantGuards, adaptive_k, decide_under_load
 from specdec.engine.batch_draft import draft_blocks
 from specdec.engine.batch_request import BatchedRequest, TickRecord
 from specdec.engine.decoder import Generation
@@ -75,6 +75,10 @@ class BatchScheduler:
         controller: a :class:`specdec.control.batch_k.BatchKController`: chooses K per tenant
             under the current load for requests submitted with ``adaptive=True``, and learns
             from every tick.
+        guard: a :class:`specdec.control.goodput_guard.GoodputGuard` (with a ``controller``): one
+            per tenant (its settings) overrules the controller with K = 0 while the tenant's
+            speculation measures slower than plain decoding (:class:`specdec.engine.batch_adaptive.TenantGuards`,
+            as served); None: the controller alone.
         clock: seconds clock.
         draft_prefill_chunk: chunked draft prefill: the draft model's uncached prompt tails
             fed per tick total at most this many positions (a longer prompt is prefilled in
@@ -98,6 +102,7 @@ class BatchScheduler:
         controller: Any = None,
         clock: Callable[[], float] = time.perf_counter,
         draft_prefill_chunk: int | None = None,
+        guard: Any = None,
     ):
         if max_batch_positions < 1:
             raise ValueError(f"max_batch_positions must be >= 1, got {max_batch_positions}")
@@ -114,6 +119,8 @@ class BatchScheduler:
         self._verify = verify or engine.verifier.verify_batch
         self.on_forward = on_forward
         self.controller = controller
+        #: the per-tenant goodput guards (None without ``guard`` or ``controller``)
+        self.guards = TenantGuards(guard) if guard is not None and controller is not None else None
         self._clock = clock
         self._draft_timings: list[tuple[int, float]] = []
         self._ids = itertools.count()
@@ -147,10 +154,14 @@ class BatchScheduler:
         if adaptive:
             if self.controller is None:
                 raise ValueError("adaptive K needs a scheduler with a controller")
-            k = adaptive_k(self.controller, tenant, request.speculation.k)
+            cap = request.speculation.k
+            k = (self.guards.k(self.controller, tenant, cap) if self.guards is not None
+                 else adaptive_k(self.controller, tenant, cap))
 
         gen = self.engine.start(request, k=k)
-        return self.add(gen, tenant=tenant, proposer=request.speculation.proposer)
+        req = self.add(gen, tenant=tenant, proposer=request.speculation.proposer)
+        req.adaptive = adaptive
+        return req
 
     def add(self, generation: Generation, *, tenant: str = "default", proposer: str = "none") -> BatchedRequest:
         """Queue an already started generation for the next tick (thread-safe)."""
@@ -251,6 +262,7 @@ class BatchScheduler:
             return TickRecord([r.id for r in order], [], positions, 0, t1 - t0, self._clock() - t2)
         t3 = self._clock()
         answered = []
+        guarded: list[tuple[int, str, int, int]] = []  # adaptive rows for the goodput guards
         for r, res in zip(order, results):
             if res is None:
                 continue  # chunked or deferred: the block waits for the next tick
@@ -262,6 +274,8 @@ class BatchScheduler:
             answered.append(r.id)
             if self.controller is not None and block.k > 0:
                 self.controller.observe_row(r.tenant, r.proposer, block.k, res.accepted)
+            if r.adaptive and r.proposer != "none":
+                guarded.append((r.id, r.tenant, block.k, res.accepted))
             if r._cancel:
                 continue  # ended at the top of the next tick
             chunk = r.generation.apply(block, res, r.draft_s, t3 - t2)
@@ -277,6 +291,8 @@ class BatchScheduler:
         if self.controller is not None and self.batched:
             fed_rows = sum(1 for res in results if res is not None) or 1
             self.controller.observe_tick(fed_rows, max(fed, fed_rows), t3 - t2, self._draft_timings)
+        if self.guards is not None and self.batched:
+            self.guards.record_tick(self.controller, guarded, t3 - t0)
         self._draft_timings = []
         self.trace.append(rec)
         return rec

@@ -5,7 +5,8 @@ hands a :class:`specdec.control.batch_k.BatchKController` the running load: sess
 (tenant, proposer), the tokens each tenant's drafts are behind by (a tenant leaving K = 0 pays
 its drafts' catch-up) and the tokens its sessions have left; the controller then picks one K
 per tenant (:meth:`specdec.control.batch_controller.BatchKController.decide`). An adaptive
-request asks for its K before every step through :func:`adaptive_k`.
+request asks for its K before every step through :func:`adaptive_k`, or through
+:class:`TenantGuards` when per-tenant goodput guards overrule the controller (as served).
 """
 
 from __future__ import annotations
@@ -37,3 +38,66 @@ def adaptive_k(controller: Any, tenant: str, cap: int) -> Callable[[], int]:
     under the last decision, at most ``cap``, or a probe's K while the tenant is held at K = 0
     (:meth:`specdec.control.batch_controller.BatchKController.step_k`)."""
     return lambda: controller.step_k(tenant, cap)
+
+
+class TenantGuards:
+    """One :class:`specdec.control.goodput_guard.GoodputGuard` per tenant for an in-process
+    scheduler, as the served :class:`specdec.control.batch_sessions.BatchKSessions` keeps them:
+    measurement overrules the cost model. Every tick, each adaptive row's step (tokens = accepted
+    + 1, weighted by the rows of the tick; seconds = the tick's drafting + verify wall time) is
+    recorded in every tenant's guard, in regime ``spec`` when the last decision had that tenant
+    at K > 0 and ``plain`` otherwise; a guard that measures speculation slower than plain
+    decoding holds its tenant at K = 0 (the guard's docstring has the policy). Left out, as
+    served: a generation's first step (it prefilled the target), a probe's step (K > 0 while the
+    decision holds the tenant at K = 0) and a K > 0 step of a tenant whose guard forces K = 0.
+
+    Why in process too: the cost model prices the forwards it measured, not the drafts' catch-up
+    after K = 0 or contention; at 8 clients x 128 tokens (w8a8 pair, one thread, loaded machine)
+    the model-only arm ran K > 0 on 285 of 592 steps at 0.75x the tokens per CPU second of K = 0
+    (docs/bench/batching/inprocess-s10/README.md).
+
+    Args:
+        template: the guard whose settings every tenant's guard takes (:meth:`GoodputGuard.fresh`).
+    """
+
+    def __init__(self, template: Any):
+        self.template = template
+        #: tenant -> its guard (made when the tenant's first adaptive row is recorded)
+        self.guards: dict[str, Any] = {}
+        self._stepped: set[int] = set()  # request ids whose first step was seen
+
+    def forced(self, tenant: str) -> bool:
+        """Whether ``tenant``'s guard holds it at K = 0 now."""
+        g = self.guards.get(tenant)
+        return g is not None and g.forced
+
+    def k(self, controller: Any, tenant: str, cap: int) -> Callable[[], int]:
+        """The K callable of an adaptive request (:func:`adaptive_k`), 0 while the guard forces K = 0."""
+        return lambda: 0 if self.forced(tenant) else controller.step_k(tenant, cap)
+
+    def record_tick(self, controller: Any, rows: Sequence[tuple[int, str, int, int]], seconds: float) -> None:
+        """One tick's adaptive rows ``(request id, tenant, K, accepted)`` and its wall ``seconds``.
+
+        Raises:
+            ValueError: from :meth:`GoodputGuard.record` (seconds not finite and > 0).
+        """
+        if not rows or not seconds > 0:
+            return
+        n = len(rows)
+        for _, tenant, _, _ in rows:
+            if tenant not in self.guards:
+                self.guards[tenant] = self.template.fresh()
+        for rid, tenant, k, accepted in rows:
+            first = rid not in self._stepped
+            self._stepped.add(rid)
+            if first or (k > 0 and (self.forced(tenant) or controller.k_for(tenant) == 0)):
+                continue
+            for t in sorted(self.guards):
+                g = self.guards[t]
+                regime = "plain" if g.forced or not (controller.k_for(t) or 0) > 0 else "spec"
+                others = any(o.exploring for name, o in self.guards.items() if name != t)
+                g.record(regime, (accepted + 1) * n, seconds, may_explore=not others)
+
+    def snapshot(self) -> dict:
+        """tenant -> its guard's :meth:`GoodputGuard.snapshot`."""
+        return {t: g.snapshot() for t, g in sorted(self.guards.items())}

@@ -51,6 +51,8 @@ class BatchedRequest:
     tenant: str
     generation: Generation
     proposer: str = "none"
+    #: K from the scheduler's controller (``submit(..., adaptive=True)``)
+    adaptive: bool = False
     chunks: "queue.Queue[GenerationChunk | BaseException | None]" = field(default_factory=queue.Queue)
     error: BaseException | None = None
     block: DraftBlock | None = None
