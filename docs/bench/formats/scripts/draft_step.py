@@ -238,6 +238,19 @@ def main():
             b = table[(n, th, "bare forward, 1 position")][1]
             print(f"threads {th}: {n:16s} c = propose token / target 1 pos (CPU medians) {p / t1:.3f}; "
                   f"bare {b / t1:.3f}; K={k} step CPU s = {k * p + t5:.4f}")
+    # the lean path against transformers' forward on the real draft: 24 decode steps, logits bitwise
+    torch.set_num_threads(1)
+    for n, d in zip(names, drafts):
+        if getattr(d.model, "_specdec_lean_decode", False):
+            ca, cb = prefilled_cache(d.model, prompt), prefilled_cache(d.model, prompt)
+            same = True
+            with torch.inference_mode():
+                for t in more[:24]:
+                    ids = torch.tensor([[t]])
+                    a = d.model(input_ids=ids, cache=ca, use_cache=True, logits_to_keep=1).logits  # lean
+                    b = type(d.model).forward(d.model, input_ids=ids, cache=cb, use_cache=True, logits_to_keep=1).logits
+                    same = same and torch.equal(a, b)
+            print(f"{n}: lean decode logits bitwise transformers' forward over 24 steps: {same}", flush=True)
     if os.environ.get("PROFILE", "1") != "0":
         for n, d in zip(names, drafts):
             if n in os.environ.get("PROFILE_VARIANTS", ",".join(names[:2])).split(","):
