@@ -66,6 +66,12 @@ def summary(name: str, steps: list[dict]) -> str:
         b = s.get("batch")
         if b:
             by_pos.setdefault(b[2], []).append(b[3])
+    if name == "calibration":  # its trace lines hold its forwards only
+        line = f"{name}: {n} steps, K {counts}"
+        if per_tok:
+            line += f"; draft forward {1000 * statistics.median(per_tok):.1f} ms (median per step)"
+        return line + "; target forward by positions (median ms): " + ", ".join(
+            f"{p}: {1000 * statistics.median(v):.0f}" for p, v in sorted(by_pos.items()) if p <= 9)
     line = (f"{name}: {n} steps, K {counts}; per step (ms): draft forwards {1000 * sum(fwd) / n:.0f}, "
             f"draft other {1000 * (sum(draft) - sum(fwd)) / n:.0f}, target forward {1000 * sum(tgt) / n:.0f}, "
             f"exchange {1000 * (sum(vwall) - sum(tgt)) / n:.0f}, between steps "
