@@ -95,35 +95,3 @@ def test_scheduler_with_guard_keeps_outputs_and_records_adaptive_rows(tiny_targe
     ticks = sum(1 for t in sched.trace if t.answered)
     recorded = {t: g.steps("spec") + g.steps("plain") for t, g in sched.guards.guards.items()}
     assert all(0 < n <= 3 * ticks for n in recorded.values())
-
-
-def test_adaptive_k_is_asked_once_per_tenant_and_tick(tiny_target, tiny_draft_close):
-    """The controller's step_k (which counts held steps towards a probe, and a probe's steps) is
-    asked once per tenant, request K and tick, not once per session: 3 sessions of one tenant
-    step together, so a tick is one step of the tenant (TickKs)."""
-    from specdec.control.batch_k import BatchKController
-    from specdec.engine.batch import BatchScheduler
-    from specdec.engine.engine import SpeculativeEngine
-    from specdec.request import GenerationRequest
-
-    calls: list[tuple[int, str, int]] = []
-
-    class Counting(BatchKController):
-        def step_k(self, tenant, cap, k_min=0):
-            calls.append((sched._ticks, tenant, cap))
-            return super().step_k(tenant, cap, k_min)
-
-    engine = SpeculativeEngine(tiny_target, tiny_draft_close)
-    sched = BatchScheduler(engine, max_batch_positions=64, controller=Counting(budget=64))
-    prompts = [[5, 9, 13, 17, 21], [7, 3, 11, 2], [30, 31, 32]]
-    hs = [sched.submit(GenerationRequest(prompt_token_ids=p, max_tokens=10, speculation={"proposer": "draft", "k": 3}),
-                       tenant="code", adaptive=True) for p in prompts]
-    sched.run_until_idle()
-    plain = SpeculativeEngine(tiny_target, tiny_draft_close)
-    for p, h in zip(prompts, hs):
-        alone = plain.generate(GenerationRequest(prompt_token_ids=p, max_tokens=10, speculation={"proposer": "none"}))
-        assert h.result().token_ids == alone.token_ids
-    assert len(calls) == len(set(calls))  # never twice in one tick
-    planned_ticks = {t for t, _, _ in calls}
-    assert len(calls) == len(planned_ticks) <= len(sched.trace) + 1
-    assert sum(sum(h.result().stats.k_counts.values()) for h in hs) > len(calls)  # sessions shared the answers

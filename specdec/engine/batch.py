@@ -41,7 +41,7 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from specdec.engine.batch_adaptive import TenantGuards, TickKs, adaptive_k, decide_under_load
+from specdec.engine.batch_adaptive import TenantGuards, adaptive_k, decide_under_load
 from specdec.engine.batch_draft import draft_blocks
 from specdec.engine.batch_request import BatchedRequest, TickRecord
 from specdec.engine.decoder import Generation
@@ -121,8 +121,6 @@ class BatchScheduler:
         self.controller = controller
         #: the per-tenant goodput guards (None without ``guard`` or ``controller``)
         self.guards = TenantGuards(guard) if guard is not None and controller is not None else None
-        #: the controller's step_k asked once per tenant and tick (TickKs)
-        self._tick_ks = TickKs(controller) if controller is not None else None
         self._clock = clock
         self._draft_timings: list[tuple[int, float]] = []
         self._ids = itertools.count()
@@ -157,8 +155,8 @@ class BatchScheduler:
             if self.controller is None:
                 raise ValueError("adaptive K needs a scheduler with a controller")
             cap = request.speculation.k
-            k = (self.guards.k(self._tick_ks, tenant, cap) if self.guards is not None
-                 else adaptive_k(self._tick_ks, tenant, cap))
+            k = (self.guards.k(self.controller, tenant, cap) if self.guards is not None
+                 else adaptive_k(self.controller, tenant, cap))
 
         gen = self.engine.start(request, k=k)
         req = self.add(gen, tenant=tenant, proposer=request.speculation.proposer)
@@ -211,8 +209,6 @@ class BatchScheduler:
             self._incoming = []
         tick = self._ticks
         self._ticks += 1
-        if self._tick_ks is not None:
-            self._tick_ks.new_tick()
         self.running = self._end_cancelled(self.running)
         if self.controller is not None and self.running:
             decide_under_load(self.controller, self.running)

@@ -33,39 +33,6 @@ def decide_under_load(controller: Any, running: Sequence[Any]) -> None:
     controller.decide(counts, behind=behind, tokens_left={t: max(1.0, sum(v) / len(v)) for t, v in left.items()})
 
 
-class TickKs:
-    """One K-under-load answer per tenant (and request K) per tick, shared by the tenant's sessions.
-
-    The controller counts a tenant's steps held at K = 0 towards its next probe
-    (:meth:`specdec.control.batch_controller.BatchKController.step_k`), and a probe lasts
-    ``probe_steps`` steps. Asked once per session, as a served replica's sessions step one by
-    one, a tenant with 4 sessions in process reached the 32 held steps every 8 ticks and each
-    probe lasted a single tick, in which every probed session's draft caught up the tokens it
-    had missed at K = 0: at 8 clients x 128 tokens (w8a8/int4 pair, one thread) the adaptive arm
-    ran 57 probe steps that cost 1.4x the CPU seconds of K = 0
-    (docs/bench/batching/inprocess-s10/README.md). Asked once per tick, held steps and probes
-    count ticks: a tick is one step of every session.
-    """
-
-    def __init__(self, controller: Any):
-        self.controller = controller
-        self._memo: dict[tuple[str, int], int] = {}
-
-    def new_tick(self) -> None:
-        """Forget the answers of the last tick (the scheduler calls it before planning a tick)."""
-        self._memo.clear()
-
-    def step_k(self, tenant: str, cap: int) -> int:
-        """The controller's ``step_k(tenant, cap)``, asked once per tick."""
-        key = (tenant, cap)
-        if key not in self._memo:
-            self._memo[key] = self.controller.step_k(tenant, cap)
-        return self._memo[key]
-
-    def k_for(self, tenant: str) -> int | None:
-        return self.controller.k_for(tenant)
-
-
 def adaptive_k(controller: Any, tenant: str, cap: int) -> Callable[[], int]:
     """The K callable of an adaptive request of ``tenant`` whose own K is ``cap``: the tenant's K
     under the last decision, at most ``cap``, or a probe's K while the tenant is held at K = 0
