@@ -1,11 +1,11 @@
 #!/bin/bash
-# usage: flock -w 900 /tmp/specdec-heavy.lock measure.sh STAGE...  (in /work/wt-lead10, ff to main)
+# usage: flock -w 900 /tmp/specdec-heavy.lock measure.sh STAGE...  (the lead's session-10 measurements; NETNS / RAY_TMPDIR below are that machine's)
 # stages: served onecl batchgoal bench32 bench128
 set -u
-cd /work/wt-lead10
+cd "$(dirname "$0")/../.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export NETNS=ns-lead10 RAY_TMPDIR=/tmp/ray-lead10
-NSX="ip netns exec ns-lead10 env RAY_TMPDIR=/tmp/ray-lead10 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=/work/wt-lead10"
+NSX="ip netns exec ns-lead10 env RAY_TMPDIR=/tmp/ray-lead10 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=$PWD"
 c=$(git log --oneline -1 | cut -c1-7)
 hdr() { echo "== $1 $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg) at $(git log --oneline -1 | cut -c1-70)"; }
 for st in "$@"; do
