@@ -99,8 +99,10 @@ def storage_dtype(fmt: str) -> torch.dtype:
     return torch.float32 if check_format(fmt) in ("float32", "float16") else torch.bfloat16
 
 
-#: The default format on a CPU with AMX-INT8 (``amx_int8``): int8 weights and per-token int8
+#: The default format on a CPU with AMX-INT8 (``amx_int8``), or with AVX512-VNNI and native bfloat16
+#: (the AMD EPYC of sessions 9-10, :func:`choose_cpu_format`): int8 weights and per-token int8
 #: activations, whose cost hardly grows with the positions and rows of a forward (module docstring).
+#: The name is historical (AMX was the first such CPU measured).
 CPU_AMX_INT8_DEFAULT = "w8a8"
 #: The default format on a CPU with native bfloat16 instructions (AVX512-BF16 or AMX-BF16) but no
 #: AMX-INT8: the format measured fastest for one session's speculation on such instructions
