@@ -54,8 +54,25 @@ def test_batching_goal_runs_both_sides_in_one_run_with_identical_outputs(tiny_pa
     assert "| 7 | 3 | K=0 |" in table and "| 7 | 1 | K=2 |" in table
 
 
+def test_batching_goal_rounds_report_each_arm_by_its_median_round(tiny_pair_folders, tmp_path):
+    """--rounds 3: every arm runs three times (order reversed in the second round), its row is the
+    median round by tokens/s, every round's tokens/s is kept, and outputs match across rounds."""
+    from benchmarks.batching_goal import main
+
+    target, draft = tiny_pair_folders
+    out = tmp_path / "goal"
+    assert main(["--target", str(target), "--draft", str(draft), "--clients", "2", "--ks", "0", "--k", "2",
+                 "--max-tokens", "4", "--threads", "1", "--format", "int8", "--rounds", "3", "--out", str(out)]) == 0
+    row = json.loads((out / "goal.json").read_text())["rows"][0]
+    assert row["identical_outputs"] is True
+    for side in ("one_client", "many_clients"):
+        for arm, r in row[side].items():
+            assert len(r["rounds_tok_per_s"]) == 3
+            assert r["tok_per_s"] == sorted(r["rounds_tok_per_s"])[1]
+
+
 @pytest.mark.parametrize("argv", [["--clients", "1"], ["--k", "0"], ["--ks", "0,-1"], ["--ks", "a"],
-                                  ["--max-tokens", "0"]])
+                                  ["--max-tokens", "0"], ["--rounds", "0"]])
 def test_batching_goal_refuses_bad_arguments(argv):
     from benchmarks.batching_goal import main
 
