@@ -126,3 +126,16 @@ def smollm2_gguf() -> Path:
     from specdec.testing.smollm2 import smollm2_gguf
 
     return smollm2_gguf()
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_folders(tmp_path_factory) -> tuple[Path, Path]:
+    """(target folder, draft folder) for benchmark tests: a tiny Qwen2 target (1024 positions) and a
+    draft = the target + small weight noise (seed 1, noise 0.03), so the draft agrees often but not always."""
+    from transformers import Qwen2ForCausalLM
+
+    root = tmp_path_factory.mktemp("benchpair")
+    target = build_tiny_model(root / "target", seed=0, max_positions=1024)
+    draft = build_tiny_model(root / "draft", seed=1, base=Qwen2ForCausalLM.from_pretrained(target), noise=0.03,
+                             max_positions=1024)
+    return target, draft

@@ -6,19 +6,6 @@ import json
 
 import pytest
 
-from specdec.testing.tiny import build_tiny_model
-
-
-@pytest.fixture(scope="module")
-def tiny_pair_folders(tmp_path_factory):
-    """(target folder, draft folder): a tiny Qwen2 target and a draft = target + small weight noise."""
-    from transformers import Qwen2ForCausalLM
-
-    root = tmp_path_factory.mktemp("goalpair")
-    target = build_tiny_model(root / "target", seed=0, max_positions=1024)
-    draft = build_tiny_model(root / "draft", seed=1, base=Qwen2ForCausalLM.from_pretrained(target), noise=0.03,
-                             max_positions=1024)
-    return target, draft
 
 
 def test_batching_goal_runs_both_sides_in_one_run_with_identical_outputs(tiny_pair_folders, tmp_path):

@@ -12,18 +12,11 @@ from benchmarks.inprocess import add_bench_arguments, run_bench
 from benchmarks.inprocess_goals import goals_table, paired
 from benchmarks.inprocess_methods import Method, RunOutcome, warm_up
 from benchmarks.report import tabulate
-from specdec.testing.tiny import build_tiny_model
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    from transformers import Qwen2ForCausalLM
-
-    root = tmp_path_factory.mktemp("fairpair")
-    target = build_tiny_model(root / "target", seed=0, max_positions=1024)
-    draft = build_tiny_model(root / "draft", seed=1, base=Qwen2ForCausalLM.from_pretrained(target), noise=0.03,
-                             max_positions=1024)
-    return str(target), str(draft)
+def pair(tiny_pair_folders):
+    return tuple(str(p) for p in tiny_pair_folders)
 
 
 def _parse(argv):
