@@ -273,7 +273,9 @@ def feed_many(items: Sequence[tuple["CachedSequence", Sequence[int], int]]) -> l
     out = model(
         input_ids=ids,
         position_ids=pos,
-        attention_mask={"full_attention": _packed_mask(past, new, model, device)},
+        # a 4-D mask is taken as given by every model's mask builder (a {"full_attention": mask}
+        # mapping only by models with layer types, such as Qwen2; Llama's forward needs the tensor)
+        attention_mask=_packed_mask(past, new, model, device),
         cache=view,
         use_cache=True,
         logits_to_keep=idx,
