@@ -12,8 +12,7 @@ import dataclasses
 from typing import Any, AsyncIterator, Mapping
 
 from deployments.aio import finish_despite_cancellation
-from deployments.grpc_status import details_for
-from deployments.openai_errors import error_body, error_code, error_param, http_status_for
+from deployments.openai_errors import error_body, error_code, error_message, error_param, http_status_for
 from deployments.openai_requests import OpenAIRequest
 from deployments.openai_responses import (
     SSE_DONE,
@@ -241,7 +240,7 @@ async def sse_events(req: OpenAIRequest, started: list[tuple[Any, Any]], text: T
         from deployments.ray_errors import unwrap
 
         e = unwrap(e)
-        yield sse(error_body(http_status_for(e), details_for(e), error_code(e), error_param(e, req.endpoint)))
+        yield sse(error_body(http_status_for(e), error_message(e, req.endpoint), error_code(e), error_param(e, req.endpoint)))
     finally:
         await _close(stream)
     yield SSE_DONE

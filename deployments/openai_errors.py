@@ -6,8 +6,8 @@ status of :data:`HTTP_STATUS_BY_GRPC` (one table, from the gRPC code of
 path, 405 wrong method, 413 a body larger than any valid request (an error's own
 ``http_status``), 429 over a tenant limit (with ``Retry-After`` in whole seconds), 503 while
 the models load (``Retry-After: 1``), 504 deadline passed, 500 anything unexpected. ``param``
-names the body field at fault (:func:`error_param`), ``code`` the tenant limit or
-``context_length_exceeded`` (:func:`error_code`).
+names the body field at fault (:func:`error_param`), as the message does (:func:`error_message`),
+``code`` the tenant limit or ``context_length_exceeded`` (:func:`error_code`).
 """
 
 from __future__ import annotations
@@ -74,6 +74,36 @@ _PARAM_OF_CORE = {"prompt_token_ids": "prompt"}
 _LEADING_PATH = re.compile(r"([A-Za-z_]\w*(?:\.[\w\[\]]+)*)(?=[:= (]|$)")
 
 
+def _body_path(path: str, endpoint: str | None, body: dict | None) -> str | None:
+    """The body's spelling of core request path ``path`` (``sampling.temperature`` ->
+    ``temperature``, ``prompt_token_ids`` -> ``prompt``, or ``messages`` on chat; ``max_tokens`` ->
+    ``max_completion_tokens`` when the body sent that), or None when its head is no body field."""
+    from deployments.openai_requests import BODY_FIELDS
+
+    path = path.removeprefix("sampling.")
+    head = path.split(".")[0]
+    param_head = _PARAM_OF_CORE.get(head, head)
+    if endpoint == "chat" and param_head == "prompt":  # a chat body's prompt is its messages
+        param_head = "messages"
+    path = param_head + path[len(head):]
+    if path == "max_tokens" and isinstance(body, dict) and "max_tokens" not in body and "max_completion_tokens" in body:
+        path = "max_completion_tokens"
+    return path if path.split(".")[0] in BODY_FIELDS else None
+
+
+def _leading_path(text: str) -> tuple[str, str] | None:
+    """``(path, rest)`` of a validation message that starts with a field path (``sampling:
+    logit_bias: ...``, a rule of the sampling object, gives ``sampling.logit_bias``), else None."""
+    m = _LEADING_PATH.match(text)
+    if m is None:
+        return None
+    if m.group(1) != "sampling":
+        return m.group(1), text[m.end():]
+    inner = text[m.end():].lstrip(": ")
+    m = _LEADING_PATH.match(inner)
+    return None if m is None else ("sampling." + m.group(1), inner[m.end():])
+
+
 def error_param(exc: BaseException, endpoint: str | None = None, body: dict | None = None) -> str | None:
     """OpenAI's ``param`` of ``exc``: the request body field it is about, as the body spells it.
 
@@ -92,7 +122,6 @@ def error_param(exc: BaseException, endpoint: str | None = None, body: dict | No
         body: the request body when it was read: a chat body that set ``max_completion_tokens``
             (OpenAI's current name; ``max_tokens`` is its deprecated alias) gets that name back.
     """
-    from deployments.openai_requests import BODY_FIELDS
     from specdec.errors import PromptTooLongError
 
     explicit = getattr(exc, "param", None)
@@ -102,26 +131,38 @@ def error_param(exc: BaseException, endpoint: str | None = None, body: dict | No
         return None
     if isinstance(exc, PromptTooLongError):
         return "messages" if endpoint == "chat" else "prompt"
-    text = str(exc).removeprefix("invalid request: ").split("; ")[0]
-    while True:
-        m = _LEADING_PATH.match(text)
-        if m is None:
-            return None
-        path = m.group(1)
-        if path != "sampling":
-            break
-        text = text[m.end():].lstrip(": ")  # "sampling: logit_bias: ...": a rule of the sampling object
-    path = path.removeprefix("sampling.")
-    head = path.split(".")[0]
-    if head == "logit_bias":  # its keys are token ids; pydantic's path continues into them
-        return head
-    param_head = _PARAM_OF_CORE.get(head, head)
-    if endpoint == "chat" and param_head == "prompt":  # a chat body's prompt is its messages
-        param_head = "messages"
-    path = param_head + path[len(head):]
-    if path == "max_tokens" and isinstance(body, dict) and "max_tokens" not in body and "max_completion_tokens" in body:
-        path = "max_completion_tokens"
-    return path if path.split(".")[0] in BODY_FIELDS else None
+    lead = _leading_path(str(exc).removeprefix("invalid request: ").split("; ")[0])
+    if lead is None:
+        return None
+    if lead[0].removeprefix("sampling.").split(".")[0] == "logit_bias":  # pydantic's path goes on into its keys
+        return "logit_bias"
+    return _body_path(lead[0], endpoint, body)
+
+
+def error_message(exc: BaseException, endpoint: str | None = None, body: dict | None = None) -> str:
+    """The message of ``exc`` for an HTTP caller: :func:`deployments.grpc_status.details_for`,
+    with every clause of a 400 that starts with a core request path renamed to the body's field
+    (``invalid request: sampling.temperature: ...`` -> ``invalid request: temperature: ...``,
+    ``prompt_token_ids: id -2 ...`` -> ``prompt: id -2 ...``, a logit_bias key pydantic could not
+    read -> ``logit_bias key 'abc': ...``), so the message names what the caller sent, as
+    :func:`error_param` does. Other statuses' messages are returned as they are."""
+    text = details_for(exc)
+    if http_status_for(exc) != 400:
+        return text
+    prefix = "invalid request: " if text.startswith("invalid request: ") else ""
+    clauses = text[len(prefix):].split("; ")
+    for i, clause in enumerate(clauses):
+        lead = _leading_path(clause)
+        if lead is None:
+            continue
+        path, rest = lead
+        if endpoint == "chat" and path.split(".")[0] in ("prompt", "prompt_token_ids"):
+            continue  # the prompt rendered from the messages: "prompt is 98 tokens but ..." reads right
+        key = re.fullmatch(r"sampling\.logit_bias\.(.*)\.\[key\]", path)
+        named = f"logit_bias key {key.group(1)!r}" if key else _body_path(path, endpoint, body)
+        if named is not None:
+            clauses[i] = named + rest
+    return prefix + "; ".join(clauses)
 
 
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
@@ -141,5 +182,6 @@ def error_response(exc: BaseException, endpoint: str | None = None, body: dict |
         headers["Retry-After"] = str(max(1, math.ceil(retry)))
     elif status == 503:
         headers["Retry-After"] = "1"
-    return JSONResponse(error_body(status, details_for(exc), error_code(exc), error_param(exc, endpoint, body)),
+    return JSONResponse(error_body(status, error_message(exc, endpoint, body), error_code(exc),
+                                   error_param(exc, endpoint, body)),
                         status_code=status, headers=headers)

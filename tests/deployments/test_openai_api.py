@@ -408,7 +408,8 @@ def test_grpc_and_http_share_one_validation(stack, grpc_req, body):
     resp = _run(_raw(stack["app"], "POST", "/v1/completions", raw))
     assert resp.status_code == 400
     err = resp.json()["error"]
-    assert err["message"] == ctx.details and err["type"] == "invalid_request_error"
+    # the same message, naming the field as the body spells it (top_p, not gRPC's sampling.top_p)
+    assert err["message"] == ctx.details.replace("sampling.", "") and err["type"] == "invalid_request_error"
 
 
 # --- errors --------------------------------------------------------------------------------------
@@ -516,10 +517,10 @@ def test_a_tenants_policy_refusal_names_the_body_field_as_param(stack):
          "prompt is 81 tokens but tenant 'small' allows at most 64 (limits.max_prompt_tokens)", "prompt"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": long_text}], "max_tokens": 4},
          "prompt is 98 tokens but tenant 'small' allows at most 64 (limits.max_prompt_tokens)", "messages"),
-        # OpenAI's current name for it (param was "max_tokens", a field this body did not send)
+        # OpenAI's current name for it (param and message said "max_tokens", a field this body did not send)
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
                                   "max_completion_tokens": 9},
-         "max_tokens=9 exceeds the limit of tenant 'small', 8 (limits.max_tokens)", "max_completion_tokens"),
+         "max_completion_tokens=9 exceeds the limit of tenant 'small', 8 (limits.max_tokens)", "max_completion_tokens"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 9},
          "max_tokens=9 exceeds the limit of tenant 'small', 8 (limits.max_tokens)", "max_tokens"),
     ]
@@ -670,7 +671,7 @@ def test_stream_errors_before_the_first_token_have_their_status(stack):
     resp = _run(_raw(stack["app"], "POST", "/v1/chat/completions",
                      {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True, "top_p": 0}))
     assert resp.status_code == 400 and resp.headers["content-type"] == "application/json"
-    assert resp.json()["error"]["message"].startswith("invalid request: sampling.top_p")
+    assert resp.json()["error"]["message"] == "invalid request: top_p: Input should be greater than 0"
 
 
 # --- the sampling surface over HTTP ----------------------------------------------------------------
@@ -717,15 +718,48 @@ def test_sampling_surface_over_http_equals_grpc(stack):
         assert d == pytest.approx(first, abs=1e-5)
 
 
-def test_bad_sampling_values_have_the_grpc_message(stack):
+def test_bad_sampling_values_have_the_grpc_message_with_the_body_field(stack):
+    """The HTTP message is the gRPC one with the field as the body spells it (it named
+    ``sampling.presence_penalty``, a path only the gRPC request has)."""
     _, ctx = _grpc(stack["router"], pb.GenerateRequest(prompt=PROMPT, sampling=pb.SamplingParams(presence_penalty=3)))
     resp = _run(_raw(stack["app"], "POST", "/v1/completions", {"model": MODEL, "prompt": PROMPT, "presence_penalty": 3}))
-    assert resp.status_code == 400 and resp.json()["error"]["message"] == ctx.details
     assert ctx.details == "invalid request: sampling.presence_penalty: Input should be less than or equal to 2"
+    assert resp.status_code == 400 and resp.json()["error"]["message"] == (
+        "invalid request: presence_penalty: Input should be less than or equal to 2")
     _, ctx = _grpc(stack["router"], pb.GenerateRequest(prompt=PROMPT, sampling=pb.SamplingParams(logit_bias={99999: 1})))
     resp = _run(_raw(stack["app"], "POST", "/v1/completions", {"model": MODEL, "prompt": PROMPT, "logit_bias": {"99999": 1}}))
     assert resp.status_code == 400 and resp.json()["error"]["message"] == ctx.details
     assert ctx.details == "logit_bias: id 99999 is outside the vocabulary 0..319"
+
+
+@pytest.mark.parametrize("path,body,message,param", [
+    ("completions", {"temperature": -1}, "invalid request: temperature: Input should be greater than or equal to 0",
+     "temperature"),
+    ("chat", {"top_p": 1.5}, "invalid request: top_p: Input should be less than or equal to 1", "top_p"),
+    ("completions", {"logit_bias": {"abc": 1}},
+     "invalid request: logit_bias key 'abc': Input should be a valid integer, unable to parse string as an integer",
+     "logit_bias"),
+    ("completions", {"logit_bias": {"5": 200}},
+     "invalid request: logit_bias: the bias of token 5 must be in -100..100, got 200.0", "logit_bias"),
+    ("completions", {"prompt": []}, "invalid request: prompt is empty", "prompt"),
+    ("completions", {"prompt": [1, -2]}, "prompt: id -2 is outside the vocabulary 0..319", "prompt"),
+    ("chat", {"max_completion_tokens": 0},
+     "invalid request: max_completion_tokens: Input should be greater than or equal to 1", "max_completion_tokens"),
+    ("completions", {"speculation": {"max_k": 99}},
+     "invalid request: speculation.max_k: Input should be less than or equal to 16", "speculation.max_k"),
+])
+def test_http_messages_name_the_field_the_body_sent(stack, path, body, message, param):
+    """Messages named the core request's path (``sampling.temperature``, ``prompt_token_ids``,
+    ``sampling.logit_bias.abc.[key]``, ``sampling: logit_bias``) while the body field is
+    ``temperature`` / ``prompt`` / ``logit_bias``; ``param`` was already right."""
+    base = {"model": MODEL, "prompt": PROMPT} if path == "completions" else {
+        "model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+    url = "/v1/completions" if path == "completions" else "/v1/chat/completions"
+    for stream in (False, True):
+        limit = {} if "max_completion_tokens" in body else {"max_tokens": 2}
+        resp = _run(_raw(stack["app"], "POST", url, {**base, **limit, **body, "stream": stream}))
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"] == {"message": message, "type": "invalid_request_error", "param": param, "code": None}
 
 
 def test_out_of_range_top_k_and_lone_surrogates_are_400_not_500(stack):
@@ -736,7 +770,7 @@ def test_out_of_range_top_k_and_lone_surrogates_are_400_not_500(stack):
     ref = target_greedy(target, target.tokenizer.encode(PROMPT), 6)
     cases = [
         ("/v1/completions", json.dumps({"model": MODEL, "prompt": PROMPT, "top_k": 2**32}),
-         "invalid request: sampling.top_k: Input should be less than or equal to 4294967295", "top_k"),
+         "invalid request: top_k: Input should be less than or equal to 4294967295", "top_k"),
         ("/v1/completions", '{"model": "specdec", "prompt": "ab\\ud800cd", "max_tokens": 2}',
          "invalid request: prompt: not valid Unicode text: a lone surrogate U+D800 at character 2", "prompt"),
         ("/v1/chat/completions", '{"model": "specdec", "messages": [{"role": "user", "content": "\\udfff"}], "stream": true}',
