@@ -7,7 +7,9 @@ A server (:mod:`deployments.tenancy`, :mod:`deployments.controller_actor`) keeps
 ``decide(tenant, "draft", policy, requested_k)``, runs the request with the decided K (a probe:
 K for its first steps, then plain decoding; :func:`benchmarks.adaptive_k.apply_decision`) and
 feeds the finished request back with ``record(tenant, "draft", stats, step costs)``. Nothing
-calibrates it at start: a fresh server decides from its priors.
+calibrates it at start: a fresh server decides from its priors. Its steps run under the tenant's
+in-request goodput guard (:meth:`KController.guarded_k`), the in-process counterpart of the draft
+replica's guard: speculation that measures slower than plain decoding is held at K = 0.
 
 Here the tenant is the prompt's type (``code``, ``copy``, ``creative``, ...). What the controller
 learned before a timed run is part of the method, so it is in its label:
@@ -83,11 +85,15 @@ def warm_prompts(prompt_type: str) -> list[str]:
 
 
 def new_controller():
-    """A controller as a fresh server builds it (:class:`deployments.controller_actor.SharedTenantState`)."""
+    """A controller as a fresh server builds it (:class:`deployments.controller_actor.SharedTenantState`),
+    with the in-request goodput guard (:func:`specdec.control.step_guard.in_request_guard`) in
+    place of the draft replica's per-tenant guard a server has."""
     from specdec.control.acceptance import GLOBAL_PRIOR_WEIGHT, AcceptanceEstimator
     from specdec.control.controller import KController
+    from specdec.control.step_guard import in_request_guard
 
-    return KController(estimator=AcceptanceEstimator(global_prior_weight=GLOBAL_PRIOR_WEIGHT))
+    return KController(estimator=AcceptanceEstimator(global_prior_weight=GLOBAL_PRIOR_WEIGHT),
+                       step_guard=in_request_guard())
 
 
 def run_adaptive(engine, controller, tenant: str, prompt_ids: list[int], tokens: int, min_confidence: float = 0.0):
@@ -106,7 +112,12 @@ def run_adaptive(engine, controller, tenant: str, prompt_ids: list[int], tokens:
                                           "draft_min_confidence": min_confidence})
     decision = controller.decide(tenant, "draft", POLICY, requested_k=POLICY["k_max"])
     req, k = apply_decision(base, decision)
-    timed = run_timed(engine.start(req, k=k))
+    if decision.k > 0:  # per step: the decided K unless the tenant's goodput guard forces K = 0
+        k = controller.guarded_k(tenant, "draft", decision)
+    gen = engine.start(req, k=k)
+    if decision.k > 0:
+        k.attach(gen.stats)
+    timed = run_timed(gen)
     return timed, decision
 
 

@@ -78,6 +78,8 @@ from specdec.control.acceptance import AcceptanceEstimator
 from specdec.control.controller_feedback import RequestFeedback
 from specdec.control.controller_snapshot import LearnedState
 from specdec.control.cost_model import CostModel
+from specdec.control.goodput_guard import GoodputGuard
+from specdec.control.step_guard import GuardedK
 from specdec.control.k_decision import KDecision, KState, k_schedule
 from specdec.control.objective import (VARIABLE_LENGTH_PROPOSERS, KCandidate, block_length_distribution, choose_k,
                                        evaluate_k, evaluate_variable_k)
@@ -122,6 +124,10 @@ class KController(LearnedState, RequestFeedback):
         probe_discount: weight kept by a key's older counts when a probe's counts arrive.
         probe_memory_trials: after that, the older counts are capped at this many trials
             (accepted + rejections, prior included); None: no cap.
+        step_guard: a :class:`specdec.control.goodput_guard.GoodputGuard` whose settings each
+            (tenant, proposer) key's own in-request guard takes (:meth:`guarded_k`,
+            :mod:`specdec.control.step_guard`); None (the default, and served, where the draft
+            replica guards the steps): :meth:`guarded_k` passes the decided K through.
     """
 
     def __init__(
@@ -144,6 +150,7 @@ class KController(LearnedState, RequestFeedback):
         probe_memory_trials: float | None = 8.0,
         length_half_life_steps: float = 200.0,
         length_min_steps: float = 8.0,
+        step_guard: GoodputGuard | None = None,
     ):
         if switch_margin < 0 or switch_after < 1 or probe_every_requests < 1 or (probe_k is not None and probe_k < 1):
             raise ValueError("need switch_margin >= 0, switch_after >= 1, probe_every_requests >= 1, probe_k >= 1")
@@ -172,6 +179,9 @@ class KController(LearnedState, RequestFeedback):
             raise ValueError("need length_half_life_steps > 0 and length_min_steps >= 0")
         self.length_half_life_steps = length_half_life_steps
         self.length_min_steps = length_min_steps
+        self.step_guard = step_guard
+        #: (tenant, proposer) -> its in-request goodput guard (:meth:`guarded_k`)
+        self._guards: dict[tuple[str, str], GoodputGuard] = {}
         self._costs: dict[str, CostModel] = {}
         self._state: dict[tuple[str, str], KState] = {}
         #: (tenant, proposer) -> decayed histogram of block lengths >= 1 (variable-length proposers)
@@ -322,6 +332,36 @@ class KController(LearnedState, RequestFeedback):
             st.probes_pending = 0
         st.current_k = k
         st.pending_k, st.pending_count = None, 0
+
+    def guarded_k(self, tenant: str, proposer: str, decision: KDecision) -> GuardedK:
+        """The per-step K to run ``decision`` with in process: its :meth:`KDecision.k_schedule`
+        under the key's goodput guard (:mod:`specdec.control.step_guard`; made from
+        ``step_guard`` on first use). A probe, a decision at K = 0 or a controller without
+        ``step_guard`` runs the schedule as it is. Call ``.attach(generation.stats)`` before the
+        first step."""
+        guard = None
+        if self.step_guard is not None and decision.k > 0:
+            key = (tenant, proposer)
+            guard = self._guards.get(key)
+            if guard is None:
+                guard = self._guards[key] = self.step_guard.fresh()
+        return GuardedK(decision.k_schedule(), guard, measure=not decision.probe,
+                        plain_bound=lambda: self.plain_bound(proposer))
+
+    def plain_bound(self, proposer: str, min_observations: int = 3) -> float | None:
+        """The most tokens/s plain decoding could reach by the cost model's measured one-position
+        verify (``1 / verify_s(1)``; no per-step overhead); None until it was measured
+        ``min_observations`` times."""
+        cm = self.cost_model(proposer)
+        if cm.snapshot()["verify_observations"].get(1, 0) < min_observations:
+            return None
+        t = cm.verify_s(1)
+        return 1.0 / t if t > 0 else None
+
+    def guard_stats(self, tenant: str, proposer: str) -> dict | None:
+        """The key's in-request guard (:meth:`GoodputGuard.snapshot`), None before it has one."""
+        g = self._guards.get((tenant, proposer))
+        return None if g is None else g.snapshot()
 
     # ------------------------------------------------------------------ views
 

@@ -100,6 +100,7 @@ class GoodputGuard:
             On the shared CPU one step slowed by another process's burst (2 s among 0.4 s
             steps) was a sixth of the 12 spec steps' seconds: it vetoed the main job's
             speculation, which paid 1.3x, for the rest of its request.
+        compare_on_explore_end: compare the regimes on an exploration's last step (see above).
 
     Raises:
         ValueError: a setting out of its range.
@@ -107,7 +108,7 @@ class GoodputGuard:
 
     def __init__(self, *, min_steps: int = 12, explore_every: int = 64, hold: int = 96, max_backoff: int = 4,
                  margin: float = 0.0, decay: float = 0.97, explore_backoff: int = 8, outlier_clip: float = 2.0,
-                 first_explore: int | None = None):
+                 first_explore: int | None = None, compare_on_explore_end: bool = False):
         first_explore = explore_every if first_explore is None else first_explore
         if (min_steps < 1 or explore_every < min_steps or first_explore < min_steps or hold < 1 or max_backoff < 1
                 or not 0 <= margin < 1 or not 0 < decay <= 1 or explore_backoff < 1 or not outlier_clip >= 1):
@@ -116,6 +117,7 @@ class GoodputGuard:
                              f"got {min_steps}, {explore_every}, {first_explore}, {hold}, {max_backoff}, {margin}, "
                              f"{decay}, {explore_backoff}, {outlier_clip}")
         self.first_explore = int(first_explore)
+        self.compare_on_explore_end = bool(compare_on_explore_end)
         self.outlier_clip = float(outlier_clip)
         self.min_steps, self.explore_every, self.hold = int(min_steps), int(explore_every), int(hold)
         self.explore_backoff = int(explore_backoff)
@@ -140,7 +142,8 @@ class GoodputGuard:
         return GoodputGuard(min_steps=self.min_steps, explore_every=self.explore_every, hold=self.hold,
                             max_backoff=self.max_backoff, margin=self.margin, decay=self.decay,
                             explore_backoff=self.explore_backoff, outlier_clip=self.outlier_clip,
-                            first_explore=self.first_explore)
+                            first_explore=self.first_explore,
+                            compare_on_explore_end=self.compare_on_explore_end)
 
     @property
     def forced(self) -> bool:
@@ -184,30 +187,21 @@ class GoodputGuard:
                                   s[3] * self.decay + 1.0)
         if self._forced_left > 0:
             self._forced_left -= 1
-            if self._forced_left == 0 and self._forced_why == "veto":
+            ended = self._forced_why if self._forced_left == 0 else None
+            if ended == "veto":
                 self._sums["spec"] = [0.0, 0.0, 0, 0.0]  # recheck speculation with fresh steps
                 self._rechecking = True
             if self._forced_left == 0:
                 self._forced_why = None
+            if ended == "explore" and self.compare_on_explore_end:
+                self._compare()
             return
         if regime != "spec":
             return
         self._since_explore += 1
         ns, npl = self.steps("spec"), self.steps("plain")
-        if ns >= self.min_steps and npl >= self.min_steps:
-            if self.goodput("spec") < self.goodput("plain") * (1.0 - self.margin):
-                if self._rechecking:  # speculation lost again: hold longer
-                    self._hold = min(self._hold * 2, self.hold * self.max_backoff)
-                self._rechecking = self._explored = False
-                self._explore_spacing = self.explore_every
-                self.vetoes += 1
-                self._forced_left, self._forced_why = self._hold, "veto"
-                return
-            if self._rechecking:
-                self._rechecking, self._hold = False, self.hold
-            if self._explored:  # the exploration confirmed speculation: explore less often
-                self._explored = False
-                self._explore_spacing = min(self._explore_spacing * 2, self.explore_every * self.explore_backoff)
+        if self._compare():
+            return
         first = npl < self.min_steps and not self.explorations  # nothing measured of plain yet
         if may_explore and ns >= self.min_steps and (
                 (npl < self.min_steps and not first) or self._since_explore >= (
@@ -224,6 +218,25 @@ class GoodputGuard:
             self.explorations += 1
             self._explored = npl >= self.min_steps  # a spaced one (not the first measurement)
             self._forced_left, self._forced_why = self.min_steps, "explore"
+
+    def _compare(self) -> bool:
+        """Compare the regimes once both hold ``min_steps`` fresh steps: veto (True) or keep."""
+        if self.steps("spec") < self.min_steps or self.steps("plain") < self.min_steps:
+            return False
+        if self.goodput("spec") < self.goodput("plain") * (1.0 - self.margin):
+            if self._rechecking:  # speculation lost again: hold longer
+                self._hold = min(self._hold * 2, self.hold * self.max_backoff)
+            self._rechecking = self._explored = False
+            self._explore_spacing = self.explore_every
+            self.vetoes += 1
+            self._forced_left, self._forced_why = self._hold, "veto"
+            return True
+        if self._rechecking:
+            self._rechecking, self._hold = False, self.hold
+        if self._explored:  # the exploration confirmed speculation: explore less often
+            self._explored = False
+            self._explore_spacing = min(self._explore_spacing * 2, self.explore_every * self.explore_backoff)
+        return False
 
     def snapshot(self) -> dict:
         """Plain data: goodput and fresh steps per regime, whether K = 0 is forced and why, counters."""

@@ -4,6 +4,7 @@ acceptance rate."""
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from specdec.control.cost_model import CostModel
 
@@ -52,3 +53,32 @@ class BeattyDrafts:
                 break
             a += 1
         return a
+
+
+def simulate_request(k: "int | Callable[[], int]", drafts: BeattyDrafts, tokens: int, *, verify_s: "Callable[[int], float]",
+                     draft_s_per_token: float, stats=None, on_start: "Callable[[object], None] | None" = None):
+    """Run one request's speculation loop on a deterministic cost/acceptance model, no model.
+
+    Each step asks ``k`` (an int or the per-step callable a :class:`Generation` takes), shrinks it
+    to the tokens left, drafts with ``drafts`` (accepted length by its Beatty sequence) and records
+    the step in ``stats`` (a :class:`specdec.types.SpeculationStats`, new if None) with draft
+    seconds ``K · draft_s_per_token`` and verify seconds ``verify_s(K + 1)``, as the engine does.
+    ``on_start(stats)`` is called before the first step (e.g. :meth:`GuardedK.attach`).
+
+    Returns:
+        ``(ks, stats)``: the K of every step, and the stats; the request emits exactly ``tokens``.
+    """
+    from specdec.types import SpeculationStats
+
+    stats = SpeculationStats() if stats is None else stats
+    if on_start is not None:
+        on_start(stats)
+    ks, emitted = [], 0
+    while emitted < tokens:
+        want = int(k()) if callable(k) else int(k)
+        kk = max(0, min(want, tokens - emitted - 1))
+        accepted = drafts.accepted(kk) if kk > 0 else 0
+        stats.record_step(kk, accepted, kk * draft_s_per_token, verify_s(kk + 1))
+        ks.append(kk)
+        emitted += accepted + 1
+    return ks, stats
