@@ -55,7 +55,7 @@ class BatchKDecision:
 
 
 def _evaluate(loads: dict[str, TenantLoad], ks: dict[str, int], cost: BatchCostModel,
-              horizon: int) -> tuple[float, float]:
+              horizon: int, memo: dict | None = None) -> tuple[float, float]:
     per_session_k: list[int] = []
     drafted: list[bool] = []
     tokens = 0.0
@@ -68,7 +68,7 @@ def _evaluate(loads: dict[str, TenantLoad], ks: dict[str, int], cost: BatchCostM
             steps = (horizon if load.tokens_left is None else
                      load.tokens_left / expected_tokens_per_step(min(max(load.alpha, 0.0), 1.0), ks[name]))
             catchup += load.catchup_s / max(steps, 1.0)
-    step = cost.step_s(per_session_k, drafted)
+    step = cost.step_s(per_session_k, drafted, memo)
     return tokens / max(step + catchup, 1e-12), step  # a step priced at 0 s (all measured 0): no crash
 
 
@@ -101,6 +101,7 @@ def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: 
         k_cap = max(l.k_min, min(l.k_max, share // l.sessions - 1))
         options[t] = list(range(l.k_min, k_cap + 1))
     names = list(options)
+    memo: dict = {}  # the forwards' prices, computed once per decision (BatchCostModel.step_s)
     best: tuple[float, float, dict[str, int]] | None = None
     if not names:
         return BatchKDecision({}, 0.0, 0.0, 0, 0, {})
@@ -110,7 +111,7 @@ def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: 
     if combos <= 5000:
         candidates = (dict(zip(names, c)) for c in itertools.product(*(options[n] for n in names)))
         for ks in candidates:
-            tps, step = _evaluate(active, ks, cost, horizon)
+            tps, step = _evaluate(active, ks, cost, horizon, memo)
             if best is None or tps > best[0] + 1e-12:
                 best = (tps, step, ks)
     else:
@@ -120,9 +121,9 @@ def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: 
                 scored = []
                 for k in options[n]:
                     trial = dict(ks, **{n: k})
-                    scored.append((_evaluate(active, trial, cost, horizon)[0], k))
+                    scored.append((_evaluate(active, trial, cost, horizon, memo)[0], k))
                 ks[n] = max(scored)[1]
-        tps, step = _evaluate(active, ks, cost, horizon)
+        tps, step = _evaluate(active, ks, cost, horizon, memo)
         best = (tps, step, ks)
     tps, step, ks = best
     return BatchKDecision(

@@ -251,16 +251,28 @@ class BatchCostModel:
             return int(tokens) * self._cheapest_per_position * ratio
         return self.verify.verify_s(int(tokens)) * ratio
 
-    def step_s(self, ks: Sequence[int], drafted: Sequence[bool]) -> float:
+    def step_s(self, ks: Sequence[int], drafted: Sequence[bool], memo: dict | None = None) -> float:
         """Seconds of one batched step where session s drafts ``ks[s]`` tokens (0: plain decoding).
 
         Args:
             ks: K per session.
             drafted: whether session s's drafts need draft forwards (False for prompt lookup).
+            memo: a dict kept for the step times of one decision (no observation in between):
+                each forward's price is computed once in it (:func:`specdec.control.batch_choice.choose_batch_ks`
+                prices up to 17³ steps from the same few draft and verify forwards).
         """
+        memo = {} if memo is None else memo
         drafting = [k for k, d in zip(ks, drafted) if d and k > 0]
-        t = sum(self.draft_s(sum(1 for k in drafting if k > j)) for j in range(max(drafting, default=0)))
-        return t + self.verify_s(len(ks), sum(k + 1 for k in ks))
+        t = 0.0
+        for j in range(max(drafting, default=0)):
+            rows = sum(1 for k in drafting if k > j)
+            if ("d", rows) not in memo:
+                memo[("d", rows)] = self.draft_s(rows)
+            t += memo[("d", rows)]
+        key = ("v", len(ks), sum(k + 1 for k in ks))
+        if key not in memo:
+            memo[key] = self.verify_s(key[1], key[2])
+        return t + memo[key]
 
     def snapshot(self) -> dict:
         return {"verify_s_by_positions": self.verify.snapshot()["verify_s"], "verify_row_s": self._row_s,
