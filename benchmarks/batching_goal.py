@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -64,14 +65,44 @@ def _summary(r: dict) -> dict:
     return out
 
 
+def arm_order(one_arms: list[str], many_arms: list[str]) -> list[tuple[str, str]]:
+    """The order of one round's arms, ``(side, arm)``: the many clients' fixed K > 0 arms, the
+    first one-client arm, the many clients' K = 0 and adaptive arms next to each other, the
+    second one-client arm. Each round runs it reversed from the last, so K = 0 and adaptive swap
+    places every round and neither follows the dearest arm (many clients at the largest K):
+    with the adaptive arm always right after it (session 10's order), its K = 0 forwards (the
+    same forwards as the K = 0 arm's, tests/test_batch_adaptive_k0.py) measured 0.83-0.90x the
+    K = 0 arm's tokens/s."""
+    pos = [m for m in many_arms if m not in ("K=0", "adaptive")]
+    pair = [m for m in many_arms if m in ("K=0", "adaptive")]
+    return ([("many", m) for m in pos] + [("one", one_arms[0])] + [("many", m) for m in pair]
+            + [("one", m) for m in one_arms[1:]])
+
+
+def paired_ratios(runs: dict[tuple[str, str], list[dict]], fixed: list[str]) -> dict:
+    """Per round, the many clients' adaptive arm over K = 0 and over that round's best fixed K
+    (tokens/s, and tokens per CPU second), and their medians over the rounds: the arms of one
+    round ran minutes apart at most, so drift between rounds cancels in the ratio."""
+    many = {arm: rs for (side, arm), rs in runs.items() if side == "many"}
+    rounds = len(many["adaptive"])
+    out: dict[str, object] = {}
+    for name, ref in (("k0", lambda i: "K=0" if "K=0" in many else None),
+                      ("best_fixed", lambda i: max(fixed, key=lambda m: many[m][i]["tok_per_s"]))):
+        per = [(many["adaptive"][i]["tok_per_s"] / many[ref(i)][i]["tok_per_s"],
+                many["adaptive"][i]["tok_per_cpu_s"] / many[ref(i)][i]["tok_per_cpu_s"])
+               for i in range(rounds) if ref(i) is not None]
+        if per:
+            out[f"adaptive_vs_{name}_rounds"] = [round(w, 4) for w, _ in per]
+            out[f"adaptive_vs_{name}_paired"] = statistics.median(w for w, _ in per)
+            out[f"adaptive_vs_{name}_paired_per_cpu_s"] = statistics.median(c for _, c in per)
+    return out
+
+
 def run_length(engine, controller, a, n: int) -> dict:
     """Both sides at request length ``n``: the arms interleaved; returns the row for the report."""
     one_arms = [f"K={a.k}", "adaptive"]
     many_arms = [f"K={k}" for k in a.ks] + ["adaptive"]
-    # interleave: one-client arms spread between the many-client arms
-    order: list[tuple[str, str]] = [("one", one_arms[0])]
-    half = len(many_arms) // 2
-    order += [("many", m) for m in many_arms[:half]] + [("one", one_arms[1])] + [("many", m) for m in many_arms[half:]]
+    order = arm_order(one_arms, many_arms)
     runs: dict[tuple[str, str], list[dict]] = {}
     outputs: dict[tuple[str, str], list] = {}
     same_across_rounds = True
@@ -91,7 +122,7 @@ def run_length(engine, controller, a, n: int) -> dict:
                   f"K steps {r['k_counts']}; load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
     # each arm is reported by its median round (by tokens/s), with every round's tokens/s
     res: dict[str, dict] = {"one": {}, "many": {}}
-    for side, arm in order:
+    for side, arm in [("one", m) for m in one_arms] + [("many", m) for m in many_arms]:
         rs = sorted(runs[(side, arm)], key=lambda r: r["tok_per_s"])
         res[side][arm] = dict(rs[(len(rs) - 1) // 2], rounds_tok_per_s=[r["tok_per_s"] for r in runs[(side, arm)]])
     best_one = max(res["one"], key=lambda m: res["one"][m]["tok_per_s"])
@@ -105,7 +136,8 @@ def run_length(engine, controller, a, n: int) -> dict:
         r["vs_one_client"] = r["tok_per_s"] / ref["tok_per_s"]
         r["vs_one_client_per_cpu_s"] = r["tok_per_cpu_s"] / ref["tok_per_cpu_s"]
     best_fixed = max((m for m in many_arms if m != "adaptive"), key=lambda m: res["many"][m]["tok_per_s"])
-    return {"max_tokens": n, "clients": a.clients, "one_client": res["one"], "one_client_best": best_one,
+    paired = paired_ratios(runs, [m for m in many_arms if m != "adaptive"])
+    return {**paired, "max_tokens": n, "clients": a.clients, "one_client": res["one"], "one_client_best": best_one,
             "many_clients": res["many"], "best_fixed": best_fixed, "identical_outputs": identical,
             "adaptive_vs_one_client": res["many"]["adaptive"]["vs_one_client"],
             "adaptive_vs_best_fixed": res["many"]["adaptive"]["tok_per_s"] / res["many"][best_fixed]["tok_per_s"],
@@ -143,6 +175,14 @@ def table(rows: list[dict], a, fmt: str) -> list[str]:
             f"{'met' if row['adaptive_vs_one_client'] >= GOAL else 'not met'}); best fixed K ({row['best_fixed']}) "
             f"{m[row['best_fixed']]['vs_one_client']:.2f}x; adaptive / best fixed {row['adaptive_vs_best_fixed']:.2f}x; "
             f"outputs identical: {'yes' if row['identical_outputs'] else 'NO'}.")
+        if "adaptive_vs_best_fixed_paired" in row:
+            k0 = (f"adaptive / K=0 {row['adaptive_vs_k0_paired']:.2f}x (per CPU s "
+                  f"{row['adaptive_vs_k0_paired_per_cpu_s']:.2f}x; rounds {row['adaptive_vs_k0_rounds']}), "
+                  if "adaptive_vs_k0_paired" in row else "")
+            lines.append(
+                f"  Paired within each round (median over {len(row['adaptive_vs_best_fixed_rounds'])}): {k0}"
+                f"adaptive / that round's best fixed K {row['adaptive_vs_best_fixed_paired']:.2f}x (per CPU s "
+                f"{row['adaptive_vs_best_fixed_paired_per_cpu_s']:.2f}x; rounds {row['adaptive_vs_best_fixed_rounds']}).")
     return lines
 
 

@@ -90,3 +90,40 @@ def test_batching_profile_row_dtype_both_profiles_each_group_in_both_dtypes(tiny
         assert native["parts"][attention]["calls"] == f32["parts"][attention]["calls"] > 0
     assert invariant.CPU_ROW_DTYPE == torch.float32
     assert "row-wise attention rows in native" in (out / "profile-1t-4tok.md").read_text()
+
+
+def test_rounds_put_k0_next_to_adaptive_and_never_after_the_dearest_arm():
+    """Session 10's order ran the many clients' adaptive arm right after their K=4 arm in rounds
+    1 and 3 (its K = 0 forwards measured 0.83-0.90x the K = 0 arm's): now K = 0 and adaptive are
+    neighbours that swap places every round, and neither follows the many clients' largest K."""
+    from benchmarks.batching_goal import arm_order
+
+    order = arm_order(["K=4", "adaptive"], ["K=0", "K=1", "K=2", "K=4", "adaptive"])
+    assert order == [("many", "K=1"), ("many", "K=2"), ("many", "K=4"), ("one", "K=4"), ("many", "K=0"),
+                     ("many", "adaptive"), ("one", "adaptive")]
+    for rnd in (order, order[::-1]):
+        i, j = rnd.index(("many", "K=0")), rnd.index(("many", "adaptive"))
+        assert abs(i - j) == 1
+        assert ("many", "K=4") not in (rnd[i - 1] if i else None, rnd[j - 1] if j else None)
+    assert arm_order(["K=2", "adaptive"], ["K=2", "adaptive"]) == [("many", "K=2"), ("one", "K=2"),
+                                                                   ("many", "adaptive"), ("one", "adaptive")]
+
+
+def test_paired_ratios_are_medians_of_each_rounds_own_ratio():
+    from benchmarks.batching_goal import paired_ratios
+
+    def r(tps, cpu):
+        return {"tok_per_s": tps, "tok_per_cpu_s": cpu}
+
+    runs = {("many", "K=0"): [r(70, 35), r(80, 40), r(60, 30)],
+            ("many", "K=2"): [r(50, 25), r(90, 45), r(40, 20)],
+            ("many", "adaptive"): [r(63, 35), r(84, 42), r(66, 30)],
+            ("one", "adaptive"): [r(1, 1)] * 3}
+    out = paired_ratios(runs, ["K=0", "K=2"])
+    assert out["adaptive_vs_k0_rounds"] == [0.9, 1.05, 1.1]
+    assert out["adaptive_vs_k0_paired"] == 1.05
+    assert out["adaptive_vs_k0_paired_per_cpu_s"] == 1.0
+    # round 2's best fixed is K=2 (90 tok/s): 84 / 90
+    assert out["adaptive_vs_best_fixed_rounds"] == [0.9, round(84 / 90, 4), 1.1]
+    assert out["adaptive_vs_best_fixed_paired"] == 84 / 90
+    assert "adaptive_vs_k0_paired" not in paired_ratios({k: v for k, v in runs.items() if k[1] != "K=0"}, ["K=2"])
