@@ -164,7 +164,8 @@ class Draft:
         self._sync_again = False
         #: batches the drafting of the generations stepped concurrently (continuous batching)
         self.combiner = DraftCombiner(batched=cfg.draft_batching, window_s=cfg.batch_window_s,
-                                      max_prefill=cfg.draft_prefill_chunk, k_control=self.batch_k)
+                                      max_prefill=cfg.draft_prefill_chunk, k_control=self.batch_k,
+                                      peers=lambda: len(self.sessions))
         from deployments.draft_calibration import StartupCalibration
 
         #: the start-up calibration of K under load (:meth:`calibrate`); served, it starts in

@@ -66,9 +66,10 @@ def test_one_contended_forward_at_a_thinly_measured_count_does_not_price_it_for_
 
 def test_a_thin_count_is_never_capped_below_the_well_measured_curve():
     """The int4 main job with one contended forward (tests/test_batch_one_client.py): 3 and 4
-    positions measured 3-4 times at 0.256 / 0.289 s, 5 positions 3 times (0.25, 0.25 and one
-    slowed to 2.14 s: 0.88 on average), 1 position once at 0.19 s. The line through the
-    well-measured counts (slope 0.31 s per position) crosses zero below 3 positions: capped on
+    positions measured 3-4 times at 0.256 / 0.289 s, 5 positions 3 times (0.25 and two slowed
+    to 2.14 s: the medians of the recent forwards fed to the curve, 0.25, 1.195 and 2.14, mean
+    1.195; one slow forward alone no longer moves it), 1 position once at 0.19 s. The line
+    through the well-measured counts (slope 0.47 s per position) crosses zero below 3 positions: capped on
     it, the 1-position forward cost 0 s and the decision divided by zero. Capped no lower than
     the curve through the origin below the smallest well-measured count, K = 0 costs
     0.256 / 3 s and the decision stands (K = 0 here: the cap underprices the thin count, which
@@ -79,11 +80,11 @@ def test_a_thin_count_is_never_capped_below_the_well_measured_curve():
         c.observe_verify(1, 3, 0.256)
     for _ in range(4):
         c.observe_verify(1, 4, 0.289)
-    for s in (0.25, 0.25, 2.14):
+    for s in (0.25, 2.14, 2.14):
         c.observe_verify(1, 5, s)
     c.observe_draft(1, 0.085)
     line = c._well_measured_line()
-    assert line == pytest.approx((-0.7916, 0.312)) and line[0] + line[1] < 0
+    assert line == pytest.approx((-1.3271, 0.4695)) and line[0] + line[1] < 0
     assert c.verify_s(1, 1) == pytest.approx(0.256 / 3)
     assert c.verify_s(1, 2) == pytest.approx((0.19 + 0.256) / 2)  # never measured: interpolated, no cap
     d = choose_batch_ks({"default": TenantLoad(sessions=1, alpha=0.95, k_max=4)}, c, budget=64)

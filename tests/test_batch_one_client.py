@@ -127,23 +127,33 @@ def test_the_prefill_forward_on_the_verify_curve_held_the_main_job_at_k0():
     assert ks == "3" + "0" * 127 and live.probes == 0
 
 
+def _calibrated() -> BatchCostModel:
+    """A cost model after a start-up calibration measured the 1-position forward (3 times, 0.19 s)."""
+    cost = BatchCostModel(max_positions=4096)
+    for _ in range(3):
+        cost.observe_verify(1, 1, VERIFY1, calibration=True)
+    return cost
+
+
 def test_one_contended_step_does_not_hold_the_main_job_at_k0():
     """The main job with one step slowed by another process (its verify forward 3 s at step 10,
-    where the others take 0.2-0.3 s), the guard exploring K = 0 after its first 12 spec steps:
-    the guard counts the slow step at twice its mean spec step, so speculation's measured
-    goodput (6.6 tokens/s) stays above what plain decoding could reach by its measured
-    1-position forward (1 / 0.19 s = 5.3, the guard's ``plain_bound``), and both explorations
-    due are skipped (33 steps; before the bound, the exploration ran 12 steps at K = 0 and its
-    comparison kept speculation: 43 steps); counted in full, the slow step pulls speculation's
-    goodput below the bound, the exploration runs and vetoes speculation for the rest of the
-    request (90 steps, 75 at K = 0). With the served guard (first exploration after 64 spec
-    steps) the request ends before any exploration (33 steps). The slow 5-position forward
-    also held the model at K = 0 for two steps (its EWMA, measured 3 times, priced K = 4 dear)."""
+    where the others take 0.2-0.3 s), its 1-position forward measured by the start-up
+    calibration as served, the guard exploring K = 0 after its first 12 spec steps: the guard
+    counts the slow step at twice its mean spec step, so speculation's measured goodput stays
+    above what plain decoding could reach by its measured 1-position forward (1 / 0.19 s = 5.3,
+    the guard's ``plain_bound``), and both explorations due are skipped (31 steps, none at
+    K = 0); counted in full, the slow step pulls speculation's goodput below the bound, the
+    exploration runs and vetoes speculation for the rest of the request (90 steps, 75 at
+    K = 0). With the served guard (first exploration after 64 spec steps) the request ends
+    before any exploration (31 steps). The slow 5-position forward no longer holds the model at
+    K = 0 either (the curve takes the median of its recent forwards; before, its EWMA priced
+    K = 4 dear and held K = 0 for two steps: "320122334430044444444444444444444")."""
     early = GoodputGuard(first_explore=12)
-    ks, _, live = _main_job(2.6, slow={10: 3.0}, guard=early)
-    assert ks == "320122334430044444444444444444444" and live.guards["default"].vetoes == 0
+    ks, _, live = _main_job(2.6, slow={10: 3.0}, guard=early, cost=_calibrated())
+    assert ks == "3212233443444444444444444444444" and live.guards["default"].vetoes == 0
     assert live.guards["default"].explorations == 0 and live.guards["default"].skipped == 2
-    ks, _, live = _main_job(2.6, slow={10: 3.0}, guard=GoodputGuard(outlier_clip=float("inf"), first_explore=12))
+    ks, _, live = _main_job(2.6, slow={10: 3.0}, guard=GoodputGuard(outlier_clip=float("inf"), first_explore=12),
+                            cost=_calibrated())
     assert len(ks) == 90 and ks.count("0") == 75 and live.guards["default"].vetoes == 1
-    ks, _, live = _main_job(2.6, slow={10: 3.0})
-    assert ks == "320122334430044444444444444444444" and live.guards["default"].explorations == 0
+    ks, _, live = _main_job(2.6, slow={10: 3.0}, cost=_calibrated())
+    assert ks == "3212233443444444444444444444444" and live.guards["default"].explorations == 0

@@ -135,3 +135,19 @@ def test_a_forward_failing_part_way_is_cut_out_of_every_cache(proposer, tiny_dra
     _commit_first_and(ref, alone, token=12)
     for g, a in zip(_together(combiner, good, ks), [s.propose(k) for s, k in zip(ref, ks)]):
         _same(g, a)
+
+
+@pytest.mark.parametrize("peers, slept", [(lambda: 1, []), (lambda: 0, []), (lambda: 2, [0.5]), (None, [0.5])])
+def test_the_window_is_skipped_when_no_other_generation_runs(proposer, monkeypatch, peers, slept):
+    """One client alone waited the gathering window on every drafting step, for nobody: with the
+    replica's generation count (``peers``) at most one the first caller drafts at once; with
+    more, or unknown, it waits the window. Either way the block is the one drafted alone."""
+    import specdec.engine.draft_combiner as dc
+
+    sleeps: list[float] = []
+    monkeypatch.setattr(dc.time, "sleep", sleeps.append)
+    combiner = DraftCombiner(window_s=0.5, linger_s=0.0, peers=peers)
+    session, ref = _open(proposer, SPECS[:1])[0], _open(proposer, SPECS[:1])[0]
+    got = combiner.propose(session, 4)
+    assert sleeps == slept and combiner.batch_sizes == [1]
+    _same(got, ref.propose(4), exact=True)

@@ -7,9 +7,15 @@ Part of :mod:`specdec.control.batch_k`: :class:`BatchCostModel` gives the step t
 
 from __future__ import annotations
 
+import collections
+import statistics
 from typing import Sequence
 
 from specdec.control.cost_model import CostModel
+
+#: Forwards of one shape whose median is what a new measurement of that shape feeds the curves
+#: (:class:`BatchCostModel`, "Outliers").
+RECENT_FORWARDS = 9
 
 
 class BatchCostModel:
@@ -81,6 +87,16 @@ class BatchCostModel:
     (1.03 tokens/step where it speculates at 2-2.7). Off the curve, the decode forwards
     measured decide, the prior's slope between them before they do.
 
+    **Outliers.** Each verify and draft forward measured feeds the curves' EWMAs the median
+    of the last :data:`RECENT_FORWARDS` forwards of its shape (rows and positions; rows for a
+    draft forward), not its own seconds: one forward preempted by another process (0.3-0.45 s
+    where the draft's one-row forward takes 0.035-0.045 s) moved the EWMA from 0.037 to 0.085
+    and, after a second, to 0.163 s, and the controller then held one client on code
+    (acceptance 0.97) at K = 0, where no draft forward runs and the price is never corrected:
+    128 steps at K = 0, 9.2 tokens/s against 12.0 at K = 4 unbatched (served, w8a8 pair, load
+    11; the unbatched path never measures its forwards and stays on the priors). A lasting
+    change (sustained load) moves the median after about half the window.
+
     Args:
         max_positions: largest positions count recorded (the positions budget, or more).
         prior_verify_s, prior_draft_s: priors of a 1-position verify and a 1-row draft forward
@@ -105,6 +121,21 @@ class BatchCostModel:
         #: the fewest seconds per position of any verify forward of >= 16 positions (inf before any)
         self._cheapest_per_position = float("inf")
         self._prefill_n = 0  # prefill forwards seen (kept off the verify curve)
+        #: ("verify", rows, positions) or ("draft", rows) -> seconds of its recent forwards
+        self._recent: dict[tuple, collections.deque] = {}
+
+    def _median_recent(self, shape: tuple, seconds: float) -> float:
+        """Record ``seconds`` for ``shape``; the median of its last :data:`RECENT_FORWARDS` (class
+        docstring, "Outliers").
+
+        Raises:
+            ValueError: ``seconds`` negative or not finite.
+        """
+        if not 0 <= seconds < float("inf"):
+            raise ValueError(f"seconds must be finite and >= 0, got {seconds}")
+        window = self._recent.setdefault(shape, collections.deque(maxlen=RECENT_FORWARDS))
+        window.append(float(seconds))
+        return statistics.median(window)
 
     def observe_verify(self, rows: int, positions: int, seconds: float, *, prefill: bool = False,
                        calibration: bool = False) -> None:
@@ -135,6 +166,7 @@ class BatchCostModel:
         if prefill:
             self._prefill_n += 1
             return
+        seconds = self._median_recent(("verify", rows, positions), seconds)
         if rows > 1 and positions in self.verify._verify:
             residual = (seconds - self.verify.verify_s(positions)) / (rows - 1)
             self._row_n += 1
@@ -142,8 +174,9 @@ class BatchCostModel:
         self.verify.observe_verify(positions, seconds)
 
     def observe_draft(self, rows: int, seconds: float) -> None:
-        """One batched draft forward (one draft position) of ``rows`` sessions took ``seconds``."""
-        self.draft.observe_verify(rows, seconds)
+        """One batched draft forward (one draft position) of ``rows`` sessions took ``seconds``
+        (the curve is fed the median of its recent ones: class docstring, "Outliers")."""
+        self.draft.observe_verify(rows, self._median_recent(("draft", rows), seconds))
 
     #: A positions count measured fewer times than this is "thin": priced at no more than the
     #: line fitted to the well-measured counts (:meth:`verify_s`).

@@ -53,17 +53,21 @@ class DraftCombiner:
             most ``max_linger_s`` in all; 0: the window alone. Sessions that finished, or that
             no longer draft with a draft model, are not waited for.
         max_linger_s: seconds, the longest such wait of one drafting batch.
+        peers: how many generations the replica steps now (a callable; None: unknown). With at
+            most one, the first caller drafts at once: no window, nobody to wait for (one client
+            alone waited ``window_s`` on every step).
     """
 
     def __init__(self, batched: bool = True, window_s: float = 0.002, clock: Callable[[], float] = time.perf_counter,
                  max_prefill: int | None = None, k_control: Any = None, linger_s: float = 0.02,
-                 max_linger_s: float = 0.25):
+                 max_linger_s: float = 0.25, peers: Callable[[], int] | None = None):
         if max_prefill is not None and max_prefill < 1:
             raise ValueError(f"max_prefill must be >= 1, got {max_prefill}")
         self.batched = batched
         self.window_s = window_s
         self.linger_s = linger_s
         self.max_linger_s = max_linger_s
+        self.peers = peers
         #: draft-model sessions that drafted and are not back yet (weak: a dropped one leaves)
         self._out: weakref.WeakSet = weakref.WeakSet()
         #: seconds each drafting batch waited for sessions still out (most recent 1000)
@@ -99,7 +103,7 @@ class DraftCombiner:
                 self._busy = True
                 self._cv.release()
                 try:
-                    if self.window_s > 0:
+                    if self.window_s > 0 and (self.peers is None or self.peers() > 1):
                         time.sleep(self.window_s)
                     with self._cv:
                         self._linger()
