@@ -1,0 +1,19 @@
+"""benchmarks/served_clients.py: the table of its summary (the run itself needs the demo pair)."""
+
+from __future__ import annotations
+
+from benchmarks.served_clients import table
+
+
+def test_table_gives_batched_over_unbatched_and_each_count_over_one_client():
+    summary = {"batched": {1: {"tok_per_s": 15.0, "tok_per_cpu_s": 7.5}, 8: {"tok_per_s": 37.5, "tok_per_cpu_s": 18.0}},
+               "unbatched": {1: {"tok_per_s": 16.0, "tok_per_cpu_s": 8.0}, 8: {"tok_per_s": 15.0, "tok_per_cpu_s": 7.0}}}
+    assert table(summary, [1, 8], ["batched", "unbatched"]) == [
+        "| clients | batched tok/s (tok/CPU-s) | unbatched tok/s (tok/CPU-s) | batched / unbatched | "
+        "batched N / unbatched 1 | batched N / batched 1 |",
+        "|---:|---:|---:|---:|---:|---:|",
+        "| 1 | 15.00 (7.50) | 16.00 (8.00) | 0.938 | 0.94x | 1.00x |",
+        "| 8 | 37.50 (18.00) | 15.00 (7.00) | 2.500 | 2.34x | 2.50x |",
+    ]
+    # one mode alone: no ratios
+    assert table({"batched": summary["batched"]}, [8], ["batched"])[-1] == "| 8 | 37.50 (18.00) | - | - | 2.50x |"
