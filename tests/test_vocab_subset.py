@@ -206,6 +206,59 @@ def test_greedy_output_is_the_target_alone(folders, target, n):
     assert outside > 0 and accepted > 0
 
 
+def _reference_block(draft, ids: list[int], k: int, c: float) -> list[int]:
+    """Greedy drafting with early stop computed the long way: the draft's logits widened to the
+    full vocabulary (-inf outside the subset), padding ids masked, argmax, softmax probability."""
+    from specdec.engine.sampling import mask_unemittable
+
+    tokens: list[int] = []
+    with torch.inference_mode():
+        for _ in range(k):
+            logits = draft.model(input_ids=torch.tensor([ids + tokens])).logits[0, -1:].float()
+            full = mask_unemittable(draft.full_logits(logits), draft.emittable_vocab)[0]
+            token = int(full.argmax())
+            tokens.append(token)
+            if token in draft.eos_token_ids or float(torch.softmax(full, dim=-1)[token]) < c:
+                break
+    return tokens
+
+
+@pytest.mark.parametrize("n", [None, 24, 128])
+def test_greedy_early_stop_drafts_from_the_subset_row_without_widening(folders, target, n, monkeypatch):
+    """Greedy drafting with early stop takes the argmax and its probability over the draft's own
+    row (the subset's N scores, or the emittable ids of a full draft), never building the [1, V]
+    widened logits: the same blocks (tokens and where they stop) as the widened computation, and
+    the target's output."""
+    from specdec.engine.proposers.draft_model import DraftModelProposer
+    from specdec.models.loaded import LoadedModel
+
+    draft = (load_model(HFModelSpec(path=folders[1])) if n is None
+             else load_draft(folders, n, ranked_table(build_tiny_tokenizer(), shuffled(5))))
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, V) for _ in range(rng.randrange(1, 25))] for _ in range(6)]
+    expected = {(i, c): _reference_block(draft, p, 6, c) for i, p in enumerate(prompts) for c in (0.2, 0.5)}
+
+    def widened(self, logits):
+        raise AssertionError("greedy drafting widened the logits to the full vocabulary")
+
+    monkeypatch.setattr(LoadedModel, "full_logits", widened)
+    proposer = DraftModelProposer(draft)
+    greedy = SamplingParams(temperature=0.0)
+    stops = 0
+    for (i, c), want in expected.items():
+        session = proposer.open_session(prompts[i], greedy, 0, min_confidence=c)
+        got = session.propose(6).token_ids.tolist()
+        session.close()
+        assert got == want, (n, i, c)
+        stops += len(got) < 6
+    assert stops > 0  # the early stop fired on some blocks (else the test could not tell)
+    engine = SpeculativeEngine(target, draft)
+    for p in prompts[:2]:
+        res = engine.generate(GenerationRequest(prompt_token_ids=p, max_tokens=16, speculation={
+            "proposer": "draft", "k": 4, "draft_min_confidence": 0.3}))
+        assert res.token_ids == target_greedy(target, p, 16)
+
+
 @pytest.mark.parametrize("fmt", ["bfloat16", "int8", "int4", "w8a8"])
 def test_greedy_identity_in_reduced_formats(folders, fmt):
     tgt = load_model(HFModelSpec(path=folders[0]), weight_format=fmt)
