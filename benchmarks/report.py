@@ -22,6 +22,26 @@ def median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def k_counts_by_k(obj):
+    """``obj`` with every ``*k_counts`` mapping (K -> steps) keyed by int K in ascending order,
+    at any depth. JSON object keys are strings by definition, so a written ``{8: 4, 0: 1}``
+    read back as ``{"8": 4, "0": 1}`` (string keys, in insertion order); written through this it
+    is ``{"0": 1, "8": 4}``, and :func:`read_bench_json` gives ``{0: 1, 8: 4}`` back."""
+    if isinstance(obj, dict):
+        return {k: (dict(sorted((int(a), b) for a, b in v.items()))
+                    if isinstance(k, str) and k.endswith("k_counts") and isinstance(v, dict)
+                    else k_counts_by_k(v)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [k_counts_by_k(v) for v in obj]
+    return obj
+
+
+def read_bench_json(path: str | Path):
+    """A benchmark's JSON report (``bench.json``, ``formats.json``, ``goal.json``, ...) with every
+    ``*k_counts`` mapping keyed by int K again (:func:`k_counts_by_k`)."""
+    return k_counts_by_k(json.loads(Path(path).read_text()))
+
+
 def geomean(xs: list[float]) -> float | None:
     """Geometric mean of the positive values of ``xs``, None when there are none."""
     xs = [x for x in xs if x is not None and x > 0]
@@ -195,7 +215,7 @@ def format_tables(report: dict) -> str:
 def write_report(report: dict, out_dir: Path, plot: bool) -> None:
     """Write ``bench.json`` (atomically), ``table.md`` and, with ``plot``, ``speedup.png`` into ``out_dir``."""
     tmp = out_dir / "bench.json.tmp"
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    tmp.write_text(json.dumps(k_counts_by_k(report), indent=1) + "\n")
     os.replace(tmp, out_dir / "bench.json")
     (out_dir / "table.md").write_text(format_tables(report))
     if plot:
