@@ -39,6 +39,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         "policy; see README 'Tenants'); default: the config's tenants_file (without one: "
                         "open mode, no API keys)")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: this machine's)")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="port of the local Ray's Prometheus metrics (ray_specdec_* and Ray's own) at "
+                             "http://localhost:PORT/metrics (default: a free port Ray picks; printed once ready)")
     parser.add_argument("--demo-request", action="store_true",
                         help="once ready, send one code-writing request over gRPC and print answer and stats")
     parser.add_argument("--message", default=DEMO_MESSAGE, help=f"the demo request's user message (default: {DEMO_MESSAGE!r})")
@@ -143,6 +146,19 @@ def demo_request(address: str, application: str, message: str, max_tokens: int, 
     return numbers
 
 
+def metrics_line(host: str = "localhost") -> str:
+    """Where the local Ray serves its Prometheus metrics (``ray_specdec_*`` among them), as
+    ``specdec serve`` prints it once ready; the port is the node's, as Ray reports it."""
+    import ray
+
+    try:
+        ports = [n.get("MetricsExportPort") for n in ray.nodes() if n.get("Alive")]
+    except Exception as e:  # noqa: BLE001 - a line to print; serving goes on
+        return f"metrics: unknown ({type(e).__name__}: {e})"
+    return (f"metrics: http://{host}:{ports[0]}/metrics  Prometheus text, specdec's are ray_specdec_* "
+            "(--metrics-port sets the port)") if ports and ports[0] else "metrics: none (Ray reports no metrics port)"
+
+
 def endpoint_lines(cfg, host: str = "localhost") -> list[str]:
     """The two ways to call a served application, as ``specdec serve`` prints them."""
     return [
@@ -193,8 +209,9 @@ def run_serve(args) -> int:
             # the folder the role's format loads from (bfloat16 for int4): assembled once per cache
             ensure_demo_folder(role, dtype=storage_dtype(fmts[role]))
         _log(f"demo pair ready in the model cache ({time.perf_counter() - t0:.1f} s)")
+    metrics = {"_metrics_export_port": args.metrics_port} if getattr(args, "metrics_port", None) else {}
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}, **metrics)
     _stop_on_sigterm()
     serving = False
     try:
@@ -222,6 +239,7 @@ def run_serve(args) -> int:
         _log(f"ready in {time.perf_counter() - t0:.1f} s")
         for line in endpoint_lines(cfg):
             _log(line)
+        _log(metrics_line())
         if args.demo_request:
             from deployments.client import SpecDecError
 

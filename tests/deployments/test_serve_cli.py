@@ -42,6 +42,7 @@ def test_plain_appconfig_yaml(tmp_path):
     (["--http-port", "0"], {}, "--http-port: Input should be greater than or equal to 1"),
     # 0 silently meant every CPU of the machine
     (["--num-cpus", "0"], {}, "--num-cpus: Input should be greater than or equal to 1, got 0"),
+    (["--metrics-port", "70000"], {}, "--metrics-port: Input should be a port in 1..65535, got 70000"),
     # FileNotFoundError / yaml.ParserError / ValidationError tracebacks
     (["--config", "{dir}/missing.yaml"], {}, "cannot read --config {dir}/missing.yaml: No such file or directory"),
     (["--config", "{dir}/a.yaml"], {"a.yaml": "x: [\n"},
@@ -54,7 +55,7 @@ def test_plain_appconfig_yaml(tmp_path):
      "--config {dir}/a.yaml must hold a mapping of AppConfig fields, got list"),
     (["--config", "{dir}/a.yaml"], {"a.yaml": "applications: []\n"},
      "--config {dir}/a.yaml: a Serve config file whose first application has no args mapping"),
-], ids=["tp-negative", "tp-zero", "grpc-port", "http-port", "num-cpus", "config-missing", "config-yaml",
+], ids=["tp-negative", "tp-zero", "grpc-port", "http-port", "num-cpus", "metrics-port", "config-missing", "config-yaml",
         "config-fields", "config-list", "config-serve-empty"])
 def test_bad_serve_flags_and_config_files_are_one_line_naming_them(tmp_path, argv, files, message):
     from specdec.errors import SpecDecError
@@ -214,6 +215,35 @@ def test_a_failed_demo_request_is_one_line_and_sends_the_api_key(monkeypatch, ca
     err = capsys.readouterr().err
     assert "[specdec serve] the demo request failed: UNAUTHENTICATED: unknown API key\n" in err
     assert "Traceback" not in err and "[specdec serve] shutting down" in err
+
+
+@pytest.mark.parametrize("flag, port", [([], 41234), (["--metrics-port", "8123"], 8123)])
+def test_serve_says_where_its_metrics_are(monkeypatch, capsys, flag, port):
+    """The README points at Prometheus metrics (ray_specdec_*), but a local ``specdec serve``
+    exported them on a random port it never printed; it now prints the URL, and
+    ``--metrics-port`` fixes the port."""
+    import ray
+    from ray import serve
+
+    import deployments.app
+
+    inits = []
+    monkeypatch.setattr(ray, "init", lambda *a, **k: inits.append(k))
+    monkeypatch.setattr(ray, "shutdown", lambda *a, **k: None)
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "MetricsExportPort": port}])
+    for name in ("start", "run"):
+        monkeypatch.setattr(serve, name, lambda *a, **k: None)
+    monkeypatch.setattr(serve, "get_deployment_handle", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no")))
+    monkeypatch.setattr(cli, "shutdown_serve", lambda *a, **k: None)
+    monkeypatch.setattr(deployments.app, "build_app", lambda cfg: None)
+    monkeypatch.setattr(cli, "ensure_ports_free", lambda cfg: None)
+    monkeypatch.setattr(cli, "check_model_specs", lambda cfg: None)
+    monkeypatch.setattr(cli, "_stop_on_sigterm", lambda: None)
+    assert cli.run_serve(_args("--target", "/models/t", "--draft", "none", *flag)) == 0
+    assert inits[0].get("_metrics_export_port") == (8123 if flag else None)
+    err = capsys.readouterr().err
+    assert (f"[specdec serve] metrics: http://localhost:{port}/metrics  Prometheus text, specdec's are ray_specdec_* "
+            "(--metrics-port sets the port)\n") in err
 
 
 def test_tenants_flag_sets_the_tenants_file_and_a_bad_one_is_refused_at_once(tmp_path, monkeypatch):
