@@ -4,9 +4,10 @@ Session 10 measured the adaptive arm of ``benchmarks.batching_goal`` (8 clients,
 every step) at 0.83-0.90x the fixed K = 0 arm's tokens/s, its 8-row forwards 0.096 s against
 0.076 s. Counted here: the same target forwards (same packed shapes, same kept logits), no draft
 forward, the same tokens; what the adaptive path adds per tick is the controller's decision and
-the guards' bookkeeping (``other_s`` of the benchmark, ~1-3 ms a tick). The slowdown was the
-benchmark's order (the adaptive arm ran right after the 8-client K = 4 arm;
-:func:`benchmarks.batching_goal.arm_order`).
+the guards' bookkeeping (``other_s`` of the benchmark, ~1-3 ms a tick against an 80 ms forward).
+Measured in adjacent pairs (docs/bench/batching/inprocess-s11/k0-pairs-32tok-loaded.log) the two
+arms' 8-row forwards showed no systematic difference; session 10's order had run the adaptive arm
+right after the 8-client K = 4 arm (:func:`benchmarks.batching_goal.arm_order` pairs them now).
 """
 
 from __future__ import annotations
