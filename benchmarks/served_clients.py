@@ -152,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     same = all(len(v) == 1 for v in outputs.values())
     out["summary"] = summary
     out["outputs_identical"] = same
-    lines = [f"Served, local-cpu preset (demo pair, target {cfgs[modes[0]].target_format()}, draft "
-             f"{cfgs[modes[0]].draft_format()}), {' and '.join(modes)} deployed at once; {a.tokens} tokens per "
+    c0 = cfgs[modes[0]]
+    lines = [f"Served, local-cpu preset (target {c0.target_model} {c0.target_format()}, draft {c0.draft_model} "
+             f"{c0.draft_format()}), {' and '.join(modes)} deployed at once; {a.tokens} tokens per "
              f"request, greedy, proposer draft, K <= {a.k} (K under load); median of {a.rounds} round(s), modes "
              f"interleaved per client count; {out['started_utc']}-{out['ended_utc']} UTC, load "
              f"{out['machine']['load_avg_at_start'][0]:.2f} -> {out['machine']['load_avg_at_end'][0]:.2f}.", "",
