@@ -178,18 +178,19 @@ def main(argv: list[str] | None = None) -> int:
     target, draft = load_pair(pair, device="cpu", draft_vocab_subset=a.draft_vocab_subset)
     engine = SpeculativeEngine(target, draft)
     report, tables = {"args": vars(a), "prompts": {}}, []
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
     for prompt in select_prompts(a.prompts.split(",")):
         ids = engine.encode(chat_request(prompt))
         runs = measure(engine, ids, ks, a.min_confidence, a.tokens, a.repeats)
         report["prompts"][prompt["name"]] = {"runs": runs, "rows": compare(runs)}
         tables.append(format_table(prompt["name"], runs))
         print(tables[-1], flush=True)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "k-prediction.json").write_text(json.dumps(report))
-    (out / "k-prediction.md").write_text("# The K controller's prediction against measurement\n\n"
-                                         f"`python -m benchmarks.k_prediction {' '.join(argv or sys.argv[1:])}`\n\n"
-                                         + "\n".join(tables))
+        # written after every prompt: a run cut by a time limit keeps what it measured
+        (out / "k-prediction.json").write_text(json.dumps(report))
+        (out / "k-prediction.md").write_text("# The K controller's prediction against measurement\n\n"
+                                             f"`python -m benchmarks.k_prediction {' '.join(argv or sys.argv[1:])}`\n\n"
+                                             + "\n".join(tables))
     return 0
 
 
