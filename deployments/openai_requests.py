@@ -59,6 +59,9 @@ _FIELDS = {
 }
 #: Every body field of either endpoint (what an error's ``param`` may name).
 BODY_FIELDS = frozenset(_FIELDS["completions"] | _FIELDS["chat"])
+#: Fields of ``speculation`` (gRPC's SpeculationHints); the core's other fields (``k``,
+#: ``ngram_min``, ...) are not part of the API.
+_SPECULATION_FIELDS = ("proposer", "max_k", "draft_min_confidence")
 #: Fields of a chat message that are honoured (``tool_calls`` is refused with its own message).
 _MESSAGE_FIELDS = {"role", "content", "tool_calls"}
 #: JSON types of the body's scalar fields (checked here: the core's pydantic models convert
@@ -147,6 +150,10 @@ def _check_json_types(body: Mapping[str, Any]) -> None:
         raise InvalidRequestError(f"logit_bias must be an object of token id -> number, got {bias!r}")
     spec = body.get("speculation")
     if isinstance(spec, Mapping):
+        extra = sorted(k for k, v in spec.items() if k not in _SPECULATION_FIELDS and v is not None)
+        if extra:  # e.g. "k" went on to the core's own speculation.k as if it were max_k
+            raise _refusal(f"speculation: unsupported field(s): {', '.join(extra)}; it takes "
+                           + ", ".join(_SPECULATION_FIELDS), f"speculation.{extra[0]}")
         if spec.get("max_k") is not None and not _is_int(spec["max_k"]):
             raise InvalidRequestError(f"speculation.max_k must be a whole number, got {spec['max_k']!r}")
         conf = spec.get("draft_min_confidence")

@@ -945,3 +945,21 @@ def test_an_error_after_the_first_token_is_an_sse_error_event(stack):
                                                 "param": None, "code": None}}
     assert events[-1] == "[DONE]"
     assert _run(router.Debug())["resumes"] == 0 and stack["draft"].Sessions() == []
+
+
+@pytest.mark.parametrize("spec, field", [({"k": 3}, "k"), ({"max_k": 2, "ngram_max": 5}, "ngram_max"),
+                                         ({"proposer": "ngram", "K": 1}, "K")])
+def test_speculation_fields_outside_the_api_are_refused_not_passed_on(stack, spec, field):
+    """``speculation: {"k": 3}`` answered 200: the key went on to the core request's own
+    ``speculation.k`` (so it acted as max_k under a name the API does not have, and
+    ``ngram_min``/``ngram_max`` likewise), against "a field the server cannot honour is refused"."""
+    for url, base in (("/v1/completions", {"prompt": PROMPT}),
+                      ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})):
+        resp = _run(_raw(stack["app"], "POST", url, {"model": MODEL, "max_tokens": 2, **base, "speculation": spec}))
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"] == {
+            "message": f"speculation: unsupported field(s): {field}; it takes proposer, max_k, draft_min_confidence",
+            "type": "invalid_request_error", "param": f"speculation.{field}", "code": None}
+    ok = _run(_raw(stack["app"], "POST", "/v1/completions",
+                   {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "speculation": {"max_k": 3, "proposer": None}}))
+    assert ok.status_code == 200
