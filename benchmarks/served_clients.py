@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default=None, help="target model spec (default: the preset's, demo:target)")
     p.add_argument("--draft", default=None, help="draft model spec (default: the preset's, demo:draft)")
     p.add_argument("--no-warmup", action="store_true", help="no warm-up group (tests)")
-    p.add_argument("--out", default=None, help="JSON file for the results (a .md table is written beside it)")
+    p.add_argument("--out", default=None, help="JSON file for the results (a .md table is written beside it; "
+                   "while it runs, what has run so far in .partial.json)")
     a = p.parse_args(argv)
     clients = [int(c) for c in a.clients.split(",") if c]
     modes = [m for m in a.modes.split(",") if m]
@@ -131,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                           f"{r['tokens_per_server_cpu_s'] or 0:.2f} tok/CPU-s, steps {r.get('steps')}, "
                           f"batch {r.get('batch')}, errors {len(r['errors'])}, load {r['load_avg_1min'][1]:.2f}",
                           file=sys.stderr, flush=True)
+                    if a.out:  # what has run so far, should the run be cut short
+                        partial = {**out, "rounds": out["rounds"] + [results]}
+                        Path(a.out).with_suffix(".partial.json").write_text(json.dumps(partial, indent=2, default=str) + "\n")
                 flip = not flip
             out["rounds"].append(results)
     finally:
@@ -169,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(out, indent=2, default=str) + "\n")
         Path(a.out).with_suffix(".md").write_text(text + "\n")
+        Path(a.out).with_suffix(".partial.json").unlink(missing_ok=True)
     return 0 if same else 1
 
 

@@ -6,7 +6,7 @@
 #       replica's K trace. Output: onecl-TAG.txt, k-trace-TAG.jsonl.gz
 #   NETNS=ns-X RAY_TMPDIR=/tmp/ray-X bash docs/bench/batching/served-s11/run.sh clients TAG [CLIENTS] [TOKENS] [ROUNDS]
 #       aggregate tok/s at 1,2,4,8 clients (default), batched vs unbatched deployed at once, interleaved
-#       (python -m benchmarks.served_clients, 32 tokens, 2 rounds by default). Output: clients-TAG.{json,md,log},
+#       (python -m benchmarks.served_clients, 32 tokens, 1 round by default: 2 rounds ran past 330 s). Output: clients-TAG.{json,md,log},
 #       the target replica's batch trace target-trace-TAG.jsonl.gz
 what=$1; tag=${2:?usage: run.sh onecl|clients TAG}
 cd "$(dirname "$0")/../../../.."
@@ -16,7 +16,7 @@ tmp=$(mktemp -d)
 export SPECDEC_BATCH_K_TRACE=$tmp/k.jsonl SPECDEC_TARGET_BATCH_TRACE=$tmp/target.jsonl
 head="echo \"== lock taken \$(date -u +%H:%M:%S) load \$(cut -d' ' -f1-3 /proc/loadavg) at \$(git log --oneline -1 | cut -c1-70)\""
 tail="echo \"== lock released \$(date -u +%H:%M:%S) load \$(cut -d' ' -f1-3 /proc/loadavg)\""
-py="ip netns exec $NETNS env RAY_TMPDIR=$RAY_TMPDIR HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=$PWD .venv/bin/python"
+py="ip netns exec $NETNS env RAY_TMPDIR=$RAY_TMPDIR HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD .venv/bin/python"
 if [ "$what" = onecl ]; then
   out=$dir/onecl-$tag.txt
   flock -w 1800 /tmp/specdec-heavy.lock timeout 330 bash -c "$head
@@ -26,8 +26,8 @@ if [ "$what" = onecl ]; then
 elif [ "$what" = clients ]; then
   out=$dir/clients-$tag.log
   flock -w 1800 /tmp/specdec-heavy.lock timeout 330 bash -c "$head
-    $py -m benchmarks.served_clients --clients ${3:-1,2,4,8} --tokens ${4:-32} --rounds ${5:-2} --out $dir/clients-$tag.json 2>&1 \
-      | grep -E '^\[served_clients\]|^\||^Served|^Per round|^Outputs|Error'
+    $py -m benchmarks.served_clients --clients ${3:-1,2,4,8} --tokens ${4:-32} --rounds ${5:-1} --out $dir/clients-$tag.json 2>&1 \
+      | grep --line-buffered -E '^\[served_clients\]|^\||^Served|^Per round|^Outputs|Error'
     $tail" > $out 2>&1
   gzip -c $tmp/target.jsonl > $dir/target-trace-$tag.jsonl.gz
 else
