@@ -324,7 +324,11 @@ def run_client(args) -> int:
                 timeout = 30.0 if args.timeout is None else args.timeout
                 print(json_format.MessageToJson(client.tenant_stats(args.proposer, timeout=timeout)))
                 return 0
-            kwargs = request_kwargs(args)
+            try:
+                kwargs = request_kwargs(args)
+            except SpecDecError as e:  # a malformed --logit-bias: a usage error like any bad flag
+                print(f"specdec client: {e.details}", file=sys.stderr)
+                return 2
             if args.prompt is not None and args.message:
                 print("specdec client: give a prompt or --message, not both (the prompt would be ignored)",
                       file=sys.stderr)
@@ -335,7 +339,7 @@ def run_client(args) -> int:
                 for m in args.message:
                     role, sep, text = m.partition(":")
                     if not sep:
-                        print(f"--message must be ROLE:TEXT, got {m!r}", file=sys.stderr)
+                        print(f"specdec client: --message must be ROLE:TEXT, got {m!r}", file=sys.stderr)
                         return 2
                     msgs.append({"role": role, "content": text})
             elif not args.prompt:

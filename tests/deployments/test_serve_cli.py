@@ -124,10 +124,13 @@ def _client_args(*argv):
     (["x", "--timeout", "-1"], "--timeout must be a positive number of seconds, got -1"),
     (["x", "--timeout", "0"], "--timeout must be a positive number of seconds, got 0"),
     (["x", "--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
+    # exit 1 with "INVALID_ARGUMENT: " as if the server had answered; the next one had no "specdec client: "
+    (["x", "--logit-bias", "seven"], "--logit-bias must be ID=BIAS, got 'seven'"),
+    (["--message", "nocolon"], "--message must be ROLE:TEXT, got 'nocolon'"),
     # --tenant-stats ignored --timeout (always 30 s): UNAVAILABLE here
     (["--tenant-stats", "--timeout", "-1"], "--timeout must be a positive number of seconds, got -1"),
 ], ids=["k-99", "k-negative", "max-tokens", "two-flags", "logit-bias", "top-logprobs", "min-tokens", "role",
-        "timeout-negative", "timeout-zero", "timeout-nan", "tenant-stats-timeout"])
+        "timeout-negative", "timeout-zero", "timeout-nan", "logit-bias-form", "message-form", "tenant-stats-timeout"])
 def test_client_refuses_bad_flags_by_their_flag_name_before_sending(argv, message, capsys):
     assert cli.run_client(_client_args(*argv)) == 2
     assert capsys.readouterr().err == f"specdec client: {message}\n"
