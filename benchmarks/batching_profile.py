@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--format", default=None, help="weight format (default: the device's default, w8a8 here)")
     ap.add_argument("--clients", default="1,8", help="comma list: one profiled group per count")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--k", default="4", help="K of every group, or a comma list: one K per --clients entry "
+                    "(e.g. --clients 1,8 --k 4,0: one client speculating, eight plain)")
     ap.add_argument("--budget", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="folder for profile-<threads>t-<tokens>tok.json/.md")
@@ -182,6 +183,15 @@ def main(argv: list[str] | None = None) -> int:
                          "(specdec.engine.invariant.CPU_ROW_DTYPE): float32 (the default), native (the bfloat16 "
                          "kernel, sessions 6-9), both: every group twice, native then float32")
     a = ap.parse_args(argv)
+    try:
+        clients = [int(x) for x in a.clients.split(",")]
+        ks = [int(x) for x in a.k.split(",")]
+    except ValueError:
+        ap.error(f"--clients and --k take comma lists of integers, got {a.clients!r} and {a.k!r}")
+    if len(ks) == 1:
+        ks = ks * len(clients)
+    if len(ks) != len(clients):
+        ap.error(f"--k needs one value or one per --clients entry ({len(clients)}), got {a.k!r}")
     torch.set_num_threads(a.threads)
     from benchmarks.batching import run_group
     from specdec.engine.engine import SpeculativeEngine
@@ -205,17 +215,17 @@ def main(argv: list[str] | None = None) -> int:
     modes = {"off": [False], "on": [True], "both": [False, True]}[a.prefix_cache]
     for on in modes:  # warm-up (allocator, kernels; the prefix cache's entries)
         prefix(on)
-        run_group(engine, _prompts(2), batched=True, k=a.k, proposer="draft", max_tokens=4, budget=a.budget)
+        run_group(engine, _prompts(2), batched=True, k=max(ks), proposer="draft", max_tokens=4, budget=a.budget)
     from specdec.engine import invariant
 
     row_dtypes = {"float32": [torch.float32], "native": [None], "both": [None, torch.float32]}[a.row_dtype]
     out = []
-    for c in [int(x) for x in a.clients.split(",")]:
+    for c, k in zip(clients, ks):
         for on in modes:
             for dt in row_dtypes:
                 invariant.CPU_ROW_DTYPE = dt
                 prefix(on)
-                p = profile_group(engine, c, a.max_tokens, a.k, a.budget)
+                p = profile_group(engine, c, a.max_tokens, k, a.budget)
                 p["prefix_cache"] = on
                 p["row_dtype"] = "native" if dt is None else str(dt).replace("torch.", "")
                 out.append(p)

@@ -72,6 +72,13 @@ SINGLE_THREAD_MAX_KEYS = 2048
 #: bits depend on neither the batch nor the block (the property, not the kernel, is what matters).
 #: None: rows in their own dtype (the reduced-precision kernel; sessions 6-9).
 CPU_ROW_DTYPE: torch.dtype | None = torch.float32
+#: A row-wise attention call with at least this many rows, each on one intra-op thread
+#: (``SINGLE_THREAD_MAX_KEYS``), runs its second half of rows on a helper thread, in parallel
+#: with the first (torch releases the GIL inside each call; each row is still its own call on one
+#: thread, so the bits do not change); 0: never (the default: on the 2-core EPYC, loaded by other
+#: jobs, 8-row forwards of the demo target were no faster with it, 101 vs 100 ms at best;
+#: docs/bench/batching/PROFILE-s11.md).
+ROW_WORKER_MIN_ROWS = 0
 
 
 @dataclass(frozen=True)
@@ -215,7 +222,9 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     computed once per forward (:func:`_row_ranges`).
 
     Args:
-        query: ``[B, H, q, d]``; key, value: ``[B, Hkv, L, d]`` (cache included).
+        query: ``[B, H, q, d]``; key, value: ``[B, Hkv, L, d]`` (cache included), or for a
+            packed forward (B = 1) :func:`specdec.engine.kv_store.packed_parts` placeholders whose
+            parts (each sequence's own cache, possibly stored in float32) hold the keys.
         attention_mask: None (causal: row i sees the first ``L - q + i + 1`` keys) or a boolean
             (True = visible) or additive float ``[B or 1, 1, q, >= L]`` mask whose visible keys
             per row are contiguous; a row that sees no key (a padding position) gets zeros.
@@ -224,16 +233,26 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
         ``([B, q, H, d], None)`` in ``query``'s dtype.
 
     Raises:
-        ValueError: a row whose visible keys are not one contiguous range.
+        ValueError: a row whose visible keys are not one contiguous range, or (parts) not within
+            one part, or parts with B > 1.
     """
     b_size, heads, q_len, _ = query.shape
     kv_len = key.shape[2]
     gqa = key.shape[1] != heads
     out_dtype = query.dtype
+    # a packed forward's keys as the sequences' own caches (kv_cache.packed_parts), not one tensor
+    parts_k, parts_v = getattr(key, "_specdec_parts", None), getattr(value, "_specdec_parts", None)
+    row_dtype = out_dtype
     if CPU_ROW_DTYPE is not None and query.device.type == "cpu" and out_dtype in (torch.bfloat16, torch.float16):
         # every row in float32 (CPU_ROW_DTYPE), its result rounded back below: once per layer
-        # call for the whole key range, not per row (a block's rows share their keys)
-        query, key, value = query.to(CPU_ROW_DTYPE), key.to(CPU_ROW_DTYPE), value.to(CPU_ROW_DTYPE)
+        # call for the whole key range (or per part), not per row (a block's rows share their
+        # keys); a cache stored in float32 (specdec.engine.kv_store.store_dtype) needs nothing
+        row_dtype = CPU_ROW_DTYPE
+        query = query.to(row_dtype)
+    if parts_k is None:  # keys in another dtype than the rows' (a float32 cache, rows in their own dtype)
+        key, value = key.to(row_dtype), value.to(row_dtype)
+    if parts_k is not None and b_size != 1:
+        raise ValueError("rowwise attention: packed key parts need a batch of one packed row")
     ranges = _row_ranges(attention_mask, b_size, q_len, kv_len)
     threads = torch.get_num_threads()
     # Short per-row calls, a decode step's single row included: one intra-op thread each (a
@@ -244,24 +263,67 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     # (tests/test_invariant.py).
     single = (query.device.type == "cpu" and threads > 1
               and max(hi - lo for lo, hi in ranges) <= SINGLE_THREAD_MAX_KEYS)
+    calls = []  # per row (q, k, v) or None (a padding row)
+    part, off, end, pk, pv = -1, 0, 0, None, None  # the key part of the current row (parts only)
+    for r, (lo, hi) in enumerate(ranges):
+        b, i = divmod(r, q_len)
+        if hi == lo:  # a padding query row sees nothing: its output is unused
+            calls.append(None)
+            continue
+        if parts_k is None:
+            k, v = key[b:b + 1, :, lo:hi], value[b:b + 1, :, lo:hi]
+        else:
+            if lo < off:  # not part after part (never in a packed forward): search from the first
+                part, off, end = -1, 0, 0
+            while not off <= lo < end:  # rows come part after part: move to the part holding lo
+                part += 1
+                off, pk = parts_k[part]
+                pv = parts_v[part][1]
+                end = off + pk.shape[2]
+                pk, pv = pk.to(row_dtype), pv.to(row_dtype)
+            if hi > end:
+                raise ValueError("rowwise attention: a row's keys span two packed sequences")
+            k, v = pk[:, :, lo - off:hi - off], pv[:, :, lo - off:hi - off]
+        calls.append((query[b:b + 1, :, i:i + 1], k, v))
+    zeros = query.new_zeros(1, heads, 1, value.shape[-1]) if None in calls else None
+
+    def run(some):
+        return [zeros if c is None else F.scaled_dot_product_attention(c[0], c[1], c[2], scale=scaling,
+                                                                       enable_gqa=gqa) for c in some]
+
     if single:
         torch.set_num_threads(1)
     try:
-        outs = []  # per row [1, H, 1, d]
-        for r, (lo, hi) in enumerate(ranges):
-            b, i = divmod(r, q_len)
-            if hi == lo:  # a padding query row sees nothing: its output is unused
-                outs.append(query.new_zeros(1, heads, 1, value.shape[-1]))
-                continue
-            outs.append(F.scaled_dot_product_attention(
-                query[b:b + 1, :, i:i + 1], key[b:b + 1, :, lo:hi], value[b:b + 1, :, lo:hi],
-                scale=scaling, enable_gqa=gqa,
-            ))
+        split = len(calls) // 2 if single and ROW_WORKER_MIN_ROWS and len(calls) >= ROW_WORKER_MIN_ROWS else 0
+        if split:  # the second half on the helper thread (the other core), the first half here
+            later = _row_worker().submit(_run_one_thread, run, calls[split:])
+            outs = run(calls[:split])
+            outs += later.result()
+        else:
+            outs = run(calls)
     finally:
         if single:
             torch.set_num_threads(threads)
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [1, H, B*q, d]
     return out.to(out_dtype).view(heads, b_size, q_len, -1).permute(1, 2, 0, 3), None
+
+
+_worker = None
+
+
+def _row_worker():
+    """The one helper thread row-wise attention splits its rows with (created on first use)."""
+    global _worker
+    if _worker is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _worker = ThreadPoolExecutor(1, thread_name_prefix="specdec-rows")
+    return _worker
+
+
+def _run_one_thread(run, calls):
+    torch.set_num_threads(1)  # this thread's own intra-op setting (the caller's is 1 meanwhile too)
+    return run(calls)
 
 
 _registered = False

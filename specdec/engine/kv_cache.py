@@ -14,6 +14,8 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specdec.engine.invariant import ATTENTION_NAME
+from specdec.engine.kv_store import new_cache, packed_parts, store_dtype
 from specdec.engine.prefix_cache import _common_prefix, prefix_cache_of
 from specdec.errors import ModelLoadError
 
@@ -38,7 +40,9 @@ class CachedSequence:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.token_ids = token_ids
         self.cached: list[int] = []
-        self.cache: DynamicCache | None = DynamicCache(config=model.config)
+        #: dtype the cache stores keys and values in (:func:`specdec.engine.kv_store.store_dtype`)
+        self.kv_dtype = store_dtype(model, self.device)
+        self.cache: DynamicCache | None = new_cache(model.config, self.kv_dtype)
         #: the model's prefix cache (:mod:`specdec.engine.prefix_cache`), or None
         self._prefix = prefix_cache_of(model)
         if self._prefix is not None:
@@ -48,7 +52,7 @@ class CachedSequence:
         if length >= len(self.cached):
             return
         if length == 0:
-            self.cache = DynamicCache(config=self.model.config)
+            self.cache = new_cache(self.model.config, self.kv_dtype)
         else:
             self.cache.crop(length - len(self.cached))
         del self.cached[length:]
@@ -148,6 +152,12 @@ class CachedSequence:
 # --- batched (packed) forward over several sequences ----------------------------------------
 
 
+#: A packed forward of a model with row-wise attention (:mod:`specdec.engine.invariant`) hands
+#: the attention each sequence's own cache (:func:`packed_parts`) instead of concatenating all of
+#: them per layer; False: the concatenation (the same bits, one more copy of every cache per layer).
+PACKED_PARTS = True
+
+
 class _PackedCacheView:
     """The KV cache seen by one packed forward over several sequences' own caches.
 
@@ -162,9 +172,11 @@ class _PackedCacheView:
     ``update`` is called by the model because position ids and a ready 4-D mask are passed in.
     """
 
-    def __init__(self, caches: Sequence[DynamicCache], new_lens: Sequence[int]):
+    def __init__(self, caches: Sequence[DynamicCache], new_lens: Sequence[int], parts: bool = False):
         self.caches = list(caches)
         self.new_lens = list(new_lens)
+        #: hand the sequences' caches to row-wise attention as they are (no concatenation)
+        self.parts = parts
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         parts_k: list[torch.Tensor] = []
@@ -175,6 +187,8 @@ class _PackedCacheView:
             parts_k.append(k)
             parts_v.append(v)
             off += n
+        if self.parts:
+            return packed_parts(parts_k), packed_parts(parts_v)
         return torch.cat(parts_k, dim=-2), torch.cat(parts_v, dim=-2)
 
 
@@ -269,7 +283,8 @@ def feed_many(items: Sequence[tuple["CachedSequence", Sequence[int], int]]) -> l
         off += n
     # at least one position reaches the output layer (an empty index list would mean "all")
     idx = torch.tensor(keep_idx or [off - 1], dtype=torch.long, device=device)
-    view = _PackedCacheView([seq.cache for seq, _, _ in items], new)
+    view = _PackedCacheView([seq.cache for seq, _, _ in items], new,
+                            parts=PACKED_PARTS and getattr(model.config, "_attn_implementation", None) == ATTENTION_NAME)
     out = model(
         input_ids=ids,
         position_ids=pos,

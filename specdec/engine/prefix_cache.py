@@ -100,7 +100,9 @@ class PrefixCache:
             return 0
         if key is not None:
             self._closed.move_to_end(key)
-        cache = DynamicCache(config=seq.model.config)
+        from specdec.engine.kv_store import new_cache
+
+        cache = new_cache(seq.model.config, getattr(seq, "kv_dtype", None))
         for i, layer in enumerate(src.layers):
             cache.update(layer.keys[:, :, :best], layer.values[:, :, :best], i)  # copies (concatenation)
         seq.cache = cache
