@@ -486,3 +486,19 @@ def test_a_decision_prices_each_forward_once():
     assert calls == {"draft": 2, "verify": 9}
     cost.draft_s, cost.verify_s = draft_s, verify_s
     assert choose_batch_ks(loads, cost, budget=128) == d  # the same decision as unmemoised
+
+
+def test_the_batch_statistics_keep_only_the_latest_forwards():
+    """A long-running replica observes one verify forward per tick: the controller keeps the last
+    RECENT_BATCHES (rows, positions) for its statistics, not every forward since start-up."""
+    from specdec.control.batch_controller import RECENT_BATCHES
+
+    c = BatchKController(budget=128, cost=_cost(0.05))
+    for i in range(1000):
+        c.observe_tick(1 + i % 8, 2 * (1 + i % 8), 0.1)
+    assert RECENT_BATCHES == 50 and len(c.batches) == 50
+    last = [(1 + i % 8, 2 * (1 + i % 8)) for i in range(950, 1000)]
+    assert list(c.batches) == last
+    s = c.stats()
+    assert s["mean_rows_per_forward"] == sum(r for r, _ in last) / 50
+    assert s["mean_positions_per_forward"] == sum(p for _, p in last) / 50

@@ -8,12 +8,17 @@ estimates and the batch cost model, decides with
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from specdec.control.acceptance import AcceptanceEstimator
 from specdec.control.batch_choice import BatchKDecision, TenantLoad, choose_batch_ks
 from specdec.control.batch_cost import BatchCostModel
+
+
+#: how many of the latest verify forwards' (rows, positions) a controller keeps for its statistics
+RECENT_BATCHES = 50
 
 
 @dataclass
@@ -148,8 +153,9 @@ class BatchKController:
         #: tenant -> ``clock()`` of that decision (Unix seconds by default)
         self.k_decided_at: dict[str, float] = {}
         self.clock = clock
-        #: (rows, positions) of every verify forward seen, for statistics
-        self.batches: list[tuple[int, int]] = []
+        #: (rows, positions) of the last :data:`RECENT_BATCHES` verify forwards, for statistics
+        #: (bounded: a long-running replica observes a forward per tick)
+        self.batches: deque[tuple[int, int]] = deque(maxlen=RECENT_BATCHES)
 
     def k_top(self) -> int:
         """The largest k_max of the tenants seen (8 before any): a forward of more than
@@ -278,7 +284,7 @@ class BatchKController:
 
     def stats(self) -> dict:
         """Plain data for tenant stats / metrics: K per tenant, batch shape seen, cost terms, α̂."""
-        recent = self.batches[-50:]
+        recent = list(self.batches)
         return {
             "k_by_tenant": dict(self.k_by_tenant),
             "predicted_tokens_per_s": self.last.tokens_per_s if self.last else None,
