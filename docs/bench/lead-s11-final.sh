@@ -1,10 +1,13 @@
 #!/bin/bash
-# the lead's quiet measurements, session 11 (each stage takes the heavy lock itself)
-cd /work/wt-lead11 && git merge -q --ff-only main || exit 1
-L="flock -w 900 /tmp/specdec-heavy.lock docs/bench/lead-s11-measure.sh"
+# The lead's quiet measurements of session 11, in this order: batchgoal bench128 bench32 onecl clients served.
+#   NETNS=ns-X RAY_TMPDIR=/tmp/ray-X bash docs/bench/lead-s11-final.sh batchgoal bench128 bench32 onecl clients served
+# Each stage takes the heavy lock itself (onecl/clients through docs/bench/batching/served-s11/run.sh).
+set -u
+cd "$(dirname "$0")/../.."
+: "${NETNS:?set NETNS}" "${RAY_TMPDIR:?set RAY_TMPDIR}"
 for st in "$@"; do
  case $st in
-  onecl|clients) NETNS=ns-lead11 RAY_TMPDIR=/tmp/ray-lead11 bash docs/bench/batching/served-s11/run.sh $st s11-lead ;;
-  *) $L $st ;;
+  onecl|clients) bash docs/bench/batching/served-s11/run.sh "$st" s11-lead ;;
+  *) flock -w 900 /tmp/specdec-heavy.lock bash docs/bench/lead-s11-measure.sh "$st" ;;
  esac
 done

@@ -1,11 +1,11 @@
 #!/bin/bash
-# usage: flock -w 900 /tmp/specdec-heavy.lock measure.sh STAGE...  (in /work/wt-lead11, ff to main)
-# stages: served onecl batchgoal bench32 bench128
+# usage: NETNS=ns-X RAY_TMPDIR=/tmp/ray-X flock -w 900 /tmp/specdec-heavy.lock docs/bench/lead-s11-measure.sh STAGE...
+# stages: served onecl batchgoal bench32 bench128 (run from any directory; works in the repository holding it)
 set -u
-cd /work/wt-lead11
+cd "$(dirname "$0")/../.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-export NETNS=ns-lead11 RAY_TMPDIR=/tmp/ray-lead11
-NSX="ip netns exec ns-lead11 env RAY_TMPDIR=/tmp/ray-lead11 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=/work/wt-lead11"
+export NETNS=${NETNS:?set NETNS (a network namespace for the served stages)} RAY_TMPDIR=${RAY_TMPDIR:?set RAY_TMPDIR}
+NSX="ip netns exec $NETNS env RAY_TMPDIR=$RAY_TMPDIR HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=$PWD"
 c=$(git log --oneline -1 | cut -c1-7)
 hdr() { echo "== $1 $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg) at $(git log --oneline -1 | cut -c1-70)"; }
 for st in "$@"; do
