@@ -37,13 +37,14 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import gc
-import json
 import platform
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from benchmarks.report import write_bench_json
 
 CODE_PROMPTS = [
     "Write a Python function `is_prime(n: int) -> bool` that returns True when n is prime. Include a docstring.",
@@ -363,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
               + (f" | adaptive K={ad[0]['k']} ({ad[0]['reason']})" if ad else ""), flush=True)
         doc["rows"] = [{k: v for k, v in r.items() if k != "token_ids"} for r in rows]
         doc["summary"] = _summarize(rows, doc["arms"])
-        (out / "adaptive-k.json").write_text(json.dumps(doc, indent=1, default=str))
+        write_bench_json(out / "adaptive-k.json", doc, indent=1, default=str)
 
     summary = doc["summary"]
     doc["identity"] = _identity(rows)
@@ -402,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     doc["checks"] = checks
     doc["total_seconds"] = time.perf_counter() - t_start
-    (out / "adaptive-k.json").write_text(json.dumps(doc, indent=1, default=str))
+    write_bench_json(out / "adaptive-k.json", doc, indent=1, default=str)
     md = _markdown(doc)
     (out / "adaptive-k.md").write_text(md)
     print(md)

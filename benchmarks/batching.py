@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.adaptive_k import CODE_PROMPTS, CREATIVE_PROMPTS
+from benchmarks.report import write_bench_json
 
 
 def _prompts(n: int) -> list[tuple[str, str]]:
@@ -355,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "batching.json").write_text(json.dumps(report, indent=2))
+        write_bench_json(out / "batching.json", report, indent=2)
         (out / "batching.md").write_text(text + "\n")
     return 0
 

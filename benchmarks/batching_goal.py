@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.batching import _lengths, _prompts, batch_controller, run_group
+from benchmarks.report import write_bench_json
 
 #: the issue's goal: many clients' aggregate tokens/s over one client's
 GOAL = 2.5
@@ -242,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if a.out:
         out = Path(a.out)
-        (out / "goal.json").write_text(json.dumps({"settings": {k: v for k, v in vars(a).items() if k != "out"},
-                                                   "format": fmt, "rows": rows}, indent=2))
+        write_bench_json(out / "goal.json", {"settings": {k: v for k, v in vars(a).items() if k != "out"},
+                                             "format": fmt, "rows": rows}, indent=2)
         (out / "goal.md").write_text(text + "\n")
         (out / "goal.partial.json").unlink(missing_ok=True)
     return 0

@@ -4,9 +4,10 @@ in one process, and the table comparing them."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Callable
+
+from benchmarks.report import write_bench_json
 
 
 def run_each_format(args: argparse.Namespace, run: Callable[..., dict], load: Callable[..., tuple]) -> dict:
@@ -136,7 +137,7 @@ def run_each_format(args: argparse.Namespace, run: Callable[..., dict], load: Ca
         text += "\n" + rounds_table(by_rounds)
     (base_out / "formats.md").write_text(text)
     dump = dict(results, alone_rounds=by_rounds) if by_rounds is not None else results
-    (base_out / "formats.json").write_text(json.dumps(dump, indent=1, default=str))
+    write_bench_json(base_out / "formats.json", dump, indent=1, default=str)
     print(text)
     return results
 

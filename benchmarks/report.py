@@ -42,6 +42,13 @@ def read_bench_json(path: str | Path):
     return k_counts_by_k(json.loads(Path(path).read_text()))
 
 
+def write_bench_json(path: str | Path, obj, **dumps_kwargs) -> None:
+    """Write a benchmark's JSON report to ``path`` with every ``*k_counts`` mapping in ascending K
+    (:func:`k_counts_by_k`), the form :func:`read_bench_json` reads back; ``dumps_kwargs`` go to
+    :func:`json.dumps` (``indent``, ``default``)."""
+    Path(path).write_text(json.dumps(k_counts_by_k(obj), **dumps_kwargs) + "\n")
+
+
 def geomean(xs: list[float]) -> float | None:
     """Geometric mean of the positive values of ``xs``, None when there are none."""
     xs = [x for x in xs if x is not None and x > 0]

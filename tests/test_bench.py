@@ -8,6 +8,7 @@ import json
 import pytest
 
 from benchmarks.inprocess import PROMPT_TYPES, add_bench_arguments, run_bench
+from benchmarks.report import read_bench_json
 from specdec.testing.tiny import build_tiny_model
 
 
@@ -116,6 +117,22 @@ def test_format_axis_runs_each_format_and_compares(tiny_pair_folders, tmp_path):
     cells = f32_target.split(" | ")[4:-1]  # one per prompt type of --quick
     assert len(cells) == len(PROMPT_TYPES) - 1  # --quick has no copy_full prompt
     assert all(c.count("1.00x, 1.00x (wall ") == 1 and c.endswith(", 1.00x)") for c in cells), cells
+    # formats.json's k_counts as bench.json's: ascending K on disk, int keys through read_bench_json
+    raw = _k_counts_of(json.loads((out / "formats.json").read_text()))
+    assert any(len(c) > 1 for c in raw)  # the adaptive rows ran several K
+    assert all(list(map(int, c)) == sorted(map(int, c)) for c in raw), raw
+    back = _k_counts_of(read_bench_json(out / "formats.json"))
+    assert back == [{int(k): n for k, n in c.items()} for c in raw]
+
+
+def _k_counts_of(obj) -> list[dict]:
+    """Every ``*k_counts`` mapping in ``obj`` (a benchmark's JSON report), in document order."""
+    if isinstance(obj, dict):
+        return [x for k, v in obj.items() for x in ([v] if k.endswith("k_counts") and isinstance(v, dict)
+                                                     else _k_counts_of(v))]
+    if isinstance(obj, list):
+        return [x for v in obj for x in _k_counts_of(v)]
+    return []
 
 
 def test_format_axis_target_alone_only(tiny_pair_folders, tmp_path):
