@@ -11,7 +11,11 @@ runs the same timed requests in the same order on the same in-process engine (dr
 - ``adaptive``: :class:`specdec.control.controller.KController` decides K per request and tenant
   (``decide``), the request runs with it (:func:`apply_decision`) and its
   counters and per-step timings are fed back (``record``): acceptance and costs are learned
-  online, from the run's own measurements.
+  online, from the run's own measurements. The controller is the one ``specdec bench --adaptive``
+  builds (:func:`new_controller`): its steps run under the tenant's in-request goodput guard
+  (:meth:`KController.guarded_k`, :mod:`specdec.control.step_guard`), which holds the tenant at
+  K = 0 while speculation measures slower than plain decoding (``--no-step-guard``: the decided
+  K for every step, as before session 12).
 
 Fairness and noise: arms are interleaved per request (request i runs under every arm before
 request i + 1, arm order rotated each time), so slow drifts of the machine hit all arms alike.
@@ -102,6 +106,18 @@ def _workload(n: int, offset: int) -> list[tuple[str, str]]:
     return out
 
 
+def new_controller(step_guard: bool = True):
+    """The adaptive arm's controller: :func:`benchmarks.inprocess_adaptive.new_controller` (as a
+    fresh server builds it, with the in-request goodput guard of ``specdec bench --adaptive``), or
+    with ``step_guard=False`` the same controller without the guard."""
+    from benchmarks.inprocess_adaptive import new_controller as bench_controller
+
+    controller = bench_controller()
+    if not step_guard:
+        controller.step_guard = None
+    return controller
+
+
 class Arm:
     """One configuration: fixed K or the adaptive controller."""
 
@@ -117,14 +133,19 @@ class Arm:
 
         base = GenerationRequest(messages=_messages(content), max_tokens=max_tokens,
                                  speculation={"proposer": "draft", "k": 8})
-        decision = None
+        decision, guarded = None, None
         t0 = time.perf_counter()
         if self.controller is None:
             req, k = apply_decision(base, {"k": self.k})
         else:
             decision = self.controller.decide(tenant, "draft", self.policy, requested_k=8)
             req, k = apply_decision(base, decision)
-        timed = run_timed(engine.start(req, k=k), started=t0)
+            if decision.k > 0:  # per step: the decided K unless the tenant's goodput guard forces K = 0
+                k = guarded = self.controller.guarded_k(tenant, "draft", decision)
+        gen = engine.start(req, k=k)
+        if guarded is not None:
+            guarded.attach(gen.stats)
+        timed = run_timed(gen, started=t0)
         if self.controller is not None:
             self.controller.record(tenant, "draft", timed.result.stats, timed.costs.as_dict())
         st = timed.result.stats
@@ -144,6 +165,7 @@ class Arm:
             "proposed": st.proposed,
             "accepted": st.accepted,
             "k_counts": {int(a): b for a, b in st.k_counts.items()},
+            "step_ks": None if guarded is None else list(guarded.ks),
             "token_ids": timed.result.token_ids,
         }
 
@@ -278,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-tokens", type=int, default=16)
     p.add_argument("--arms", default="0,1,2,3,4,5,6,7,8,adaptive", help="comma list of fixed K and/or 'adaptive'")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--no-step-guard", dest="step_guard", action="store_false",
+                   help="run the adaptive arm's decided K for every step (no in-request goodput guard)")
     p.add_argument("--repeats", type=int, default=2,
                    help="runs of every (request, arm), in ABBA order; the fastest is kept (noise only adds time)")
     args = p.parse_args(argv)
@@ -287,7 +311,6 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     from specdec.control.adaptive import calibrate
-    from specdec.control.controller import KController
     from specdec.engine.engine import SpeculativeEngine
     from specdec.models.loader import load_pair
     from specdec.models.spec import ModelPairSpec
@@ -304,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     for a in args.arms.split(","):
         a = a.strip()
         if a == "adaptive":
-            controller = KController()
+            controller = new_controller(step_guard=args.step_guard)
             arms.append(Arm("adaptive", None, controller))
         else:
             arms.append(Arm(f"K={int(a)}", int(a)))
@@ -325,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpu_count": torch.get_num_threads(), "torch": torch.__version__, "platform": platform.platform()},
         "config": {"max_tokens": args.max_tokens, "requests_per_tenant": args.requests,
                    "warmup_per_tenant": args.warmup, "repeats": args.repeats, "warmup_tokens": args.warmup_tokens, "warmup_all": args.warmup_all,
-                   "threads": torch.get_num_threads(),
+                   "threads": torch.get_num_threads(), "step_guard": args.step_guard,
                    "proposer": "draft", "greedy": True, "k_range": [0, 8]},
         "arms": [a.name for a in arms],
         "calibration": {"seconds": cal_s, "cost_model": cal},
