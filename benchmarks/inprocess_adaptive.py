@@ -110,7 +110,7 @@ def run_adaptive(engine, controller, tenant: str, prompt_ids: list[int], tokens:
     base = GenerationRequest(prompt_token_ids=list(prompt_ids), max_tokens=tokens,
                              speculation={"proposer": "draft", "k": POLICY["k_max"],
                                           "draft_min_confidence": min_confidence})
-    decision = controller.decide(tenant, "draft", POLICY, requested_k=POLICY["k_max"])
+    decision = controller.decide(tenant, "draft", POLICY, requested_k=POLICY["k_max"], tokens=tokens)
     req, k = apply_decision(base, decision)
     if decision.k > 0:  # per step: the decided K unless the tenant's goodput guard forces K = 0
         k = controller.guarded_k(tenant, "draft", decision)

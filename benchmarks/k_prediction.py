@@ -13,10 +13,21 @@ verify wall seconds, process CPU seconds. Then, per K, side by side:
   its verify only) and the run's geometric α (accepted / (accepted + steps with a rejection),
   what the estimator computes): E[N(K)], step_time(K) = K · draft_s + verify_s(K + 1), and the
   predicted speedup E[N(K)] · step_time(0) / step_time(K);
+- **the model, blocks and early stop** (session 12): a cost model also fed every drafting
+  step's draft seconds by block length (the first draft forward of a block dearer than the
+  later ones: :meth:`CostModel.draft_block_s`) and the draft's prompt prefill (the first step's
+  draft seconds beyond a block of its length), the early-stop hazards per draft position learned
+  from every run's block lengths under its cap (:meth:`KController.record_stops`), and each K
+  evaluated as a cap over the block lengths they give (:func:`early_stop_lengths`,
+  :func:`evaluate_variable_k`): E[N(K)], E[step s], the predicted steady speedup, and the
+  predicted request speedup with the draft's prefill spread over the request's tokens
+  (:meth:`CostModel.request_speedup`);
 - **the steps**: measured tokens per step, seconds per step (draft + verify), drafted tokens per
   step, and the steady-state ratio (tokens per step-second of steps 2.. over K = 0's);
 - **the request**: tokens per CPU-second over the same repeat's K = 0 (prefills, catch-up and
   everything outside the steps included).
+
+``--replay DIR`` recomputes the tables from a stored ``DIR/k-prediction.json`` (no models loaded).
 
 Outputs are checked token for token against K = 0 (greedy). Writes ``<out>/k-prediction.json``
 (every step) and ``<out>/k-prediction.md`` (the tables). Heavy: run it under the heavy lock.
@@ -89,6 +100,46 @@ def cost_model_from(runs: list[dict]):
     return cm
 
 
+def block_cost_model_from(runs: list[dict]):
+    """A default :class:`CostModel` fed as :func:`cost_model_from` plus every drafting step's
+    draft seconds by block length and each run's draft prefill (session 12's terms)."""
+    from specdec.control.adaptive import StepCosts
+    from specdec.control.controller_feedback import RequestFeedback
+    from specdec.control.cost_model import CostModel
+
+    cm = CostModel()
+
+    class _Feed(RequestFeedback):  # observe_costs of the controller on this one cost model
+        def cost_model(self, proposer):
+            return cm
+
+    for r in runs:
+        costs, prev = StepCosts(), None
+        for i, (drafted, _, draft_s, verify_s, _) in enumerate(r["steps"]):
+            if i == 0:
+                costs.first_draft_s, costs.first_drafted = draft_s, drafted
+            else:
+                costs.add(drafted, draft_s, verify_s, count_draft=prev != 0)
+            prev = drafted
+        _Feed().observe_costs("draft", costs.as_dict())
+    return cm
+
+
+def stop_hazards_from(runs: list[dict], n: int) -> list[float]:
+    """The controller's early-stop hazards for positions 1..n from every K > 0 run's block
+    lengths (steps 2..), the run's K as the cap."""
+    from specdec.control.controller import KController
+
+    ctl = KController()
+    for r in runs:
+        if r["k"] > 0:
+            counts: dict[int, int] = {}
+            for s in r["steps"][1:]:
+                counts[s[0]] = counts.get(s[0], 0) + 1
+            ctl.record_stops(("bench", "draft"), counts, r["k"])
+    return ctl.stop_hazards("bench", "draft", n)
+
+
 def compare(runs: list[dict]) -> list[dict]:
     """Per K > 0: the model's prediction and what the steps and the requests measured (module
     docstring), means over repeats; ratios paired with the same repeat's K = 0.
@@ -96,9 +147,11 @@ def compare(runs: list[dict]) -> list[dict]:
     Raises:
         ValueError: no K = 0 run for a repeat.
     """
-    from specdec.control.objective import expected_tokens_per_step
+    from specdec.control.objective import early_stop_lengths, evaluate_variable_k, expected_tokens_per_step
 
     cm = cost_model_from(runs)
+    cm2 = block_cost_model_from(runs)
+    hazards = stop_hazards_from(runs, max(r["k"] for r in runs))
     base = {r["repeat"]: r for r in runs if r["k"] == 0}
     rows = []
     for k in sorted({r["k"] for r in runs if r["k"] > 0}):
@@ -114,11 +167,15 @@ def compare(runs: list[dict]) -> list[dict]:
             rejected = sum(1 for s in st if s[1] < s[0])
             alpha = accepted / (accepted + rejected) if accepted + rejected else 0.0
             e = expected_tokens_per_step(min(alpha, 1.0), k)
+            c2 = evaluate_variable_k(min(alpha, 1.0), cm2, k, early_stop_lengths(hazards, k))
             toks, secs = sum(s[1] + 1 for s in st), sum(s[2] + s[3] for s in st)
             btoks, bsecs = sum(s[1] + 1 for s in bst), sum(s[2] + s[3] for s in bst)
             acc.append({
                 "alpha": alpha, "model_tokens_per_step": e, "model_step_s": cm.step_time(k),
                 "predicted": e * cm.step_time(0) / cm.step_time(k),
+                "model2_tokens_per_step": c2.expected_tokens, "model2_step_s": c2.step_time_s,
+                "predicted2": c2.speedup,
+                "predicted2_request": cm2.request_speedup(c2.expected_tokens, c2.step_time_s, len(r["token_ids"])),
                 "tokens_per_step": toks / len(st), "step_s": secs / len(st),
                 "drafted_per_step": sum(s[0] for s in st) / len(st),
                 "steady": (toks / secs) / (btoks / bsecs),
@@ -135,18 +192,26 @@ def compare(runs: list[dict]) -> list[dict]:
 def format_table(name: str, runs: list[dict]) -> str:
     """One prompt's markdown table (:func:`compare`) with the cost model's terms."""
     cm = cost_model_from(runs)
-    snap = cm.snapshot()
+    cm2 = block_cost_model_from(runs)
+    snap, snap2 = cm.snapshot(), cm2.snapshot()
+    hazards = stop_hazards_from(runs, max(r["k"] for r in runs))
     lines = [f"### {name}", "",
              f"Cost model fed with every run's steps: draft {cm.draft_s_per_token * 1e3:.1f} ms per drafted token, "
              "verify by positions " + ", ".join(f"{p}: {t * 1e3:.1f}" for p, t in snap["verify_s"].items()) + " ms.",
+             "Blocks and early stop (session 12): draft block by tokens drafted "
+             + ", ".join(f"{d}: {t * 1e3:.1f}" for d, t in snap2["draft_block_s"].items())
+             + f" ms; draft prefill {snap2['draft_prefill_s'] * 1e3:.0f} ms per request; early-stop hazard by position "
+             + ", ".join(f"{h:.2f}" for h in hazards) + ".",
              "",
-             "| K | α (geometric) | E[N(K)] model | tokens/step measured | step s model | step s measured "
-             "| drafted/step | predicted x K=0 | steady x K=0 (steps 2..) | request x K=0 (CPU) | identical |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| K | α (geometric) | E[N(K)] model | E[N(K)] blocks+stop | tokens/step measured | step s model "
+             "| step s blocks+stop | step s measured | drafted/step | predicted x K=0 | predicted x K=0 blocks+stop "
+             "| steady x K=0 (steps 2..) | predicted request x K=0 (blocks+stop+prefill) | request x K=0 (CPU) | identical |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in compare(runs):
-        lines.append(f"| {r['k']} | {r['alpha']:.2f} | {r['model_tokens_per_step']:.2f} | {r['tokens_per_step']:.2f} "
-                     f"| {r['model_step_s']:.3f} | {r['step_s']:.3f} | {r['drafted_per_step']:.2f} "
-                     f"| {r['predicted']:.2f}x | {r['steady']:.2f}x | {r['request']:.2f}x | {r['identical']} |")
+        lines.append(f"| {r['k']} | {r['alpha']:.2f} | {r['model_tokens_per_step']:.2f} | {r['model2_tokens_per_step']:.2f} "
+                     f"| {r['tokens_per_step']:.2f} | {r['model_step_s']:.3f} | {r['model2_step_s']:.3f} | {r['step_s']:.3f} "
+                     f"| {r['drafted_per_step']:.2f} | {r['predicted']:.2f}x | {r['predicted2']:.2f}x | {r['steady']:.2f}x "
+                     f"| {r['predicted2_request']:.2f}x | {r['request']:.2f}x | {r['identical']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -162,7 +227,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--draft-vocab-subset", type=int, default=65536)
     p.add_argument("--out", default="docs/bench/formats/k-prediction")
+    p.add_argument("--replay", default=None, help="recompute the tables from DIR/k-prediction.json (no models)")
     a = p.parse_args(argv)
+    if a.replay is not None:
+        stored = json.loads((Path(a.replay) / "k-prediction.json").read_text())
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        tables = [format_table(name, rec["runs"]) for name, rec in stored["prompts"].items()]
+        print("\n".join(tables), flush=True)
+        (out / "k-prediction.md").write_text("# The K controller's prediction against measurement (replayed)\n\n"
+                                             f"`python -m benchmarks.k_prediction {' '.join(argv or sys.argv[1:])}` "
+                                             f"replaying the steps of `{stored['args']}`\n\n" + "\n".join(tables))
+        return 0
     import torch
 
     from benchmarks.inprocess_prompts import chat_request, select_prompts

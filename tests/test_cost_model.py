@@ -114,3 +114,52 @@ def test_step_costs_leave_out_the_draft_catch_up_after_k0_steps():
     assert costs["draft_s"] == pytest.approx(0.2 + 0.3 + 0.1)
     assert {p: (round(s, 9), n) for p, (s, n) in costs["verify_s_by_positions"].items()} == {
         1: (0.2, 2), 2: (0.2, 1), 3: (0.3, 1), 4: (0.8, 2)}
+    # session 12: the same drafting steps by block length, and the first step's draft apart
+    assert costs["draft_s_by_drafted"] == {1: [pytest.approx(0.1), 1], 2: [pytest.approx(0.2), 1],
+                                           3: [pytest.approx(0.3), 1]}
+    assert costs["first_draft_s"] == 5.0 and costs["first_drafted"] == 2
+
+
+def test_draft_block_first_forward_dearer_than_later_ones():
+    """``draft_block_s(d) = first + (d - 1) · later``: with one measured length split by
+    ``prior_draft_first_ratio``; with several, the least-squares line through them beyond, the
+    neighbours in between; until a block was measured by length, d x the per-token EWMA."""
+    cm = CostModel(prior_draft_s_per_token=0.005)
+    assert cm.draft_block_s(0) == 0.0 and cm.draft_block_s(4) == pytest.approx(0.020)
+    cm.observe_draft(10, 0.31)  # the per-token EWMA (served path): d x 31 ms
+    assert cm.draft_block_s(8) == pytest.approx(0.248)
+    cm.observe_draft_block(2, 0.062)  # one length: later = 0.062 / (1.5 + 1), first = 1.5 x later
+    assert cm.draft_block_s(2) == pytest.approx(0.062)
+    assert cm.draft_block_s(1) == pytest.approx(0.0372)
+    assert cm.draft_block_s(4) == pytest.approx(0.0248 * 4.5)
+    assert cm.step_time(4) == pytest.approx(0.0248 * 4.5 + cm.verify_s(5))
+    cm.observe_draft_block(4, 0.106)  # two lengths: later 22 ms, first 40 ms
+    assert cm.draft_block_s(3) == pytest.approx(0.084)
+    assert cm.draft_block_s(8) == pytest.approx(0.106 + 4 * 0.022)
+    assert cm.draft_block_s(1) == pytest.approx(0.040)
+    assert cm.step_terms(8)["draft_s"] == pytest.approx(0.194)
+    with pytest.raises(ValueError):
+        cm.observe_draft_block(0, 0.1)
+    with pytest.raises(ValueError):
+        CostModel(prior_draft_first_ratio=0.5)
+
+
+def test_draft_prefill_spread_over_the_request():
+    """request_speedup = tokens · step_time(0) / (tokens / E[N] · step_s + draft_prefill_s);
+    the steady state without a measured prefill or a length."""
+    cm = CostModel()
+    cm.observe_verify(1, 0.08)
+    assert cm.draft_prefill_s == 0.0
+    assert cm.request_speedup(3.0, 0.2, 32) == pytest.approx(3.0 * 0.08 / 0.2)
+    cm.observe_draft_prefill(0.36)
+    assert cm.request_speedup(3.0, 0.2, 32) == pytest.approx(32 * 0.08 / (32 / 3.0 * 0.2 + 0.36))
+    assert cm.request_speedup(3.0, 0.2, None) == pytest.approx(1.2)
+    data = cm.export_observations()
+    assert data["draft_prefill"] == [1, 0.36] and data["draft_blocks"] == {}
+    cm.observe_draft_block(3, 0.09)
+    back = CostModel()
+    back.import_observations(cm.export_observations())
+    assert back.draft_block_s(3) == 0.09 and back.draft_prefill_s == 0.36
+    old = {k: v for k, v in cm.export_observations().items() if k not in ("draft_blocks", "draft_prefill")}
+    back.import_observations(old)  # written before session 12: no blocks, no prefill
+    assert back.draft_prefill_s == 0.0 and back.draft_block_s(3) == pytest.approx(3 * back.draft_s_per_token)

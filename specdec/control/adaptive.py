@@ -22,12 +22,18 @@ from specdec.types import DraftBlock, GenerationResult
 
 @dataclass
 class StepCosts:
-    """Per-step timings of one request, aggregated by number of positions scored (K + 1)."""
+    """Per-step timings of one request, aggregated by number of positions scored (K + 1) and by
+    tokens drafted per block; the first step's draft seconds apart (the draft's prompt prefill
+    plus that step's block: ``first_draft_s`` for ``first_drafted`` tokens; 0 and 0 when the
+    first step did not draft)."""
 
     verify: dict[int, list] = field(default_factory=dict)  # positions -> [seconds, steps]
     draft_s: float = 0.0
     drafted: int = 0
     skipped_steps: int = 0
+    draft_blocks: dict[int, list] = field(default_factory=dict)  # drafted tokens -> [seconds, blocks]
+    first_draft_s: float = 0.0
+    first_drafted: int = 0
 
     def add(self, k: int, draft_s: float, verify_s: float, count_draft: bool = True) -> None:
         """One step of K = ``k``: its verify seconds by positions, and (``count_draft``) its
@@ -38,6 +44,9 @@ class StepCosts:
         if k > 0 and count_draft:
             self.draft_s += draft_s
             self.drafted += k
+            b = self.draft_blocks.setdefault(k, [0.0, 0])
+            b[0] += draft_s
+            b[1] += 1
 
     def as_dict(self) -> dict:
         return {
@@ -45,6 +54,9 @@ class StepCosts:
             "draft_s": self.draft_s,
             "drafted": self.drafted,
             "skipped_steps": self.skipped_steps,
+            "draft_s_by_drafted": {d: [s, n] for d, (s, n) in sorted(self.draft_blocks.items())},
+            "first_draft_s": self.first_draft_s,
+            "first_drafted": self.first_drafted,
         }
 
 
@@ -84,6 +96,8 @@ class StepCostRecorder:
         self._prev_k = k if cur[0] - prev[0] == 1 else None
         if prev[0] == 0 or skip or cur[0] - prev[0] != 1:
             self.costs.skipped_steps += cur[0] - prev[0]
+            if prev[0] == 0 and not skip and cur[0] == 1:  # the first step: the draft's prefill + a block
+                self.costs.first_draft_s, self.costs.first_drafted = cur[2] - prev[2], k
             return
         self.costs.add(k, cur[2] - prev[2], cur[3] - prev[3], count_draft=prev_k != 0)
 

@@ -57,6 +57,19 @@ block full) stands in. Blocks observed under a cap c are censored at c, so a cap
 ones seen is judged as if no match were longer (conservative); probes of such a key run at
 the top of the range for the whole request, which refreshes the histogram up to it.
 
+Early stop (a draft-model proposer with ``draft_min_confidence``): a block ends after its
+first unsure token, so K is a cap for the draft model too. The controller counts, per key and
+draft position, the blocks that stopped there and those that went on (from the requests'
+``k_counts`` and the K decided; blocks of the cap's length are censored), and evaluates every K
+as a cap over the block lengths those hazards give
+(:func:`specdec.control.objective.early_stop_lengths`): a block costs the draft forwards and
+verify positions it used (:meth:`CostModel.draft_block_s`: the first draft forward of a block
+dearer than the later ones), and positions beyond those seen take the pooled stop rate, as
+positions without enough acceptance data take α̂ (a geometric extrapolation, Leviathan et al.
+2023 §3.1's i.i.d. α). Until a block stopped early, every block is taken to be K long. With
+``decide(..., tokens=max_tokens)`` the draft's measured prompt prefill is spread over the
+request too (:meth:`CostModel.request_speedup`).
+
 Shared state across router replicas: the controller is a plain object whose methods take and
 return plain data (str, int, dict, dataclasses), so one instance can live in one Ray actor that
 all replicas call (``decide`` before a request, ``record`` after). Not thread-safe: its owner
@@ -82,7 +95,7 @@ from specdec.control.goodput_guard import GoodputGuard
 from specdec.control.step_guard import GuardedK
 from specdec.control.k_decision import KDecision, KState, k_schedule
 from specdec.control.objective import (VARIABLE_LENGTH_PROPOSERS, KCandidate, block_length_distribution, choose_k,
-                                       evaluate_k, evaluate_variable_k)
+                                       early_stop_lengths, evaluate_k, evaluate_variable_k)
 
 __all__ = ["KController", "KDecision", "VARIABLE_LENGTH_PROPOSERS", "k_schedule"]
 
@@ -151,6 +164,7 @@ class KController(LearnedState, RequestFeedback):
         length_half_life_steps: float = 200.0,
         length_min_steps: float = 8.0,
         step_guard: GoodputGuard | None = None,
+        stop_min_trials: float = 8.0,
     ):
         if switch_margin < 0 or switch_after < 1 or probe_every_requests < 1 or (probe_k is not None and probe_k < 1):
             raise ValueError("need switch_margin >= 0, switch_after >= 1, probe_every_requests >= 1, probe_k >= 1")
@@ -179,6 +193,9 @@ class KController(LearnedState, RequestFeedback):
             raise ValueError("need length_half_life_steps > 0 and length_min_steps >= 0")
         self.length_half_life_steps = length_half_life_steps
         self.length_min_steps = length_min_steps
+        if not stop_min_trials >= 0:
+            raise ValueError(f"stop_min_trials must be >= 0, got {stop_min_trials}")
+        self.stop_min_trials = stop_min_trials
         self.step_guard = step_guard
         #: (tenant, proposer) -> its in-request goodput guard (:meth:`guarded_k`)
         self._guards: dict[tuple[str, str], GoodputGuard] = {}
@@ -186,6 +203,8 @@ class KController(LearnedState, RequestFeedback):
         self._state: dict[tuple[str, str], KState] = {}
         #: (tenant, proposer) -> decayed histogram of block lengths >= 1 (variable-length proposers)
         self._lengths: dict[tuple[str, str], list[float]] = {}
+        #: (tenant, proposer) -> decayed (stopped, continued) counts per draft position (early stop)
+        self._stops: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
 
     def cost_model(self, proposer: str) -> CostModel:
         """The cost model of ``proposer`` (created on first use)."""
@@ -196,13 +215,18 @@ class KController(LearnedState, RequestFeedback):
 
     # ------------------------------------------------------------------ deciding
 
-    def decide(self, tenant: str, proposer: str, policy: Any, requested_k: int | None = None) -> KDecision:
+    def decide(self, tenant: str, proposer: str, policy: Any, requested_k: int | None = None,
+               tokens: int | None = None) -> KDecision:
         """The K for the next request of ``tenant`` with ``proposer``.
 
         Args:
             policy: a :class:`specdec.control.tenants.SpeculationPolicy` or a mapping with ``k_min``,
                 ``k_max``, ``adaptive``, ``fixed_k``.
             requested_k: the request's own largest K (``SpeculationParams.k``); None = no cap.
+            tokens: the request's new tokens at most (``max_tokens``), or None: with it, the
+                draft's measured prompt prefill is spread over the request's steps in every
+                K > 0 candidate's speedup (:meth:`CostModel.request_speedup`), so a short
+                request speculates only when that pays too.
         """
         p_min, p_max, adaptive, fixed_k = _policy_fields(policy)
         k_max = p_max if requested_k is None else min(p_max, max(0, int(requested_k)))
@@ -220,11 +244,20 @@ class KController(LearnedState, RequestFeedback):
         variable = proposer in VARIABLE_LENGTH_PROPOSERS
         hist = self._lengths.get(key) if variable else None
         use_lengths = hist is not None and sum(hist) >= self.length_min_steps
+        hazards = () if variable else self.stop_hazards(tenant, proposer, k_max)
+        early_stop = any(h > 0 for h in hazards)
         if use_lengths:
             cands = [evaluate_variable_k(alpha, cm, c, block_length_distribution(hist, c), pos)
                      for c in range(k_min, k_max + 1)]
+        elif early_stop:
+            cands = [evaluate_variable_k(alpha, cm, c, early_stop_lengths(hazards, c), pos)
+                     for c in range(k_min, k_max + 1)]
         else:
             cands = evaluate_k(alpha, cm, k_min, k_max, pos)
+        if tokens is not None and cm.draft_prefill_s > 0:
+            cands = [c if c.k == 0 else KCandidate(c.k, c.expected_tokens, c.step_time_s,
+                                                   cm.request_speedup(c.expected_tokens, c.step_time_s, tokens))
+                     for c in cands]
         by_k = {c.k: c for c in cands}
         best = cands[0]
         for c in cands[1:]:
@@ -264,8 +297,8 @@ class KController(LearnedState, RequestFeedback):
         chosen = by_k.get(k) or evaluate_k(alpha, cm, k, k, pos)[0]
         probe_steps = None if variable else self.probe_steps
         terms = cm.step_terms(k)
-        if use_lengths and k > 0:  # the expected terms over the block lengths the cap gives
-            dist = block_length_distribution(hist, k)
+        if (use_lengths or early_stop) and k > 0:  # the expected terms over the block lengths the cap gives
+            dist = block_length_distribution(hist, k) if use_lengths else early_stop_lengths(hazards, k)
             per = [cm.step_terms(ell) for ell in range(k + 1)]
             terms = {name: sum(p * t[name] for p, t in zip(dist, per)) for name in terms}
         d = KDecision(

@@ -25,7 +25,11 @@ class RequestFeedback:
             costs: optional per-step timings (:meth:`specdec.control.adaptive.StepCosts.as_dict`):
                 ``{"verify_s_by_positions": {positions: [seconds, steps]}, "draft_s": s,
                 "drafted": tokens}``, with the first step (which carries the prompt prefill of
-                both models) left out. Preferred: ``stats`` alone cannot separate the prefill
+                both models) left out; optionally ``"draft_s_by_drafted": {d: [seconds,
+                blocks]}`` (draft blocks by length: :meth:`CostModel.observe_draft_block`) and
+                ``"first_draft_s"``, ``"first_drafted"`` (the first step's draft seconds and
+                block length: what exceeds that block's modelled cost is the draft's prompt
+                prefill, :meth:`CostModel.observe_draft_prefill`). Preferred: ``stats`` alone cannot separate the prefill
                 from the steps, nor the verify times of different K within a request.
 
         A request that drafted while the key is held at K = 0, after a probe was decided whose
@@ -53,6 +57,9 @@ class RequestFeedback:
         self.estimator.record_stats(key, d)
         if proposer in VARIABLE_LENGTH_PROPOSERS:
             self._record_lengths(key, d.get("k_counts") or {})
+        else:
+            cap = st.last_decision.k if st is not None and st.last_decision is not None else 0
+            self.record_stops(key, d.get("k_counts") or {}, cap)
         cm = self.cost_model(proposer)
         if costs is not None:
             self.observe_costs(proposer, costs)
@@ -87,6 +94,45 @@ class RequestFeedback:
                 hist.append(0.0)
             hist[length] += n
 
+    def record_stops(self, key: tuple[str, str], k_counts: Mapping, cap: int) -> None:
+        """Add one request's draft block lengths to the key's early-stop counts: a block of d
+        tokens under a cap above d continued past positions 1..d-1 and stopped at d; a block of
+        the cap's length continued past 1..d-1 and is censored at d. The cap is the K last decided
+        for the key, or the longest block when that is longer. Decayed like the length histogram
+        (``length_half_life_steps``)."""
+        counts = {int(k): float(v) for k, v in k_counts.items() if int(k) >= 1 and float(v) > 0}
+        if not counts:
+            return
+        cap = max(int(cap), max(counts))
+        stopped, continued = self._stops.setdefault(key, ([], []))
+        factor = 0.5 ** (sum(counts.values()) / self.length_half_life_steps)
+        for lst in (stopped, continued):
+            for i in range(len(lst)):
+                lst[i] *= factor
+            while len(lst) < cap:
+                lst.append(0.0)
+        for length, n in counts.items():
+            for j in range(length - 1):
+                continued[j] += n
+            if length < cap:
+                stopped[length - 1] += n
+
+    def stop_hazards(self, tenant: str, proposer: str, n: int) -> list[float]:
+        """``h_1..h_n``, the probability that a draft block ends at each position
+        (:func:`specdec.control.objective.early_stop_lengths`): per position where it has
+        ``stop_min_trials`` decayed blocks that reached it with room to go on, elsewhere (and
+        beyond the positions seen) the pooled rate of all positions, Σ stopped / Σ reached (a
+        constant hazard: geometric block lengths, as α̂ is for acceptance). All 0 before any
+        block stopped (the fixed-length model)."""
+        stopped, continued = self._stops.get((tenant, proposer), ([], []))
+        total_s, total = sum(stopped), sum(stopped) + sum(continued)
+        pooled = total_s / total if total > 0 else 0.0
+        out = []
+        for j in range(n):
+            trials = (stopped[j] + continued[j]) if j < len(stopped) else 0.0
+            out.append(stopped[j] / trials if trials >= self.stop_min_trials else pooled)
+        return out
+
     def block_lengths(self, tenant: str, proposer: str) -> list[float]:
         """The decayed histogram of block lengths (index = length; index 0 unused) of a
         variable-length proposer's key; empty when none was recorded."""
@@ -102,6 +148,14 @@ class RequestFeedback:
         drafted = int(costs.get("drafted") or 0)
         if drafted > 0:
             cm.observe_draft(drafted, float(costs.get("draft_s") or 0.0))
+        for d, (secs, n) in (costs.get("draft_s_by_drafted") or {}).items():
+            d, n = int(d), int(n)
+            if n > 0 and 1 <= d < cm.max_positions:
+                cm.observe_draft_block(d, float(secs) / n)
+        first_d = int(costs.get("first_drafted") or 0)
+        if first_d > 0 and costs.get("draft_s_by_drafted"):
+            # the first step's draft seconds beyond an ordinary block of its length: the prefill
+            cm.observe_draft_prefill(max(float(costs.get("first_draft_s") or 0.0) - cm.draft_block_s(first_d), 0.0))
         rtt = costs.get("round_trip_s")
         if rtt is not None:
             cm.observe_round_trip(float(rtt))

@@ -3,7 +3,9 @@
 A step with K = k > 0 costs (Leviathan et al. 2023, §3.3, with their constant c replaced by
 measured terms; anchors.md §2.1 "c = (T_draft·γ + RTT)/(γ·T_target) in effect"):
 
-    step_time(k) = k · draft_s_per_token + verify_s(k + 1) + round_trip_s
+    step_time(k) = draft_block_s(k) + verify_s(k + 1) + round_trip_s
+
+(``draft_block_s(k) = k · draft_s_per_token`` until blocks were measured by length, below)
 
 and K = 0 (plain decoding) costs ``verify_s(1)``: one target forward of one position, no draft,
 no round trip.
@@ -22,6 +24,23 @@ no round trip.
   and never drops above: below the smallest measured size on the line through the origin,
   ``t_lo · p / p_lo``; above the largest from the dearest measured size, ``max_t + slope · (p - p_hi)`` with the
   least-squares slope clamped at >= 0 (the prior's relative slope with a single point).
+- ``draft_block_s(d)``: the draft's seconds for a block of d drafted tokens, when blocks were
+  measured by length (:meth:`CostModel.observe_draft_block`; in process,
+  :class:`specdec.control.adaptive.StepCosts`): d forwards, the first of which also feeds the
+  tokens committed since the last block (the bonus token, and after a fully accepted block the
+  last drafted one) and re-syncs the draft cache, so it costs more than each later one-token
+  forward (s11 EPYC, w8a8 pair, code-prime 32 tokens: first ~40-46 ms, later ~21-26 ms;
+  ``docs/bench/formats/bench-s12/costk12/``). Hence ``draft_block_s(d) = first + (d - 1) ·
+  later``: measured lengths as measured (one EWMA per d), other lengths interpolated between
+  the nearest measured ones, beyond them on the least-squares line through the measured means
+  (its slope, clamped at >= 0, is the later forward); with a single measured length d0 the
+  split is the prior's, ``first = prior_draft_first_ratio · later``. Until a block was measured
+  by length, ``d · draft_s_per_token`` (the per-token EWMA, or its prior) as before: the served
+  path, whose draft replica reports draft seconds per drafted token only, is unchanged.
+- ``draft_prefill_s``: the draft's prompt prefill, once per request that speculates
+  (:meth:`CostModel.observe_draft_prefill`; 8-20 % of a 32-token request on the s11 EPYC, none
+  at K = 0). Not part of a step: :meth:`CostModel.request_speedup` spreads it over a request's
+  steps.
 - ``round_trip_s``: draft↔target transport per step (serialization, RPC), measured separately
   by the caller. If a caller cannot separate it, it lands in the draft figure (amortized per
   token, so slightly mis-scaled when K changes).
@@ -75,6 +94,8 @@ class CostModel:
         prior_draft_s_per_token: prior draft time per drafted token.
         prior_round_trip_s: prior draft↔target round trip per K > 0 step.
         ewma_weight: weight of a new observation once warmed up.
+        prior_draft_first_ratio: with blocks measured at a single length, the first draft
+            forward of a block costs this many later ones (module docstring).
         max_positions: largest number of positions scored (K + 1).
         extrapolation: outside the measured sizes, ``"trend"`` (the least-squares slope of the
             measured points, flat where it is <= 0) or ``"monotone"`` (through the origin
@@ -97,6 +118,7 @@ class CostModel:
         ewma_weight: float = 0.2,
         max_positions: int = MAX_SPECULATION_LENGTH + 1,
         extrapolation: str = "trend",
+        prior_draft_first_ratio: float = 1.5,
     ):
         if extrapolation not in ("trend", "monotone"):
             raise ValueError(f"extrapolation must be 'trend' or 'monotone', got {extrapolation!r}")
@@ -109,11 +131,16 @@ class CostModel:
         self.prior_verify_slope = float(prior_verify_slope)
         self.prior_draft_s_per_token = float(prior_draft_s_per_token)
         self.prior_round_trip_s = float(prior_round_trip_s)
+        if not prior_draft_first_ratio >= 1.0:
+            raise ValueError(f"prior_draft_first_ratio must be >= 1, got {prior_draft_first_ratio}")
+        self.prior_draft_first_ratio = float(prior_draft_first_ratio)
         self.ewma_weight = ewma_weight
         self.max_positions = max_positions
         self._draft = Ewma(ewma_weight)
         self._rtt = Ewma(ewma_weight)
         self._verify: dict[int, Ewma] = {}
+        self._draft_blocks: dict[int, Ewma] = {}  # drafted tokens d -> seconds of one block of d
+        self._prefill = Ewma(ewma_weight)
 
     # ---------------------------------------------------------------- observations
 
@@ -132,6 +159,17 @@ class CostModel:
             raise ValueError(f"positions must be in 1..{self.max_positions}, got {positions}")
         self._verify.setdefault(positions, Ewma(self.ewma_weight)).update(seconds)
 
+    def observe_draft_block(self, drafted: int, seconds: float) -> None:
+        """One draft block of ``drafted`` tokens (``drafted`` forwards) took ``seconds``."""
+        seconds = _check_seconds(seconds)
+        if not 1 <= drafted < self.max_positions:
+            raise ValueError(f"drafted must be in 1..{self.max_positions - 1}, got {drafted}")
+        self._draft_blocks.setdefault(drafted, Ewma(self.ewma_weight)).update(seconds)
+
+    def observe_draft_prefill(self, seconds: float) -> None:
+        """The draft's prompt prefill of one speculating request took ``seconds``."""
+        self._prefill.update(_check_seconds(seconds))
+
     def observe_round_trip(self, seconds: float) -> None:
         """One draft↔target round trip (transport only) took ``seconds``."""
         self._rtt.update(_check_seconds(seconds))
@@ -145,6 +183,43 @@ class CostModel:
     @property
     def round_trip_s(self) -> float:
         return self.prior_round_trip_s if self._rtt.value is None else self._rtt.value
+
+    @property
+    def draft_prefill_s(self) -> float:
+        """Seconds of the draft's prompt prefill per speculating request (0 until measured)."""
+        return 0.0 if self._prefill.value is None else self._prefill.value
+
+    def draft_block_s(self, drafted: int) -> float:
+        """Seconds of one draft block of ``drafted`` tokens, ``first + (drafted - 1) · later``
+        (module docstring); 0 for ``drafted = 0``."""
+        if drafted < 0:
+            raise ValueError(f"drafted must be >= 0, got {drafted}")
+        if drafted == 0:
+            return 0.0
+        pts = sorted((d, e.value) for d, e in self._draft_blocks.items() if e.value is not None)
+        if not pts:
+            return drafted * self.draft_s_per_token
+        for d, t in pts:
+            if d == drafted:
+                return t
+        if len(pts) == 1:
+            d0, t0 = pts[0]
+            later = t0 / (self.prior_draft_first_ratio + d0 - 1)
+            return later * (self.prior_draft_first_ratio + drafted - 1)
+        lo = [pt for pt in pts if pt[0] < drafted]
+        hi = [pt for pt in pts if pt[0] > drafted]
+        if lo and hi:
+            (d1, t1), (d2, t2) = lo[-1], hi[0]
+            return t1 + (t2 - t1) * (drafted - d1) / (d2 - d1)
+        n = len(pts)
+        md = sum(d for d, _ in pts) / n
+        mt = sum(t for _, t in pts) / n
+        later = max(sum((d - md) * (t - mt) for d, t in pts) / sum((d - md) ** 2 for d, _ in pts), 0.0)
+        if hi:  # below the shortest measured block: never below one later forward per token
+            d_lo, t_lo = pts[0]
+            return max(t_lo - later * (d_lo - drafted), t_lo * drafted / d_lo)
+        d_hi, t_hi = pts[-1]
+        return t_hi + later * (drafted - d_hi)
 
     def _prior_verify(self, p: float) -> float:
         return self.prior_verify_s * (1.0 + self.prior_verify_slope * (p - 1))
@@ -188,7 +263,7 @@ class CostModel:
         """The terms of ``step_time(k)``: draft_s, verify_s, round_trip_s, total_s."""
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}")
-        draft = k * self.draft_s_per_token
+        draft = self.draft_block_s(k)
         verify = self.verify_s(k + 1)
         rtt = self.round_trip_s if k > 0 else 0.0
         return {"draft_s": draft, "verify_s": verify, "round_trip_s": rtt, "total_s": draft + verify + rtt}
@@ -196,6 +271,20 @@ class CostModel:
     def step_time(self, k: int) -> float:
         """Seconds of one step with K = k (k = 0: one verify of 1 position, nothing else)."""
         return self.step_terms(k)["total_s"]
+
+    def request_speedup(self, expected_tokens: float, step_s: float, tokens: int | None) -> float:
+        """Predicted speedup over plain decoding of a request of ``tokens`` new tokens whose
+        speculation steps emit ``expected_tokens`` in ``step_s`` seconds each, the draft's
+        prompt prefill (:attr:`draft_prefill_s`) included:
+
+            (tokens / E[N] · step_s + draft_prefill_s)  vs  tokens · step_time(0)
+
+        ``tokens`` None (unknown length): the steady state, ``E[N] · step_time(0) / step_s``.
+        """
+        t0 = self.step_time(0)
+        if tokens is None or tokens <= 0 or self.draft_prefill_s <= 0:
+            return expected_tokens * t0 / step_s
+        return tokens * t0 / (tokens / expected_tokens * step_s + self.draft_prefill_s)
 
     def export_observations(self) -> dict:
         """What was measured, as plain data (JSON-safe): per term ``[observations, value]``
@@ -205,6 +294,8 @@ class CostModel:
             "draft": [self._draft.n, self._draft.value],
             "round_trip": [self._rtt.n, self._rtt.value],
             "verify": {str(p): [e.n, e.value] for p, e in sorted(self._verify.items())},
+            "draft_blocks": {str(d): [e.n, e.value] for d, e in sorted(self._draft_blocks.items())},
+            "draft_prefill": [self._prefill.n, self._prefill.value],
         }
 
     def import_observations(self, data: dict) -> None:
@@ -231,7 +322,15 @@ class CostModel:
             if not 1 <= p <= self.max_positions:
                 raise ValueError(f"positions must be in 1..{self.max_positions}, got {p}")
             verify[p] = ewma(pair)
+        blocks = {}
+        for d, pair in dict(data.get("draft_blocks") or {}).items():  # absent: written before they existed
+            d = int(d)
+            if not 1 <= d < self.max_positions:
+                raise ValueError(f"drafted must be in 1..{self.max_positions - 1}, got {d}")
+            blocks[d] = ewma(pair)
+        prefill = ewma(data.get("draft_prefill") or [0, None])
         self._draft, self._rtt, self._verify = draft, rtt, verify
+        self._draft_blocks, self._prefill = blocks, prefill
 
     def snapshot(self) -> dict:
         """Plain-data view: current terms and what has been measured (observation counts)."""
@@ -242,4 +341,8 @@ class CostModel:
             "round_trip_observations": self._rtt.n,
             "verify_s": {p: e.value for p, e in sorted(self._verify.items())},
             "verify_observations": {p: e.n for p, e in sorted(self._verify.items())},
+            "draft_block_s": {d: e.value for d, e in sorted(self._draft_blocks.items())},
+            "draft_block_observations": {d: e.n for d, e in sorted(self._draft_blocks.items())},
+            "draft_prefill_s": self.draft_prefill_s,
+            "draft_prefill_observations": self._prefill.n,
         }

@@ -21,6 +21,18 @@ Variable-length proposers (prompt lookup: K is a cap): :func:`evaluate_variable_
 same terms by the distribution of block lengths (:func:`block_length_distribution`); the
 model is in :mod:`specdec.control.controller`'s module docstring.
 
+Early stop (a draft-model proposer with ``min_confidence``): K is a cap there too, a block
+ends after its first unsure token. With ``h_j`` the probability that a block that drafted
+position j ends there (cap above j; learned per position by the controller, extrapolated
+beyond the positions seen), the block length d = min(L, K) has
+
+    P(d) = Π_{i<d} (1 - h_i) · h_d  (d < K),    P(K) = Π_{i<K} (1 - h_i)
+
+(:func:`early_stop_lengths`), and K is evaluated as a cap with :func:`evaluate_variable_k`:
+E[N(K)] = Σ_d P(d) · E[N | d drafted] and E[T(K)] = Σ_d P(d) · step_time(d), so a block that stops
+early costs the draft and verify positions it used, not K's. All ``h_j`` = 0 is the fixed-length
+model.
+
 Pure functions of α (or per-position α_i), block lengths and a cost model (anything with
 ``step_time(k) -> seconds``); the stateful per-tenant choice (hysteresis, probing, policies,
 the histograms) is :class:`specdec.control.controller.KController`.
@@ -127,6 +139,29 @@ def block_length_distribution(hist: Sequence[float], cap: int) -> list[float]:
         out[min(length, cap)] += float(w)
     total = sum(out)
     return [w / total for w in out] if total > 0 else out
+
+
+def early_stop_lengths(hazards: Sequence[float], cap: int) -> list[float]:
+    """``P(d)`` for d = 0..cap of a block capped at ``cap`` whose draft stops after position j
+    (1-based) with probability ``hazards[j - 1]`` (module docstring; positions beyond
+    ``hazards`` never stop). ``P(0) = 0`` for ``cap >= 1``; ``[1.0]`` for ``cap = 0``.
+
+    Raises:
+        ValueError: ``cap < 0`` or a hazard outside [0, 1].
+    """
+    if cap < 0:
+        raise ValueError(f"cap must be >= 0, got {cap}")
+    if any(not 0.0 <= h <= 1.0 for h in hazards):
+        raise ValueError(f"hazards must be in [0, 1], got {list(hazards)}")
+    if cap == 0:
+        return [1.0]
+    out, alive = [0.0] * (cap + 1), 1.0
+    for d in range(1, cap):
+        h = hazards[d - 1] if d - 1 < len(hazards) else 0.0
+        out[d] = alive * h
+        alive *= 1.0 - h
+    out[cap] = alive
+    return out
 
 
 def evaluate_variable_k(alpha: float, cost_model, cap: int, lengths: Sequence[float],

@@ -1,0 +1,96 @@
+"""K controller, session 12: draft blocks priced first forward + later forwards, early stop as a
+cap over learned block lengths, the draft's prompt prefill spread over a request. Costs are the
+s11 EPYC's (w8a8 pair, code-prime and poem-sea, 32 tokens: k-prediction replay in
+docs/bench/formats/bench-s12/costk12/)."""
+
+import pytest
+
+from specdec.control.acceptance import AcceptanceEstimator
+from specdec.control.controller import KController
+from specdec.control.objective import early_stop_lengths, expected_tokens_per_step
+
+POLICY = {"k_min": 0, "k_max": 8, "adaptive": True, "fixed_k": None}
+#: measured on the s11 EPYC, code-prime: verify seconds by positions, draft seconds by block length
+VERIFY = {1: 0.0809, 2: 0.0772, 3: 0.0899, 4: 0.0977, 5: 0.1096, 9: 0.1175}
+BLOCKS = {1: 0.0327, 2: 0.0637, 3: 0.0932, 4: 0.1138, 8: 0.1929}
+
+
+def _controller(blocks: bool = True) -> KController:
+    c = KController(estimator=AcceptanceEstimator(half_life_steps=None, prior_weight=0.0, global_prior_weight=0.0),
+                    position_min_reached=None)
+    cm = c.cost_model("draft")
+    for p, t in VERIFY.items():
+        cm.observe_verify(p, t)
+    cm.observe_draft(100, 2.78)  # 27.8 ms per drafted token, the per-token average of the same runs
+    if blocks:
+        for d, t in BLOCKS.items():
+            cm.observe_draft_block(d, t)
+    # α̂ = 86 / (86 + 14) = 0.86 (code-prime at K = 4 and 8), 30 own steps (no probe)
+    c.estimator.record_counts(("code", "draft"), accepted=86, rejected_steps=14, spec_steps=30, proposed=110)
+    return c
+
+
+def test_code_picks_a_long_k_when_blocks_are_priced_first_plus_later_forwards():
+    """Per drafted token (27.8 ms) K = 3 wins (what session 11's taught controller held on
+    code-prime); priced by block length, K = 6: the first forward (33 ms) is paid once per block,
+    each later one costs 19-30 ms."""
+    legacy = _controller(blocks=False).decide("code", "draft", POLICY, 8)
+    assert legacy.k == 3
+    d = _controller().decide("code", "draft", POLICY, 8)
+    assert (d.k, d.reason) == (6, "initial")
+    c6 = d.candidates[6]
+    draft6 = 0.1138 + (0.1929 - 0.1138) * 2 / 4  # between the measured blocks of 4 and 8
+    verify7 = 0.1096 + (0.1175 - 0.1096) * 2 / 4
+    assert c6.step_time_s == pytest.approx(draft6 + verify7)
+    assert c6.expected_tokens == pytest.approx(expected_tokens_per_step(0.86, 6))
+    assert c6.speedup == pytest.approx(expected_tokens_per_step(0.86, 6) * 0.0809 / (draft6 + verify7))
+    assert d.draft_s == pytest.approx(draft6)
+
+
+def test_early_stop_hazards_from_block_lengths_and_k_as_a_cap():
+    """Blocks shorter than the K decided stopped early; the cap's length is censored. Every K
+    is then a cap: E[N] and the step seconds are expectations over the block lengths."""
+    c = _controller()
+    first = c.decide("code", "draft", POLICY, 8)
+    assert first.k == 6
+    stats = {"accepted": 40, "rejected_steps": 10, "steps": 20, "proposed": 60,
+             "k_counts": {1: 4, 2: 4, 6: 12}}
+    c.record("code", "draft", stats)
+    # position 1: 4 stopped of 20; position 2: 4 of 16; 3..5: 0 of 12; 6 censored (the cap)
+    hz = c.stop_hazards("code", "draft", 8)
+    pooled = 8 / (8 + 16 + 12 + 12 * 3)  # stopped / (stopped + continued) over positions 1..5
+    assert hz[:5] == pytest.approx([4 / 20, 4 / 16, 0.0, 0.0, 0.0])
+    assert hz[5:] == pytest.approx([pooled] * 3)  # too few trials there: the pooled rate
+    assert early_stop_lengths(hz, 3) == pytest.approx([0.0, 0.2, 0.8 * 0.25, 0.8 * 0.75])
+    d = c.decide("code", "draft", POLICY, 8)
+    alpha = d.alpha
+    lengths = early_stop_lengths(hz, 8)
+    cm = c.cost_model("draft")
+    e = sum(p * expected_tokens_per_step(alpha, ell) for ell, p in enumerate(lengths))
+    t = sum(p * cm.step_time(ell) for ell, p in enumerate(lengths))
+    c8 = d.candidates[8]
+    assert (c8.expected_tokens, c8.step_time_s) == (pytest.approx(e), pytest.approx(t))
+    assert d.k == 6 and d.reason == "hold"
+
+
+def test_draft_prefill_keeps_a_short_request_plain():
+    """The first step's draft seconds beyond a block of its length are the draft's prompt
+    prefill (0.40 - 0.0637 s); spread over 8 tokens it costs more than K = 6 saves, over 128
+    it does not."""
+    def taught() -> KController:
+        c = _controller()
+        c.record("code", "draft", {"accepted": 0, "rejected_steps": 0, "steps": 1, "proposed": 2,
+                                   "k_counts": {2: 1}},
+                 {"verify_s_by_positions": {}, "draft_s": 0.0, "drafted": 0,
+                  "draft_s_by_drafted": {2: [0.0637, 1]}, "first_draft_s": 0.40, "first_drafted": 2})
+        return c
+
+    c = taught()
+    cm = c.cost_model("draft")
+    assert cm.draft_prefill_s == pytest.approx(0.40 - 0.0637)
+    short = c.decide("code", "draft", POLICY, 8, tokens=8)
+    assert (short.k, short.reason) == (0, "initial")
+    c6 = short.candidates[6]
+    assert c6.speedup == pytest.approx(8 * 0.0809 / (8 / c6.expected_tokens * c6.step_time_s + 0.40 - 0.0637))
+    long = taught().decide("code", "draft", POLICY, 8, tokens=128)
+    assert long.k == 6
