@@ -87,13 +87,15 @@ def warm_prompts(prompt_type: str) -> list[str]:
 def new_controller():
     """A controller as a fresh server builds it (:class:`deployments.controller_actor.SharedTenantState`),
     with the in-request goodput guard (:func:`specdec.control.step_guard.in_request_guard`) in
-    place of the draft replica's per-tenant guard a server has."""
+    place of the draft replica's per-tenant guard a server has, learning early-stop hazards
+    from the block lengths (in process a block is shorter than the K decided only when the
+    draft stopped it)."""
     from specdec.control.acceptance import GLOBAL_PRIOR_WEIGHT, AcceptanceEstimator
     from specdec.control.controller import KController
     from specdec.control.step_guard import in_request_guard
 
     return KController(estimator=AcceptanceEstimator(global_prior_weight=GLOBAL_PRIOR_WEIGHT),
-                       step_guard=in_request_guard())
+                       step_guard=in_request_guard(), learn_early_stop=True)
 
 
 def run_adaptive(engine, controller, tenant: str, prompt_ids: list[int], tokens: int, min_confidence: float = 0.0):

@@ -17,7 +17,7 @@ BLOCKS = {1: 0.0327, 2: 0.0637, 3: 0.0932, 4: 0.1138, 8: 0.1929}
 
 def _controller(blocks: bool = True) -> KController:
     c = KController(estimator=AcceptanceEstimator(half_life_steps=None, prior_weight=0.0, global_prior_weight=0.0),
-                    position_min_reached=None)
+                    position_min_reached=None, learn_early_stop=True)
     cm = c.cost_model("draft")
     for p, t in VERIFY.items():
         cm.observe_verify(p, t)
@@ -94,3 +94,13 @@ def test_draft_prefill_keeps_a_short_request_plain():
     assert c6.speedup == pytest.approx(8 * 0.0809 / (8 / c6.expected_tokens * c6.step_time_s + 0.40 - 0.0637))
     long = taught().decide("code", "draft", POLICY, 8, tokens=128)
     assert long.k == 6
+
+
+def test_served_default_learns_no_early_stop_from_block_lengths():
+    """Served, the draft replica's K under load shortens blocks too: by default the controller
+    does not read short blocks as early stops (every block is K long, as before)."""
+    c = KController()
+    c.decide("code", "draft", POLICY, 8)
+    c.record("code", "draft", {"accepted": 10, "rejected_steps": 5, "steps": 10, "proposed": 20,
+                               "k_counts": {1: 5, 3: 5}})
+    assert c.stop_hazards("code", "draft", 4) == [0.0, 0.0, 0.0, 0.0]

@@ -137,6 +137,13 @@ class KController(LearnedState, RequestFeedback):
         probe_discount: weight kept by a key's older counts when a probe's counts arrive.
         probe_memory_trials: after that, the older counts are capped at this many trials
             (accepted + rejections, prior included); None: no cap.
+        stop_min_trials: decayed blocks a draft position needs before its own early-stop rate
+            replaces the pooled one (:meth:`stop_hazards`).
+        learn_early_stop: learn early-stop hazards from the requests' ``k_counts`` under the K
+            decided (in process, where a block is shorter than the K decided only when its draft
+            stopped: ``benchmarks.inprocess_adaptive``). Off by default, and served: there the
+            draft replica's K under load (:mod:`specdec.control.batch_sessions`) also shortens
+            blocks, which would read as early stops.
         step_guard: a :class:`specdec.control.goodput_guard.GoodputGuard` whose settings each
             (tenant, proposer) key's own in-request guard takes (:meth:`guarded_k`,
             :mod:`specdec.control.step_guard`); None (the default, and served, where the draft
@@ -165,6 +172,7 @@ class KController(LearnedState, RequestFeedback):
         length_min_steps: float = 8.0,
         step_guard: GoodputGuard | None = None,
         stop_min_trials: float = 8.0,
+        learn_early_stop: bool = False,
     ):
         if switch_margin < 0 or switch_after < 1 or probe_every_requests < 1 or (probe_k is not None and probe_k < 1):
             raise ValueError("need switch_margin >= 0, switch_after >= 1, probe_every_requests >= 1, probe_k >= 1")
@@ -196,6 +204,7 @@ class KController(LearnedState, RequestFeedback):
         if not stop_min_trials >= 0:
             raise ValueError(f"stop_min_trials must be >= 0, got {stop_min_trials}")
         self.stop_min_trials = stop_min_trials
+        self.learn_early_stop = learn_early_stop
         self.step_guard = step_guard
         #: (tenant, proposer) -> its in-request goodput guard (:meth:`guarded_k`)
         self._guards: dict[tuple[str, str], GoodputGuard] = {}

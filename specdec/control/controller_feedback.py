@@ -57,7 +57,7 @@ class RequestFeedback:
         self.estimator.record_stats(key, d)
         if proposer in VARIABLE_LENGTH_PROPOSERS:
             self._record_lengths(key, d.get("k_counts") or {})
-        else:
+        elif self.learn_early_stop:  # in process only (KController docstring)
             cap = st.last_decision.k if st is not None and st.last_decision is not None else 0
             self.record_stops(key, d.get("k_counts") or {}, cap)
         cm = self.cost_model(proposer)
