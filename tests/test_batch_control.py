@@ -502,3 +502,41 @@ def test_the_batch_statistics_keep_only_the_latest_forwards():
     s = c.stats()
     assert s["mean_rows_per_forward"] == sum(r for r, _ in last) / 50
     assert s["mean_positions_per_forward"] == sum(p for _, p in last) / 50
+
+
+def test_draft_rows_above_the_measured_are_priced_at_the_drafts_catch_up_rate():
+    """Session 11, 8 clients x 32 tokens (w8a8 target, int4 draft): warmed on one client, the
+    controller had measured the draft at one row only (0.04 s) and priced 8 rows on the prior's 5 %
+    per row (0.054 s) where they took ~0.13 s, chose K = 1 for both tenants at 8 clients and ran
+    it at 0.86x K = 0. Above the most rows measured, each extra row now costs at least the
+    measured catch-up seconds per token (here 1.2 s for 100 tokens): 0.04 + 7 x 0.012 = 0.124 s
+    at 8 rows, and K = 0 pays best; below and at the measured rows nothing changes, and no price
+    exceeds the most rows measured repeated (rows / R forwards of R rows)."""
+    c = BatchCostModel(max_positions=512)
+    for _ in range(3):
+        c.observe_verify(8, 8, 0.150)  # K = 0 at 8 rows
+        c.observe_verify(8, 12, 0.180)  # one tenant of 4 at K = 1
+        c.observe_verify(8, 16, 0.206)  # K = 1 at 8 rows
+        c.observe_verify(1, 5, 0.110)  # one client at K = 4
+        c.observe_draft(1, 0.040)
+    loads = {"code": TenantLoad(4, 0.9, k_max=4), "creative": TenantLoad(4, 0.6, k_max=4)}
+    assert c.draft_s(8) == pytest.approx(0.040 * 1.35)  # no catch-up measured: the curve's trend
+    assert choose_batch_ks(loads, c, 128).ks == {"code": 1, "creative": 1}  # what session 11 ran
+    c.observe_catchup(100, 1.2)
+    assert c.draft_s(1) == pytest.approx(0.040)
+    assert c.draft_s(4) == pytest.approx(0.040 + 3 * 0.012)
+    assert c.draft_s(8) == pytest.approx(0.040 + 7 * 0.012)
+    d = choose_batch_ks(loads, c, 128)
+    assert d.ks == {"code": 0, "creative": 0}
+    assert d.tokens_per_s == pytest.approx(8 / 0.150)
+    # measured rows are priced as measured, however dear the catch-ups
+    for _ in range(3):
+        c.observe_draft(8, 0.045)
+    assert c.draft_s(8) == pytest.approx(0.045)
+    assert choose_batch_ks(loads, c, 128).ks == {"code": 1, "creative": 1}
+    # never dearer than the most rows measured, repeated: rows / R forwards of R rows
+    c2 = BatchCostModel(max_positions=512)
+    c2.observe_draft(2, 0.050)
+    c2.observe_catchup(10, 1.0)  # 0.1 s per token (a served catch-up waits on other sessions too)
+    assert c2.draft_s(8) == pytest.approx(0.050 * 8 / 2)
+    assert c2.draft_s(3) == pytest.approx(min(0.050 + 0.1, 0.050 * 3 / 2))

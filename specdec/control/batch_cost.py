@@ -30,7 +30,13 @@ class BatchCostModel:
       above the largest, from the dearest measured forward on the least-squares slope of the
       measured points, clamped at >= 0 (``extrapolation="monotone"`` of
       :class:`specdec.control.cost_model.CostModel`).
-    - ``draft_s(rows)``: one batched draft forward (one draft position) of ``rows`` sessions.
+    - ``draft_s(rows)``: one batched draft forward (one draft position) of ``rows`` sessions:
+      measured, interpolated between measured row counts, and **above the most rows measured**
+      ``R`` at least ``min(draft_s(R) + (rows - R) · c, draft_s(R) · rows / R)``, ``c`` the
+      measured catch-up seconds per token (:meth:`catchup_s`: the draft's own marginal cost of one
+      more position in a forward) once catch-ups were measured; the second term, ``rows / R``
+      forwards of ``R`` rows, bounds what batching can cost (class docstring, "Draft rows above
+      the measured").
     - ``catchup_s(tokens)``: feeding ``tokens`` positions the draft has not seen (a session's
       prompt, or every token it decoded at K = 0: the draft does not run at K = 0 and catches
       up lazily on its next drafting step). A catch-up is a prefill, and prefill-sized forwards
@@ -86,6 +92,23 @@ class BatchCostModel:
     and the main job (one client, code, acceptance 0.95) ran its 128 tokens at K = 0
     (1.03 tokens/step where it speculates at 2-2.7). Off the curve, the decode forwards
     measured decide, the prior's slope between them before they do.
+
+    **Draft rows above the measured.** A warmed replica has often measured the draft only at the
+    rows of one client (one row at K = 4) and of probes; priced above them on the draft curve's
+    trend (with one measured count: the prior's 5 % per row), 8 rows cost 1.35 one-row forwards.
+    The int4 draft's batched forward grows about linearly in its rows on the CPU (session 11's
+    2-core EPYC, 8 clients at K = 1: 8.98 s of drafting over ~67 steps, ~0.13 s per 8-row forward
+    against ~0.04 s at one row), so K = 1 for all 8 sessions looked to pay, and the warmed
+    controller ran K = 1 on 32 of 239 steps at 8 clients x 32 tokens, 0.86x K = 0 paired
+    (docs/bench/batching/inprocess-s11-lead/log.txt). The
+    draft's catch-ups (prompts, tokens decoded at K = 0) are its own forwards of many positions:
+    their seconds per position beyond a draft forward's are what one more row adds on a CPU
+    (compute grows with positions), so above the most rows measured a draft forward is priced
+    at least at the largest measured one plus that rate per extra row, but never above the
+    largest measured forward repeated ``rows / R`` times (a served catch-up rate holds waiting on
+    other sessions too: 2-6 s where 0.9 s was priced, "catchup_s" above). An overprice here is
+    corrected when the rows run (probes run one tenant's rows, below the full batch's), an
+    underprice costs whole steps of every session.
 
     **Outliers.** Each verify and draft forward measured feeds the curves' EWMAs the median
     of the last :data:`RECENT_FORWARDS` forwards of its shape (rows and positions; rows for a
@@ -251,9 +274,15 @@ class BatchCostModel:
         look 4x dearer than it was, so under load the draft was never run and never measured)."""
         if rows <= 0:
             return 0.0
-        if not self.draft.snapshot()["verify_s"]:
+        measured = self.draft.snapshot()["verify_s"]
+        if not measured:
             return self._prior_ratio * self.verify_s(rows, rows)
-        return self.draft.verify_s(rows)
+        seconds = self.draft.verify_s(rows)
+        most = max(int(r) for r in measured)
+        if rows > most and self._catchup_rate is not None:  # class docstring, "Draft rows above the measured"
+            top = self.draft.verify_s(most)
+            seconds = max(seconds, min(top + (rows - most) * self._catchup_rate, top * rows / most))
+        return seconds
 
     def observe_catchup(self, tokens: int, seconds: float) -> None:
         """A session behind by ``tokens`` tokens spent ``seconds`` catching its draft up (its
