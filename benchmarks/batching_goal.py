@@ -57,6 +57,44 @@ def guard_of(a):
     return GoodputGuard() if a.guard else None
 
 
+#: the arm the adaptive controller is deciding for (a label in the decision trace)
+_ARM = {"label": "warm-up"}
+
+
+def trace_controller(controller, path: str) -> None:
+    """Append one JSON line per decision and per tick of ``controller`` to ``path``
+    (``SPECDEC_BATCH_K_TRACE``): the decision (K per tenant, predicted step seconds and tokens/s),
+    what the same costs price every tenant at K = 0, the loads, the cost model's curves; per tick
+    the measured verify forward (rows, positions, seconds) and batched draft forwards (rows,
+    seconds). Diagnostics for issue 10 (why a warmed controller left K = 0 at 8 clients)."""
+    from specdec.control.batch_choice import _evaluate
+
+    out = open(path, "a", buffering=1)
+    decide, observe_tick = controller.decide, controller.observe_tick
+
+    def traced_decide(sessions, fixed=None, behind=None, tokens_left=None):
+        d = decide(sessions, fixed=fixed, behind=behind, tokens_left=tokens_left)
+        loads = {t: l for t, l in controller._loads.items() if l.sessions > 0}
+        zero_tps, zero_step = _evaluate(loads, {t: (l.fixed_k if l.fixed_k is not None else 0) for t, l in loads.items()},
+                                        controller.cost, controller.catchup_horizon)
+        priced = {f"draft_s({r})": controller.cost.draft_s(r) for r in (1, 2, 4, 8)}
+        priced.update({f"verify_s({d.rows},{p})": controller.cost.verify_s(d.rows, p)
+                       for p in (d.rows, 2 * d.rows, 3 * d.rows)})
+        out.write(json.dumps({"arm": _ARM["label"], "t": time.time(), "decision": d.ks, "step_s": d.step_s,
+                              "tokens_per_s": d.tokens_per_s, "k0_step_s": zero_step, "k0_tokens_per_s": zero_tps,
+                              "rows": d.rows, "positions": d.positions, "priced": priced,
+                              "loads": {t: vars(l) for t, l in loads.items()}, "cost": controller.cost.snapshot(),
+                              "probes": controller.probes}, default=str) + "\n")
+        return d
+
+    def traced_tick(rows, positions, verify_s, draft_forwards=()):
+        out.write(json.dumps({"arm": _ARM["label"], "tick": [rows, positions, verify_s],
+                              "drafts": [list(x) for x in draft_forwards]}) + "\n")
+        return observe_tick(rows, positions, verify_s, draft_forwards)
+
+    controller.decide, controller.observe_tick = traced_decide, traced_tick
+
+
 def _summary(r: dict) -> dict:
     keep = ("guards", "wall_s", "cpu_s", "tokens", "tok_per_s", "tok_per_cpu_s", "ticks", "mean_rows_per_forward",
             "mean_positions_per_forward", "acceptance_rate", "k_counts", "verify_s_total", "draft_s_total",
@@ -112,6 +150,7 @@ def run_length(engine, controller, a, n: int) -> dict:
             clients = 1 if side == "one" else a.clients
             adaptive = arm == "adaptive"
             k = a.k if adaptive else int(arm[2:])
+            _ARM["label"] = f"{n} tokens {side} {arm} round {rnd + 1}"
             r = run_group(engine, _prompts(clients), batched=True, k=k, proposer=a.proposer, max_tokens=n,
                           budget=a.budget, controller=controller if adaptive else None,
                           guard=guard_of(a) if adaptive else None)
@@ -192,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="demo:target")
     p.add_argument("--draft", default="demo:draft")
     p.add_argument("--format", default=None, help="weight format of both models (default: the device's default)")
+    p.add_argument("--draft-format", default=None,
+                   help="weight format of the draft (default: --format, else the device's draft default)")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--k", type=int, default=4, help="the one client's fixed K and the adaptive arms' largest K")
     p.add_argument("--ks", type=_ks, default=[0, 1, 2, 4], help="fixed K arms of the many clients")
@@ -216,8 +257,14 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     target, draft = load_pair(ModelPairSpec(target=parse_model_spec(a.target), draft=parse_model_spec(a.draft)),
-                              weight_format=a.format, draft_format=a.format)
+                              weight_format=a.format, draft_format=a.draft_format or a.format)
     engine = SpeculativeEngine(target, draft)
+    if a.prefix_cache and not (target.invariant and draft.invariant):
+        # a float32 forward (the default on a CPU without AVX512, e.g. AVX2-only AMD EPYC) is not made
+        # shape-invariant, and prefix caching refuses such a model
+        print(f"prefix cache off: {target.weight_format}/{draft.weight_format} forwards are not shape-invariant",
+              file=sys.stderr, flush=True)
+        a.prefix_cache = False
     if a.prefix_cache:
         from specdec.engine.prefix_cache import enable_prefix_cache
 
@@ -229,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     # has, under both loads: many clients, then one (a code prompt the one-client side does not run)
     run_group(engine, _prompts(2), batched=True, k=a.k, proposer=a.proposer, max_tokens=4, budget=a.budget)
     controller = batch_controller(a)
+    _ARM["label"] = "warm-up"
+    if os.environ.get("SPECDEC_BATCH_K_TRACE"):
+        trace_controller(controller, os.environ["SPECDEC_BATCH_K_TRACE"])
     run_group(engine, _prompts(a.clients + 2)[2:], batched=True, k=a.k, proposer=a.proposer, max_tokens=8,
               budget=a.budget, controller=controller, guard=guard_of(a))
     run_group(engine, _prompts(3)[2:], batched=True, k=a.k, proposer=a.proposer, max_tokens=16, budget=a.budget,

@@ -130,3 +130,31 @@ def test_paired_ratios_are_medians_of_each_rounds_own_ratio():
     assert out["adaptive_vs_best_fixed_rounds"] == [0.9, round(84 / 90, 4), 1.1]
     assert out["adaptive_vs_best_fixed_paired"] == 84 / 90
     assert "adaptive_vs_k0_paired" not in paired_ratios({k: v for k, v in runs.items() if k[1] != "K=0"}, ["K=2"])
+
+
+def test_batching_goal_traces_the_adaptive_decisions_and_runs_float32_without_prefix_cache(
+        tiny_pair_folders, tmp_path, monkeypatch):
+    """SPECDEC_BATCH_K_TRACE: one JSON line per decision (K per tenant, what K = 0 would give under
+    the same costs, the priced forwards) and per tick (the measured verify forward), labelled with
+    the arm; float32 (the default on an AVX2-only CPU) is not shape-invariant, so prefix caching is
+    turned off instead of refusing the run."""
+    from benchmarks.batching_goal import main
+
+    target, draft = tiny_pair_folders
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("SPECDEC_BATCH_K_TRACE", str(trace))
+    out = tmp_path / "goal"
+    assert main(["--target", str(target), "--draft", str(draft), "--clients", "2", "--ks", "0", "--k", "2",
+                 "--max-tokens", "3", "--threads", "1", "--format", "float32", "--out", str(out)]) == 0
+    report = json.loads((out / "goal.json").read_text())
+    assert report["format"] == "float32/float32" and report["settings"]["prefix_cache"] is False
+    assert report["rows"][0]["identical_outputs"] is True
+    recs = [json.loads(line) for line in trace.read_text().splitlines()]
+    decisions = [r for r in recs if "decision" in r]
+    ticks = [r for r in recs if "tick" in r]
+    assert {r["arm"] for r in decisions} == {"warm-up", "3 tokens many adaptive round 1", "3 tokens one adaptive round 1"}
+    for d in decisions:
+        assert set(d["decision"]) <= {"code", "creative"} and all(0 <= k <= 2 for k in d["decision"].values())
+        assert d["k0_tokens_per_s"] <= d["tokens_per_s"] + 1e-9  # the decision is the best it priced
+        assert d["priced"]["draft_s(8)"] >= d["priced"]["draft_s(1)"] > 0
+    assert all(t["tick"][0] >= 1 and t["tick"][1] >= t["tick"][0] and t["tick"][2] > 0 for t in ticks)
