@@ -95,7 +95,7 @@ def new_controller():
     from specdec.control.step_guard import in_request_guard
 
     return KController(estimator=AcceptanceEstimator(global_prior_weight=GLOBAL_PRIOR_WEIGHT),
-                       step_guard=in_request_guard(), learn_early_stop=True)
+                       step_guard=in_request_guard(), learn_early_stop=True, in_request_retune=True)
 
 
 def run_adaptive(engine, controller, tenant: str, prompt_ids: list[int], tokens: int, min_confidence: float = 0.0):

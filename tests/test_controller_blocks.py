@@ -104,3 +104,30 @@ def test_served_default_learns_no_early_stop_from_block_lengths():
     c.record("code", "draft", {"accepted": 10, "rejected_steps": 5, "steps": 10, "proposed": 20,
                                "k_counts": {1: 5, 3: 5}})
     assert c.stop_hazards("code", "draft", 4) == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_in_request_retune_raises_a_fresh_tenants_k_within_its_first_request():
+    """A fresh tenant (prior α 0.5: K = 2) whose blocks are all accepted: with
+    ``in_request_retune`` its request's K is re-chosen before every step from α̂ with the
+    request's own counts (prior faded by its steps), so it moves to K = 3 and then 5 within the
+    request; the goodput guard's exploration of plain decoding (steps 6-9) still runs. Without,
+    K = 2 throughout."""
+    from specdec.control.acceptance import GLOBAL_PRIOR_WEIGHT
+    from specdec.control.step_guard import in_request_guard
+    from specdec.types import SpeculationStats
+
+    def run(retune: bool) -> list[int]:
+        c = KController(estimator=AcceptanceEstimator(global_prior_weight=GLOBAL_PRIOR_WEIGHT),
+                        step_guard=in_request_guard(), in_request_retune=retune, learn_early_stop=True)
+        d = c.decide("code", "draft", POLICY, 8, tokens=32)
+        assert (d.k, d.reason) == (2, "initial")
+        g = c.guarded_k("code", "draft", d)
+        stats = SpeculationStats()
+        g.attach(stats)
+        for i in range(14):
+            k = g()
+            stats.record_step(k, k, 0.02 * k + (0.3 if i == 0 else 0.0), 0.08 + 0.005 * k)
+        return g.ks
+
+    assert run(False) == [2, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 2]
+    assert run(True) == [2, 2, 2, 2, 2, 0, 0, 0, 0, 3, 3, 3, 3, 5]

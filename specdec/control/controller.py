@@ -144,6 +144,10 @@ class KController(LearnedState, RequestFeedback):
             stopped: ``benchmarks.inprocess_adaptive``). Off by default, and served: there the
             draft replica's K under load (:mod:`specdec.control.batch_sessions`) also shortens
             blocks, which would read as early stops.
+        in_request_retune: with ``step_guard``, a running request's K is re-chosen before every
+            step from α̂ with the request's own counts so far added (:meth:`in_request_k`), so a
+            fresh tenant whose prior said K = 2 reaches a longer K within its first request.
+            Off by default (served: the draft replica chooses the per-step K).
         step_guard: a :class:`specdec.control.goodput_guard.GoodputGuard` whose settings each
             (tenant, proposer) key's own in-request guard takes (:meth:`guarded_k`,
             :mod:`specdec.control.step_guard`); None (the default, and served, where the draft
@@ -173,6 +177,7 @@ class KController(LearnedState, RequestFeedback):
         step_guard: GoodputGuard | None = None,
         stop_min_trials: float = 8.0,
         learn_early_stop: bool = False,
+        in_request_retune: bool = False,
     ):
         if switch_margin < 0 or switch_after < 1 or probe_every_requests < 1 or (probe_k is not None and probe_k < 1):
             raise ValueError("need switch_margin >= 0, switch_after >= 1, probe_every_requests >= 1, probe_k >= 1")
@@ -205,6 +210,7 @@ class KController(LearnedState, RequestFeedback):
             raise ValueError(f"stop_min_trials must be >= 0, got {stop_min_trials}")
         self.stop_min_trials = stop_min_trials
         self.learn_early_stop = learn_early_stop
+        self.in_request_retune = in_request_retune
         self.step_guard = step_guard
         #: (tenant, proposer) -> its in-request goodput guard (:meth:`guarded_k`)
         self._guards: dict[tuple[str, str], GoodputGuard] = {}
@@ -255,18 +261,7 @@ class KController(LearnedState, RequestFeedback):
         use_lengths = hist is not None and sum(hist) >= self.length_min_steps
         hazards = () if variable else self.stop_hazards(tenant, proposer, k_max)
         early_stop = any(h > 0 for h in hazards)
-        if use_lengths:
-            cands = [evaluate_variable_k(alpha, cm, c, block_length_distribution(hist, c), pos)
-                     for c in range(k_min, k_max + 1)]
-        elif early_stop:
-            cands = [evaluate_variable_k(alpha, cm, c, early_stop_lengths(hazards, c), pos)
-                     for c in range(k_min, k_max + 1)]
-        else:
-            cands = evaluate_k(alpha, cm, k_min, k_max, pos)
-        if tokens is not None and cm.draft_prefill_s > 0:
-            cands = [c if c.k == 0 else KCandidate(c.k, c.expected_tokens, c.step_time_s,
-                                                   cm.request_speedup(c.expected_tokens, c.step_time_s, tokens))
-                     for c in cands]
+        cands = self._candidates(tenant, proposer, alpha, pos, k_min, k_max, tokens)
         by_k = {c.k: c for c in cands}
         best = cands[0]
         for c in cands[1:]:
@@ -336,6 +331,31 @@ class KController(LearnedState, RequestFeedback):
             st.last_decision = d
         return d
 
+    def _candidates(self, tenant: str, proposer: str, alpha: float, pos: tuple, k_min: int, k_max: int,
+                    tokens: int | None) -> list[KCandidate]:
+        """Every K in [k_min, k_max] at acceptance ``alpha`` (and per-position ``pos``): a
+        variable-length proposer's caps over its block-length histogram, a draft model's over its
+        early-stop hazards, else fixed-length blocks; with ``tokens``, the draft's prefill spread
+        over the request (module docstring)."""
+        key = (tenant, proposer)
+        cm = self.cost_model(proposer)
+        variable = proposer in VARIABLE_LENGTH_PROPOSERS
+        hist = self._lengths.get(key) if variable else None
+        hazards = () if variable else self.stop_hazards(tenant, proposer, k_max)
+        if hist is not None and sum(hist) >= self.length_min_steps:
+            cands = [evaluate_variable_k(alpha, cm, c, block_length_distribution(hist, c), pos)
+                     for c in range(k_min, k_max + 1)]
+        elif any(h > 0 for h in hazards):
+            cands = [evaluate_variable_k(alpha, cm, c, early_stop_lengths(hazards, c), pos)
+                     for c in range(k_min, k_max + 1)]
+        else:
+            cands = evaluate_k(alpha, cm, k_min, k_max, pos)
+        if tokens is not None and cm.draft_prefill_s > 0:
+            cands = [c if c.k == 0 else KCandidate(c.k, c.expected_tokens, c.step_time_s,
+                                                   cm.request_speedup(c.expected_tokens, c.step_time_s, tokens))
+                     for c in cands]
+        return cands
+
     def _adaptive(self, st: KState, best: KCandidate, by_k: dict[int, KCandidate], now: float) -> tuple[int, str]:
         cur = st.current_k
         if cur is None:
@@ -387,8 +407,56 @@ class KController(LearnedState, RequestFeedback):
             guard = self._guards.get(key)
             if guard is None:
                 guard = self._guards[key] = self.step_guard.fresh()
+        retune = None
+        if guard is not None and self.in_request_retune and not decision.probe and proposer not in VARIABLE_LENGTH_PROPOSERS:
+            retune = lambda stats, k: self.in_request_k(tenant, proposer, decision, stats, k)  # noqa: E731
         return GuardedK(decision.k_schedule(), guard, measure=not decision.probe,
-                        plain_bound=lambda: self.plain_bound(proposer))
+                        plain_bound=lambda: self.plain_bound(proposer), retune=retune)
+
+    def in_request_k(self, tenant: str, proposer: str, decision: KDecision, stats: Any, current: int) -> int:
+        """The K for the next step of a running request decided by ``decision``, now at K =
+        ``current`` (>= 1), whose live :class:`specdec.types.SpeculationStats` are ``stats``.
+
+        α is the key's estimate with the request's own counts added (the truncated-geometric MLE
+        of :mod:`specdec.control.acceptance` over both: Σa / (Σa + R)); a key never recorded
+        counts the prior a first record would seed (``prior_weight`` trials at the global α), and
+        the prior fades by the request's steps as a record would fade it
+        (``prior_half_life_steps``). The K in [max(1, k_min, decision.k), k_max] (never below the K
+        decided: a K that speculation does not pay at is the goodput guard's to drop to 0, and
+        the early-stop counts read blocks shorter than the K decided as stopped) that maximises the predicted
+        speedup at that α (costs and early stop as in :meth:`decide`, no per-position α: the
+        request's positions are not split out) replaces ``current`` when it beats it by more than
+        ``switch_margin``; else ``current`` stays.
+        """
+        key = (tenant, proposer)
+        est = self.estimator
+        snap = est.snapshot(key)
+        d = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
+        acc, rej = float(d.get("accepted", 0)), float(d.get("rejected_steps", 0))
+        steps = float(d.get("steps", 0)) - float((d.get("k_counts") or {}).get(0, 0))
+        pa, pr = snap.prior_accepted, snap.prior_rejected
+        if snap.raw_steps == 0 and pa + pr == 0:  # never recorded: the prior a first record seeds
+            w = float(getattr(est, "prior_weight", 0.0))
+            pa, pr = w * snap.alpha, w * (1.0 - snap.alpha)
+        hl = getattr(est, "prior_half_life_steps", None)
+        fade = 0.5 ** (max(steps, 0.0) / hl) if hl else 1.0
+        num = snap.accepted + pa * fade + acc
+        den = num + snap.rejected_steps + pr * fade + rej
+        if not den > 0:
+            return current
+        k_lo, k_hi = max(1, decision.k_min, decision.k), decision.k_max
+        if k_hi < k_lo:
+            return current
+        cands = self._candidates(tenant, proposer, min(num / den, 1.0), (), k_lo, k_hi, None)
+        by_k = {c.k: c for c in cands}
+        best = cands[0]
+        for c in cands[1:]:
+            if c.speedup > best.speedup * (1 + 1e-12):
+                best = c
+        now = by_k.get(current)
+        if now is None or best.speedup > now.speedup * (1.0 + self.switch_margin):
+            return best.k
+        return current
 
     def plain_bound(self, proposer: str, min_observations: int = 3) -> float | None:
         """The most tokens/s plain decoding could reach by the cost model's measured one-position

@@ -96,20 +96,21 @@ class RequestFeedback:
 
     def record_stops(self, key: tuple[str, str], k_counts: Mapping, cap: int) -> None:
         """Add one request's draft block lengths to the key's early-stop counts: a block of d
-        tokens under a cap above d continued past positions 1..d-1 and stopped at d; a block of
-        the cap's length continued past 1..d-1 and is censored at d. The cap is the K last decided
-        for the key, or the longest block when that is longer. Decayed like the length histogram
-        (``length_half_life_steps``)."""
+        tokens shorter than ``cap`` continued past positions 1..d-1 and stopped at d; a block of
+        ``cap`` tokens or more continued past 1..d-1 and is censored at d (a K re-chosen within
+        the request, :meth:`KController.in_request_k`, only raises the cap above the K decided).
+        ``cap``: the K decided for the request (0: the longest block). Decayed like the length
+        histogram (``length_half_life_steps``)."""
         counts = {int(k): float(v) for k, v in k_counts.items() if int(k) >= 1 and float(v) > 0}
         if not counts:
             return
-        cap = max(int(cap), max(counts))
+        cap = int(cap) if cap > 0 else max(counts)
         stopped, continued = self._stops.setdefault(key, ([], []))
         factor = 0.5 ** (sum(counts.values()) / self.length_half_life_steps)
         for lst in (stopped, continued):
             for i in range(len(lst)):
                 lst[i] *= factor
-            while len(lst) < cap:
+            while len(lst) < max(cap, max(counts)):
                 lst.append(0.0)
         for length, n in counts.items():
             for j in range(length - 1):

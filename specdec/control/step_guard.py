@@ -20,6 +20,11 @@ step measured:
   of a probe (:attr:`KDecision.probe`: the controller's own measurement of a tenant it holds at
   K = 0) and of a request decided at K = 0 (the engine opens no draft session then).
 
+With ``retune`` (:meth:`KController.in_request_k`, ``in_request_retune``), the K of a measured
+request is re-chosen before every step from the request's own acceptance so far: a fresh
+tenant whose prior said K = 2 on code moves to a longer K within its first request instead of
+waiting for the next one. The guard's K = 0 overrides it as before.
+
 The guard is the tenant's, kept by the controller across requests (:meth:`KController.guarded_k`),
 so a veto holds the tenant's next requests at K = 0 too, for the guard's ``hold`` steps, and a
 recheck after it measures speculation again with fresh steps.
@@ -56,6 +61,9 @@ class GuardedK:
         measure: False: pass ``k`` through without consulting or feeding the guard (a probe).
         plain_bound: returns the most tokens/s plain decoding could reach by measured forwards,
             or None when unknown (:meth:`GoodputGuard.record`'s ``plain_bound``).
+        retune: ``(stats, k) -> k'``, the K for the next step given the request's live stats and
+            the K in use (>= 1); None: the decided K throughout. Only for a measured request
+            whose schedule asks K > 0.
 
     Attributes:
         ks: the K returned for every step so far (before the engine shrinks it to the room left).
@@ -64,8 +72,11 @@ class GuardedK:
     """
 
     def __init__(self, k: int | Callable[[], int], guard: GoodputGuard | None, *, measure: bool = True,
-                 plain_bound: Callable[[], float | None] | None = None):
+                 plain_bound: Callable[[], float | None] | None = None,
+                 retune: Callable[[object, int], int] | None = None):
         self._k = k
+        self.retune = retune
+        self._tuned: int | None = None  # the re-chosen K (retune), None before the first
         self.guard = guard
         self.measure = measure and guard is not None
         self.plain_bound = plain_bound
@@ -101,6 +112,9 @@ class GuardedK:
         k = int(self._k()) if callable(self._k) else int(self._k)
         if self.measure:
             self._observe()
+            if k > 0 and self.retune is not None and self._stats is not None:
+                self._tuned = int(self.retune(self._stats, k if self._tuned is None else self._tuned))
+                k = self._tuned
             if k > 0 and self.guard.forced:
                 k = 0
         self.ks.append(k)
