@@ -86,6 +86,41 @@ def test_growing_layer_appends_in_place_and_keeps_dynamic_layers_values():
     assert ptrs[0] == ptrs[1] == ptrs[2] == ptrs[3] == ptrs[4] != ptrs[5] == ptrs[6]
 
 
+def test_growing_layer_fast_append_checks_only_when_its_views_were_replaced_and_keeps_the_bits(monkeypatch):
+    """kv_store.FAST_APPEND: while keys/values are the views the layer handed out (or their crop),
+    an append that fits skips the prefix-view check; the bits equal the checked path's after every
+    step, and keys set from outside still take the checked path (copied, never written over)."""
+    checks = []
+    fits = GrowingLayer._fits
+    monkeypatch.setattr(GrowingLayer, "_fits", staticmethod(lambda *a: checks.append(1) or fits(*a)))
+    g = torch.Generator().manual_seed(1)
+    steps = [(70, 0), (1, 0), (5, 0), (0, 3), (2, 0), (1, 0), (70, 0), (0, 50), (9, 0)]
+    layers = {}
+    for fast in (False, True):
+        monkeypatch.setattr(kv_store, "FAST_APPEND", fast)
+        layer, seen, n_checks = GrowingLayer(torch.float32), [], len(checks)
+        g.manual_seed(1)
+        for add, cut in steps:
+            if add:
+                k = torch.randn(1, 2, add, 8, generator=g).to(torch.bfloat16)
+                layer.update(k, -k)
+            else:
+                layer.crop(-cut)
+            seen.append((layer.keys.clone(), layer.values.clone()))
+        layers[fast] = (layer, seen, len(checks) - n_checks)
+    for (ka, va), (kb, vb) in zip(layers[False][1], layers[True][1]):
+        assert ka.dtype == kb.dtype == torch.float32 and torch.equal(ka, kb) and torch.equal(va, vb)
+    # checked: 7 appends; the first (no buffer yet) and the one that reallocates (146 > 134
+    # positions) stop at the keys' check, the 5 others check keys and values; fast: only those two
+    assert layers[False][2] == 1 + 1 + 2 * 5
+    assert layers[True][2] == 1 + 1
+    layer = layers[True][0]
+    outside = torch.full((1, 2, 2, 8), 7.0)
+    layer.keys, layer.values = outside, outside.clone()
+    k, _ = layer.update(torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8))
+    assert k[0, 0, :, 0].tolist() == [7.0, 7.0, 0.0] and outside[0, 0, :, 0].tolist() == [7.0, 7.0]
+
+
 def test_growing_layer_reallocates_when_its_keys_were_replaced():
     """keys set from outside (not a prefix view of the buffer) are copied into a new buffer,
     never written over."""
