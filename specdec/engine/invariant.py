@@ -265,6 +265,8 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
               and max(hi - lo for lo, hi in ranges) <= SINGLE_THREAD_MAX_KEYS)
     calls = []  # per row (q, k, v) or None (a padding row)
     part, off, end, pk, pv = -1, 0, 0, None, None  # the key part of the current row (parts only)
+    # every query row as a view, made in one call (b_size 1, as a packed forward: no batch slice)
+    rows_q = query.split(1, dim=2) if b_size == 1 else None
     for r, (lo, hi) in enumerate(ranges):
         b, i = divmod(r, q_len)
         if hi == lo:  # a padding query row sees nothing: its output is unused
@@ -280,11 +282,13 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
                 off, pk = parts_k[part]
                 pv = parts_v[part][1]
                 end = off + pk.shape[2]
-                pk, pv = pk.to(row_dtype), pv.to(row_dtype)
+                if pk.dtype != row_dtype or pv.dtype != row_dtype:
+                    pk, pv = pk.to(row_dtype), pv.to(row_dtype)
             if hi > end:
                 raise ValueError("rowwise attention: a row's keys span two packed sequences")
-            k, v = pk[:, :, lo - off:hi - off], pv[:, :, lo - off:hi - off]
-        calls.append((query[b:b + 1, :, i:i + 1], k, v))
+            # a row that sees its whole part (a decode row, a block's last row) takes the part itself
+            k, v = (pk, pv) if lo == off and hi == end else (pk[:, :, lo - off:hi - off], pv[:, :, lo - off:hi - off])
+        calls.append((rows_q[i] if rows_q is not None else query[b:b + 1, :, i:i + 1], k, v))
     zeros = query.new_zeros(1, heads, 1, value.shape[-1]) if None in calls else None
 
     def run(some):

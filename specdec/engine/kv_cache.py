@@ -181,12 +181,12 @@ class _PackedCacheView:
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         parts_k: list[torch.Tensor] = []
         parts_v: list[torch.Tensor] = []
-        off = 0
-        for cache, n in zip(self.caches, self.new_lens):
-            k, v = cache.update(key_states[:, :, off : off + n], value_states[:, :, off : off + n], layer_idx)
+        # each sequence's new keys and values as views, made in one call each
+        for cache, k_new, v_new in zip(self.caches, key_states.split(self.new_lens, dim=-2),
+                                       value_states.split(self.new_lens, dim=-2)):
+            k, v = cache.update(k_new, v_new, layer_idx)
             parts_k.append(k)
             parts_v.append(v)
-            off += n
         if self.parts:
             return packed_parts(parts_k), packed_parts(parts_v)
         return torch.cat(parts_k, dim=-2), torch.cat(parts_v, dim=-2)
