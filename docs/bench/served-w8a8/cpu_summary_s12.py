@@ -43,5 +43,10 @@ for (label, t0), t1 in zip(phases, ends):
         g[0] += cpu; g[1] += mn; g[2] += mj; g[3] += 1
     total = sum(g[0] for g in use.values()) / 100
     print(f"{label}: {dt:.1f} s, all processes {total:.1f} CPU s ({total / dt:.2f} cores), load {a['load']}->{b['load']}")
+    if "cpu" in a:
+        c = [(y - x) / 100 for x, y in zip(a["cpu"], b["cpu"])]
+        vm = {k: b["vm"][k] - a["vm"].get(k, 0) for k in b["vm"] if b["vm"][k] != a["vm"].get(k, 0)}
+        print(f"   machine: user {c[0] + c[1]:.1f} s system {c[2]:.1f} idle {c[3]:.1f} iowait {c[4]:.1f} irq+soft "
+              f"{c[5] + c[6]:.1f} steal {c[7]:.1f}; vmstat {vm}")
     for name, g in sorted(use.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"   {g[0] / 100 / dt:5.2f} cores  {g[0] / 100:6.1f} s  minflt {g[1]:8d} majflt {g[2]:5d}  x{g[3]} {name}")
