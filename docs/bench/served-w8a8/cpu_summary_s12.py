@@ -2,7 +2,8 @@
 
 SAMPLES: ``cpu_sampler_s12.py``'s output. PHASES: lines ``LABEL UNIX_SECONDS`` (phase starts, in order; the
 last phase ends at the last sample): e.g. ``serve``, ``ready``, ``req1`` ... as served_pair_s12.sh writes them.
-Per phase: its seconds, the machine's CPU seconds used by all processes (2 cores: 2 per second at most), then
+Per phase: its seconds, the CPU of our processes (those in the client's network namespace: the model
+replicas and the rest of our Ray cluster, marked *) and of the others (the rest of the machine), the machine's CPU seconds used by all processes (2 cores: 2 per second at most), then
 the processes (grouped by name) that used the most, with their share of one core, minor/major page faults.
 """
 import json
@@ -12,6 +13,8 @@ from collections import defaultdict
 samples = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 phases = [(l.split()[0], float(l.split()[1])) for l in open(sys.argv[2]) if l.strip()]
 top = int(sys.argv[3]) if len(sys.argv) > 3 else 8
+# ours: the processes in the client's network namespace (the served run's own netns)
+ours_ns = {v[6] for smp in samples for v in smp["p"].values() if len(v) > 6 and v[6] and "client_pair_s12" in v[0]}
 ends = [t for _, t in phases[1:]] + [samples[-1]["t"]]
 
 
@@ -31,18 +34,35 @@ for (label, t0), t1 in zip(phases, ends):
     dt = b["t"] - a["t"]
     if dt <= 0:
         continue
+    # per pid: its values at the phase start (zero for a process born later) and at its last sample in the
+    # phase (a process that exited inside the phase counts up to its last sample)
+    first: dict = {}
+    last: dict = {}
+    for smp in samples:
+        if smp["t"] < a["t"] or smp["t"] > b["t"]:
+            continue
+        for pid, v in smp["p"].items():
+            if pid not in first or first[pid][0] != v[0] and not first[pid][0].startswith(("?", "/work/main/.venv/bin/python")):
+                first[pid] = v if smp is a else [v[0], 0, 0, 0]
+            last[pid] = v
     use = defaultdict(lambda: [0, 0, 0, 0])
-    for pid, v in b["p"].items():
-        name, cpu, mn, mj = v[0], v[1], v[2], v[3]
-        old = a["p"].get(pid)
-        if old is not None and old[0] == name:
-            cpu, mn, mj = cpu - old[1], mn - old[2], mj - old[3]
+    for pid, v in last.items():
+        old = first[pid]
+        cpu, mn, mj = v[1] - old[1], v[2] - old[2], v[3] - old[3]
         if cpu <= 0 and mn <= 0 and mj <= 0:
             continue
-        g = use[name.split(" --")[0][:60]]
+        g = use[("* " if len(v) > 6 and v[6] in ours_ns else "  ") + v[0].split(" --")[0][:60]]
         g[0] += cpu; g[1] += mn; g[2] += mj; g[3] += 1
+    split = defaultdict(int)
+    for pid, v in last.items():
+        kind = "ours" if len(v) > 6 and v[6] in ours_ns else "others"
+        if kind == "ours":
+            kind = "ours-model" if any(k in v[0] for k in ("TPWorker", "Draft", "Target", "Router")) else "ours-ray"
+        split[kind] += v[1] - first[pid][1]
     total = sum(g[0] for g in use.values()) / 100
     print(f"{label}: {dt:.1f} s, all processes {total:.1f} CPU s ({total / dt:.2f} cores), load {a['load']}->{b['load']}")
+    if ours_ns:
+        print("   " + ", ".join(f"{k} {split[k] / 100 / dt:.2f} cores" for k in ("ours-model", "ours-ray", "others")))
     if "cpu" in a:
         c = [(y - x) / 100 for x, y in zip(a["cpu"], b["cpu"])]
         vm = {k: b["vm"][k] - a["vm"].get(k, 0) for k in b["vm"] if b["vm"][k] != a["vm"].get(k, 0)}
