@@ -70,3 +70,31 @@ for (label, t0), t1 in zip(phases, ends):
               f"{c[5] + c[6]:.1f} steal {c[7]:.1f}; vmstat {vm}")
     for name, g in sorted(use.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"   {g[0] / 100 / dt:5.2f} cores  {g[0] / 100:6.1f} s  minflt {g[1]:8d} majflt {g[2]:5d}  x{g[3]} {name}")
+
+# ready -> settled: the first 2-second window after "ready" in which the rest of our Ray cluster (ours, not a
+# model replica: raylet, GCS, dashboard and agents, Serve controller and proxy, idle workers) used < 0.1 cores
+# and, separately, in which the other processes of the machine did (another user's work: outside our control)
+ready = dict(phases).get("ready")
+if ready is not None and ours_ns:
+    def kind(v):
+        if len(v) <= 6 or v[6] not in ours_ns:
+            return "others"
+        return "ours-model" if any(k in v[0] for k in ("TPWorker", "Draft", "Target", "Router")) else "ours-ray"
+
+    found: dict = {}
+    windows = []
+    i = next(j for j, s in enumerate(samples) if s["t"] >= ready)
+    while i + 4 < len(samples):
+        a, b = samples[i], samples[i + 4]
+        use = defaultdict(int)
+        for pid, v in b["p"].items():
+            old = a["p"].get(pid)
+            use[kind(v)] += v[1] - (old[1] if old and old[0] == v[0] else 0)
+        dt = b["t"] - a["t"]
+        windows.append((a["t"] - ready, {k: use[k] / 100 / dt for k in ("ours-model", "ours-ray", "others")}))
+        i += 4
+    for k in ("ours-ray", "others"):
+        found[k] = next((round(t, 1) for t, u in windows if u[k] < 0.1), None)
+    print(f"ready -> settled (2-s window < 0.1 cores): ours-ray at ready+{found['ours-ray']} s, "
+          f"others at ready+{found['others']} s; per 10 s after ready (ours-model/ours-ray/others cores): "
+          + " ".join(f"{t:.0f}:{u['ours-model']:.2f}/{u['ours-ray']:.2f}/{u['others']:.2f}" for t, u in windows[::5][:12]))

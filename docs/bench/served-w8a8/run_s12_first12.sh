@@ -1,14 +1,20 @@
 #!/bin/bash
 # usage: flock -w 1800 /tmp/specdec-heavy.lock timeout 300 docs/bench/served-w8a8/run_s12_first12.sh TAG [ENV=VAL...]
-# One fresh server (deployments/local-cpu.yaml) with served_pair_s12.sh (PROPOSERS default,none,default,none; a CPU
-# sampler; SETTLE_S idle seconds after ready when exported), its K trace's step breakdown; -> run-TAG.txt.
+# Two fresh servers (deployments/local-cpu.yaml) one after the other with served_pair_s12.sh (PROPOSERS
+# default,none,default; a CPU sampler): TAG-a sends its first request at once when ready, TAG-b after SETTLE_B
+# (default 40) idle seconds; each with its K trace's step breakdown; -> run-TAG.txt. BUDGET_S bounds each server.
 set -u
 cd "$(dirname "$0")/../../.."
 tag=$1; shift
-export NETNS=${NETNS:-ns-first12} RAY_TMPDIR=${RAY_TMPDIR:-/tmp/ray-first12} PROPOSERS=${PROPOSERS:-default,none,default,none}
-d=docs/bench/served-w8a8; out=$d/run-$tag.txt; tr=$PWD/$d/trace-$tag.jsonl; rm -f $tr
-{ echo "== start $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg) at $(git log --oneline -1 | cut -c1-70) SETTLE_S=${SETTLE_S:-0} $*"
-  bash $d/served_pair_s12.sh $tag deployments/local-cpu.yaml SPECDEC_BATCH_K_TRACE=$tr "$@"
-  echo "== end $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg)"
-  python3 $d/step_breakdown.py $tr; } > $out 2>&1
-gzip -f $tr; cat $out
+export NETNS=${NETNS:-ns-first12} RAY_TMPDIR=${RAY_TMPDIR:-/tmp/ray-first12} PROPOSERS=${PROPOSERS:-default,none,default}
+export BUDGET_S=${BUDGET_S:-140}
+d=docs/bench/served-w8a8; out=$d/run-$tag.txt
+{ echo "== start $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg) at $(git log --oneline -1 | cut -c1-70) $*"
+  for run in a:0 b:${SETTLE_B:-40}; do
+    t=$tag-${run%%:*}; export SETTLE_S=${run#*:}; tr=$PWD/$d/trace-$t.jsonl; rm -f $tr
+    echo "=== $t: SETTLE_S=$SETTLE_S BUDGET_S=$BUDGET_S PROPOSERS=$PROPOSERS"
+    bash $d/served_pair_s12.sh $t deployments/local-cpu.yaml SPECDEC_BATCH_K_TRACE=$tr "$@"
+    python3 $d/step_breakdown.py $tr; gzip -f $tr
+  done
+  echo "== end $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg)"; } > $out 2>&1
+cat $out
