@@ -26,7 +26,7 @@ while True:
         pid = int(d)
         try:
             stat = open(f"/proc/{d}/stat").read()
-            if pid not in names or names[pid].startswith("?") or "python" in names[pid]:  # Ray renames its workers
+            if pid not in names or names[pid].startswith(("?", "ray::")) or "python" in names[pid]:  # Ray renames its workers
                 cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
                 names[pid] = cmd[:80] or "?" + stat[stat.index("(") + 1:stat.rindex(")")]
                 if pid not in netns:
