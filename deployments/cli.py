@@ -184,6 +184,36 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+def start_line(cfg, num_cpus: int, capability: str | None = None) -> str:
+    """``specdec serve``'s first line: the models, their weight formats (the ones the replicas will load), the
+    local Ray's CPUs and torch's CPU kernel level (``capability``: default
+    ``torch.backends.cpu.get_cpu_capability()``, e.g. ``"AVX512"``, ``"AVX2"``).
+
+    On a CPU without AVX-512 the CPU default is float32 (:func:`specdec.models.formats.choose_cpu_format`):
+    the line says so, since there the demo pair takes ~9 GiB and a verify of several positions costs several
+    one-position forwards, so K under load mostly stays at 0 (docs/bench/served-w8a8/FIRST-s12-first12.md).
+    """
+    on_gpu = cfg.target_gpus_per_worker > 0
+    target_fmt = cfg.target_format()
+    models = f"target {cfg.target_model} (TP={cfg.target_tp}, {target_fmt})"
+    if cfg.draft_model:
+        draft_fmt = cfg.draft_format("cuda" if cfg.draft_num_gpus > 0 else "cpu")
+        models += f", draft {cfg.draft_model} ({draft_fmt})"
+    else:
+        models += ", no draft"
+    line = f"{models}; local Ray with {num_cpus} CPUs"
+    if on_gpu:
+        return line
+    if capability is None:
+        import torch
+
+        capability = torch.backends.cpu.get_cpu_capability()
+    line += f", CPU kernels {capability}"
+    if target_fmt == "float32" and not cfg.target_dtype and not capability.upper().startswith("AVX512"):
+        line += " (no AVX-512: float32 weights, the quantized formats need it)"
+    return line
+
+
 def run_serve(args) -> int:
     """Start a local Ray, deploy, wait until ready; optionally send the demo request; shut down."""
     import ray
@@ -197,7 +227,7 @@ def run_serve(args) -> int:
     ensure_ports_free(cfg)
     check_model_specs(cfg)
     num_cpus = args.num_cpus or os.cpu_count() or 2  # load_config refused --num-cpus < 1
-    _log(f"target {cfg.target_model} (TP={cfg.target_tp}), draft {cfg.draft_model}; local Ray with {num_cpus} CPUs")
+    _log(start_line(cfg, num_cpus))
     if cfg.target_model.startswith("demo") or (cfg.draft_model or "").startswith("demo"):
         from specdec.models.demo import ensure_demo_folder
 

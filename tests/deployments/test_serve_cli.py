@@ -75,6 +75,24 @@ def test_module_top_level_imports_no_ray_or_grpc():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
+def test_serve_first_line_names_weight_formats_and_the_cpu_kernel_level():
+    base = PRESETS["local-cpu.yaml"]
+    cfg = base.model_copy(update={"target_dtype": "w8a8", "draft_dtype": "int4"})
+    assert cli.start_line(cfg, 2, capability="AVX512") == (
+        "target demo:target (TP=1, w8a8), draft demo:draft (int4); local Ray with 2 CPUs, CPU kernels AVX512")
+    # float32 chosen by default on a CPU without AVX-512 (this session's EPYC): said on the line
+    cfg = base.model_copy(update={"draft_model": None})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(cfg), "target_format", lambda self: "float32")
+        assert cli.start_line(cfg, 2, capability="AVX2") == (
+            "target demo:target (TP=1, float32), no draft; local Ray with 2 CPUs, CPU kernels AVX2 "
+            "(no AVX-512: float32 weights, the quantized formats need it)")
+    # float32 asked for: no hint
+    cfg = base.model_copy(update={"target_dtype": "float32", "draft_dtype": "float32"})
+    assert cli.start_line(cfg, 4, capability="AVX2") == (
+        "target demo:target (TP=1, float32), draft demo:draft (float32); local Ray with 4 CPUs, CPU kernels AVX2")
+
+
 def test_serve_prints_both_endpoints():
     lines = cli.endpoint_lines(cli.load_config(_args("--grpc-port", "9100", "--http-port", "8100")))
     assert lines == [
