@@ -164,7 +164,7 @@ from specdec.engine import kv_store
 model.forward = orig_forward
 vf.feed_many = kv_cache.feed_many
 vf.TargetVerifier.verify_batch = orig_vb
-BASE = subprocess.run(["git", "rev-parse", "--short", "main"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+BASE = os.environ.get("BASE", "568f940")  # main before this session's packed-forward changes
 def old_module(path, name):
     src = subprocess.run(["git", "show", f"{BASE}:{path}"], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     m = types.ModuleType(name)

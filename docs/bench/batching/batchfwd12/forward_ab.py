@@ -20,6 +20,7 @@ import torch
 torch.set_num_threads(int(os.environ.get("THREADS", 2)))
 T0 = time.perf_counter()
 REPS = int(os.environ.get("REPS", 8))
+CTX, CTX_STEP = int(os.environ.get("CTX", 100)), int(os.environ.get("CTX_STEP", 10))  # context of sequence i: CTX + CTX_STEP * i
 def stamp(msg):
     print(f"[{time.perf_counter() - T0:6.1f}s {time.strftime('%H:%M:%S', time.gmtime())} load {os.getloadavg()[0]:.1f}] {msg}",
           flush=True)
@@ -30,7 +31,7 @@ from specdec.engine import kv_cache, kv_store, invariant
 from specdec.engine.kv_cache import CachedSequence, feed_many
 from transformers import AttentionInterface
 
-BASE = subprocess.run(["git", "rev-parse", "--short", "main"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+BASE = os.environ.get("BASE", "568f940")  # main before this session's packed-forward changes (c39984a..d10f1db)
 def module_from(src, path, name):
     m = types.ModuleType(name)
     m.__file__ = path
@@ -76,7 +77,7 @@ with torch.inference_mode():
     use("new")
     for i in range(8):
         s = CachedSequence(model, [])
-        s.feed([rng.randrange(100, 20000) for _ in range(100 + 10 * i)], keep=1)
+        s.feed([rng.randrange(100, 20000) for _ in range(CTX + CTX_STEP * i)], keep=1)
         seqs.append(s)
     stamp(f"prefilled 8 sequences, {[len(s.cached) for s in seqs]} positions")
     new_tok = [[rng.randrange(100, 20000)] for _ in seqs]
