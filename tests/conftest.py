@@ -139,3 +139,17 @@ def tiny_pair_folders(tmp_path_factory) -> tuple[Path, Path]:
     draft = build_tiny_model(root / "draft", seed=1, base=Qwen2ForCausalLM.from_pretrained(target), noise=0.03,
                              max_positions=1024)
     return target, draft
+
+
+@pytest.fixture
+def onednn_int8_prepack(monkeypatch) -> bool:
+    """W8A8Linear prepacks its wide layers for oneDNN's qlinear as on a CPU with VNNI or AMX-INT8,
+    also on one without (AVX2 only), where it otherwise runs aten._int_mm because oneDNN's int8
+    kernel saturates there (:mod:`specdec.models.cpu_features`): for tests of the prepacked
+    weight's handling (memory release, huge pages, fusion), not of its sums. Returns whether this
+    CPU's oneDNN int8 sums are exact: compare prepacked results with aten._int_mm's only then."""
+    import specdec.models.quant_linear as ql
+
+    exact = ql.this_cpu_onednn_int8_exact()
+    monkeypatch.setattr(ql, "this_cpu_onednn_int8_exact", lambda: True)
+    return exact

@@ -249,10 +249,12 @@ def _w8a8_layer(out_features, in_features, seed, bias=True):
 
 
 @pytest.mark.parametrize("shape", [(96, 64), (1536, 256), (320, 1024)])
-def test_w8a8_row_is_the_same_at_every_row_count(shape, monkeypatch):
+def test_w8a8_row_is_the_same_at_every_row_count(shape, monkeypatch, onednn_int8_prepack):
     """A w8a8 layer's row is bitwise the same computed alone or among 2..40 rows (per-row
     activation scales, exact int32 sums), also next to rows of very different magnitude, with
-    either kernel; and oneDNN's prepacked qlinear gives bitwise aten._int_mm's result."""
+    either kernel; and, on a CPU where its int8 sums are exact (VNNI, AMX-INT8), oneDNN's prepacked
+    qlinear gives bitwise aten._int_mm's result (an AVX2-only CPU's saturating kernel is still
+    row-exact, but the layer does not use it there)."""
     monkeypatch.setattr(W8A8Linear, "KEEP_INT8", True)  # keep qweight for the int_mm kernel
     _, q = _w8a8_layer(*shape, seed=shape[0])
     g = torch.Generator().manual_seed(1)
@@ -270,10 +272,11 @@ def test_w8a8_row_is_the_same_at_every_row_count(shape, monkeypatch):
             assert torch.equal(q(x.view(4, 10, -1)), alone.view(4, 10, -1))
             by_kernel[kernel] = alone
     assert q._packed is not False  # the prepacked oneDNN weight was built (x86 CPU)
-    assert torch.equal(by_kernel["qlinear"], by_kernel["int_mm"])
+    if onednn_int8_prepack:  # exact int32 sums on this CPU
+        assert torch.equal(by_kernel["qlinear"], by_kernel["int_mm"])
 
 
-def test_w8a8_narrow_layers_run_int_mm(monkeypatch):
+def test_w8a8_narrow_layers_run_int_mm(monkeypatch, onednn_int8_prepack):
     """Below QLINEAR_MIN_OUT outputs the layer runs aten._int_mm and keeps its int8 weight."""
     monkeypatch.setattr(W8A8Linear, "QLINEAR_MIN_OUT", 1024)
     _, narrow = _w8a8_layer(256, 64, seed=5)
@@ -315,7 +318,7 @@ def test_w8a8_layer_checks_its_weights():
         W8A8Linear(torch.zeros(4, 8, dtype=torch.int8), torch.ones(3), None)
 
 
-def test_w8a8_prepacked_layer_keeps_one_copy_of_its_weights():
+def test_w8a8_prepacked_layer_keeps_one_copy_of_its_weights(onednn_int8_prepack):
     """After the first forward the int8 weight lives only in oneDNN's prepacked form: qweight is
     empty, weight_bytes still counts one byte per weight, and storing the layer is refused."""
     from specdec.models.quant_cache import quantized_state
@@ -360,6 +363,8 @@ def test_w8a8_qlinear_runs_onednn_native_int8_kernel_not_its_reference():
     without AMX-INT8 an int8 source made oneDNN run its reference ``ref_int8`` matmul (0.46 s for
     one row of 1536 -> 2048 on the AMD EPYC here, against 0.17 ms on ``brg_matmul``); the integer
     sums and so the output are bitwise those of the int8 codes (aten._int_mm)."""
+    from specdec.models.cpu_features import this_cpu_onednn_int8_exact
+
     _, q = _w8a8_layer(512, 256, seed=11)
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     codes, s = W8A8Linear.quantize_rows(x)
@@ -372,5 +377,40 @@ def test_w8a8_qlinear_runs_onednn_native_int8_kernel_not_its_reference():
         got = {}
         impls = _onednn_matmul_impls(lambda: got.update({m: q.forward_rows(x[:m]) for m in (1, 5)}))
     assert torch.equal(got[5], expected) and torch.equal(got[1], expected[:1])
-    assert q.prepacked and len(impls) == 2, impls  # one oneDNN matmul per call
-    assert not [i for i in impls if i.startswith("ref")], impls
+    if this_cpu_onednn_int8_exact():  # VNNI or AMX-INT8: oneDNN's native kernel, one matmul per call
+        assert q.prepacked and len(impls) == 2, impls
+        assert not [i for i in impls if i.startswith("ref")], impls
+    else:  # e.g. AVX2 only: oneDNN would saturate int16 pairs, so the layer runs aten._int_mm
+        assert not q.prepacked and q.qweight.numel() == 512 * 256, impls
+
+
+def test_onednn_int8_exact_needs_a_vnni_or_amx_int8_flag():
+    """oneDNN's u8 x s8 sums are exact only with int32 dot products (VNNI, AVX-VNNI, AMX-INT8);
+    an AVX2-only CPU (AMD EPYC Zen 3) or AVX-512 without VNNI (Skylake-SP) is not."""
+    from specdec.models.cpu_features import onednn_int8_exact
+
+    assert onednn_int8_exact({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"})
+    assert onednn_int8_exact({"avx2", "avx_vnni"})
+    assert onednn_int8_exact({"avx512f", "amx_int8", "amx_bf16"})
+    assert not onednn_int8_exact({"avx2", "fma", "f16c"})
+    assert not onednn_int8_exact({"avx2", "avx512f", "avx512bw"})
+    assert not onednn_int8_exact(frozenset())
+
+
+def test_w8a8_without_exact_int8_dot_products_runs_int_mm_and_keeps_its_bits(monkeypatch):
+    """On a CPU whose oneDNN int8 kernel saturates (no VNNI, no AMX-INT8) the layer never prepacks:
+    it keeps its int8 rows and gives aten._int_mm's exact sums, row by row as in a batch.
+    Measured on the AVX2-only EPYC of 2 Dec 2026, oneDNN's kernel was up to 15 % off these sums."""
+    import specdec.models.quant_linear as ql
+
+    monkeypatch.setattr(ql, "this_cpu_onednn_int8_exact", lambda: False)
+    _, q = _w8a8_layer(512, 256, seed=12)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    codes, s = W8A8Linear.quantize_rows(x)
+    expected = (torch._int_mm(codes, q.qweight.t()).float() * q.scale * s).to(torch.bfloat16) + q.bias
+    with torch.inference_mode():
+        assert q.prepack() is False
+        got = q.forward_rows(x)
+        rows = [q.forward_rows(x[i:i + 1]) for i in range(4)]
+    assert not q.prepacked and q.qweight.shape == (512, 256)
+    assert torch.equal(got, expected) and torch.equal(torch.cat(rows), expected)

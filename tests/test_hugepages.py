@@ -24,7 +24,7 @@ def _layer(out: int, inp: int, seed: int) -> W8A8Linear:
     return W8A8Linear(w, torch.rand(out, generator=g) / 100 + 1e-3, torch.randn(out, generator=g))
 
 
-def test_prepacked_weight_moves_onto_huge_pages_and_computes_the_same(monkeypatch):
+def test_prepacked_weight_moves_onto_huge_pages_and_computes_the_same(monkeypatch, onednn_int8_prepack):
     """A 6 MiB prepacked weight is collapsed where THP and MADV_COLLAPSE exist (whole, its range
     widened to huge pages, or where that leaves its mapping the huge pages wholly inside it), and the layer's rows equal bitwise those of the same layer left on 4 KiB pages."""
     x = torch.randn(5, 1536, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)

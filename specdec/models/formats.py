@@ -67,6 +67,7 @@ from typing import get_args
 import torch
 from torch import nn
 
+from specdec.models.cpu_features import cpu_flags  # noqa: F401 (re-exported)
 from specdec.models.quant_linear import Int8WeightOnlyLinear, W8A8Linear  # noqa: F401 (re-exported)
 from specdec.models.spec import WeightFormat
 
@@ -119,19 +120,6 @@ AMX_INT8_CPU_FLAG = "amx_int8"
 #: in w8a8 against int4's 0.065 / 0.175 / 0.478 and float32's 0.344 / 0.706 / 1.107
 #: (docs/bench/formats/PROFILE.md section 11).
 VNNI_CPU_FLAG = "avx512_vnni"
-
-
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU's feature flags from ``/proc/cpuinfo`` (the first ``flags`` line); empty when the
-    file is missing or has none (not Linux, some containers)."""
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
 
 
 def cpu_supports_bf16() -> bool:

@@ -16,6 +16,8 @@ import logging
 import torch
 from torch import nn
 
+from specdec.models.cpu_features import this_cpu_onednn_int8_exact
+
 log = logging.getLogger(__name__)
 
 _warned: set[str] = set()
@@ -100,7 +102,8 @@ class W8A8Linear(_RowsLinear):
 
     Kernel (:attr:`KERNEL`): ``"qlinear"``, oneDNN's int8 linear on a weight prepacked once
     (``torch.ops.onednn.qlinear_prepack`` / ``qlinear_pointwise``, the ops PyTorch's x86 int8
-    inference uses; AMX-INT8 or VNNI where present), with activation scale 1 and the weight's
+    inference uses; AMX-INT8 or VNNI where present; on a CPU with neither, int_mm, since oneDNN's
+    kernel there saturates pairs of products in int16: :mod:`specdec.models.cpu_features`), with activation scale 1 and the weight's
     per-row scales, float32 out; or ``"int_mm"``, ``aten._int_mm`` (int32 out) and the scales in
     torch ops. Both give bitwise the same result (oneDNN's float32 output is exactly
     ``float32(acc) * scale``; tests/test_formats.py), so the kernel is chosen per layer for speed
@@ -192,7 +195,11 @@ class W8A8Linear(_RowsLinear):
     def _prepacked(self):
         if self._packed is None:
             self._packed = False
-            if self.qweight.device.type == "cpu":
+            if self.qweight.device.type == "cpu" and not this_cpu_onednn_int8_exact():
+                _warn_once("w8a8: this CPU has no VNNI or AMX-INT8 int8 dot products, so oneDNN's int8 matmul "
+                           "would add u8 x s8 products in saturating int16 pairs (not the exact sums); "
+                           "using aten._int_mm")
+            elif self.qweight.device.type == "cpu":
                 try:
                     self._zero_points = torch.zeros(self.out_features, dtype=torch.int64)
                     self._packed = torch.ops.onednn.qlinear_prepack(self.qweight, None)
