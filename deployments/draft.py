@@ -282,7 +282,14 @@ class Draft:
         """Let the step in flight end, free both caches (draft here, target by CloseSession)."""
         try:
             if fut is not None and not fut.done():  # cancelled mid-step
+                # tell the target first: it drops what it has not computed yet of the step (the
+                # rest of a long prompt's prefill), so the step in flight ends soon
+                cancel = getattr(getattr(gen, "target", None), "cancel", None)
+                if cancel is not None:
+                    await loop.run_in_executor(None, cancel)
                 await asyncio.wait([fut])
+                if not fut.cancelled():
+                    fut.exception()  # retrieved: a step ended by the cancellation is no error
             await loop.run_in_executor(self.step_executor, gen.close)
         finally:
             if self.batch_k is not None:

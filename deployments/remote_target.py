@@ -99,6 +99,8 @@ class RemoteTargetSession:
         self._needs_open = True
         self._sent = False  # a Verify went out: the target may hold this session
         self.closed = False
+        #: cancel() told the target: a step in flight ends, nothing is rebuilt
+        self.cancelled = False
         self.wire = WireStats()
         #: tenant and batch weight sent with ``open`` (fair order of the target's batched forwards)
         self.tenant, self.tenant_weight = "", 1.0
@@ -124,7 +126,7 @@ class RemoteTargetSession:
             GenerationCancelledError: the session was closed (the generation was cancelled).
             ModelNotReadyError: the target kept refusing the block after rebuilding it.
         """
-        if self.closed:
+        if self.closed or self.cancelled:
             raise GenerationCancelledError("the generation was cancelled")
         msg = convert.draft_block_to_proto(
             block, self.session_id, len(self._history), open=self._open_msg() if self._needs_open else None
@@ -145,6 +147,8 @@ class RemoteTargetSession:
             if reply.status == xpb.VERIFY_STATUS_OK:
                 break
             if reply.status in (xpb.VERIFY_STATUS_SESSION_MISSING, xpb.VERIFY_STATUS_POSITION_MISMATCH):
+                if self.cancelled:  # closed by cancel(): never rebuild (it would prefill again for nobody)
+                    raise GenerationCancelledError("the generation was cancelled")
                 log.info("target session %s: %s; rebuilding from %d tokens", self.session_id,
                          xpb.VerifyStatus.Name(reply.status), len(self._history))
                 msg.open.CopyFrom(self._open_msg())
@@ -187,6 +191,23 @@ class RemoteTargetSession:
                     msg.open.CopyFrom(self._open_msg())
                     self.wire.rebuilds += 1
                 payload = msg.SerializeToString()
+
+    def cancel(self) -> None:
+        """Tell the target now that the generation is cancelled, while a step may still be in
+        flight in another thread: CloseSession, so the target drops the block still waiting (the
+        rest of a long prompt's chunked prefill: minutes on a CPU) instead of computing it for
+        nobody; the step in flight then ends with GenerationCancelledError, never a rebuild.
+        :meth:`close` still sends its own CloseSession after that step (a block that reached the
+        target after this call is freed then). Transport errors are logged only."""
+        if self.closed or self.cancelled:
+            return
+        self.cancelled = True
+        if not self._sent:
+            return
+        try:
+            self._send("CloseSession", xpb.CloseSessionRequest(session_id=self.session_id).SerializeToString())
+        except Exception:  # the target replica may be gone; its table went with it
+            log.warning("CloseSession(%s) on cancel failed", self.session_id, exc_info=True)
 
     def close(self) -> None:
         """Free the remote session (CloseSession). Idempotent; transport errors are logged only."""
