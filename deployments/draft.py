@@ -21,8 +21,11 @@ Rebuilding instead of failing (the target side rebuilds its lost sessions itself
   produces the same output, token for token, also under seeded sampling.
 
 Cancellation and deadlines: a cancelled stream (the client cancelled, or the router's request
-was cancelled) stops between steps, waits for the step in flight, and frees both caches (draft
-here, target with a ``CloseSession``). The job's deadline is checked before each step.
+was cancelled, or its deadline passed) stops between steps: a step in flight is told to the
+target at once (``RemoteTargetSession.cancel``: the target drops what it has not computed of it,
+e.g. the rest of a long prompt's chunked prefill), then the replica waits for that step and frees
+both caches (draft here, target with a ``CloseSession``). The job's deadline is checked before
+each step.
 
 Interface (serialized protos, never pickled core objects):
 ``Generate(DraftJob bytes)`` streams ``GenerateStreamChunk`` bytes;
