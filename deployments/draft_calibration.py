@@ -126,7 +126,7 @@ class StartupCalibration:
 
     Args:
         replica: the :class:`deployments.draft.Draft` (its cfg, info, draft_proposer, batch_k,
-            combiner, step_executor, _send_factory and Ready are used).
+            combiner, step_executor, _send_factory and target_ready are used).
         start: start at once in the background, once the target answers (served: Serve runs the
             replica's constructor on its event loop; requests that come earlier run meanwhile).
     """
@@ -144,9 +144,15 @@ class StartupCalibration:
         if loop is not None:
             self._task = loop.create_task(self._when_ready())
 
+    async def settled(self) -> None:
+        """Wait until the run started with the replica (``start``) has ended, failed, or been
+        deferred (the target did not answer); at once when none was started."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
     async def _when_ready(self) -> None:
         try:
-            await self.replica.Ready()
+            await self.replica.target_ready()
         except Exception:  # the target not up: run() starts it when asked
             log.warning("start-up calibration deferred: the target did not answer", exc_info=True)
             return

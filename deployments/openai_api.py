@@ -113,7 +113,7 @@ def build_app(router: Any):
                 "GET /v1/models": "the served model ids",
                 "POST /v1/completions": "text completion (OpenAI; stream: true for server-sent events)",
                 "POST /v1/chat/completions": "chat completion (OpenAI; stream: true for server-sent events)",
-                "GET /health": "whether the models are loaded",
+                "GET /health": "whether the models are loaded and the start-up calibration has ended",
             },
             "grpc": {"service": "specdec.v1.SpecDec", "port": router.cfg.grpc_port,
                      "metadata": {"application": router.cfg.app_name}},
@@ -123,7 +123,7 @@ def build_app(router: Any):
     @app.get("/health")
     async def health():
         try:
-            await router._ensure_ready()
+            await router._ensure_settled()
         except Exception as e:
             return error_response(e)
         return {"status": "ok"}

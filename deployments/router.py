@@ -107,6 +107,7 @@ class Router:
         self.info = info if info is not None else TargetInfo.load_served(cfg)
         self.gate = gate if gate is not None else TenancyGate.from_config(cfg)
         self._ready = False
+        self._settled = False  # the draft replica's start-up calibration has ended (GET /health)
         self.resumes = 0
         #: tokenizes prompts off the event loop: one thread per request the replica may run at
         #: once (Serve's max_ongoing_requests), not the loop's default pool sized by the host's cores
@@ -174,6 +175,21 @@ class Router:
 
     async def _ask_ready(self) -> None:
         await self.draft.Ready.remote()
+
+    async def _ensure_settled(self) -> None:
+        """:meth:`_ensure_ready`, and the draft replica's start-up calibration has ended
+        (``Draft.Settled``; the readiness ``GET /health`` reports). Raises ModelNotReadyError
+        ("still calibrating") when it has not within ``ready_timeout_s``."""
+        await self._ensure_ready()
+        if self._settled or self.draft is None:
+            return
+        try:
+            await asyncio.wait_for(self.draft.Settled.remote(), timeout=self.cfg.ready_timeout_s)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise ModelNotReadyError("the draft replica is still calibrating its cost model; retry in a few seconds") from None
+        except Exception as e:
+            raise ModelNotReadyError(f"the models are not available: {unwrap(e)}") from None
+        self._settled = True
 
     def _job(self, req: GenerationRequest, adm: Any, prompt: Sequence[int], session_id: str,
              deadline: float) -> xpb.DraftJob:

@@ -12,7 +12,7 @@ import pytest
 
 from deployments.config import AppConfig
 from deployments.draft import Draft
-from deployments.draft_calibration import calibration_schedule
+from deployments.draft_calibration import StartupCalibration, calibration_schedule
 from deployments.target_sessions import TargetSessionTable
 from protos.specdec.v1 import exchange_pb2 as xpb
 from specdec.engine.verifier import TargetVerifier
@@ -123,6 +123,21 @@ def test_a_fresh_replica_prices_its_first_request_from_calibrated_forwards(pair)
     assert rep.Sessions() == []
     # once: a second call (Ready after the start-up run) returns the same result, nothing re-run
     assert asyncio.run(rep.calibrate()) is out and len(wire.opened) == 1
+
+
+def test_settled_waits_for_the_start_up_calibration(pair):
+    """Served, calibration starts with the replica; Settled (what the router's GET /health waits
+    for) answers only once it has ended; Ready (requests) does not wait for it."""
+    rep, wire = _replica(pair)
+
+    async def main():
+        rep.startup = StartupCalibration(rep, start=True)  # as served: runs once the target answers
+        assert await rep.Ready() is True and rep.startup.result is None
+        assert await rep.Settled() is True
+        return rep.startup.result
+
+    out = asyncio.run(main())
+    assert out is not None and out["steps"] == 21 and len(wire.opened) == 1 and len(wire.table) == 0
 
 
 def test_calibration_off_leaves_the_priors(pair):

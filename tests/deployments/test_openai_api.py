@@ -65,9 +65,10 @@ class LocalStream:
 class LocalDraftHandle:
     """A Serve handle of the Draft deployment, in process."""
 
-    def __init__(self, draft: Draft, ready: bool = True):
+    def __init__(self, draft: Draft, ready: bool = True, settled: bool = True):
         self.draft = draft
         self.ready = ready
+        self.settled = settled  # the start-up calibration has ended (Draft.Settled)
 
     def options(self, **_):
         return self
@@ -89,6 +90,15 @@ class LocalDraftHandle:
 
         return self._Method(ready)
 
+    @property
+    def Settled(self):
+        async def settled():
+            if not (self.ready and self.settled):
+                await asyncio.sleep(3600)
+            return True
+
+        return self._Method(settled)
+
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
@@ -101,9 +111,9 @@ def stack(tmp_path_factory):
     wire = Wire(target)
     draft = Draft(cfg, send_factory=lambda key: wire.send)
 
-    def make_router(ready: bool = True) -> Router:
+    def make_router(ready: bool = True, settled: bool = True) -> Router:
         gate = TenancyGate(cfg.tenants_file, ControllerClient.local({}), SpecDecMetrics(backend=None))
-        return Router(cfg, draft=LocalDraftHandle(draft, ready), gate=gate)
+        return Router(cfg, draft=LocalDraftHandle(draft, ready, settled), gate=gate)
 
     router = make_router()
     return dict(cfg=cfg, target=target, draft=draft, wire=wire, router=router, app=openai_api.build_app(router),
@@ -615,6 +625,20 @@ def test_loading_is_503(stack):
     assert e.response.headers["retry-after"] == "1"
     resp = _run(_raw(app, "GET", "/health"))
     assert resp.status_code == 503 and resp.json()["error"]["type"] == "service_unavailable"
+
+
+def test_health_is_503_while_the_draft_replica_calibrates_and_requests_are_served(stack):
+    """GET /health (a Kubernetes readiness probe) waits for the start-up calibration
+    (Draft.Settled): 503 while it runs, so no traffic is sent into it; a request that comes
+    anyway is served (Draft.Ready: the models answer)."""
+    app = openai_api.build_app(stack["make_router"](settled=False))
+    resp = _run(_raw(app, "GET", "/health"))
+    assert resp.status_code == 503 and resp.json()["error"]["type"] == "service_unavailable"
+    assert resp.json()["error"]["message"] == ("the draft replica is still calibrating its cost model; "
+                                               "retry in a few seconds")
+    out = _run(_client(app).completions.create(model=MODEL, prompt="x", max_tokens=2, temperature=0,
+                                               extra_body={"ignore_eos": True}))
+    assert out.usage.completion_tokens == 2
 
 
 def test_every_path_answers_something_useful(stack):
