@@ -9,7 +9,7 @@ runs the same timed requests in the same order on the same in-process engine (dr
 
 - ``K=k`` for k = 0..8: every request at that fixed K (K = 0: plain decoding, no draft);
 - ``adaptive``: :class:`specdec.control.controller.KController` decides K per request and tenant
-  (``decide``), the request runs with it (:func:`apply_decision`) and its
+  (``decide``), the request runs with it (:func:`benchmarks.inprocess_adaptive.apply_decision`) and its
   counters and per-step timings are fed back (``record``): acceptance and costs are learned
   online, from the run's own measurements. The controller is the one ``specdec bench --adaptive``
   builds (:func:`new_controller`): its steps run under the tenant's in-request goodput guard
@@ -48,6 +48,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.inprocess_adaptive import apply_decision
 from benchmarks.report import write_bench_json
 
 CODE_PROMPTS = [
@@ -72,26 +73,6 @@ CREATIVE_PROMPTS = [
 ]
 TENANTS = ("code", "creative")
 FIXED_KS = tuple(range(0, 9))
-
-
-def apply_decision(request, decision) -> tuple[object, object]:
-    """``(request', k)`` to run ``request`` with ``decision`` (a KDecision or its dict).
-
-    At K = 0 the request's ``speculation.k`` becomes 0, so the engine opens no proposer session
-    (no draft prefill); otherwise it becomes the decided K and ``k`` is
-    :meth:`KDecision.k_schedule` (a callable for a step-limited probe).
-    """
-    from specdec.control.controller import k_schedule
-
-    if isinstance(decision, dict):
-        k = int(decision["k"])
-        steps = decision.get("probe_steps") if decision.get("probe") else None
-    else:
-        k = int(decision.k)
-        steps = decision.probe_steps if decision.probe else None
-    spec = request.speculation.model_copy(update={"k": k})
-    req = request.model_copy(update={"speculation": spec})
-    return req, (k_schedule(k, steps) if k > 0 else 0)
 
 
 def _messages(content: str) -> list[dict]:

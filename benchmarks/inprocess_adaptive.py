@@ -5,7 +5,7 @@ A server (:mod:`deployments.tenancy`, :mod:`deployments.controller_actor`) keeps
 :class:`specdec.control.controller.KController` (acceptance estimator with
 :data:`specdec.control.acceptance.GLOBAL_PRIOR_WEIGHT`) for all tenants; per request it calls
 ``decide(tenant, "draft", policy, requested_k)``, runs the request with the decided K (a probe:
-K for its first steps, then plain decoding; :func:`benchmarks.adaptive_k.apply_decision`) and
+K for its first steps, then plain decoding; :func:`apply_decision`) and
 feeds the finished request back with ``record(tenant, "draft", stats, step costs)``. Nothing
 calibrates it at start: a fresh server decides from its priors. Its steps run under the tenant's
 in-request goodput guard (:meth:`KController.guarded_k`), the in-process counterpart of the draft
@@ -98,6 +98,26 @@ def new_controller():
                        step_guard=in_request_guard(), learn_early_stop=True, in_request_retune=True)
 
 
+def apply_decision(request, decision) -> tuple[object, object]:
+    """``(request', k)`` to run ``request`` with ``decision`` (a KDecision or its dict).
+
+    At K = 0 the request's ``speculation.k`` becomes 0, so the engine opens no proposer session
+    (no draft prefill); otherwise it becomes the decided K and ``k`` is
+    :meth:`KDecision.k_schedule` (a callable for a step-limited probe).
+    """
+    from specdec.control.controller import k_schedule
+
+    if isinstance(decision, dict):
+        k = int(decision["k"])
+        steps = decision.get("probe_steps") if decision.get("probe") else None
+    else:
+        k = int(decision.k)
+        steps = decision.probe_steps if decision.probe else None
+    spec = request.speculation.model_copy(update={"k": k})
+    req = request.model_copy(update={"speculation": spec})
+    return req, (k_schedule(k, steps) if k > 0 else 0)
+
+
 def run_adaptive(engine, controller, tenant: str, prompt_ids: list[int], tokens: int, min_confidence: float = 0.0):
     """One request of ``tenant`` decided by ``controller``, run, then recorded into it.
 
@@ -105,7 +125,6 @@ def run_adaptive(engine, controller, tenant: str, prompt_ids: list[int], tokens:
         ``(TimedRun, KDecision)``; the caller times the call of this function and calls
         :func:`record` after it.
     """
-    from benchmarks.adaptive_k import apply_decision
     from specdec.control.adaptive import run_timed
     from specdec.request import GenerationRequest
 
