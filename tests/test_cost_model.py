@@ -163,3 +163,21 @@ def test_draft_prefill_spread_over_the_request():
     old = {k: v for k, v in cm.export_observations().items() if k not in ("draft_blocks", "draft_prefill")}
     back.import_observations(old)  # written before session 12: no blocks, no prefill
     assert back.draft_prefill_s == 0.0 and back.draft_block_s(3) == pytest.approx(3 * back.draft_s_per_token)
+
+
+def test_frozen_cost_model_ignores_every_kind_of_observation():
+    """FrozenCostModel keeps its priors whatever is observed: every ``observe_*`` of CostModel is
+    a no-op there (a new measurement kind left out made tiny-model tests price drafts from their
+    wall time: tests/deployments/test_tenancy.py held an always-rejected tenant at K = 6)."""
+    from specdec.control.cost_model import CostModel
+    from specdec.testing.sim import FrozenCostModel
+
+    frozen = FrozenCostModel(verify_s=1.0, draft_s_per_token=0.1)
+    before = [frozen.step_time(k) for k in range(7)]
+    for name in dir(CostModel):
+        if name.startswith("observe_"):
+            fn = getattr(frozen, name)
+            args = [3, 0.001][: fn.__code__.co_argcount - 1]
+            for _ in range(20):
+                fn(*args)
+    assert [frozen.step_time(k) for k in range(7)] == before == [1.0 + 0.1 * k for k in range(7)]

@@ -29,6 +29,12 @@ class FrozenCostModel(CostModel):
     def observe_round_trip(self, seconds: float) -> None:
         pass
 
+    def observe_draft_block(self, drafted: int, seconds: float) -> None:
+        pass
+
+    def observe_draft_prefill(self, seconds: float) -> None:
+        pass
+
 
 def frozen_cost_model_factory(proposer: str) -> FrozenCostModel:
     """``cost_model_factory`` for :class:`specdec.control.controller.KController` (picklable)."""
