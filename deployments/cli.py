@@ -189,8 +189,9 @@ def start_line(cfg, num_cpus: int, capability: str | None = None) -> str:
     local Ray's CPUs and torch's CPU kernel level (``capability``: default
     ``torch.backends.cpu.get_cpu_capability()``, e.g. ``"AVX512"``, ``"AVX2"``).
 
-    On a CPU without AVX-512 the CPU default is float32 (:func:`specdec.models.formats.choose_cpu_format`):
-    the line says so, since there the demo pair takes ~9 GiB and a verify of several positions costs several
+    On a CPU where torch has neither AVX-512 nor AVX2 kernels the CPU default is float32
+    (:func:`specdec.models.formats.choose_cpu_format`; AVX2 gets int4 since session 12): the line says so,
+    since float32 takes ~9 GiB for the demo pair and a verify of several positions costs several
     one-position forwards, so K under load mostly stays at 0 (docs/bench/served-w8a8/FIRST-s12-first12.md).
     """
     on_gpu = cfg.target_gpus_per_worker > 0
@@ -209,8 +210,8 @@ def start_line(cfg, num_cpus: int, capability: str | None = None) -> str:
 
         capability = torch.backends.cpu.get_cpu_capability()
     line += f", CPU kernels {capability}"
-    if target_fmt == "float32" and not cfg.target_dtype and not capability.upper().startswith("AVX512"):
-        line += " (no AVX-512: float32 weights, the quantized formats need it)"
+    if target_fmt == "float32" and not cfg.target_dtype and not capability.upper().startswith(("AVX512", "AVX2")):
+        line += " (no AVX2 or AVX-512: float32 weights, the quantized formats need them)"
     return line
 
 

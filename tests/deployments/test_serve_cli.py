@@ -80,13 +80,15 @@ def test_serve_first_line_names_weight_formats_and_the_cpu_kernel_level():
     cfg = base.model_copy(update={"target_dtype": "w8a8", "draft_dtype": "int4"})
     assert cli.start_line(cfg, 2, capability="AVX512") == (
         "target demo:target (TP=1, w8a8), draft demo:draft (int4); local Ray with 2 CPUs, CPU kernels AVX512")
-    # float32 chosen by default on a CPU without AVX-512 (this session's EPYC): said on the line
+    # float32 chosen by default on a CPU without AVX2 or AVX-512: said on the line (AVX2 defaults to int4)
     cfg = base.model_copy(update={"draft_model": None})
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(type(cfg), "target_format", lambda self: "float32")
-        assert cli.start_line(cfg, 2, capability="AVX2") == (
-            "target demo:target (TP=1, float32), no draft; local Ray with 2 CPUs, CPU kernels AVX2 "
-            "(no AVX-512: float32 weights, the quantized formats need it)")
+        assert cli.start_line(cfg, 2, capability="DEFAULT") == (
+            "target demo:target (TP=1, float32), no draft; local Ray with 2 CPUs, CPU kernels DEFAULT "
+            "(no AVX2 or AVX-512: float32 weights, the quantized formats need them)")
+        assert cli.start_line(cfg, 2, capability="AVX2") == (  # float32 from $SPECDEC_WEIGHT_FORMAT: no hint
+            "target demo:target (TP=1, float32), no draft; local Ray with 2 CPUs, CPU kernels AVX2")
     # float32 asked for: no hint
     cfg = base.model_copy(update={"target_dtype": "float32", "draft_dtype": "float32"})
     assert cli.start_line(cfg, 4, capability="AVX2") == (
