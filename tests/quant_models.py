@@ -37,3 +37,14 @@ def load(folder: Path, fmt: str):
 def logits(loaded) -> torch.Tensor:
     """``[len(PROMPT), vocab]`` logits of ``loaded``'s model over :data:`PROMPT`."""
     return loaded.model(torch.tensor([PROMPT])).logits[0]
+
+
+def int4_narrow_qkv_fuses() -> bool:
+    """Whether the tiny models' int4 q/k/v projections (k/v of 32 output rows at hidden 64) fuse
+    on this CPU. The load fuses only what concatenates bitwise (specdec.models.fused): torch's CPU
+    int4 packing works in blocks of 64 output rows with AVX-512 kernels, so a 32-row part does not
+    concatenate and q/k/v stay separate; with AVX2 kernels (the AVX2-only AMD EPYC Zen 3 of 2 Dec
+    2026) they concatenate and fuse. Gate/up (128 rows) fuse on both."""
+    import torch
+
+    return not torch.backends.cpu.get_cpu_capability().startswith("AVX512")

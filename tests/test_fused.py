@@ -20,6 +20,7 @@ from specdec.models.loader import load_model
 from specdec.models.spec import HFModelSpec
 from specdec.request import GenerationRequest
 from specdec.testing.tiny import build_tiny_model
+from tests.quant_models import int4_narrow_qkv_fuses
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +125,7 @@ def test_narrow_projections_that_do_not_concatenate_stay_unfused(folders):
     (gate/up, 128 rows, fuse). On an AVX2-only CPU the packing block is 32 rows: they concatenate
     and fuse (measured on the AVX2 AMD EPYC Zen 3 of 2 Dec 2026); the logits are the same either way."""
     m = load_model(HFModelSpec(path=folders[2]), weight_format="int4")
-    qkv_fuses = not torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    qkv_fuses = int4_narrow_qkv_fuses()
     for layer in m.model.model.layers:
         assert type(layer.self_attn.q_proj) is (FusedSlice if qkv_fuses else torch.nn.Linear)
         assert type(layer.mlp.gate_proj) is FusedSlice

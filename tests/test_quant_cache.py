@@ -14,7 +14,7 @@ from specdec.models import cache
 from specdec.models.formats import Int8WeightOnlyLinear, W8A8Linear
 from specdec.models.quant_cache import TENSORS, cache_folder
 from specdec.testing.tiny import build_tiny_model
-from tests.quant_models import load, logits, marked_tiny_model
+from tests.quant_models import int4_narrow_qkv_fuses, load, logits, marked_tiny_model
 
 
 @pytest.fixture
@@ -47,6 +47,8 @@ def test_cached_load_is_bitwise_a_fresh_quantization(marked, fmt, monkeypatch):
         assert isinstance(warm.model.lm_head, W8A8Linear)
         assert torch.load(entry / TENSORS, weights_only=True)["model.layers.0.self_attn.q_proj"]["kind"] == "w8a8"
     else:
+        if int4_narrow_qkv_fuses():
+            q = q.fused.linear
         assert type(q.weight.data).__name__ == "Int4OpaqueTensor"
     expected = logits(fresh)
     assert torch.equal(logits(built), expected)

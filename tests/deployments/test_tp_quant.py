@@ -17,6 +17,7 @@ from deployments.tp_worker import free_port
 from specdec.models import cache
 from specdec.models.quant_cache import cache_folder
 from specdec.testing.tiny import build_tiny_model
+from tests.quant_models import int4_narrow_qkv_fuses
 
 PROMPTS = [[1, 5, 9, 33, 70, 100, 7, 8, 250, 3], [4, 4, 17, 200, 31]]
 #: fused groups per rank at TP=2 (2 layers x q/k/v, gate/up): only int4 and w8a8 fuse; int4's
@@ -126,7 +127,7 @@ def test_tp2_int4_and_warm_start_reads_each_ranks_cached_shard(folders, tmp_path
     assert warm[0]["logits"] == first[0]["logits"] and warm[0]["spec"] == first[0]["spec"]
 
 
-@pytest.mark.parametrize("fmt, groups", [("w8a8", 4), ("int4", 2)])  # int4: q/k/v of hidden 64 not bitwise fused
+@pytest.mark.parametrize("fmt, groups", [("w8a8", 4), ("int4", 2)])  # int4: q/k/v of hidden 64 not bitwise fused (AVX-512)
 def test_tp1_worker_fuses_like_the_in_process_load(folders, fmt, groups):
     """The served TP=1 target (load_tp_model, what TPWorker.setup runs) fuses q/k/v and gate/up
     like load_model does, and its logits are bitwise those of the in-process target and of the
@@ -139,6 +140,8 @@ def test_tp1_worker_fuses_like_the_in_process_load(folders, fmt, groups):
     served = load_tp_model(str(target), 0, 1, fmt)
     unfused = load_tp_model(str(target), 0, 1, fmt, fuse=False)
     in_process = load_model(HFModelSpec(path=target), weight_format=fmt)
+    if fmt == "int4" and int4_narrow_qkv_fuses():  # AVX2: q/k/v fuse too
+        groups = 4
     assert sum(isinstance(m, FusedLinear) for m in served.model.modules()) == groups  # of 2 layers x 2 groups
     assert isinstance(served.model.model.layers[1].mlp.up_proj, FusedSlice)
     assert not any(isinstance(m, FusedLinear) for m in unfused.model.modules())
