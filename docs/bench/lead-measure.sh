@@ -1,6 +1,7 @@
 #!/bin/bash
 # usage: TAG=s12-lead NETNS=ns-X RAY_TMPDIR=/tmp/ray-X flock -w 900 /tmp/specdec-heavy.lock docs/bench/lead-measure.sh STAGE...
-# stages: served onecl batchgoal bench32 bench128 (run from any directory; works in the repository holding it).
+# stages: served onecl batchgoal bench32 bench128 (run from any directory; works in the repository holding it);
+# benchavx2: session 12's in-process bench on an AVX2-only CPU (float32 baseline, int4 defaults, 64 tokens).
 # TAG names the outputs (default s12-lead; its first part, s12, names the session's folders): served-w8a8/run-TAG.txt,
 # batching/inprocess-TAG/, formats/bench-SESSION/lead and lead-128/.
 set -u
@@ -36,6 +37,15 @@ for st in "$@"; do
       --only copy:ours-ngram-K16 --only copy_full:ours-ngram-K16 \
       --only creative:ours-adaptive-w0-c0.4,ours-adaptive-w4-c0.4 \
       --out docs/bench/formats/bench-$SESSION/lead; hdr end; } 2>&1 | tee docs/bench/formats/bench-$SESSION/lead/log.txt | tail -40 ;;
+ benchavx2)
+  mkdir -p docs/bench/formats/bench-$SESSION/lead-avx2
+  { hdr start; timeout 900 .venv/bin/specdec bench --formats float32:alone,int4 --alone-prompts code-prime --alone-rounds 3 \
+      --prompts code-prime,code-rename-full,poem-sea --tokens 64 --repeats 3 --no-bracket \
+      --ks 4 --draft-min-confidence 0.4 --ngram-ks 16 --proposers draft,ngram --hf assisted --adaptive 4 \
+      --adaptive-min-confidence 0.4 --threads 1 --no-plot \
+      --only code:hf-assisted,ours-draft-K4-c0.4,ours-adaptive-w4-c0.4 --only copy_full:ours-ngram-K16 \
+      --only creative:ours-adaptive-w4-c0.4 \
+      --out docs/bench/formats/bench-$SESSION/lead-avx2; hdr end; } 2>&1 | tee docs/bench/formats/bench-$SESSION/lead-avx2/log.txt | tail -40 ;;
  bench128)
   mkdir -p docs/bench/formats/bench-$SESSION/lead-128
   { hdr start; timeout 600 .venv/bin/specdec bench --formats w8a8 \
