@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                               weight_format=a.format, draft_format=a.draft_format or a.format)
     engine = SpeculativeEngine(target, draft)
     if a.prefix_cache and not (target.invariant and draft.invariant):
-        # a float32 forward (the default on a CPU without AVX512, e.g. AVX2-only AMD EPYC) is not made
+        # a float32 forward (the default on a CPU without AVX2 or AVX-512 kernels, or asked for) is not made
         # shape-invariant, and prefix caching refuses such a model
         print(f"prefix cache off: {target.weight_format}/{draft.weight_format} forwards are not shape-invariant",
               file=sys.stderr, flush=True)

@@ -136,7 +136,7 @@ def test_batching_goal_traces_the_adaptive_decisions_and_runs_float32_without_pr
         tiny_pair_folders, tmp_path, monkeypatch):
     """SPECDEC_BATCH_K_TRACE: one JSON line per decision (K per tenant, what K = 0 would give under
     the same costs, the priced forwards) and per tick (the measured verify forward), labelled with
-    the arm; float32 (the default on an AVX2-only CPU) is not shape-invariant, so prefix caching is
+    the arm; float32 (the default on CPUs without AVX2 or AVX-512 kernels) is not shape-invariant, so prefix caching is
     turned off instead of refusing the run."""
     from benchmarks.batching_goal import main
 
