@@ -39,7 +39,7 @@ for st in "$@"; do
       --out docs/bench/formats/bench-$SESSION/lead; hdr end; } 2>&1 | tee docs/bench/formats/bench-$SESSION/lead/log.txt | tail -40 ;;
  benchavx2)
   mkdir -p docs/bench/formats/bench-$SESSION/lead-avx2
-  { hdr start; timeout 900 .venv/bin/specdec bench --formats float32:alone,int4 --alone-prompts code-prime --alone-rounds 3 \
+  { hdr start; timeout 1500 .venv/bin/specdec bench --formats float32:alone,int4 --alone-prompts code-prime --alone-rounds 3 \
       --prompts code-prime,code-rename-full,poem-sea --tokens 64 --repeats 3 --no-bracket \
       --ks 4 --draft-min-confidence 0.4 --ngram-ks 16 --proposers draft,ngram --hf assisted --adaptive 4 \
       --adaptive-min-confidence 0.4 --threads 1 --no-plot \
