@@ -85,6 +85,26 @@ def _check_seconds(seconds: float) -> float:
     return seconds
 
 
+def _interpolate(pts: list[tuple[float, float]], x: float) -> float | None:
+    """Linear interpolation of the sorted measured ``(x, seconds)`` points at ``x`` between its
+    nearest measured neighbours; None when ``x`` is not between two of them."""
+    lo = [pt for pt in pts if pt[0] < x]
+    hi = [pt for pt in pts if pt[0] > x]
+    if not (lo and hi):
+        return None
+    (x1, t1), (x2, t2) = lo[-1], hi[0]
+    return t1 + (t2 - t1) * (x - x1) / (x2 - x1)
+
+
+def _fit_slope(pts: list[tuple[float, float]]) -> float:
+    """Least-squares slope (seconds per unit of x) through at least two measured ``(x, seconds)``
+    points with distinct x, never below 0 (for extrapolating beyond them)."""
+    n = len(pts)
+    mx = sum(x for x, _ in pts) / n
+    mt = sum(t for _, t in pts) / n
+    return max(sum((x - mx) * (t - mt) for x, t in pts) / sum((x - mx) ** 2 for x, _ in pts), 0.0)
+
+
 class CostModel:
     """Measured per-step costs of one (proposer, target) pairing. All times in seconds.
 
@@ -206,16 +226,11 @@ class CostModel:
             d0, t0 = pts[0]
             later = t0 / (self.prior_draft_first_ratio + d0 - 1)
             return later * (self.prior_draft_first_ratio + drafted - 1)
-        lo = [pt for pt in pts if pt[0] < drafted]
-        hi = [pt for pt in pts if pt[0] > drafted]
-        if lo and hi:
-            (d1, t1), (d2, t2) = lo[-1], hi[0]
-            return t1 + (t2 - t1) * (drafted - d1) / (d2 - d1)
-        n = len(pts)
-        md = sum(d for d, _ in pts) / n
-        mt = sum(t for _, t in pts) / n
-        later = max(sum((d - md) * (t - mt) for d, t in pts) / sum((d - md) ** 2 for d, _ in pts), 0.0)
-        if hi:  # below the shortest measured block: never below one later forward per token
+        between = _interpolate(pts, drafted)
+        if between is not None:
+            return between
+        later = _fit_slope(pts)
+        if drafted < pts[0][0]:  # below the shortest measured block: never below one later forward per token
             d_lo, t_lo = pts[0]
             return max(t_lo - later * (d_lo - drafted), t_lo * drafted / d_lo)
         d_hi, t_hi = pts[-1]
@@ -240,17 +255,11 @@ class CostModel:
         if len(pts) == 1:
             p0, t0 = pts[0]
             return t0 * self._prior_verify(positions) / self._prior_verify(p0)
-        lo = [pt for pt in pts if pt[0] < positions]
-        hi = [pt for pt in pts if pt[0] > positions]
-        if lo and hi:
-            (p1, t1), (p2, t2) = lo[-1], hi[0]
-            return t1 + (t2 - t1) * (positions - p1) / (p2 - p1)
-        n = len(pts)
-        mp = sum(p for p, _ in pts) / n
-        mt = sum(t for _, t in pts) / n
-        slope = sum((p - mp) * (t - mt) for p, t in pts) / sum((p - mp) ** 2 for p, _ in pts)
-        slope = max(slope, 0.0)
-        if hi:  # below the smallest measured size
+        between = _interpolate(pts, positions)
+        if between is not None:
+            return between
+        slope = _fit_slope(pts)
+        if positions < pts[0][0]:  # below the smallest measured size
             p_lo, t_lo = pts[0]
             slope = min(slope, t_lo / p_lo)
             return t_lo - slope * (p_lo - positions)
