@@ -191,6 +191,17 @@ class Router:
             raise ModelNotReadyError(f"the models are not available: {unwrap(e)}") from None
         self._settled = True
 
+    async def Settled(self) -> bool:
+        """Whether ``GET /health`` would answer 200 now (:meth:`_ensure_settled`: the models
+        answer and the draft replica's start-up calibration has ended), as a bool: what the
+        gRPC health servicer in Serve's proxy reports for ``specdec.v1.SpecDec``
+        (:func:`deployments.health.serve_apps_settled`). Waits at most twice ``ready_timeout_s``."""
+        try:
+            await self._ensure_settled()
+        except ModelNotReadyError:
+            return False
+        return True
+
     def _job(self, req: GenerationRequest, adm: Any, prompt: Sequence[int], session_id: str,
              deadline: float) -> xpb.DraftJob:
         msg = convert.request_to_proto(req)

@@ -641,6 +641,16 @@ def test_health_is_503_while_the_draft_replica_calibrates_and_requests_are_serve
     assert out.usage.completion_tokens == 2
 
 
+def test_router_settled_is_what_health_answers(stack):
+    """Router.Settled (what the gRPC health servicer in Serve's proxy reports for
+    specdec.v1.SpecDec, deployments.health) is False while GET /health answers 503 (loading or
+    calibrating) and True when it answers 200."""
+    for kw, status in [({"ready": False}, 503), ({"settled": False}, 503), ({}, 200)]:
+        router = stack["make_router"](**kw)
+        assert _run(_raw(openai_api.build_app(router), "GET", "/health")).status_code == status
+        assert _run(router.Settled()) is (status == 200)
+
+
 def test_every_path_answers_something_useful(stack):
     app = stack["app"]
     root = _run(_raw(app, "GET", "/"))

@@ -442,8 +442,18 @@ def test_health_check_is_served_by_the_proxy(served):
 
     _, channel, _ = served
     stub = health_pb2_grpc.HealthStub(channel)
-    for service in ("", "specdec.v1.SpecDec"):
-        assert stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+    assert stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+    # specdec.v1.SpecDec: SERVING once the proxy's probe (Router.Settled through Serve) says settled
+    call = stub.Watch(health_pb2.HealthCheckRequest(service="specdec.v1.SpecDec"), timeout=60)
+    seen = []
+    for resp in call:
+        seen.append(resp.status)
+        if resp.status == health_pb2.HealthCheckResponse.SERVING:
+            break
+    call.cancel()
+    assert seen[-1] == health_pb2.HealthCheckResponse.SERVING
+    assert stub.Check(health_pb2.HealthCheckRequest(service="specdec.v1.SpecDec"), timeout=10).status == \
+        health_pb2.HealthCheckResponse.SERVING
 
 
 def test_reflection_lists_the_service(served):

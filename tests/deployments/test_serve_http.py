@@ -205,12 +205,31 @@ def test_every_http_path_answers(served):
     assert [m.id for m in _client(served).models.list()] == [APP]
 
 
+def _watch_until_serving(health, service: str) -> list[int]:
+    """The statuses grpc.health.v1 Watch streams for ``service`` up to SERVING (60 s deadline)."""
+    from grpc_health.v1 import health_pb2
+
+    seen = []
+    call = health.Watch(health_pb2.HealthCheckRequest(service=service), timeout=60)
+    for resp in call:
+        seen.append(resp.status)
+        if resp.status == health_pb2.HealthCheckResponse.SERVING:
+            break
+    call.cancel()
+    assert set(seen) <= {health_pb2.HealthCheckResponse.NOT_SERVING, health_pb2.HealthCheckResponse.SERVING}
+    return seen
+
+
 def test_grpc_health_and_reflection_still_answer(served):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
     _, channel, _ = served
     health = health_pb2_grpc.HealthStub(channel)
+    # specdec.v1.SpecDec's status comes from the router through Serve (Router.Settled, what GET
+    # /health answers; no start-up calibration in this app): SERVING once the proxy has asked it
+    assert _watch_until_serving(health, "specdec.v1.SpecDec")[-1] == health_pb2.HealthCheckResponse.SERVING
+    assert httpx2.get(_base(served[0]) + "/health", timeout=30).json() == {"status": "ok"}
     for service in ("", "specdec.v1.SpecDec"):
         assert health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status == \
             health_pb2.HealthCheckResponse.SERVING
