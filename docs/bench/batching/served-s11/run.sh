@@ -19,13 +19,13 @@ tail="echo \"== lock released \$(date -u +%H:%M:%S) load \$(cut -d' ' -f1-3 /pro
 py="ip netns exec $NETNS env RAY_TMPDIR=$RAY_TMPDIR HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD .venv/bin/python"
 if [ "$what" = onecl ]; then
   out=$dir/onecl-$tag.txt
-  flock -w 1800 /tmp/specdec-heavy.lock timeout 330 bash -c "$head
+  flock -w ${LOCK_WAIT:-1800} /tmp/specdec-heavy.lock timeout 330 bash -c "$head
     $py docs/bench/served-w8a8/one_client_modes.py 3 128 2>&1 | grep -E '^==|^\{|^warmup|Error'
     $tail" > $out 2>&1
   gzip -c $tmp/k.jsonl > $dir/k-trace-$tag.jsonl.gz
 elif [ "$what" = clients ]; then
   out=$dir/clients-$tag.log
-  flock -w 1800 /tmp/specdec-heavy.lock timeout 330 bash -c "$head
+  flock -w ${LOCK_WAIT:-1800} /tmp/specdec-heavy.lock timeout 330 bash -c "$head
     $py -m benchmarks.served_clients --clients ${3:-1,2,4,8} --tokens ${4:-32} --rounds ${5:-1} --out $dir/clients-$tag.json 2>&1 \
       | grep --line-buffered -E '^\[served_clients\]|^\||^Served|^Per round|^Outputs|Error'
     $tail" > $out 2>&1
