@@ -22,7 +22,8 @@ case $what in
   for f in $w/run-$tag.txt $w/*-$tag-[ab].*; do [ -e "$f" ] && mv "$f" $d/; done ;;
  onecl|clients)
   bash $b/run.sh $what $tag
-  for f in $b/onecl-$tag.txt $b/k-trace-$tag.jsonl.gz $b/clients-$tag.* $b/target-trace-$tag.jsonl.gz; do
-    [ -e "$f" ] && mv "$f" $d/; done ;;
+  if [ $what = onecl ]; then files="$b/onecl-$tag.txt $b/k-trace-$tag.jsonl.gz"
+  else files="$(ls $b/clients-$tag.* 2>/dev/null) $b/target-trace-$tag.jsonl.gz"; fi
+  for f in $files; do [ -e "$f" ] && mv "$f" $d/; done ;;
  *) echo "usage: run.sh first|onecl|clients TAG" >&2; exit 2 ;;
 esac
