@@ -91,8 +91,34 @@ def validate_overlay(overlay: str, docs: list[dict] | None = None) -> list[str]:
     return errors
 
 
+def parse_overlay_names(argv: list[str]) -> list[str]:
+    """The overlays the CLI arguments name (none: every overlay of ``k8s/overlays``).
+
+    Raises:
+        SystemExit: status 0 for ``--help``, status 2 (argparse's message listing the overlays)
+            for a name that is not an overlay, before anything is rendered.
+    """
+    import argparse
+
+    known = overlays()
+    parser = argparse.ArgumentParser(
+        prog="python k8s/validate.py",
+        description="Render the k8s overlays with kubectl kustomize and validate them offline (KubeRay's "
+                    "RayService CRD, Kubernetes schemas, specdec's own checks, the Grafana dashboard). "
+                    "$KUBERAY_RAYSERVICE_CRD: another RayService CRD to check against.")
+    parser.add_argument("overlay", nargs="*", metavar="OVERLAY",
+                        help=f"overlay to validate: {', '.join(known)} (default: all)")
+    names = parser.parse_args(argv).overlay
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(f"no overlay {', '.join(map(repr, unknown))} in k8s/overlays (overlays: {', '.join(known)})")
+    return names or known
+
+
 def main(argv: list[str] | None = None) -> int:
-    names = (argv if argv is not None else sys.argv[1:]) or overlays()
+    """The CLI: validate the overlays named in ``argv`` (default: all; :func:`parse_overlay_names`);
+    returns 0 when all are valid, else 1."""
+    names = parse_overlay_names(sys.argv[1:] if argv is None else argv)
     bad = 0
     stale = rsc.stale_patches()
     if stale:

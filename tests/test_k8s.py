@@ -449,3 +449,19 @@ def test_vendored_crd_is_the_release_the_readme_installs(monkeypatch):
     notes = (K8S / "schemas" / "README.md").read_text()
     assert "KubeRay v1.5.1" in notes and schemas.CRD_SHA256 in notes
     assert "github.com/ray-project/kuberay/blob/v1.5.1/ray-operator/config/crd/bases/ray.io_rayservices.yaml" in notes
+
+
+def test_cli_refuses_an_unknown_overlay_and_answers_help(capsys):
+    """`python k8s/validate.py --help` printed a traceback (``--help`` was rendered as an overlay
+    named '--help'); a misspelt overlay did the same. Both are argparse's answers now, before
+    anything is rendered; no name is every overlay."""
+    with pytest.raises(SystemExit) as e:
+        val.parse_overlay_names(["--help"])
+    assert e.value.code == 0
+    assert "OVERLAY" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        val.main(["gpus"])
+    assert e.value.code == 2
+    assert "no overlay 'gpus' in k8s/overlays (overlays: cpu-dev, gpu)" in capsys.readouterr().err
+    assert val.parse_overlay_names([]) == ["cpu-dev", "gpu"]
+    assert val.parse_overlay_names(["gpu"]) == ["gpu"]
