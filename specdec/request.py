@@ -8,6 +8,7 @@ from pydantic is turned into :class:`specdec.errors.InvalidRequestError` by
 
 from __future__ import annotations
 
+import re
 from typing import Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -170,6 +171,18 @@ class GenerationRequest(BaseModel):
         return self
 
 
+#: The top-level fields the cross-field rules of :class:`GenerationRequest` name in their sentences
+#: ("min_tokens (9) must be <= max_tokens (8)", "top_logprobs needs logprobs", "stop strings must not
+#: be empty"), longest first so ``top_logprobs`` is not read as ``logprobs``.
+_BARE_FIELD = re.compile(r"\b(top_logprobs|min_tokens|max_tokens|logprobs|stop)\b")
+
+
+def _rename_bare_fields(msg: str, field_names: Mapping[str, str]) -> str:
+    """``msg`` with each field name of :data:`_BARE_FIELD` spelled as ``field_names`` calls it
+    (``specdec generate``: "--top-logprobs needs --logprobs"); names it does not list stay."""
+    return _BARE_FIELD.sub(lambda m: field_names.get(m.group(1), m.group(1)), msg)
+
+
 def parse_request(data: dict, field_names: Mapping[str, str] | None = None) -> GenerationRequest:
     """Validate a plain dict into a :class:`GenerationRequest`.
 
@@ -193,5 +206,7 @@ def parse_request(data: dict, field_names: Mapping[str, str] | None = None) -> G
             msg = err["msg"]
             if err.get("type") == "value_error" and msg.startswith("Value error, "):
                 msg = msg[len("Value error, "):]  # our validators' own sentences, without pydantic's prefix
+            if not loc and field_names:  # a rule over several fields names them in its sentence
+                msg = _rename_bare_fields(msg, field_names)
             parts.append(f"{loc}: {msg}" if loc else msg)  # no location: a rule over several fields
         raise InvalidRequestError("invalid request: " + "; ".join(parts)) from None

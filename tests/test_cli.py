@@ -40,6 +40,10 @@ def test_generate_draft_proposer_without_a_draft_is_refused_before_loading(capsy
     (["--seed", "-1", "--temperature", "1"], "invalid request: --seed: Input should be greater than or equal to 0"),
     (["--max-tokens", "0"], "invalid request: --max-tokens: Input should be greater than or equal to 1"),
     (["--top-p", "0"], "invalid request: --top-p: Input should be greater than 0"),
+    # rules over several flags named the request fields ("top_logprobs needs logprobs")
+    (["--top-logprobs", "3"], "invalid request: --top-logprobs needs --logprobs"),
+    (["--stop", ""], "invalid request: --stop strings must not be empty"),
+    (["--min-tokens", "9", "--max-tokens", "8"], "invalid request: --min-tokens (9) must be <= --max-tokens (8)"),
 ])
 def test_generate_errors_name_the_flag(flags, message, capsys):
     """A bad value was reported by its request field (``speculation.k``, ``sampling.seed``), which
