@@ -131,3 +131,40 @@ def test_in_request_retune_raises_a_fresh_tenants_k_within_its_first_request():
 
     assert run(False) == [2, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 2]
     assert run(True) == [2, 2, 2, 2, 2, 0, 0, 0, 0, 3, 3, 3, 3, 5]
+
+
+def test_early_stop_counts_survive_a_snapshot():
+    """The early-stop counts behind the hazards are in the controller's snapshot (plain JSON):
+    a controller restored from it has the same hazards and decides the same K; a snapshot
+    written before they existed restores without them (the fixed-length model); counts of
+    unequal lengths are refused whole."""
+    import json
+
+    c = _controller()
+    c.decide("code", "draft", POLICY, 8)
+    c.record("code", "draft", {"accepted": 40, "rejected_steps": 10, "steps": 20, "proposed": 60,
+                               "k_counts": {1: 4, 2: 4, 6: 12}})
+    data = json.loads(json.dumps(c.export_learned()))
+    (entry,) = data["stops"]
+    assert entry[:2] == ["code", "draft"]
+    assert entry[2] == pytest.approx([4, 4, 0, 0, 0, 0])  # stopped at positions 1..6 (one record: no decay yet)
+    assert entry[3] == pytest.approx([16, 12, 12, 12, 12, 0])  # continued past them
+
+    restored = _controller()
+    restored.import_learned(data)
+    assert restored.stop_hazards("code", "draft", 8) == pytest.approx(c.stop_hazards("code", "draft", 8))
+    assert restored.stop_hazards("code", "draft", 8)[:2] == pytest.approx([4 / 20, 4 / 16])
+    assert restored.decide("code", "draft", POLICY, 8).k == c.decide("code", "draft", POLICY, 8).k
+
+    del data["stops"]
+    old = _controller()
+    old.import_learned(data)
+    assert old.stop_hazards("code", "draft", 8) == [0.0] * 8
+
+    data["stops"] = [["code", "draft", [1.0, 2.0], [3.0]]]
+    kept = _controller()
+    kept.record_stops(("code", "draft"), {1: 2, 4: 2}, 4)
+    before = kept.stop_hazards("code", "draft", 4)
+    with pytest.raises(ValueError, match="2 stopped counts but 1 continued"):
+        kept.import_learned(data)
+    assert kept.stop_hazards("code", "draft", 4) == before

@@ -1,7 +1,7 @@
 """What :class:`specdec.control.controller.KController` learned, as versioned plain data.
 
 :class:`LearnedState` is mixed into the controller (it uses its ``estimator``,
-``cost_model_factory``, ``clock``, ``_costs``, ``_state`` and ``_lengths``): export to JSON-safe
+``cost_model_factory``, ``clock``, ``_costs``, ``_state``, ``_lengths`` and ``_stops``): export to JSON-safe
 data and import all or nothing, so a controller actor restarted from a snapshot resumes where
 it was (:mod:`deployments.controller_actor`).
 """
@@ -37,7 +37,12 @@ class LearnedState:
              "costs": {proposer: CostModel.export_observations()},
              "k_state": [{"tenant", "proposer", "current_k", "pending_k", "pending_count",
                           "zero_requests", "decisions", "probes", "switches", "probed"}],
-             "lengths": [[tenant, proposer, decayed steps per block length]]}
+             "lengths": [[tenant, proposer, decayed steps per block length]],
+             "stops": [[tenant, proposer, decayed blocks stopped per draft position,
+                        decayed blocks continued past it]]}
+
+        ``stops`` are the early-stop counts behind :meth:`KController.stop_hazards` (position j
+        at index j - 1; in process, ``learn_early_stop``).
 
         Settings are not included: they come from the constructor, so a snapshot survives a
         change of settings or of the classes' code.
@@ -52,6 +57,7 @@ class LearnedState:
                 for (t, p), st in self._state.items()
             ],
             "lengths": [[t, p, list(hist)] for (t, p), hist in self._lengths.items()],
+            "stops": [[t, p, list(stopped), list(continued)] for (t, p), (stopped, continued) in self._stops.items()],
         }
 
     def import_learned(self, data: Mapping) -> None:
@@ -99,4 +105,14 @@ class LearnedState:
             if not isinstance(t, str) or not isinstance(p, str):
                 raise TypeError(f"lengths key must be two strings, got {t!r}, {p!r}")
             lengths[(t, p)] = [_finite_count(x, "lengths") for x in hist]
+        stops: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+        for t, p, stopped, continued in data.get("stops", []):  # absent in snapshots written before it existed
+            if not isinstance(t, str) or not isinstance(p, str):
+                raise TypeError(f"stops key must be two strings, got {t!r}, {p!r}")
+            stopped = [_finite_count(x, "stops") for x in stopped]
+            continued = [_finite_count(x, "stops") for x in continued]
+            if len(stopped) != len(continued):
+                raise ValueError(f"stops of {t!r}/{p!r}: {len(stopped)} stopped counts but {len(continued)} continued")
+            stops[(t, p)] = (stopped, continued)
         self.estimator, self._costs, self._state, self._lengths = estimator, costs, state, lengths
+        self._stops = stops
