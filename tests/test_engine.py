@@ -28,6 +28,9 @@ from tests.conftest import load_tiny, target_greedy
         ([1, 9, 2, 1, 8, 2, 1], 2, 1, 1, (), [8, 2]),  # most recent unigram match wins
         ([3, 1, 2, 7, 2, 1, 2], 2, 1, 2, (), [7, 2]),  # the longer n-gram [1, 2] beats unigram [2]
         ([1, 2, 3, 9, 4, 1, 2], 3, 1, 3, (9,), [3, 9]),  # cut at (and including) an EOS
+        ([1, 5, 6, 1, 9, 1], 2, 1, 1, (9,), [5, 6]),  # the latest [1] is followed by EOS: the earlier one wins
+        ([1, 9, 1, 9, 2, 1], 2, 1, 1, (9,), [9]),  # only EOS follows [1]: EOS is proposed
+        ([3, 1, 9, 2, 1, 7, 3, 1], 2, 1, 2, (9,), [9]),  # the longer n-gram [3, 1] still beats unigram [1]
         ([4, 4], 3, 1, 3, (), [4]),
         ([1], 3, 1, 3, (), []),
         ([1, 2, 1], 0, 1, 3, (), []),

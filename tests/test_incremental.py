@@ -141,7 +141,7 @@ def test_index_gives_the_full_scan_answer(seed):
 
     rng = random.Random(seed)
     seq = [rng.randrange(6) for _ in range(300)]
-    index = NgramIndex(1, 3, seq[:2])
+    index = NgramIndex(1, 3, seq[:2], {5})
     for i in range(2, len(seq)):
         for k in (1, 4, 16):
             assert index.continuation(k, {5}) == find_continuation(seq[:i], k, 1, 3, {5})
