@@ -141,3 +141,33 @@ def test_guarded_generation_output_equals_the_target_alone(tiny_target, tiny_dra
     gk0.attach(gen0.stats)
     out0 = gen0.run()
     assert out0.token_ids == out.token_ids and out0.stats.proposed == 0 and set(gk0.ks) == {0}
+
+
+def test_later_explorations_skipped_while_speculation_beats_the_measured_plain_steps_by_the_margin():
+    """in_request_guard's skip_margin (0.25): after its first exploration measured plain decoding
+    (1.0 tokens/s), a request whose speculation measures 1.5 tokens/s skips the explorations due
+    later (counted as skipped, the spacing doubling); without the margin it explores again after
+    16 spec steps. Speculation only 1.1x the plain steps still re-explores."""
+    def long_run(guard, alpha, draft_s):
+        return run(2, guard, alpha, tokens=128, draft_s=draft_s)
+
+    with_margin = in_request_guard()
+    ks, _ = long_run(with_margin, 0.9, 0.3)
+    assert ks == "22222" + "0000" + "2" * 39 + "1"  # the first exploration only; last step: 2 tokens left
+    assert with_margin.explorations == 1 and with_margin.skipped >= 1 and with_margin.vetoes == 0
+    s = with_margin.snapshot()
+    assert s["goodput_plain"] == pytest.approx(1.0) and s["goodput_spec"] > 1.25
+
+    settings = dict(min_steps=4, explore_every=16, first_explore=4, hold=64, max_backoff=4, margin=0.0, decay=0.95,
+                    explore_backoff=8, outlier_clip=2.0, compare_on_explore_end=True)
+    without = GoodputGuard(**settings)
+    ks0, _ = long_run(without, 0.9, 0.3)
+    assert without.explorations == 2 and without.skipped == 0 and ks0.count("0000") == 2
+
+    # alpha 0.7, draft 0.45 s per token: 2.19 tokens per 2.1 s = 1.04 tokens/s, within the margin
+    thin = GoodputGuard(**settings, skip_margin=0.25)
+    long_run(thin, 0.7, 0.45)
+    assert thin.explorations >= 2 and thin.skipped == 0
+    assert GoodputGuard(skip_margin=0.25).fresh().skip_margin == 0.25
+    with pytest.raises(ValueError, match="skip_margin must be >= 0 or None"):
+        GoodputGuard(skip_margin=-0.1)

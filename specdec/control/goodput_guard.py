@@ -101,6 +101,16 @@ class GoodputGuard:
             steps) was a sixth of the 12 spec steps' seconds: it vetoed the main job's
             speculation, which paid 1.3x, for the rest of its request.
         compare_on_explore_end: compare the regimes on an exploration's last step (see above).
+        skip_margin: None (the default) or m >= 0: a later exploration (not the first) is also
+            skipped, and counts as one that confirmed speculation, while the last exploration's
+            fresh ``plain`` measurement is at least ``min_steps`` steps and ``spec``'s measured
+            goodput is above it by more than m (``goodput(spec) > goodput(plain) · (1 + m)``).
+            Every spec step is still compared with that ``plain`` (a veto as before); only plain
+            decoding that turns faster by more than m goes unseen. In process
+            (:func:`specdec.control.step_guard.in_request_guard`, m = 0.25): on the VNNI EPYC
+            (w8a8 pair, code-prime, 128 tokens) the taught controller's request re-explored 4
+            plain steps and a fresh one's 8 of its 34 steps while speculation measured ~1.5x
+            the plain steps it had measured (``docs/bench/formats/bench-s13/adaptk/``).
 
     Raises:
         ValueError: a setting out of its range.
@@ -108,8 +118,12 @@ class GoodputGuard:
 
     def __init__(self, *, min_steps: int = 12, explore_every: int = 64, hold: int = 96, max_backoff: int = 4,
                  margin: float = 0.0, decay: float = 0.97, explore_backoff: int = 8, outlier_clip: float = 2.0,
-                 first_explore: int | None = None, compare_on_explore_end: bool = False):
+                 first_explore: int | None = None, compare_on_explore_end: bool = False,
+                 skip_margin: float | None = None):
         first_explore = explore_every if first_explore is None else first_explore
+        if skip_margin is not None and not skip_margin >= 0:
+            raise ValueError(f"skip_margin must be >= 0 or None, got {skip_margin}")
+        self.skip_margin = None if skip_margin is None else float(skip_margin)
         if (min_steps < 1 or explore_every < min_steps or first_explore < min_steps or hold < 1 or max_backoff < 1
                 or not 0 <= margin < 1 or not 0 < decay <= 1 or explore_backoff < 1 or not outlier_clip >= 1):
             raise ValueError("need min_steps >= 1, explore_every >= min_steps, first_explore >= min_steps, hold >= 1, "
@@ -143,7 +157,7 @@ class GoodputGuard:
                             max_backoff=self.max_backoff, margin=self.margin, decay=self.decay,
                             explore_backoff=self.explore_backoff, outlier_clip=self.outlier_clip,
                             first_explore=self.first_explore,
-                            compare_on_explore_end=self.compare_on_explore_end)
+                            compare_on_explore_end=self.compare_on_explore_end, skip_margin=self.skip_margin)
 
     @property
     def forced(self) -> bool:
@@ -207,7 +221,7 @@ class GoodputGuard:
                 (npl < self.min_steps and not first) or self._since_explore >= (
                     self.first_explore if first else self._explore_spacing)):
             spec = self.goodput("spec")
-            if plain_bound is not None and spec is not None and spec > plain_bound:
+            if spec is not None and ((plain_bound is not None and spec > plain_bound) or self._plain_far_below(spec)):
                 # plain decoding cannot be faster than what speculation measures: no exploration
                 self._since_explore = 0
                 self.skipped += 1
@@ -218,6 +232,14 @@ class GoodputGuard:
             self.explorations += 1
             self._explored = npl >= self.min_steps  # a spaced one (not the first measurement)
             self._forced_left, self._forced_why = self.min_steps, "explore"
+
+    def _plain_far_below(self, spec: float) -> bool:
+        """Whether the last exploration's fresh ``plain`` is below ``spec`` by more than
+        ``skip_margin`` (never with ``skip_margin`` None or too few fresh plain steps)."""
+        if self.skip_margin is None or self.steps("plain") < self.min_steps:
+            return False
+        plain = self.goodput("plain")
+        return plain is not None and spec > plain * (1.0 + self.skip_margin)
 
     def _compare(self) -> bool:
         """Compare the regimes once both hold ``min_steps`` fresh steps: veto (True) or keep."""

@@ -46,9 +46,11 @@ def in_request_guard() -> GoodputGuard:
     steps on the demo pair): 4 fresh steps per regime before comparing, the first exploration of
     plain decoding after 4 speculating steps and compared as soon as it ends, later ones every
     16 spec steps (backing off to 128 while speculation keeps paying), a veto holds K = 0 for 64
-    steps (doubling up to 256 while rechecks confirm it)."""
+    steps (doubling up to 256 while rechecks confirm it); a later exploration is skipped while
+    speculation measures more than 1.25x the last exploration's plain steps (``skip_margin``)."""
     return GoodputGuard(min_steps=4, explore_every=16, first_explore=4, hold=64, max_backoff=4, margin=0.0,
-                        decay=0.95, explore_backoff=8, outlier_clip=2.0, compare_on_explore_end=True)
+                        decay=0.95, explore_backoff=8, outlier_clip=2.0, compare_on_explore_end=True,
+                        skip_margin=0.25)
 
 
 class GuardedK:

@@ -30,4 +30,4 @@ case $st in
  diag) CMD=".venv/bin/python $OUTROOT/diag_steps.py ${DIAG_TOKENS:-32} 4 $D/diag.json" ;;
  *) echo "unknown stage $st"; exit 2 ;;
 esac
-{ hdr start; echo "cmd: $CMD"; $CMD; hdr end; } 2>&1 | grep -v 'Loading weights' | tee $D/log.txt | tail -45
+{ hdr start; echo "cmd: $CMD"; $CMD; hdr end; } 2>&1 | grep --line-buffered -v 'Loading weights' | tee $D/log.txt | tail -45
