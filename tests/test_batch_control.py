@@ -540,3 +540,38 @@ def test_draft_rows_above_the_measured_are_priced_at_the_drafts_catch_up_rate():
     c2.observe_catchup(10, 1.0)  # 0.1 s per token (a served catch-up waits on other sessions too)
     assert c2.draft_s(8) == pytest.approx(0.050 * 8 / 2)
     assert c2.draft_s(3) == pytest.approx(min(0.050 + 0.1, 0.050 * 3 / 2))
+
+
+def _s13_cost() -> BatchCostModel:
+    """Session 13's warmed controller before the 8 clients x 128 tokens adaptive arm (w8a8 pair,
+    2-core EPYC; docs/bench/batching/inprocess-s13-batch-main/k-trace.jsonl): one client's
+    forwards, one 4-row forward dearer than the one-row 4-position ones (which teaches the row
+    term ~0.004 s per row), the K = 0 8-row forward measured six times at 0.18-0.19 s, drafts."""
+    c = BatchCostModel(max_positions=128)
+    for p, t in ((1, 0.13), (4, 0.125), (5, 0.13)):
+        for _ in range(3):
+            c.observe_verify(1, p, t)
+    c.observe_verify(4, 4, 0.198)
+    for t in (0.187, 0.186, 0.19, 0.18, 0.193, 0.184):
+        c.observe_verify(8, 8, t)
+    for rows, t in ((1, 0.036), (4, 0.07)):
+        for _ in range(3):
+            c.observe_draft(rows, t)
+    return c
+
+
+def test_a_shape_measured_as_it_is_is_priced_at_its_own_median_not_the_curve_plus_the_row_term():
+    """The curve's point at 8 positions was measured with 8 rows; curve + 7 x row_s priced the
+    K = 0 forward 0.21 s here (0.229 s in the run) where it measured 0.18-0.19 s, and code at
+    K = 4 (alpha 0.999) with creative at K = 1-2 (alpha 0.82) looked 1.1x K = 0: the controller
+    ran it, 0.78x K = 0 measured (session 13); this model chose code K = 4, creative K = 1 before.
+    Priced at its median, K = 0 wins; unmeasured or thin shapes keep the curve."""
+    c = _s13_cost()
+    assert c._row_s > 0.003
+    assert c.verify.verify_s(8) + 7 * c._row_s == pytest.approx(0.214, abs=1e-3)  # the old price
+    assert c.verify_s(8, 8) == pytest.approx(0.1865)  # the median of its six forwards
+    assert c.verify_s(1, 4) == c.verify.verify_s(4)  # one row: the curve, as before
+    assert c.verify_s(4, 4) == pytest.approx(c.verify.verify_s(4) + 3 * c._row_s)  # measured once: thin
+    assert c.verify_s(8, 32) == pytest.approx(c.verify.verify_s(32) + 7 * c._row_s)  # never measured
+    loads = {"code": TenantLoad(4, 0.9993, k_max=4), "creative": TenantLoad(4, 0.818, k_max=4)}
+    assert choose_batch_ks(loads, c, budget=128).ks == {"code": 0, "creative": 0}

@@ -37,9 +37,11 @@ def target(tmp_path_factory):
 @pytest.fixture
 def switches():
     """Restore the module switches a test flips."""
-    saved = (kv_store.GROWING_CACHE, kv_store.STORE_ROW_DTYPE, kv_cache.PACKED_PARTS, invariant.ROW_WORKER_MIN_ROWS)
+    saved = (kv_store.GROWING_CACHE, kv_store.STORE_ROW_DTYPE, kv_cache.PACKED_PARTS, invariant.ROW_WORKER_MIN_ROWS,
+             invariant.ROWS_ON_ONE_THREAD)
     yield
-    kv_store.GROWING_CACHE, kv_store.STORE_ROW_DTYPE, kv_cache.PACKED_PARTS, invariant.ROW_WORKER_MIN_ROWS = saved
+    (kv_store.GROWING_CACHE, kv_store.STORE_ROW_DTYPE, kv_cache.PACKED_PARTS, invariant.ROW_WORKER_MIN_ROWS,
+     invariant.ROWS_ON_ONE_THREAD) = saved
 
 
 def _seqs(model, lens, seed):
@@ -263,6 +265,7 @@ def test_rowwise_attention_over_parts_and_split_rows_equals_concatenated_keys(sw
         return orig(*args, **kwargs)
 
     invariant.ROW_WORKER_MIN_ROWS = 6
+    invariant.ROWS_ON_ONE_THREAD = True  # the split needs rows on one thread each (idle threads sleeping)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

@@ -116,9 +116,9 @@ def test_rowwise_attention_does_not_depend_on_intra_op_threads():
         torch.set_num_threads(before)
 
 
-def test_decode_row_attention_runs_on_one_thread_under_the_key_bound(monkeypatch):
-    """A plain decoding step's one row: its SDPA call runs on one intra-op thread (no parallel
-    region for a row's tiny work), over the bound on all threads; the thread count is restored."""
+def _threads_of_row_calls(monkeypatch, rows_on_one_thread: bool) -> list[int]:
+    """Intra-op threads of each SDPA call of one decode row over 100 keys and over more than
+    SINGLE_THREAD_MAX_KEYS, with torch at 2 threads (restored after each call)."""
     import specdec.engine.invariant as inv
 
     seen: list[int] = []
@@ -129,13 +129,46 @@ def test_decode_row_attention_runs_on_one_thread_under_the_key_bound(monkeypatch
         return real(*args, **kwargs)
 
     monkeypatch.setattr(inv.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(inv, "ROWS_ON_ONE_THREAD", rows_on_one_thread)
     q, k, v = _qkv(1, 1, inv.SINGLE_THREAD_MAX_KEYS + 1, heads=4, kv_heads=2, d=16)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
         rowwise_attention(None, q, k[:, :, :100], v[:, :, :100], None)
+        assert torch.get_num_threads() == 2
         rowwise_attention(None, q, k, v, None)
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
-    assert seen == [1, 2]
+    return seen
+
+
+def test_decode_row_attention_runs_on_one_thread_under_the_key_bound_where_idle_threads_sleep(monkeypatch):
+    """OMP_WAIT_POLICY=PASSIVE (the served model processes): a plain decoding step's one row runs
+    its SDPA call on one intra-op thread (no sleeping thread woken for a row's tiny work), over the
+    bound on all threads; the thread count is restored."""
+    assert _threads_of_row_calls(monkeypatch, True) == [1, 2]
+
+
+def test_row_attention_runs_on_all_threads_where_idle_threads_spin(monkeypatch):
+    """libgomp's default wait policy (in process): every row's call splits its heads over the torch
+    threads, still spinning from the last linear layer; the thread count is restored."""
+    assert _threads_of_row_calls(monkeypatch, False) == [2, 2]
+
+
+def test_rows_on_one_thread_follows_the_omp_wait_policy_the_process_started_with():
+    """ROWS_ON_ONE_THREAD is read from OMP_WAIT_POLICY when the module is imported (libgomp reads
+    it once at start-up too): PASSIVE in any case and spacing -> True, unset or ACTIVE -> False."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import specdec.engine.invariant as i; print(i.ROWS_ON_ONE_THREAD)"
+    got = {}
+    for policy in (None, "passive ", "PASSIVE", "ACTIVE"):
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        if policy is not None:
+            env["OMP_WAIT_POLICY"] = policy
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        got[policy] = out.stdout.strip()
+    assert got == {None: "False", "passive ": "True", "PASSIVE": "True", "ACTIVE": "False"}

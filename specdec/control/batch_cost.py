@@ -224,7 +224,21 @@ class BatchCostModel:
         contended forward (0.26, 0.29 and 0.88 s at 3, 4, 5 positions, the last one slowed to
         2 s once) crossed zero at 1 position and priced K = 0 at 0 s: a division by zero in
         the decision (tests/test_batch_one_client.py).
+
+        A shape of several rows measured at least :attr:`THIN_SAMPLES` times as it is (``rows``
+        and ``positions``) is priced at the median of its recent forwards (class docstring,
+        "Outliers"), not on the curve plus the row term: the curve's point at ``positions`` was
+        measured at those rows already, so adding ``row_s`` for every row beyond the first counts
+        the rows twice. Session 13's 2-core EPYC (w8a8 pair, 8 clients x 128 tokens,
+        docs/bench/batching/inprocess-s13-batch-main/): ``row_s`` learned 0.005 s from a 4-row
+        forward, and the 8 x 1 forward of K = 0, measured at 0.18-0.19 s, was priced 0.229 s;
+        the model then found K = 4 for the code tenant 1.1-1.3x K = 0 and ran it (and K = 1) on
+        33 + 13 steps: 0.78x the K = 0 arm's tokens/s.
         """
+        if rows > 1:
+            window = self._recent.get(("verify", rows, positions))
+            if window is not None and len(window) >= self.THIN_SAMPLES:
+                return statistics.median(window)
         t = self.verify.verify_s(positions)
         e = self.verify._verify.get(positions)
         if e is not None and e.value is not None and e.n < self.THIN_SAMPLES:
