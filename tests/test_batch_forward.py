@@ -265,7 +265,7 @@ def test_rowwise_attention_over_parts_and_split_rows_equals_concatenated_keys(sw
         return orig(*args, **kwargs)
 
     invariant.ROW_WORKER_MIN_ROWS = 6
-    invariant.ROWS_ON_ONE_THREAD = True  # the split needs rows on one thread each (idle threads sleeping)
+    invariant.ROWS_ON_ONE_THREAD = True  # the split needs rows on one thread each (the default)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

@@ -37,7 +37,6 @@ weight format (tests/test_formats.py).
 from __future__ import annotations
 
 import logging
-import os
 import types
 from dataclasses import dataclass
 
@@ -59,23 +58,25 @@ FIXED_ROWS = 8
 MAX_CHUNK_ROWS = 32
 #: ``max_rows`` of a layer that is row-exact by construction (``ROW_EXACT``): never chunked.
 UNCHUNKED_ROWS = 1 << 62
-#: Where idle OpenMP threads sleep (:data:`ROWS_ON_ONE_THREAD`), row-wise attention runs on one
-#: intra-op thread when no row sees more keys than this (CPU; measured on the 2-core VM: 16 rows of
-#: 96..3000 keys, 12/2 heads, d = 128, were faster on one thread than on two, 1.3-5x, the machine
-#: shared with other jobs; one decode row over 100 keys too).
+#: Row-wise attention runs on one intra-op thread (:data:`ROWS_ON_ONE_THREAD`) when no row sees
+#: more keys than this (CPU; measured on the 2-core VM: 16 rows of 96..3000 keys, 12/2 heads,
+#: d = 128, were faster on one thread than on two, 1.3-5x, the machine shared with other jobs; one
+#: decode row over 100 keys too).
 SINGLE_THREAD_MAX_KEYS = 2048
-#: Row-wise attention's per-row calls run on one intra-op thread (up to :data:`SINGLE_THREAD_MAX_KEYS`
-#: keys) only in a process whose idle OpenMP threads sleep (``OMP_WAIT_POLICY=PASSIVE``: the served
-#: model processes, ``deployments.config.model_process_env``, where the draft and the target share
-#: the cores and waking a sleeping thread for every row's call costs more than the row). Elsewhere
-#: (libgomp's default: idle threads spin for a while after each parallel region, the in-process
-#: engine) a row's call splits its heads over the torch threads, which are still spinning from the
-#: last linear layer: on the 2-core AMD EPYC (Zen 4, AVX512-VNNI) of session 13, w8a8 demo target,
-#: 2 threads, an 8-row x 1-position packed forward took 132.8 ms at best against 143.7 on one
-#: thread per row, one row 89.2 against 96.0, one row x 5 positions 97.8 against 101.9, the int4
-#: draft's one row 29.7 against 32.0 (docs/bench/batching/batch-s13/README.md). Exact either way:
-#: the kernel computes every (batch, head) slice of a call on one thread (tests/test_invariant.py).
-ROWS_ON_ONE_THREAD = os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
+#: Row-wise attention's per-row calls (up to :data:`SINGLE_THREAD_MAX_KEYS` keys) run on one
+#: intra-op thread; False: a row's call splits its heads over the torch threads. Measured both ways
+#: on session 13's 2-core AMD EPYC (Zen 4, AVX512-VNNI), w8a8 demo target, 2 threads, in process
+#: (libgomp's default wait policy: idle threads spin after each linear layer): with the machine
+#: nearly to itself, False made an 8-row x 1-position packed forward 132.8 ms at best against 143.7,
+#: one row 89.2 against 96.0, the int4 draft's one row 29.7 against 32.0; but with one other
+#: process busy on the other core, batching_goal's 8 clients at K = 1 ran 2.34 tok/s with False
+#: (109 s for 256 tokens, where 14 s quiet): a parallel region per row and layer (224-448 per
+#: forward, ~50 us of work each) waits for a descheduled thread every time, and sessions 10-12
+#: measured the same 5-60x per call under load, or where idle threads sleep
+#: (``OMP_WAIT_POLICY=PASSIVE``, the served model processes). So one thread per row stays the
+#: default; docs/bench/batching/batch-s13/README.md. Exact either way: the kernel computes every
+#: (batch, head) slice of a call on one thread (tests/test_invariant.py).
+ROWS_ON_ONE_THREAD = True
 #: On a CPU, row-wise attention over bfloat16/float16 tensors computes every row in this dtype and
 #: rounds the row's result back: torch's reduced-precision CPU attention kernel cost 5-6x the
 #: float32 one per row on the AMD EPYC (Zen 5, no AMX) of session 10 (one query row, 12/2 heads,
@@ -268,12 +269,12 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
         raise ValueError("rowwise attention: packed key parts need a batch of one packed row")
     ranges = _row_ranges(attention_mask, b_size, q_len, kv_len)
     threads = torch.get_num_threads()
-    # Where idle OpenMP threads sleep (ROWS_ON_ONE_THREAD), short per-row calls, a decode step's
-    # single row included, run on one intra-op thread each (waking the other thread per row costs
-    # more than the row's work, far more on a loaded CPU: 24 one-row calls of the 0.5B draft over
-    # 100 keys took 0.33 ms on one thread and 0.51 ms on two at best, 0.49 vs 48 ms median with the
-    # machine shared; docs/bench/formats/PROFILE.md). Exact either way: the kernel computes every
-    # (batch, head) slice of a call on one thread (tests/test_invariant.py).
+    # Short per-row calls, a decode step's single row included: one intra-op thread each
+    # (ROWS_ON_ONE_THREAD; a parallel region per row costs more than the row's work on a loaded or
+    # shared CPU: 24 one-row calls of the 0.5B draft over 100 keys took 0.33 ms on one thread and
+    # 0.51 ms on two at best, 0.49 vs 48 ms median with the machine shared;
+    # docs/bench/formats/PROFILE.md). Exact either way: the kernel computes every (batch, head)
+    # slice of a call on one thread (tests/test_invariant.py).
     single = (ROWS_ON_ONE_THREAD and query.device.type == "cpu" and threads > 1
               and max(hi - lo for lo, hi in ranges) <= SINGLE_THREAD_MAX_KEYS)
     calls = []  # per row (q, k, v) or None (a padding row)
