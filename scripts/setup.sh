@@ -5,8 +5,9 @@
 # CPU build of torch by default; a GPU user installs the CUDA build of torch first
 # (SPECDEC_TORCH=skip keeps whatever torch is already in the venv). On Linux PyPI's torch is the
 # CUDA build (several GB of nvidia-* wheels), so there the CPU build is pinned as 2.13.0+cpu, from
-# PyTorch's CPU index ($SPECDEC_TORCH_INDEX, default https://download.pytorch.org/whl/cpu; empty:
-# only pip's own configured sources, e.g. a local wheel folder on a machine with no internet).
+# PyTorch's CPU index ($SPECDEC_TORCH_INDEX, default https://download.pytorch.org/whl/cpu). Empty, or
+# not reachable (a machine with no internet): torch==2.13.0 from pip's own configured sources only,
+# e.g. a local wheel folder of the CPU build.
 #
 # Output: one progress line per stage. pip's own output goes to .venv/setup-logs/<stage>.log;
 # when a stage fails its log's last lines are printed (and the script fails). Lines that only
@@ -54,13 +55,33 @@ fi
 mkdir -p "$LOGS"
 . .venv/bin/activate
 stage pip "pip (latest)" python -m pip install --upgrade pip
+# reachable URL: true when the package index at URL answers within 5 s (any HTTP status; a
+# file: URL, when its folder exists). A machine with no internet fails at once on DNS, where pip
+# would retry each package 5 times (about 80 s on such a machine).
+reachable() {
+  "$PY" - "$1" >/dev/null 2>&1 <<'PYEOF'
+import os, sys, urllib.error, urllib.parse, urllib.request
+url = sys.argv[1]
+if url.startswith("file:"):
+    sys.exit(0 if os.path.isdir(urllib.request.url2pathname(urllib.parse.urlparse(url).path)) else 1)
+try:
+    urllib.request.urlopen(url, timeout=5).close()
+except urllib.error.HTTPError:
+    pass  # the server answered
+PYEOF
+}
+
 if [ "${SPECDEC_TORCH:-cpu}" != "skip" ]; then
   TORCH_REQ="torch==2.13.0"
   TORCH_INDEX=()
   if [ "$(uname -s)" = Linux ]; then
-    TORCH_REQ="torch==2.13.0+cpu"
     INDEX=${SPECDEC_TORCH_INDEX-https://download.pytorch.org/whl/cpu}
-    [ -n "$INDEX" ] && TORCH_INDEX=(--extra-index-url "$INDEX")
+    if [ -n "$INDEX" ] && reachable "$INDEX"; then
+      TORCH_REQ="torch==2.13.0+cpu"
+      TORCH_INDEX=(--extra-index-url "$INDEX")
+    elif [ -n "$INDEX" ]; then
+      echo "    PyTorch's CPU index $INDEX is unreachable: torch==2.13.0 from pip's own sources"
+    fi
   fi
   stage torch "torch 2.13.0 (CPU build)" python -m pip install "$TORCH_REQ" "${TORCH_INDEX[@]}"
 fi

@@ -87,7 +87,7 @@ def _run(repo: Path, **env) -> subprocess.CompletedProcess:
 
 def test_setup_prints_one_line_per_stage_and_real_warnings(tmp_path):
     repo = _sandbox(tmp_path)
-    p = _run(repo)
+    p = _run(repo, SPECDEC_TORCH_INDEX="")
     assert p.returncode == 0, p.stderr
     lines = [re.sub(r"\(\d+ s\)", "(N s)", ln) for ln in p.stdout.splitlines()]
     assert lines == [
@@ -115,11 +115,22 @@ def test_setup_failure_shows_the_error_and_fails(tmp_path):
 def test_setup_installs_the_cpu_build_of_torch_from_pytorchs_index(tmp_path):
     """PyPI's Linux torch==2.13.0 is the CUDA build (GBs of nvidia-* wheels): setup.sh installed it
     on a fresh Linux machine although the README promises the CPU build. It asks for 2.13.0+cpu
-    from PyTorch's CPU index now ($SPECDEC_TORCH_INDEX; empty: pip's own sources only)."""
-    repo = _sandbox(tmp_path)
-    assert _run(repo).returncode == 0
+    from PyTorch's CPU index when that index answers ($SPECDEC_TORCH_INDEX; here a local folder
+    stands in for it); empty or unreachable: torch==2.13.0 from pip's own sources only, at once
+    (pip's retries against an unreachable index cost about 80 s on a machine with no internet)."""
+    index = tmp_path / "cpu-index"
+    index.mkdir()
+    repo = _sandbox(tmp_path / "online")
+    p = _run(repo, SPECDEC_TORCH_INDEX=index.as_uri())
+    assert p.returncode == 0, p.stderr
     calls = (repo / ".venv" / "pip-calls").read_text().splitlines()
-    assert calls[1] == "-m pip install torch==2.13.0+cpu --extra-index-url https://download.pytorch.org/whl/cpu"
-    repo = _sandbox(tmp_path / "offline")
+    assert calls[1] == f"-m pip install torch==2.13.0+cpu --extra-index-url {index.as_uri()}"
+    repo = _sandbox(tmp_path / "empty")
     assert _run(repo, SPECDEC_TORCH_INDEX="").returncode == 0
-    assert (repo / ".venv" / "pip-calls").read_text().splitlines()[1] == "-m pip install torch==2.13.0+cpu"
+    assert (repo / ".venv" / "pip-calls").read_text().splitlines()[1] == "-m pip install torch==2.13.0"
+    repo = _sandbox(tmp_path / "offline")
+    p = _run(repo, SPECDEC_TORCH_INDEX="http://127.0.0.1:9/whl/cpu")  # port 9: nothing listens
+    assert p.returncode == 0, p.stderr
+    assert (repo / ".venv" / "pip-calls").read_text().splitlines()[1] == "-m pip install torch==2.13.0"
+    assert p.stdout.splitlines()[1] == (
+        "    PyTorch's CPU index http://127.0.0.1:9/whl/cpu is unreachable: torch==2.13.0 from pip's own sources")
