@@ -8,8 +8,12 @@ OpenAI body into the plain request dict that :func:`specdec.request.parse_reques
 (the API key comes as ``Authorization: Bearer <key>``), K, the draft replica's stream. A bad
 value of a field both APIs have is refused by the core with the same message on both.
 Only what gRPC has no field for is checked here (``model``, ``n``, ``stream``, the shapes of
-``prompt``, ``messages``, ``stop`` and ``logprobs``) and the JSON types of the scalar fields
-(which gRPC's proto types fix), with :class:`InvalidRequestError`.
+``prompt``, ``messages``, ``stop`` and ``logprobs``), the JSON types of the scalar fields
+(which gRPC's proto types fix) and OpenAI's ranges where they are narrower than the core's
+(:class:`OpenAIRanges`: ``temperature`` 0..2, at most 4 ``stop`` strings; completions
+``logprobs`` 0..5), with :class:`InvalidRequestError`: a body OpenAI's API refuses with 400 is
+refused here too, while gRPC keeps the core's wider ranges (temperature 0..100, 16 stop strings,
+20 alternatives).
 
 Field mapping (OpenAI -> core request): ``prompt`` (string, or a list of token ids) ->
 ``prompt`` / ``prompt_token_ids``; ``messages`` -> ``messages`` (``developer`` is ``system``;
@@ -32,13 +36,18 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from specdec.errors import InvalidRequestError, ModelNotFoundError
 from specdec.request import MAX_TOKENS, SEED_RANGE
 
 #: Most independent generations (``n``) per request.
 MAX_N = 16
-#: Most alternatives per position in ``top_logprobs`` / completions ``logprobs``.
+#: Most alternatives per position in chat's ``top_logprobs`` (OpenAI's 0..20; also the core's).
 MAX_TOP_LOGPROBS = 20
+#: Most alternatives per position in completions' ``logprobs`` (OpenAI's "maximum value for
+#: logprobs is 5"; chat's ``top_logprobs`` gives up to 20).
+MAX_COMPLETION_LOGPROBS = 5
 #: ``max_tokens`` of a completions request that sets none (OpenAI's default; chat: the server's).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 #: Header of the session id (sticky routing; Serve's HTTP proxy reads the same header).
@@ -109,6 +118,42 @@ class OpenAIRequest:
         if i and isinstance(seed, int) and not isinstance(seed, bool):
             data["sampling"]["seed"] = (seed + i) % SEED_RANGE
         return data
+
+
+class OpenAIRanges(BaseModel):
+    """OpenAI's bounds of the body fields whose core range is wider (the gRPC API keeps the
+    core's: ``temperature`` up to 100, 16 stop strings), so a body OpenAI's API refuses with 400
+    is refused here too. Both bounds are checked, so ``temperature`` -1 and 3 get the pair of
+    messages the core gives (pydantic's, as :func:`specdec.request.parse_request` words them).
+
+    Attributes:
+        temperature: 0..2, finite (OpenAI's ``minimum: 0, maximum: 2``).
+        stop: at most 4 strings (OpenAI's ``maxItems: 4``; a single string is one).
+    """
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    stop: list[str] | None = Field(None, max_length=4)
+
+
+def _check_openai_ranges(body: Mapping[str, Any]) -> None:
+    """Refuse a value outside :class:`OpenAIRanges` (the JSON types are already checked), with
+    the core's wording: ``invalid request: temperature: Input should be less than or equal to
+    2``, ``invalid request: stop: List should have at most 4 items after validation, not 5``
+    (clauses joined by ``; ``; the error's ``param`` is the first field,
+    :func:`deployments.openai_errors.error_param`).
+
+    Raises:
+        InvalidRequestError: a value out of OpenAI's range (HTTP 400).
+    """
+    values = {name: body[name] for name in ("temperature", "stop") if name in body}
+    if isinstance(values.get("stop"), str):
+        values["stop"] = [values["stop"]]
+    try:
+        OpenAIRanges.model_validate(values)
+    except ValidationError as e:
+        raise InvalidRequestError("invalid request: " + "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())) from None
 
 
 def _refusal(message: str, param: str) -> InvalidRequestError:
@@ -222,7 +267,7 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
 
     Raises:
         InvalidRequestError: a field gRPC does not have is malformed, an unknown or unsupported
-            field (HTTP 400).
+            field, a value outside OpenAI's range (:class:`OpenAIRanges`) (HTTP 400).
         ModelNotFoundError: ``model`` is not served (HTTP 404).
     """
     if not isinstance(body, Mapping):
@@ -240,6 +285,7 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
         raise ModelNotFoundError(f"the model '{model}' does not exist; this server serves "
                                  + ", ".join(repr(m) for m in model_ids))
     _check_json_types(body)
+    _check_openai_ranges(body)
     n = body.get("n", 1)
     if not _is_int(n) or not 1 <= n <= MAX_N:
         raise InvalidRequestError(f"n must be a whole number in 1..{MAX_N}, got {n!r}")
@@ -269,8 +315,8 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
         if best_of != n:
             raise InvalidRequestError("best_of other than n is not supported")
         top = body.get("logprobs")
-        if top is not None and (not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS):
-            raise InvalidRequestError(f"logprobs must be a whole number in 0..{MAX_TOP_LOGPROBS}, got {top!r}")
+        if top is not None and (not _is_int(top) or not 0 <= top <= MAX_COMPLETION_LOGPROBS):
+            raise InvalidRequestError(f"logprobs must be a whole number in 0..{MAX_COMPLETION_LOGPROBS}, got {top!r}")
         if "max_tokens" in body:
             data["max_tokens"] = body["max_tokens"]
     else:

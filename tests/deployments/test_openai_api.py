@@ -796,6 +796,95 @@ def test_http_messages_name_the_field_the_body_sent(stack, path, body, message, 
         assert resp.json()["error"] == {"message": message, "type": "invalid_request_error", "param": param, "code": None}
 
 
+def _bad_request(app, kind: str, body: dict, stream: bool) -> openai.APIStatusError:
+    """The error the ``openai`` client raises for ``body`` on endpoint ``kind`` (``"completions"``
+    with ``PROMPT``, ``"chat"`` with one user message; ``max_tokens`` 2 unless ``body`` sets a
+    limit)."""
+    client = _client(app)
+    limit = {} if {"max_tokens", "max_completion_tokens"} & set(body) else {"max_tokens": 2}
+    if kind == "completions":
+        return _status_of(client.completions.create(model=MODEL, prompt=PROMPT, stream=stream, **limit, **body))
+    return _status_of(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "x"}], stream=stream, **limit, **body))
+
+
+FIVE_STOPS = ["\n\n", "###", "END", "</s>", "Q:"]
+
+
+@pytest.mark.parametrize("kind, body, message, param", [
+    ("completions", {"temperature": 3}, "invalid request: temperature: Input should be less than or equal to 2",
+     "temperature"),
+    ("chat", {"temperature": 2.01}, "invalid request: temperature: Input should be less than or equal to 2",
+     "temperature"),
+    ("chat", {"temperature": -0.5}, "invalid request: temperature: Input should be greater than or equal to 0",
+     "temperature"),
+    ("completions", {"stop": FIVE_STOPS},
+     "invalid request: stop: List should have at most 4 items after validation, not 5", "stop"),
+    ("chat", {"stop": FIVE_STOPS + ["A:"]},
+     "invalid request: stop: List should have at most 4 items after validation, not 6", "stop"),
+    ("chat", {"temperature": 2.5, "stop": FIVE_STOPS},
+     "invalid request: temperature: Input should be less than or equal to 2; "
+     "stop: List should have at most 4 items after validation, not 5", "temperature"),
+    ("completions", {"logprobs": 6}, "logprobs must be a whole number in 0..5, got 6", "logprobs"),
+    ("chat", {"logprobs": True, "top_logprobs": 21}, "top_logprobs must be a whole number in 0..20, got 21",
+     "top_logprobs"),
+    ("completions", {"top_p": 1.01}, "invalid request: top_p: Input should be less than or equal to 1", "top_p"),
+    ("chat", {"top_p": 0}, "invalid request: top_p: Input should be greater than 0", "top_p"),
+    ("completions", {"presence_penalty": 2.5},
+     "invalid request: presence_penalty: Input should be less than or equal to 2", "presence_penalty"),
+    ("chat", {"frequency_penalty": -2.5},
+     "invalid request: frequency_penalty: Input should be greater than or equal to -2", "frequency_penalty"),
+    ("completions", {"n": 17}, "n must be a whole number in 1..16, got 17", "n"),
+    ("completions", {"max_tokens": 0}, "invalid request: max_tokens: Input should be greater than or equal to 1",
+     "max_tokens"),
+    ("chat", {"max_completion_tokens": 0},
+     "invalid request: max_completion_tokens: Input should be greater than or equal to 1", "max_completion_tokens"),
+    ("completions", {"logit_bias": {"5": -101}},
+     "invalid request: logit_bias: the bias of token 5 must be in -100..100, got -101.0", "logit_bias"),
+    ("chat", {"seed": -1}, "invalid request: seed: Input should be greater than or equal to 0", "seed"),
+], ids=["temperature-3", "temperature-2.01", "temperature-negative", "stop-5", "stop-6", "two-fields",
+        "completions-logprobs-6", "top_logprobs-21", "top_p-over-1", "top_p-0", "presence_penalty", "frequency_penalty",
+        "n-17", "max_tokens-0", "max_completion_tokens-0", "logit_bias", "seed-negative"])
+def test_values_outside_openais_ranges_are_400_through_the_openai_client(stack, kind, body, message, param):
+    """``temperature`` 3 and five ``stop`` strings were answered (the core allows 100 and 16, the
+    gRPC API's ranges); OpenAI's API refuses both with 400 (temperature 0..2, at most 4 stop
+    sequences), and completions ``logprobs`` above 5, so this API does too: ``invalid_request_error``
+    with ``param`` the field, unary and streamed (refused before the first token). Every other
+    range the API takes is pinned here too, as the ``openai`` client sees it."""
+    for stream in (False, True):
+        e = _bad_request(stack["app"], kind, body, stream)
+        assert isinstance(e, openai.BadRequestError) and e.status_code == 400
+        assert e.body == {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+
+
+def test_openais_bounds_themselves_are_answered_and_grpc_keeps_its_wider_ranges(stack):
+    """temperature 2, four stop strings and completions ``logprobs`` 5 (OpenAI's bounds) are
+    answered, with the gRPC API's tokens and alternatives for the same values; the gRPC API still
+    answers temperature 3 and five stop strings (its documented ranges: 0..100, 16)."""
+    router = stack["router"]
+    stops = FIVE_STOPS[:4]
+    ids = [5, 17, 42, 9]
+    g, ctx = _grpc(router, pb.GenerateRequest(
+        prompt_token_ids=pb.TokenIds(ids=ids), max_tokens=8, stop=stops, logprobs=True, top_logprobs=5,
+        sampling=pb.SamplingParams(temperature=2.0, seed=11)))
+    assert ctx.code is None, ctx.details
+    assert len(g.token_ids) >= 1 and all(len(t.ids) == 5 for t in g.top_logprobs)
+    tok = stack["target"].tokenizer
+
+    async def go():
+        return await _client(stack["app"]).completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=2,
+                                                              seed=11, stop=stops, logprobs=5)
+
+    cmpl = _run(go())
+    assert cmpl.choices[0].model_extra["token_ids"] == list(g.token_ids)
+    assert cmpl.choices[0].text == g.text
+    assert [set(d) for d in cmpl.choices[0].logprobs.top_logprobs] == [
+        {tok.decode([i]) for i in t.ids} for t in g.top_logprobs]
+    wide, ctx = _grpc(router, pb.GenerateRequest(prompt=PROMPT, max_tokens=4, stop=FIVE_STOPS,
+                                                 sampling=pb.SamplingParams(temperature=3.0, seed=1)))
+    assert ctx.code is None and len(wide.token_ids) >= 1, ctx.details
+
+
 def test_out_of_range_top_k_and_lone_surrogates_are_400_not_500(stack):
     """A top_k past uint32 (failed building the draft job's proto) and a JSON lone surrogate
     escape in the prompt, a chat message or a stop string (failed in the tokenizer) were 500
