@@ -19,6 +19,9 @@ from deployments.serve_config import load_config
 from specdec.cli import Command
 
 DEMO_MESSAGE = "Write a Python function that checks whether a number is prime."
+#: ``--shutdown-grace``: seconds the requests in flight have to finish after Ctrl-C / SIGTERM
+#: (short: a user's Ctrl-C wants a prompt stop; ``docker stop`` waits 10 s before SIGKILL).
+DEFAULT_SHUTDOWN_GRACE_S = 2.0
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +50,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--message", default=DEMO_MESSAGE, help=f"the demo request's user message (default: {DEMO_MESSAGE!r})")
     parser.add_argument("--max-tokens", type=int, default=128, help="the demo request's max_tokens (default: 128)")
     parser.add_argument("--keep-running", action="store_true", help="keep serving until Ctrl-C")
+    parser.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE_S, metavar="SECONDS",
+                        help="on Ctrl-C or SIGTERM, the seconds the requests in flight have to finish before "
+                             "they end with UNAVAILABLE (new ones get UNAVAILABLE at once) "
+                             f"(default: {DEFAULT_SHUTDOWN_GRACE_S:g})")
 
 
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
@@ -280,8 +287,8 @@ def run_serve(args) -> int:
                 _log(f"the demo request failed: {e}")
                 return 1
         if args.keep_running:
+            serving = True  # before the line: a Ctrl-C right after it is the normal stop (exit 0)
             _log("serving; Ctrl-C to stop")
-            serving = True
             while True:
                 time.sleep(3600)
         return 0
@@ -292,10 +299,63 @@ def run_serve(args) -> int:
         return 130
     finally:
         _log("shutting down")
+        t_stop = time.perf_counter()
+        grace_s = getattr(args, "shutdown_grace", DEFAULT_SHUTDOWN_GRACE_S)
         try:
+            drained = drain_routers(cfg.app_name, grace_s)
+            if drained["in_flight"]:
+                _log(f"{drained['in_flight']} request(s) in flight: {drained['in_flight'] - drained['cut']} finished, "
+                     f"{drained['cut']} ended UNAVAILABLE after the {grace_s:g} s grace")
             shutdown_serve()
         finally:
             ray.shutdown()
+            _log(f"stopped in {time.perf_counter() - t_stop:.1f} s")
+
+
+def drain_routers(app_name: str, grace_s: float, extra_s: float = 5.0) -> dict:
+    """Drain every Router replica of ``app_name`` (:meth:`deployments.router.Router.Drain`)
+    before Serve stops: new requests get UNAVAILABLE, those in flight have ``grace_s`` seconds to
+    finish, the rest end with UNAVAILABLE. Serve's own shutdown would instead kill its proxies at
+    once, cutting every open connection without a status (an HTTP stream ended mid-chunk).
+
+    A handle call reaches one replica, so the calls go out two per running replica, again until
+    each replica (by id) has answered or ``grace_s + extra_s`` seconds have passed. Nothing
+    happens when Serve or the application is not running.
+
+    Returns:
+        ``{"replicas": replicas drained, "in_flight": requests in flight when the drain began,
+        "cut": those ended with UNAVAILABLE}`` (zeros when there was nothing to drain).
+    """
+    import ray
+    from ray import serve
+
+    out = {"replicas": 0, "in_flight": 0, "cut": 0}
+    if not ray.is_initialized():  # serve.status() would start a local Ray just to find nothing
+        return out
+    try:
+        app = serve.status().applications.get(app_name)
+        dep = app.deployments.get("Router") if app is not None else None
+        # replica_states is keyed by ReplicaState, a str enum: "RUNNING" finds its count
+        running = int(dep.replica_states.get("RUNNING", 0)) if dep is not None else 0
+        if not running:
+            return out
+        handle = serve.get_deployment_handle("Router", app_name=app_name)
+    except Exception:  # noqa: BLE001 - no Serve, no application: nothing to drain
+        return out
+    seen: dict[str, dict] = {}
+    end = time.monotonic() + grace_s + extra_s
+    while len(seen) < running and time.monotonic() < end:
+        calls = [handle.Drain.remote(grace_s) for _ in range(2 * running)]
+        for call in calls:
+            try:
+                got = call.result(timeout_s=max(0.1, end - time.monotonic()))
+            except Exception:  # noqa: BLE001 - a replica that died or did not answer: Serve stops it
+                continue
+            seen.setdefault(got["replica"], got)
+    out["replicas"] = len(seen)
+    out["in_flight"] = sum(d["in_flight"] for d in seen.values())
+    out["cut"] = sum(d["cut"] for d in seen.values())
+    return out
 
 
 def shutdown_serve(timeout_s: float = 30.0) -> None:

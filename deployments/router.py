@@ -45,6 +45,12 @@ and Serve cancels the router's and the draft's tasks: the generation stops and f
 An HTTP client that disconnects gets its request cancelled by Serve's HTTP proxy, which ends
 the generation the same way as a cancelled gRPC call.
 
+Shutting down (``specdec serve`` on Ctrl-C or SIGTERM, before it stops Serve, whose proxies
+would cut every open connection at once): :meth:`Router.Drain` refuses new requests with
+UNAVAILABLE (HTTP 503), lets the generations in flight finish for a grace period, then ends the
+rest with UNAVAILABLE "the server is shutting down" (a ``data: {"error": ...}`` event on an HTTP
+stream that already sent tokens), cancelling their draft streams (both caches freed).
+
 Every admitted request ends with ``TenancyGate.complete`` (success, error or cancellation): the
 fair slot and rate lease are released, the controller learns from the request's speculation
 counters, and the metrics are recorded.
@@ -75,7 +81,7 @@ from deployments.ingress.checks import (  # noqa: F401 (PromptTooManyCharactersE
     refuse_undecodable,
     with_default_max_tokens,
 )
-from deployments.ingress.relay import MAX_RESUMES, RelayProgress, relay  # noqa: F401 (re-exported)
+from deployments.ingress.relay import MAX_RESUMES, SHUTTING_DOWN, RelayProgress, relay  # noqa: F401 (re-exported)
 from deployments.metadata import SESSION_KEY, TIMEOUT_KEY  # noqa: F401 (TIMEOUT_KEY: re-exported)
 from deployments.ray_errors import unwrap
 from protos.specdec.v1 import exchange_pb2 as xpb
@@ -117,6 +123,15 @@ class Router:
         #: n / this many tokens (byte-level and SentencePiece vocabularies spell every decoded
         #: character with at least one character of the entry)
         self._max_token_chars = max((len(t) for t in self.info.tokenizer.get_vocab()), default=1) or 1
+        #: generations of this replica from their first step (validation) to their end
+        self.in_flight = 0
+        #: shutting down (:meth:`Drain`): new requests are refused with UNAVAILABLE
+        self.draining = False
+        #: the generations in flight are cut (:meth:`Drain`); each has its own stop event,
+        #: made in its own event loop (an asyncio.Event binds to the first loop that waits on it)
+        self.cut = False
+        self._stops: set[asyncio.Event] = set()
+        self._drain_task: asyncio.Task | None = None
 
     # --- the steps before generation ---------------------------------------------------------
 
@@ -235,6 +250,8 @@ class Router:
         Raises:
             InvalidRequestError, AuthenticationError, ResourceExhaustedError, ModelNotReadyError.
         """
+        if self.draining:
+            raise ModelNotReadyError(SHUTTING_DOWN)
         named_proposer = (data.get("speculation") or {}).get("proposer")
         tenant = self.gate.authenticate_caller(  # before any work on the prompt
             metadata, named_proposer if isinstance(named_proposer, str) else "unknown")
@@ -288,15 +305,24 @@ class Router:
             (also when the caller stops iterating: the draft's stream is cancelled and both
             caches are freed).
         """
-        job, key, adm = await self._prepare(data, metadata, default_max_tokens)
+        self.in_flight += 1  # counted from validation on, so Drain waits for admissions too
+        try:
+            job, key, adm = await self._prepare(data, metadata, default_max_tokens)
+        except BaseException:
+            self.in_flight -= 1
+            raise
         t0 = time.perf_counter()
         ttft = last_at = None
         n_tokens = 0
         outcome: Any = None
         costs = None
         chunks: list[pb.GenerateStreamChunk] = []
+        stop = asyncio.Event()  # set by Drain to cut this generation
+        if self.cut:
+            stop.set()
+        self._stops.add(stop)
         try:
-            async for chunk in self._relay(job, key):
+            async for chunk in self._relay(job, key, stop):
                 if chunk.token_ids:
                     last_at = time.perf_counter()
                     if ttft is None:
@@ -311,6 +337,8 @@ class Router:
             outcome = unwrap(e) if isinstance(e, Exception) else e
             raise
         finally:
+            self.in_flight -= 1
+            self._stops.discard(stop)
             itl = (last_at - t0 - ttft) / (n_tokens - 1) if ttft is not None and n_tokens > 1 else None
             await finish_despite_cancellation(
                 self.gate.complete(adm, outcome, ttft_s=ttft, inter_token_s=itl, costs=costs)
@@ -318,10 +346,50 @@ class Router:
 
     # --- relaying the draft's stream ---------------------------------------------------------
 
-    def _relay(self, job: xpb.DraftJob, routing_key: str) -> AsyncIterator[pb.GenerateStreamChunk]:
+    def _relay(self, job: xpb.DraftJob, routing_key: str,
+               stop: asyncio.Event | None = None) -> AsyncIterator[pb.GenerateStreamChunk]:
         """Stream ``job``'s chunks from the draft deployment, resuming after a replica death
-        (:func:`deployments.ingress.relay.relay`; resumes are counted in ``self.resumes``)."""
-        return relay(self.draft, job, routing_key, self._count_resume)
+        (:func:`deployments.ingress.relay.relay`; resumes are counted in ``self.resumes``), until
+        ``stop`` is set (:meth:`Drain`)."""
+        return relay(self.draft, job, routing_key, self._count_resume, stop=stop)
+
+    async def Drain(self, grace_s: float = 3.0) -> dict:
+        """Shut this replica's generations down, once (later calls wait for the first's end).
+
+        New requests get UNAVAILABLE at once; the generations in flight may finish within
+        ``grace_s`` seconds; those still running then end with UNAVAILABLE (:data:`SHUTTING_DOWN`;
+        their draft streams are cancelled, both caches freed). Waits until they have ended (at
+        most 2 s more). ``specdec serve`` calls it before stopping Serve, whose proxies would cut
+        every open connection without a status.
+
+        Args:
+            grace_s: seconds the generations in flight have to finish (0: cut them at once).
+
+        Returns:
+            ``{"replica": id, "in_flight": generations when the drain began, "cut": generations
+            still running after grace_s, "left": generations still running at the end}``.
+        """
+        if self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(self._drain(max(0.0, float(grace_s))))
+        return await asyncio.shield(self._drain_task)
+
+    async def _drain(self, grace_s: float) -> dict:
+        self.draining = True
+        began = self.in_flight
+        end = time.monotonic() + grace_s
+        while self.in_flight and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        cut = self.in_flight
+        self.cut = True
+        for stop in list(self._stops):
+            stop.set()
+        end = time.monotonic() + 2.0
+        while self.in_flight and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        if cut:
+            log.warning("shutting down: %d of %d generations in flight cut after %.1f s (UNAVAILABLE)",
+                        cut, began, grace_s)
+        return {"replica": _replica_id(), "in_flight": began, "cut": cut, "left": self.in_flight}
 
     def _count_resume(self) -> None:
         self.resumes += 1
@@ -383,3 +451,13 @@ class Router:
     async def Debug(self) -> dict:
         """Router counters (for tests): resumes after draft replica deaths."""
         return {"resumes": self.resumes, "ready": self._ready}
+
+
+def _replica_id() -> str:
+    """This Serve replica's unique id ("local" outside a replica, as in the in-process tests)."""
+    try:
+        from ray import serve
+
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # noqa: BLE001 - RayServeException outside a replica
+        return "local"

@@ -67,7 +67,7 @@ def load_config(args):
     Raises:
         SpecDecError: the config file cannot be read or parsed, a value of it or of a flag is out
             of range (named by its flag, or as ``FIELD in FILE``), ``--num-cpus`` below 1, ``--metrics-port``
-            outside 1..65535.
+            outside 1..65535, ``--shutdown-grace`` negative or not finite.
         TenantConfigError: the tenants file cannot be read or is not a valid tenants file.
     """
     from deployments.config import PRESETS
@@ -77,6 +77,9 @@ def load_config(args):
     num_cpus = getattr(args, "num_cpus", None)
     if num_cpus is not None and num_cpus < 1:  # 0 silently meant "all of this machine's"
         raise SpecDecError(f"--num-cpus: Input should be greater than or equal to 1, got {num_cpus}")
+    grace = getattr(args, "shutdown_grace", None)
+    if grace is not None and not (0 <= grace < float("inf")):  # NaN fails both comparisons
+        raise SpecDecError(f"--shutdown-grace: Input should be a number of seconds, at least 0, got {grace:g}")
     metrics_port = getattr(args, "metrics_port", None)
     if metrics_port is not None and not 1 <= metrics_port <= 65535:
         raise SpecDecError(f"--metrics-port: Input should be a port in 1..65535, got {metrics_port}")

@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 #: How many times one generation is resumed after its draft replica died.
 MAX_RESUMES = 3
+#: The message of a generation cut because its server shuts down (UNAVAILABLE, HTTP 503).
+SHUTTING_DOWN = "the server is shutting down; retry once it is back (or on another replica)"
 
 
 def remaining(deadline_unix_s: float) -> float | None:
@@ -67,8 +69,38 @@ class RelayProgress:
         job.resume_steps = self.trailer.steps
 
 
+async def _next_chunk(chunks: Any, timeout_s: float | None, stop: asyncio.Event | None) -> Any:
+    """The next item of ``chunks`` (an async iterator), waiting at most ``timeout_s`` seconds
+    (None: no limit) and not past ``stop`` being set (the router's shutdown cut).
+
+    Raises:
+        StopAsyncIteration: ``chunks`` ended.
+        TimeoutError: ``timeout_s`` passed first (the request's deadline).
+        ModelNotReadyError: ``stop`` was set first (or already), with :data:`SHUTTING_DOWN`.
+    """
+    if stop is None:
+        return await asyncio.wait_for(chunks.__anext__(), timeout_s)
+    if stop.is_set():
+        raise ModelNotReadyError(SHUTTING_DOWN)
+    nxt = asyncio.ensure_future(chunks.__anext__())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({nxt, stopped}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not nxt.done():
+            nxt.cancel()
+            await asyncio.wait({nxt})  # as wait_for does: the iterator is idle before anyone closes it
+    if not nxt.cancelled():  # a chunk, the stream's end or its error came first
+        return nxt.result()
+    if stop.is_set():
+        raise ModelNotReadyError(SHUTTING_DOWN)
+    raise TimeoutError
+
+
 async def relay(draft: Any, job: xpb.DraftJob, routing_key: str,
-                on_resume: Callable[[], None] | None = None) -> AsyncIterator[pb.GenerateStreamChunk]:
+                on_resume: Callable[[], None] | None = None,
+                stop: asyncio.Event | None = None) -> AsyncIterator[pb.GenerateStreamChunk]:
     """Stream ``job``'s chunks from the draft deployment, resuming after a replica death.
 
     Args:
@@ -76,13 +108,16 @@ async def relay(draft: Any, job: xpb.DraftJob, routing_key: str,
         job: the generation; its resume fields are set here before each (re)try.
         routing_key: the session id the draft replica is chosen by (sticky).
         on_resume: called once per resume (the router counts them).
+        stop: set when the server shuts down (:meth:`deployments.router.Router.Drain`): the
+            generation ends at once, with ModelNotReadyError, and the draft's stream is cancelled.
 
     Yields:
         the chunks for the client, trailers dropped; the last carries the finish reason.
 
     Raises:
         DeadlineExceededError: the job's deadline passed (also inside a long step).
-        ModelNotReadyError: the draft replica ended the stream without a final chunk.
+        ModelNotReadyError: the draft replica ended the stream without a final chunk, or
+            ``stop`` was set (:data:`SHUTTING_DOWN`).
         the draft replica's error, or its death after :data:`MAX_RESUMES` resumes. Closing
         the generator cancels the draft's stream (both caches freed).
     """
@@ -97,7 +132,7 @@ async def relay(draft: Any, job: xpb.DraftJob, routing_key: str,
             while True:
                 try:  # the deadline is kept here too: a step (a long prefill, a loaded CPU) can
                     # outlast it, and the draft replica checks it only between steps
-                    raw = await asyncio.wait_for(chunks.__anext__(), remaining(job.deadline_unix_s))
+                    raw = await _next_chunk(chunks, remaining(job.deadline_unix_s), stop)
                 except StopAsyncIteration:
                     break
                 except (asyncio.TimeoutError, TimeoutError):
@@ -109,7 +144,7 @@ async def relay(draft: Any, job: xpb.DraftJob, routing_key: str,
                 raise ModelNotReadyError("the draft replica ended the stream without a final chunk")
             return
         except Exception as e:
-            if not is_replica_death(e) or resumes >= MAX_RESUMES:
+            if not is_replica_death(e) or resumes >= MAX_RESUMES or (stop is not None and stop.is_set()):
                 raise
             if job.deadline_unix_s and time.time() > job.deadline_unix_s:
                 raise DeadlineExceededError("the request's deadline passed") from None

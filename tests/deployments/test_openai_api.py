@@ -1086,3 +1086,102 @@ def test_speculation_fields_outside_the_api_are_refused_not_passed_on(stack, spe
     ok = _run(_raw(stack["app"], "POST", "/v1/completions",
                    {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "speculation": {"max_k": 3, "proposer": None}}))
     assert ok.status_code == 200
+
+
+# --- shutting down (Router.Drain, what `specdec serve` calls on Ctrl-C) ----------------------------
+
+
+class StallingDraftHandle(LocalDraftHandle):
+    """Streams the first chunk of the real draft replica, then waits forever (a long generation);
+    closing it closes the draft replica's stream (its session and both caches are freed).
+    ``stalled``: the streams that sent their first chunk and wait."""
+
+    stalled = 0
+
+    @property
+    def Generate(self):
+        async def gen(payload):
+            inner = self.draft.Generate(payload)
+            try:
+                async for raw in inner:
+                    yield raw
+                    self.stalled += 1
+                    await asyncio.Event().wait()
+            finally:
+                await inner.aclose()
+
+        return self._Method(lambda payload: LocalStream(gen(payload)))
+
+
+SHUTTING_DOWN = "the server is shutting down; retry once it is back (or on another replica)"
+
+
+def test_drain_ends_the_generations_in_flight_with_unavailable_and_refuses_new_ones(stack):
+    """Serve's shutdown kills its proxies at once: an HTTP stream in flight ended mid-chunk
+    (``incomplete chunked read``) and a gRPC one with ``Stream removed (Socket closed)``.
+    ``specdec serve`` now drains the router first: after the grace the generations still
+    running end with UNAVAILABLE and a message (the HTTP stream with an error event after its
+    tokens), their draft sessions are freed, and a new request is 503 with Retry-After."""
+    router = stack["make_router"]()
+    router.draft = handle = StallingDraftHandle(stack["draft"])
+    app = openai_api.build_app(router)
+    ctx = RecordingContext((("authorization", f"Bearer {KEY}"),))
+    grpc_chunks: list = []
+
+    async def grpc_call():
+        req = pb.GenerateRequest(prompt=PROMPT, max_tokens=30, ignore_eos=True)
+        try:
+            async for c in router.GenerateStream(req, ctx):
+                grpc_chunks.append(c)
+        except Exception as e:  # StreamAborted, after the code was set on the context
+            return type(e).__name__
+
+    async def go():
+        http = asyncio.ensure_future(_raw(app, "POST", "/v1/completions", {
+            "model": MODEL, "prompt": PROMPT, "max_tokens": 30, "temperature": 0, "ignore_eos": True, "stream": True}))
+        grpc_end = asyncio.ensure_future(grpc_call())
+        for _ in range(2000):  # both streams have sent their first chunk and wait in the stalled draft
+            if router.in_flight == 2 and handle.stalled == 2 and grpc_chunks:
+                break
+            await asyncio.sleep(0.01)
+        drained = await router.Drain(0)
+        again = await router.Drain(5)  # once: a later call answers what the first did
+        refused = await _raw(app, "POST", "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 2})
+        return drained, again, await http, await grpc_end, refused
+
+    drained, again, http, grpc_end, refused = _run(go())
+    assert drained == again == {"replica": "local", "in_flight": 2, "cut": 2, "left": 0}
+    assert grpc_end == "StreamAborted" and len(grpc_chunks) == 1 and len(grpc_chunks[0].token_ids) >= 1
+    assert ctx.code == grpc.StatusCode.UNAVAILABLE and ctx.details == SHUTTING_DOWN
+    events = [line[6:] for line in http.text.split("\n\n") if line.startswith("data: ")]
+    assert http.status_code == 200 and json.loads(events[0])["choices"][0]["token_ids"]
+    assert json.loads(events[-2]) == {"error": {"message": SHUTTING_DOWN, "type": "service_unavailable",
+                                                "param": None, "code": None}}
+    assert events[-1] == "[DONE]"
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json() == {"error": {"message": SHUTTING_DOWN, "type": "service_unavailable", "param": None,
+                                        "code": None}}
+    assert stack["draft"].Sessions() == [] and router.in_flight == 0
+
+
+def test_drain_lets_a_generation_finish_within_the_grace(stack):
+    """A request in flight that ends within the grace gets its whole answer (the target's
+    greedy tokens); the drain reports it finished, none cut."""
+    router = stack["make_router"]()
+    app = openai_api.build_app(router)
+    target = stack["target"]
+    ref = target_greedy(target, target.tokenizer.encode(PROMPT), 12)
+
+    async def go():
+        call = asyncio.ensure_future(_raw(app, "POST", "/v1/completions", {
+            "model": MODEL, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}))
+        for _ in range(2000):
+            if router.in_flight:
+                break
+            await asyncio.sleep(0.001)
+        drained = await router.Drain(600)  # returns once the generation has ended
+        return drained, await call
+
+    drained, resp = _run(go())
+    assert drained == {"replica": "local", "in_flight": 1, "cut": 0, "left": 0}
+    assert resp.status_code == 200 and resp.json()["choices"][0]["token_ids"] == ref

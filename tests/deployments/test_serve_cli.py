@@ -43,6 +43,8 @@ def test_plain_appconfig_yaml(tmp_path):
     # 0 silently meant every CPU of the machine
     (["--num-cpus", "0"], {}, "--num-cpus: Input should be greater than or equal to 1, got 0"),
     (["--metrics-port", "70000"], {}, "--metrics-port: Input should be a port in 1..65535, got 70000"),
+    (["--shutdown-grace", "-1"], {}, "--shutdown-grace: Input should be a number of seconds, at least 0, got -1"),
+    (["--shutdown-grace", "nan"], {}, "--shutdown-grace: Input should be a number of seconds, at least 0, got nan"),
     # FileNotFoundError / yaml.ParserError / ValidationError tracebacks
     (["--config", "{dir}/missing.yaml"], {}, "cannot read --config {dir}/missing.yaml: No such file or directory"),
     (["--config", "{dir}/a.yaml"], {"a.yaml": "x: [\n"},
@@ -55,7 +57,8 @@ def test_plain_appconfig_yaml(tmp_path):
      "--config {dir}/a.yaml must hold a mapping of AppConfig fields, got list"),
     (["--config", "{dir}/a.yaml"], {"a.yaml": "applications: []\n"},
      "--config {dir}/a.yaml: a Serve config file whose first application has no args mapping"),
-], ids=["tp-negative", "tp-zero", "grpc-port", "http-port", "num-cpus", "metrics-port", "config-missing", "config-yaml",
+], ids=["tp-negative", "tp-zero", "grpc-port", "http-port", "num-cpus", "metrics-port", "grace-negative", "grace-nan",
+        "config-missing", "config-yaml",
         "config-fields", "config-list", "config-serve-empty"])
 def test_bad_serve_flags_and_config_files_are_one_line_naming_them(tmp_path, argv, files, message):
     from specdec.errors import SpecDecError
@@ -186,6 +189,7 @@ def test_ctrl_c_while_the_models_load_shuts_down_without_a_traceback(monkeypatch
     monkeypatch.setattr(serve, "start", lambda *a, **k: calls.append("serve.start"))
     monkeypatch.setattr(serve, "run", loading)
     monkeypatch.setattr(cli, "shutdown_serve", lambda *a, **k: calls.append("serve.shutdown"))
+    monkeypatch.setattr(cli, "drain_routers", lambda *a, **k: calls.append("drain") or NOTHING_DRAINED)
     monkeypatch.setattr(deployments.app, "build_app", lambda cfg: None)
     monkeypatch.setattr(cli, "ensure_ports_free", lambda cfg: None)  # whatever listens on 8000/9000 here
     monkeypatch.setattr(cli, "check_model_specs", lambda cfg: None)  # /models/t exists nowhere
@@ -193,9 +197,98 @@ def test_ctrl_c_while_the_models_load_shuts_down_without_a_traceback(monkeypatch
     for keep_running in ([], ["--keep-running"]):
         calls.clear()
         assert cli.run_serve(_args("--target", "/models/t", "--draft", "none", *keep_running)) == 130
-        assert calls == ["ray.init", "serve.start", "serve.shutdown", "ray.shutdown"]
+        assert calls == ["ray.init", "serve.start", "drain", "serve.shutdown", "ray.shutdown"]
         err = capsys.readouterr().err
         assert "[specdec serve] interrupted\n[specdec serve] shutting down\n" in err and "Traceback" not in err
+
+
+NOTHING_DRAINED = {"replicas": 0, "in_flight": 0, "cut": 0}
+
+
+@pytest.mark.parametrize("argv, grace", [([], 2.0), (["--shutdown-grace", "0.5"], 0.5)])
+def test_ctrl_c_while_serving_drains_the_routers_before_serve_stops(monkeypatch, capsys, argv, grace):
+    """Ctrl-C or SIGTERM on ``--keep-running`` took ~9 s (tiny pair, idle; 12 s with requests in
+    flight) and cut the requests in flight without a status: Serve's shutdown kills its proxies
+    at once, then stops its deployments one by one, each waiting at least its 2 s wait loop.
+    Now the routers are drained first (the requests in flight get ``--shutdown-grace`` seconds,
+    then UNAVAILABLE), then Serve stops, then Ray: in that order, exit 0."""
+    import ray
+    from ray import serve
+
+    import deployments.app
+
+    calls = []
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: calls.append("ray.init"))
+    monkeypatch.setattr(ray, "shutdown", lambda *a, **k: calls.append("ray.shutdown"))
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "MetricsExportPort": 41234}])
+    monkeypatch.setattr(serve, "start", lambda *a, **k: calls.append("serve.start"))
+    monkeypatch.setattr(serve, "run", lambda *a, **k: calls.append("serve.run"))
+    monkeypatch.setattr(serve, "get_deployment_handle", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no")))
+    monkeypatch.setattr(cli, "shutdown_serve", lambda *a, **k: calls.append("serve.shutdown"))
+    monkeypatch.setattr(cli, "drain_routers", lambda app, grace_s: calls.append(("drain", app, grace_s))
+                        or {"replicas": 2, "in_flight": 3, "cut": 1})
+    monkeypatch.setattr(cli.time, "sleep", interrupted)  # the --keep-running loop's sleep
+    monkeypatch.setattr(deployments.app, "build_app", lambda cfg: None)
+    monkeypatch.setattr(cli, "ensure_ports_free", lambda cfg: None)
+    monkeypatch.setattr(cli, "check_model_specs", lambda cfg: None)
+    monkeypatch.setattr(cli, "_stop_on_sigterm", lambda: None)
+    assert cli.run_serve(_args("--target", "/models/t", "--draft", "none", "--keep-running", *argv)) == 0
+    assert calls == ["ray.init", "serve.start", "serve.run", ("drain", "specdec", grace), "serve.shutdown",
+                     "ray.shutdown"]
+    err = capsys.readouterr().err
+    assert (f"[specdec serve] serving; Ctrl-C to stop\n[specdec serve] shutting down\n[specdec serve] 3 request(s) "
+            f"in flight: 2 finished, 1 ended UNAVAILABLE after the {grace:g} s grace\n[specdec serve] stopped in ") in err
+    assert "interrupted" not in err and "Traceback" not in err
+
+
+class _Call:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self, timeout_s=None):
+        if isinstance(self.value, Exception):
+            raise self.value
+        return self.value
+
+
+def test_drain_routers_reaches_every_running_router_replica(monkeypatch):
+    """A handle call reaches one replica of its choice: the drain calls go out two per running
+    replica, again until every replica (by id) has answered; a call that fails is left to
+    Serve's shutdown. The counts are summed once per replica."""
+    import ray
+    from ray import serve
+    from ray.serve._private.common import ReplicaState
+
+    answers = iter([{"replica": "a", "in_flight": 2, "cut": 1, "left": 0}] * 3 + [RuntimeError("replica died")]
+                   + [{"replica": "a", "in_flight": 2, "cut": 1, "left": 0},
+                      {"replica": "b", "in_flight": 1, "cut": 0, "left": 0}, {"replica": "b"}, {"replica": "a"}])
+    sent = []
+
+    class Handle:
+        class Drain:
+            @staticmethod
+            def remote(grace_s):
+                sent.append(grace_s)
+                return _Call(next(answers))
+
+    class Obj:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    status = Obj(applications={"specdec": Obj(deployments={
+        "Router": Obj(replica_states={ReplicaState.RUNNING: 2, ReplicaState.STOPPING: 1})})})
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(serve, "status", lambda: status)
+    monkeypatch.setattr(serve, "get_deployment_handle", lambda name, app_name: Handle())
+    assert cli.drain_routers("specdec", 1.5) == {"replicas": 2, "in_flight": 3, "cut": 1}
+    assert sent == [1.5] * 8
+    assert cli.drain_routers("other-app", 1.5) == NOTHING_DRAINED  # no such application: nothing to drain
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    assert cli.drain_routers("specdec", 1.5) == NOTHING_DRAINED and len(sent) == 8
 
 
 def test_a_failed_demo_request_is_one_line_and_sends_the_api_key(monkeypatch, capsys):
