@@ -9,6 +9,6 @@ cd "$(dirname "$0")/../.."
 for st in "$@"; do
  case $st in
   onecl|clients) bash docs/bench/batching/served-s11/run.sh "$st" "${TAG:-s12-lead}" ;;
-  *) flock -w 900 /tmp/specdec-heavy.lock bash docs/bench/lead-measure.sh "$st" ;;
+  *) flock -w 1800 /tmp/specdec-heavy.lock bash docs/bench/lead-measure.sh "$st" ;;
  esac
 done

@@ -26,10 +26,10 @@ for st in "$@"; do
   { hdr start; $NSX timeout 400 .venv/bin/python docs/bench/served-w8a8/one_client_modes.py 3 128 2>&1 | grep -E '^==|^\{|^warmup|Error'; hdr end; } > $out 2>&1; cat $out ;;
  batchgoal)
   mkdir -p docs/bench/batching/inprocess-$TAG
-  { hdr start; timeout 600 .venv/bin/python -m benchmarks.batching_goal --max-tokens 32,128 --rounds 3 --out docs/bench/batching/inprocess-$TAG; hdr end; } 2>&1 | tee docs/bench/batching/inprocess-$TAG/log.txt | tail -40 ;;
+  { hdr start; timeout 1500 .venv/bin/python -m benchmarks.batching_goal --max-tokens 32,128 --rounds 3 --out docs/bench/batching/inprocess-$TAG; hdr end; } 2>&1 | tee docs/bench/batching/inprocess-$TAG/log.txt | tail -40 ;;
  bench32)
   mkdir -p docs/bench/formats/bench-$SESSION/lead
-  { hdr start; timeout 600 .venv/bin/specdec bench --formats float32:alone,w8a8 --alone-prompts code-prime --alone-rounds 3 \
+  { hdr start; timeout 1200 .venv/bin/specdec bench --formats float32:alone,w8a8 --alone-prompts code-prime --alone-rounds 3 \
       --prompts code-prime,code-rename,code-rename-full,poem-sea --tokens 32 --repeats 3 --no-bracket \
       --ks 8,12 --draft-min-confidence 0.4 --ngram-ks 16 --proposers draft,ngram --hf assisted --adaptive 0,4 \
       --adaptive-min-confidence 0.4 --draft-vocab-subset 65536 --threads 1 --no-plot \
@@ -48,7 +48,7 @@ for st in "$@"; do
       --out docs/bench/formats/bench-$SESSION/lead-avx2; hdr end; } 2>&1 | tee docs/bench/formats/bench-$SESSION/lead-avx2/log.txt | tail -40 ;;
  bench128)
   mkdir -p docs/bench/formats/bench-$SESSION/lead-128
-  { hdr start; timeout 600 .venv/bin/specdec bench --formats w8a8 \
+  { hdr start; timeout 1200 .venv/bin/specdec bench --formats w8a8 \
       --prompts code-prime --tokens 128 --repeats 3 --no-bracket \
       --ks 4,8,12 --draft-min-confidence 0.4 --proposers draft --hf assisted --adaptive 4 \
       --adaptive-min-confidence 0.4 --draft-vocab-subset 65536 --threads 1 --no-plot \
