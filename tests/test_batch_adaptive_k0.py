@@ -68,3 +68,66 @@ def test_adaptive_batch_held_at_k0_runs_the_forwards_of_fixed_k0(tiny_target, ti
     assert ad_calls == fixed_calls  # the same target forwards: packed shapes and kept logits
     assert sum(fixed_calls.values()) == len(fixed_sched.trace) == len(ad_sched.trace)
     assert [(t.rows, t.positions_fed) for t in ad_sched.trace] == [(t.rows, t.positions_fed) for t in fixed_sched.trace]
+
+
+def test_a_tenant_held_at_k0_prices_its_probe_once_per_decision_not_once_per_row(
+        tiny_target, tiny_draft_close, monkeypatch):
+    """Session 14: with no acceptance measured yet, a tenant held at K = 0 asks for a probe's K on
+    every step of every row (:meth:`BatchKController.step_k`), and each ask was a whole batch
+    optimum (:func:`choose_batch_ks`): at 8 rows 1.3 s of 3.2 s of a tiny-model run, and the
+    adaptive arm's forwards measured slower too. The answer is now computed once per decision
+    and tenant (the cost model does not change between a tick's rows); the K and the outputs are
+    those of the fixed K = 0 arm."""
+    from specdec.control import batch_controller
+
+    engine = SpeculativeEngine(tiny_target, tiny_draft_close)
+    optima: list[dict] = []
+    asks: list[tuple[int, str]] = []  # (decision number, tenant) of every probe_k call
+    choose, probe_k = batch_controller.choose_batch_ks, BatchKController.probe_k
+
+    def counting_choose(loads, *args, **kwargs):
+        optima.append({t: load.alpha for t, load in loads.items()})
+        return choose(loads, *args, **kwargs)
+
+    def counting_probe_k(self, tenant, cap):
+        asks.append((sum(1 for o in optima if all(a != self.probe_alpha for a in o.values())), tenant))
+        return probe_k(self, tenant, cap)
+
+    fixed = _run(engine, monkeypatch, adaptive=False)[1]
+    monkeypatch.setattr(batch_controller, "choose_batch_ks", counting_choose)
+    monkeypatch.setattr(BatchKController, "probe_k", counting_probe_k)
+    calls, ad, sched, ctl = _run(engine, monkeypatch, adaptive=True)  # undoes both patches at its end
+    assert [r.token_ids for r in ad] == [r.token_ids for r in fixed]
+    assert all(set(r.stats.k_counts) == {0} for r in ad) and ctl.probes == 0
+    decisions = [o for o in optima if all(a != ctl.probe_alpha for a in o.values())]
+    what_ifs = [o for o in optima if any(a == ctl.probe_alpha for a in o.values())]
+    assert len(decisions) == len(sched.trace)  # one decision per tick
+    assert len(asks) > len(set(asks))  # several rows of a tenant asked in the same tick
+    assert len(what_ifs) == len(set(asks))  # ... and the what-if optimum was computed once for them
+
+
+def test_probe_k_answers_as_computed_afresh_after_a_cost_observation():
+    """The remembered probe K follows the cost model: after a cost observation between two asks
+    (no new decision), probe_k answers what the uncached what-if optimum gives with the new costs."""
+    from specdec.control.batch_choice import TenantLoad, choose_batch_ks
+
+    ctl = BatchKController(budget=64, k_ranges={"code": (0, 3)})
+    for positions in range(1, 5):
+        ctl.cost.observe_verify(1, positions, 0.01)
+    ctl.cost.observe_draft(1, 1.0)  # a draft forward 100x a verify forward: no K > 0 pays
+    ctl.decide({("code", "draft"): 1})
+    assert ctl.probe_k("code", 3) == 0
+
+    def afresh() -> int:
+        load = ctl._loads["code"]
+        what_if = {"code": TenantLoad(load.sessions, ctl.probe_alpha, load.weight, load.k_min, min(load.k_max, 3),
+                                      load.drafted, load.fixed_k, load.catchup_s, load.tokens_left)}
+        return choose_batch_ks(what_if, ctl.cost, ctl.budget, ctl.catchup_horizon).ks["code"]
+
+    version, n = ctl.cost.version, 0
+    while ctl.cost.draft_s(1) > 0.001:  # drafts become nearly free: a probe at α = 0.9 pays
+        ctl.cost.observe_draft(1, 0.0001)
+        n += 1
+    assert 0 < n < 200 and ctl.cost.version == version + n
+    assert afresh() == 3
+    assert ctl.probe_k("code", 3) == 3

@@ -139,6 +139,9 @@ class BatchKController:
         self.probe_step_count = 0
         self._probe: dict[str, _ProbeState] = {}
         self._loads: dict[str, TenantLoad] = {}  # the loads of the last decision
+        # (tenant, cap, cost version, probe_alpha, budget, catchup_horizon) -> probe_k's answer
+        # for the last decision's loads (emptied by :meth:`decide`)
+        self._probe_memo: dict[tuple, int] = {}
         self._proposer: dict[str, str] = {}  # tenant -> its adaptive proposer at the last decision
         #: (tenant, proposer, trials) of every evidence cap a probe applied (for a shared pool)
         self.caps: list[tuple[str, str, float]] = []
@@ -212,6 +215,7 @@ class BatchKController:
             )
             self._proposer[tenant] = proposer
         self._loads = loads
+        self._probe_memo = {}
         self.last = choose_batch_ks(loads, self.cost, self.budget, self.catchup_horizon)
         self.k_by_tenant.update({t: k for t, k in self.last.ks.items() if "\x00" not in t})
         now = self.clock()
@@ -232,14 +236,25 @@ class BatchKController:
     def probe_k(self, tenant: str, cap: int) -> int:
         """The K a probe of ``tenant`` runs at: its K in the batch optimum of the last
         decision's load (its catch-up charged) if its acceptance were ``probe_alpha``, at most
-        ``cap`` (0: a probe would not pay even then, or the tenant was not in the last decision)."""
+        ``cap`` (0: a probe would not pay even then, or the tenant was not in the last decision).
+
+        The answer is remembered until the next :meth:`decide` or cost observation
+        (``cost.version``): a tenant of never measured acceptance whose probe does not pay asks
+        on every step of every one of its rows, and each ask is a whole batch optimum
+        (:func:`choose_batch_ks`), a few ms a tick at 8 rows (docs/bench/k0cost-s14/NOTES.md)."""
         load = self._loads.get(tenant)
         if load is None or cap < 1:
             return 0
-        what_if = dict(self._loads)
-        what_if[tenant] = TenantLoad(load.sessions, self.probe_alpha, load.weight, min(load.k_min, cap),
-                                     min(load.k_max, cap), load.drafted, load.fixed_k, load.catchup_s, load.tokens_left)
-        return choose_batch_ks(what_if, self.cost, self.budget, self.catchup_horizon).ks.get(tenant, 0)
+        key = (tenant, cap, getattr(self.cost, "version", None), self.probe_alpha, self.budget, self.catchup_horizon)
+        k = self._probe_memo.get(key)
+        if k is None:
+            what_if = dict(self._loads)
+            what_if[tenant] = TenantLoad(load.sessions, self.probe_alpha, load.weight, min(load.k_min, cap),
+                                         min(load.k_max, cap), load.drafted, load.fixed_k, load.catchup_s,
+                                         load.tokens_left)
+            k = choose_batch_ks(what_if, self.cost, self.budget, self.catchup_horizon).ks.get(tenant, 0)
+            self._probe_memo[key] = k
+        return k
 
     def step_k(self, tenant: str, cap: int, k_min: int = 0) -> int:
         """The K of ``tenant``'s next step: its K under the last decision within

@@ -146,6 +146,9 @@ class BatchCostModel:
         self._prefill_n = 0  # prefill forwards seen (kept off the verify curve)
         #: ("verify", rows, positions) or ("draft", rows) -> seconds of its recent forwards
         self._recent: dict[tuple, collections.deque] = {}
+        #: observations made so far (:meth:`observe_verify`, :meth:`observe_draft`,
+        #: :meth:`observe_catchup`): a price computed at one version holds until the next
+        self.version = 0
 
     def _median_recent(self, shape: tuple, seconds: float) -> float:
         """Record ``seconds`` for ``shape``; the median of its last :data:`RECENT_FORWARDS` (class
@@ -182,6 +185,7 @@ class BatchCostModel:
             raise ValueError(f"need 1 <= rows <= positions, got rows={rows}, positions={positions}")
         if not 0 <= seconds < float("inf"):
             raise ValueError(f"seconds must be finite and >= 0, got {seconds}")
+        self.version += 1
         if not calibration:
             self.min_positions_per_row = min(self.min_positions_per_row, positions / rows)
         if positions >= 16:
@@ -199,6 +203,7 @@ class BatchCostModel:
     def observe_draft(self, rows: int, seconds: float) -> None:
         """One batched draft forward (one draft position) of ``rows`` sessions took ``seconds``
         (the curve is fed the median of its recent ones: class docstring, "Outliers")."""
+        self.version += 1
         self.draft.observe_verify(rows, self._median_recent(("draft", rows), seconds))
 
     #: A positions count measured fewer times than this is "thin": priced at no more than the
@@ -308,6 +313,7 @@ class BatchCostModel:
         if tokens < 1 or not 0 <= seconds < float("inf"):
             raise ValueError(f"need tokens >= 1 and 0 <= seconds < inf, got {tokens}, {seconds}")
         rate = seconds / tokens
+        self.version += 1
         self._catchup_rate = rate if self._catchup_rate is None else self._catchup_rate + 0.3 * (
             rate - self._catchup_rate)
 
