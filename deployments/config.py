@@ -143,6 +143,15 @@ class AppConfig(BaseModel):
         64, ge=1, le=65536, description="chunked draft prefill: uncached prompt positions the draft replica feeds "
         "per batched drafting round; a longer new prompt is prefilled in chunks while the other sessions keep drafting",
     )
+    prefix_cache_entries: int = Field(
+        8, ge=0, le=4096,
+        description="automatic prefix caching (specdec.engine.prefix_cache): a new session's KV cache starts "
+        "from the longest committed prefix another session of the same model holds (one still open, or one of "
+        "the last prefix_cache_entries closed ones, least recently used first out), on the target's every TP rank "
+        "and on the draft replica; outputs are unchanged. Memory: at most this many closed sessions' caches per "
+        "model process. A model whose forward is not shape-invariant (float32) runs without it (one log line); "
+        "0: off",
+    )
     draft_min_confidence: float = Field(
         0.0, ge=0.0, le=1.0,
         description="default early stop of drafting (requests may set their own): end a block after "

@@ -29,7 +29,8 @@ each step.
 
 Interface (serialized protos, never pickled core objects):
 ``Generate(DraftJob bytes)`` streams ``GenerateStreamChunk`` bytes;
-``Ready()``, ``Sessions()`` (ids of the generations running here; for tests and debugging).
+``Ready()``, ``Sessions()`` (ids of the generations running here; for tests and debugging),
+``PrefixCacheStats()`` (the draft model's automatic prefix caching, :mod:`deployments.prefix_caching`).
 """
 
 from __future__ import annotations
@@ -137,6 +138,11 @@ class Draft:
                 draft.tokenizer = TokenizerFacts.of(draft.tokenizer)
                 release_freed_memory()
             self.draft_proposer = DraftModelProposer(draft, eos_ids=self.info.eos_token_ids)
+            from deployments.prefix_caching import serve_prefix_cache
+
+            # with draft_batching every draft forward runs in the combiner's one drafting thread;
+            # without, sessions feed from their own threads: copy only from closed sessions then
+            serve_prefix_cache(draft, cfg.prefix_cache_entries, "draft", live=cfg.draft_batching)
         #: generation id -> its Generation (the sessions whose draft caches live here)
         self.sessions: dict[str, Any] = {}
         self._gauged: dict[str, float] = {}  # tenant -> when its batch-K gauges were last set
@@ -300,6 +306,27 @@ class Draft:
                 self._maybe_sync_batch_k(force=True)
             with self._lock:
                 self.sessions.pop(sid, None)
+            try:
+                self._record_prefix_cache()
+            except Exception:  # metrics never break serving
+                log.exception("metrics")
+
+    def _record_prefix_cache(self) -> dict:
+        """Count the draft's prefix cache hits since the last call (``specdec_prefix_cache_*``)."""
+        from deployments.prefix_caching import prefix_stats
+
+        if self.draft_proposer is None:
+            return prefix_stats(None)
+        stats = prefix_stats(self.draft_proposer.draft.model)
+        self.metrics.record_prefix_cache("draft", stats)
+        return stats
+
+    async def PrefixCacheStats(self) -> dict:
+        """The draft model's prefix cache (``AppConfig.prefix_cache_entries``):
+        ``{"enabled", "entries", "held", "hits", "shared_positions"}``
+        (:func:`deployments.prefix_caching.prefix_stats`; all 0 without a draft model). The
+        ``specdec_prefix_cache_*`` counters are brought up to date (as every generation's end does)."""
+        return self._record_prefix_cache()
 
     def _record_batch_k(self, job: xpb.DraftJob) -> None:
         """Set the tenant's K-under-load gauges (at most once a second per tenant)."""

@@ -7,7 +7,8 @@ every node's metrics port; ``k8s/grafana/specdec-dashboard.json`` reads them (na
 :data:`METRICS`, documented in ``k8s/README.md``).
 
 Labels are bounded: ``tenant`` (from the tenants file; ``"unknown"`` before authentication),
-``proposer`` (draft, ngram, none), ``status`` (gRPC code names), ``position`` (0..15). Never a
+``proposer`` (draft, ngram, none), ``status`` (gRPC code names), ``position`` (0..15), ``model``
+(target, draft). Never a
 request id, prompt, key or free text.
 
 Every value recorded is also kept in :attr:`SpecDecMetrics.values` (counters and gauges) and
@@ -76,6 +77,12 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...], list[float] | None]] = {
     "specdec_batch_positions_seen": (
         "gauge", "Mean positions of the batched target forwards the tenant's recent steps ran in.",
         ("tenant",), None),
+    "specdec_prefix_cache_hits": (
+        "counter", "Sessions whose KV cache started from a prefix another session held (automatic prefix "
+        "caching, AppConfig.prefix_cache_entries), by model (target, draft).", ("model",), None),
+    "specdec_prefix_cache_shared_positions": (
+        "counter", "Positions copied from another session's KV cache instead of computed (prefix caching).",
+        ("model",), None),
     "specdec_exchange_bytes": (
         "histogram", "Draft<->target bytes per speculation step.", (),
         [256, 1024, 4096, 16384, 65536, 262144, 1048576]),
@@ -109,6 +116,8 @@ class SpecDecMetrics:
             raise ValueError(f"unknown metrics backend {backend!r}")
         self.values: dict[tuple, float] = collections.defaultdict(float)
         self.observations: dict[tuple, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+        #: model -> (hits, shared positions) of its prefix cache when last recorded
+        self._prefix_seen: dict[str, tuple[int, int]] = {}
 
     @staticmethod
     def _key(name: str, tags: Mapping[str, str]) -> tuple:
@@ -224,6 +233,15 @@ class SpecDecMetrics:
         if stats.get("steps"):
             self.set("specdec_batch_rows_seen", float(stats["rows_per_step"]), tenant=tenant)
             self.set("specdec_batch_positions_seen", float(stats["positions_per_step"]), tenant=tenant)
+
+    def record_prefix_cache(self, model: str, stats: Mapping) -> None:
+        """Count what ``model``'s prefix cache (``"target"`` or ``"draft"``) did since the last call:
+        ``stats`` is :func:`deployments.prefix_caching.prefix_stats` (totals since start-up)."""
+        hits, positions = int(stats.get("hits", 0)), int(stats.get("shared_positions", 0))
+        seen_hits, seen_positions = self._prefix_seen.get(model, (0, 0))
+        self._prefix_seen[model] = (hits, positions)
+        self.inc("specdec_prefix_cache_hits", hits - seen_hits, model=model)
+        self.inc("specdec_prefix_cache_shared_positions", positions - seen_positions, model=model)
 
     def record_exchange(self, nbytes: int) -> None:
         """Bytes of one draft<->target exchange (candidate block + verification result)."""

@@ -9,7 +9,8 @@ Interface (serialized protos in and out, never pickled core objects; the method 
 ``specdec.v1.Verifier``): ``Verify(CandidateBlock bytes) -> VerificationResult bytes`` and
 ``CloseSession(CloseSessionRequest bytes) -> CloseSessionResponse bytes``; plus ``Ready()``,
 ``Sessions()`` (session ids held) and ``Info()`` (each rank's device and setup facts), for tests
-and debugging. Called through a
+and debugging; ``PrefixCacheStats()`` (automatic prefix caching on the ranks,
+:mod:`deployments.prefix_caching`). Called through a
 Serve handle with ``.options(session_id=...)`` so ConsistentHashRouter keeps a session on one
 replica.
 """
@@ -188,6 +189,7 @@ class Target:
             dtype=fmt,
             num_gpus=cfg.target_gpus_per_worker,
             threads=rank_threads(cfg, pg.bundle_specs if pg is not None else None),
+            prefix_cache_entries=cfg.prefix_cache_entries,
         )
         self.infos = infos
         log.info("target TP workers ready: %s", infos)
@@ -316,6 +318,18 @@ class Target:
                 "mean_new_blocks": sum(f[0] for f in fills) / nf if nf else 0.0,
                 "mean_held_s": sum(f[1] for f in fills) / nf if nf else 0.0, "gap_s": self._fill.gap()}
 
+    async def PrefixCacheStats(self) -> dict:
+        """The target's prefix cache (``AppConfig.prefix_cache_entries``), rank 0's (every rank
+        holds the same): ``{"enabled", "entries", "held", "hits", "shared_positions"}``
+        (:func:`deployments.prefix_caching.prefix_stats`). Asked in the ranks' "health" group, so
+        it never waits behind a forward; also brings the ``specdec_prefix_cache_*`` counters up
+        to date (as every health check does)."""
+        w = self.workers[0]
+        method = w.prefix_cache_stats
+        stats = await (method.options(concurrency_group="health") if hasattr(method, "options") else method).remote()
+        self.metrics.record_prefix_cache("target", stats)
+        return stats
+
     async def CloseSession(self, request: bytes) -> bytes:
         """Free a session on every rank; a serialized CloseSessionResponse."""
         sid = xpb.CloseSessionRequest.FromString(request).session_id
@@ -364,7 +378,7 @@ class Target:
 
     async def check_health(self) -> None:
         """Serve health check (periodic): fails the replica when a TP worker died; sweeps idle
-        sessions (:meth:`sweep_idle`).
+        sessions (:meth:`sweep_idle`); updates the prefix cache counters (:meth:`PrefixCacheStats`).
 
         The probe runs in the workers' "health" concurrency group, so a loaded replica (a long
         prefill or verify in progress) answers at once; while blocks wait for a forward the
@@ -375,6 +389,10 @@ class Target:
             method = w.num_sessions
             probes.append((method.options(concurrency_group="health") if hasattr(method, "options") else method).remote())
         await asyncio.gather(*probes)
+        try:
+            await self.PrefixCacheStats()
+        except Exception:  # statistics never fail a health check
+            log.exception("prefix cache statistics")
         if self._in_flight or self._queue:
             if not self._sweeping:
                 asyncio.create_task(self._sweep_logged())

@@ -91,15 +91,18 @@ class TPWorker:
         return host, free_port()
 
     def setup(self, model_path: str, master_addr: str, master_port: int, dtype: str = "float32",
-              threads: int = 0, num_gpus: float = 0) -> dict:
+              threads: int = 0, num_gpus: float = 0, prefix_cache_entries: int = 0) -> dict:
         """Join the process group (when n > 1) and load this rank's shard. Call on all ranks at once.
 
         ``threads`` > 0 sets torch's CPU threads (Ray gives a ``num_cpus=0`` actor one thread).
         ``num_gpus`` is what Ray gave this worker: > 0 loads the shard onto its GPU
-        (:func:`worker_device`), also at TP=1.
+        (:func:`worker_device`), also at TP=1. ``prefix_cache_entries`` > 0: automatic prefix
+        caching of the rank's model when its forward is shape-invariant
+        (:func:`deployments.prefix_caching.serve_prefix_cache`; every rank alike).
 
         Returns:
-            facts for logs and tests: rank, backend, device, load seconds, local q_proj shape.
+            facts for logs and tests: rank, backend, device, load seconds, local q_proj shape,
+            ``prefix_cache_entries`` (0: prefix caching off on this rank).
         """
         import torch
         import torch.distributed as dist
@@ -107,6 +110,7 @@ class TPWorker:
         from specdec.engine.verifier import TargetVerifier
         from specdec.models.fused import FusedLinear, FusedSlice
 
+        from deployments.prefix_caching import serve_prefix_cache
         from deployments.target_sessions import TargetSessionTable
         from deployments.tp_load import load_tp_model
 
@@ -131,6 +135,7 @@ class TPWorker:
         device = worker_device(num_gpus)
         self.loaded = load_tp_model(model_path, self.rank, self.world_size, dtype, device)
         self.table = TargetSessionTable(TargetVerifier(self.loaded))
+        prefix = serve_prefix_cache(self.loaded, prefix_cache_entries, "target", quiet=self.rank != 0)
         q = self.loaded.model.model.layers[0].self_attn.q_proj
         q = getattr(q, "inner", q)  # a TPLocalLinear (int8/int4/w8a8/invariant at TP > 1)
         if isinstance(q, FusedSlice):  # its columns of the fused q/k/v layer
@@ -152,6 +157,7 @@ class TPWorker:
             # what start_tp_workers put in the process env (deployments.config.model_process_env)
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "prefix_cache_entries": prefix.entries if prefix is not None else 0,
         }
 
     def forward(self, token_ids: Sequence[int], every_rank: bool = False) -> torch.Tensor | None:
@@ -224,6 +230,13 @@ class TPWorker:
                 out.append((ticket, res.SerializeToString(), None, None))
         return {"answers": out, "rows": verified, "positions": self.table.verifier.last_positions}
 
+    def prefix_cache_stats(self) -> dict:
+        """This rank's prefix cache (:func:`deployments.prefix_caching.prefix_stats`): every rank
+        holds the same numbers (the ranks copy the same positions)."""
+        from deployments.prefix_caching import prefix_stats
+
+        return prefix_stats(self.table.verifier.target.model)
+
     def pending_count(self) -> int:
         """Blocks admitted and still waiting for a forward (a prefill in chunks)."""
         return len(self.table.pending)
@@ -257,6 +270,7 @@ def start_tp_workers(
     num_gpus: float = 0,
     dtype: str = "float32",
     threads: int = 0,
+    prefix_cache_entries: int = 0,
 ) -> tuple[list, list[dict]]:
     """Start ``tp_size`` TPWorker actors, one per bundle from ``first_bundle``, and set them up.
 
@@ -267,6 +281,7 @@ def start_tp_workers(
         first_bundle: bundle index of rank 0 (bundle 0 holds the replica itself).
         num_gpus: GPUs per worker (0 on CPU).
         threads: torch CPU threads per worker (0 leaves Ray's default).
+        prefix_cache_entries: ``AppConfig.prefix_cache_entries`` (0: no prefix caching).
 
     Every worker process gets :func:`deployments.config.model_process_env` in its ``runtime_env``
     (OpenMP threads sleep when idle instead of spinning against the draft replica's; every
@@ -292,7 +307,8 @@ def start_tp_workers(
             )
         workers.append(actor_cls.options(**opts).remote(rank, tp_size))
     addr, port = ray.get(workers[0].address.remote())
-    infos = ray.get([w.setup.remote(model_path, addr, port, dtype, threads, num_gpus) for w in workers])
+    infos = ray.get([w.setup.remote(model_path, addr, port, dtype, threads, num_gpus, prefix_cache_entries)
+                     for w in workers])
     return workers, infos
 
 

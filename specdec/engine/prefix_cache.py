@@ -18,6 +18,7 @@ output stays the same request's output alone. :func:`enable_prefix_cache` refuse
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from typing import Sequence
@@ -39,17 +40,32 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class PrefixCache:
     """The sequences of one model whose cached prefixes a new sequence may start from.
 
+    Thread-safe (a lock around every method): sequences may open, start and close from several
+    threads, as a served draft replica's do. The copy decisions depend only on the calls made and
+    their order, so replicas of one model that see the same calls in the same order (the TP
+    ranks of a target) copy the same positions.
+
+    Memory: the ``entries`` closed sequences' caches, each what that sequence held (its
+    positions × layers × 2 × KV heads × head dim in the cache's dtype, buffers with up to half
+    again of spare room, :class:`specdec.engine.kv_store.GrowingLayer`); live sequences are
+    only referenced weakly.
+
     Args:
         entries: closed sequences kept (their token ids and cache), least recently used first out.
+        live: also copy from live sequences. False: only from closed ones, for a model whose
+            sequences are fed from several threads at once (a live sequence's cache may then be
+            cut and overwritten while it is copied).
 
     Attributes:
         hits: sequences started from a shared prefix; shared_positions: positions copied.
     """
 
-    def __init__(self, entries: int = 4):
+    def __init__(self, entries: int = 4, live: bool = True):
         if entries < 0:
             raise ValueError(f"entries must be >= 0, got {entries}")
         self.entries = entries
+        self.live = bool(live)
+        self._lock = threading.Lock()
         self._live: "weakref.WeakSet" = weakref.WeakSet()
         self._closed: "OrderedDict[int, tuple[list[int], DynamicCache]]" = OrderedDict()
         self._next = 0
@@ -58,21 +74,31 @@ class PrefixCache:
 
     def register(self, seq) -> None:
         """A live :class:`CachedSequence` others may copy from."""
-        self._live.add(seq)
+        with self._lock:
+            self._live.add(seq)
 
     def retire(self, seq) -> None:
         """Keep a closing sequence's cached tokens and cache (its cache object is no longer used by it)."""
-        self._live.discard(seq)
-        if self.entries == 0 or seq.cache is None or len(seq.cached) < MIN_SHARED:
-            return
-        self._closed[self._next] = (list(seq.cached), seq.cache)
-        self._next += 1
-        while len(self._closed) > self.entries:
-            self._closed.popitem(last=False)
+        with self._lock:
+            self._live.discard(seq)
+            if self.entries == 0 or seq.cache is None or len(seq.cached) < MIN_SHARED:
+                return
+            self._closed[self._next] = (list(seq.cached), seq.cache)
+            self._next += 1
+            while len(self._closed) > self.entries:
+                self._closed.popitem(last=False)
 
     def clear(self) -> None:
         """Forget the closed sequences kept (live ones stay registered)."""
-        self._closed.clear()
+        with self._lock:
+            self._closed.clear()
+
+    def stats(self) -> dict:
+        """``{"entries", "held", "hits", "shared_positions"}``: the closed sequences kept at most
+        and now, sequences started from a shared prefix and positions copied (since it was made)."""
+        with self._lock:
+            return {"entries": self.entries, "held": len(self._closed), "hits": self.hits,
+                    "shared_positions": self.shared_positions}
 
     def start(self, seq, upcoming: Sequence[int]) -> int:
         """Fill the empty cache of ``seq`` with the longest prefix of ``upcoming`` held by another
@@ -84,9 +110,13 @@ class PrefixCache:
         Returns:
             the positions copied (0 when no prefix of at least :data:`MIN_SHARED` is held).
         """
+        with self._lock:
+            return self._start(seq, upcoming)
+
+    def _start(self, seq, upcoming: Sequence[int]) -> int:
         limit = min(len(upcoming), len(seq.token_ids)) - 1
         best, src, key = 0, None, None
-        for other in list(self._live):
+        for other in (list(self._live) if self.live else ()):
             if other is seq or other.cache is None:
                 continue
             n = min(_common_prefix(other.cached, upcoming), limit)
@@ -117,10 +147,11 @@ def prefix_cache_of(model) -> PrefixCache | None:
     return getattr(model, "_specdec_prefix_cache", None)
 
 
-def enable_prefix_cache(model, entries: int = 4) -> PrefixCache:
+def enable_prefix_cache(model, entries: int = 4, live: bool = True) -> PrefixCache:
     """Attach a :class:`PrefixCache` to ``model`` (a shape-invariant transformers causal LM); returns it.
 
-    Sequences opened on the model afterwards register with it.
+    Sequences opened on the model afterwards register with it. ``entries`` and ``live``: see
+    :class:`PrefixCache`.
 
     Raises:
         ValueError: the model's forward is not shape-invariant (copied keys and values could
@@ -131,7 +162,7 @@ def enable_prefix_cache(model, entries: int = 4) -> PrefixCache:
     if getattr(model.config, "_attn_implementation", None) != ATTENTION_NAME:
         raise ValueError("prefix caching needs a shape-invariant forward (specdec.engine.invariant.make_invariant): "
                          "without it copied keys and values may differ from computed ones")
-    store = PrefixCache(entries)
+    store = PrefixCache(entries, live=live)
     model._specdec_prefix_cache = store
     return store
 

@@ -53,6 +53,7 @@ class Rank:
         worker = TPWorker(0, 1)
         worker.table = self.table
         self.verify_batch = _Method(worker.verify_batch)
+        self.prefix_cache_stats = _Method(worker.prefix_cache_stats)
 
 
 def _open_block(sid: str, prompt: list[int]) -> bytes:
@@ -109,14 +110,15 @@ def test_target_starts_its_workers_through_ray_start_path(monkeypatch, tiny_targ
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     seen = {}
 
-    def start(path, tp_size, pg, first_bundle, num_gpus, threads, dtype):
-        seen.update(path=path, tp_size=tp_size, threads=threads, dtype=dtype)
+    def start(path, tp_size, pg, first_bundle, num_gpus, threads, dtype, prefix_cache_entries):
+        seen.update(path=path, tp_size=tp_size, threads=threads, dtype=dtype, prefix_cache_entries=prefix_cache_entries)
         return ranks, [{"rank": 0, "device": "cpu"}]
 
     monkeypatch.setattr(tp, "start_tp_workers", start)
     target = Target(AppConfig(target_model="demo:target", target_tp=1, target_cpus_per_worker=2,
-                              target_dtype="int8"), metrics=SpecDecMetrics(backend=None))
-    assert seen == {"path": "/models/target-int8", "tp_size": 1, "threads": 2, "dtype": "int8"}
+                              target_dtype="int8", prefix_cache_entries=5), metrics=SpecDecMetrics(backend=None))
+    assert seen == {"path": "/models/target-int8", "tp_size": 1, "threads": 2, "dtype": "int8",
+                    "prefix_cache_entries": 5}
     assert target.workers is ranks
     assert asyncio.run(target.Info()) == [{"rank": 0, "device": "cpu"}]
 
