@@ -155,3 +155,47 @@ def test_health_probe_does_not_wait_behind_a_forward(tp2):
     ray.get(busy)
     for i in range(24):
         call_all(workers, "close_session", f"h{i}")
+
+
+def test_prefix_caching_over_tp_copies_the_same_positions_on_every_rank(tiny, tp2):
+    """Two bfloat16 (shape-invariant) ranks with prefix caching (``AppConfig.prefix_cache_entries``,
+    as the Target replica starts them): a session opened while another with the same opening is
+    live copies that opening, one opened after a closed one with its prompt copies all of it but
+    the last token; both ranks take the same decisions (same statistics, same cache lengths after
+    every step), and every session's greedy ids are the target alone's (the argmax of one
+    uncached forward over the prompt and the ids before each)."""
+    common = [1, 5, 9, 33, 70, 100, 7, 8, 250, 3]
+    prompts = {"p1": common + [60, 61, 62], "p2": common + [90, 91], "p3": common + [60, 61, 62]}
+    workers, infos = start_tp_workers(tiny, 2, None, dtype="bfloat16", prefix_cache_entries=4)
+    try:
+        assert [i["prefix_cache_entries"] for i in infos] == [4, 4]
+        emittable = load_tp_model(tiny, 0, 1).emittable_vocab
+        ticket = iter(range(1000))
+        out = {}
+        for sid, prompt in prompts.items():
+            if sid == "p3":  # p1 closes: p3 starts from its kept cache
+                assert call_all(workers, "close_session", "p1") is True
+            got, position = [], len(prompt)
+            for step in range(6):
+                opening = convert.session_open_to_proto(prompt, SamplingParams(), seed=1, logprobs=False)
+                msg = convert.draft_block_to_proto(DraftBlock.empty(), sid, position, open=opening if step == 0 else None)
+                answers = call_all(workers, "verify_batch", [(next(ticket), msg.SerializeToString())], None)["answers"]
+                res = xpb.VerificationResult.FromString(answers[0][1])
+                got += list(res.token_ids)
+                position = res.committed_len
+                states = ray.get([w.session_state.remote(sid) for w in workers])
+                assert states[0] == states[1]
+            out[sid] = got
+        stats = ray.get([w.prefix_cache_stats.remote() for w in workers])
+        # p2 copied the 10 shared tokens from live p1; p3 the 12 of p1's prompt it may (not its last)
+        assert stats[0] == stats[1] == {"enabled": True, "entries": 4, "held": 1, "hits": 2,
+                                        "shared_positions": len(common) + len(prompts["p3"]) - 1}
+        for sid, prompt in prompts.items():
+            logits = call_all(workers, "forward", prompt + out[sid][:-1])  # [T, V], no cache
+            alone = logits[len(prompt) - 1:, :emittable].argmax(-1).tolist()
+            assert out[sid] == alone, sid
+        assert out["p3"] == out["p1"]
+    finally:
+        ray.get([w.shutdown.remote() for w in workers])
+        for w in workers:
+            ray.kill(w)
