@@ -279,3 +279,14 @@ def test_router_replica_serving_http_holds_no_torch(served):
     routers = replica_pids("Router")
     assert len(routers) >= 1 and [maps_torch(pid) for pid in routers] == [False] * len(routers)
     assert all(maps_torch(pid) for pid in replica_pids("Draft"))
+
+
+def test_a_float32_pair_is_served_without_prefix_caching(served):
+    """``prefix_cache_entries`` is 8 by default, but the tests' float32 pair (not shape-invariant)
+    is served without it: start-up did not fail, and both deployments report it off
+    (tests/deployments/test_serve_prefix_cache.py serves a bfloat16 pair with it on)."""
+    from tests.deployments.serving import deployment_handle
+
+    off = {"enabled": False, "entries": 0, "held": 0, "hits": 0, "shared_positions": 0}
+    assert [deployment_handle(name).PrefixCacheStats.remote().result(timeout_s=30)
+            for name in ("Target", "Draft")] == [off, off]

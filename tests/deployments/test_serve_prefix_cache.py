@@ -1,6 +1,7 @@
 """Automatic prefix caching of the served replicas (``AppConfig.prefix_cache_entries``,
-:mod:`deployments.prefix_caching`), without Ray: a draft replica against a target replica whose
-TP rank runs in process (the served tests' ``Rank``), a tiny shape-invariant (bfloat16) pair.
+:mod:`deployments.prefix_caching`), a tiny shape-invariant (bfloat16) pair: without Ray, a draft
+replica against a target replica whose TP rank runs in process (the served tests' ``Rank``);
+then once through Ray Serve (the last test; TP=2: tests/deployments/test_tp_worker.py).
 
 Two greedy requests sharing a prefix give the target alone's ids, and the second starts from
 the first's cached prefix on both models (one hit each, exactly the shared positions copied),
@@ -179,3 +180,48 @@ def test_a_negative_entry_count_is_refused():
     (err,) = e.value.errors()
     assert (err["loc"], err["type"], err["msg"]) == (
         ("prefix_cache_entries",), "greater_than_equal", "Input should be greater than or equal to 0")
+
+
+@pytest.mark.serve
+def test_served_through_ray_serve_the_second_request_starts_from_the_first(models):
+    """The application on Ray Serve (one Target replica with its TP rank actor, one Draft replica),
+    the tiny pair in bfloat16 and ``prefix_cache_entries`` at its default (8): of two greedy gRPC
+    requests sharing 12 prompt tokens, one after the other, the second starts from the first's
+    cached prefix on the target's rank and on the draft replica (one hit each, exactly 12
+    positions; ``PrefixCacheStats`` through the deployment handles), and both outputs are the
+    bfloat16 target alone's."""
+    import grpc
+    from ray import serve
+
+    from protos.specdec.v1 import specdec_pb2_grpc as pb_grpc
+    from tests.deployments.serving import MD, deployment_handle, serve_tiny_app, wait_no_sessions, wait_running
+
+    prompts = [COMMON + [40, 41, 42], COMMON + [80, 81]]
+    alone = SpeculativeEngine(_load(models[0], "bfloat16"))
+    expected = [alone.generate(convert.request_from_proto(_job("ref", p, 12, pb.PROPOSER_NONE).request)).token_ids
+                for p in prompts]
+    with serve_tiny_app(models, target_tp=1, target_dtype="bfloat16", draft_dtype="bfloat16") as cfg:
+        assert cfg.prefix_cache_entries == 8
+        wait_running(serve, "specdec")
+        channel = grpc.insecure_channel(f"localhost:{cfg.grpc_port}")
+        stub = pb_grpc.SpecDecStub(channel)
+
+        def stats():
+            return [deployment_handle(name).PrefixCacheStats.remote().result(timeout_s=30)
+                    for name in ("Target", "Draft")]
+
+        before = stats()
+        assert [(s["enabled"], s["entries"], s["hits"]) for s in before] == [(True, 8, 0), (True, 8, 0)]
+        got, deltas = [], []
+        for prompt in prompts:
+            req = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=prompt), max_tokens=12, ignore_eos=True,
+                                     speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=4))
+            got.append(list(stub.Generate(req, metadata=MD, timeout=120).token_ids))
+            assert wait_no_sessions() == ([], [])
+            now = stats()
+            deltas.append([(n["hits"] - b["hits"], n["shared_positions"] - b["shared_positions"])
+                           for n, b in zip(now, before)])
+            before = now
+        channel.close()
+    assert got == expected
+    assert deltas == [[(0, 0), (0, 0)], [(1, len(COMMON)), (1, len(COMMON))]]
