@@ -145,6 +145,41 @@ def test_an_idle_swept_session_is_kept_for_the_next_one(pair):
     assert [first.token_ids[0], second.token_ids[0]] == expected
 
 
+def test_a_cancelled_generation_leaves_its_caches_to_the_next_request(pair):
+    """A stream cancelled mid-way (what Serve does when the caller cancels) closes both sessions
+    as an ended one does: the next request with the same prompt starts from their caches on both
+    models (the prompt but its last token) and still gives the target alone's ids."""
+    from tests.deployments.test_draft import Wire
+
+    t, d = pair
+    target = _load(t, "bfloat16")
+    serve_prefix_cache(target, 4, "target")
+    wire = Wire(target)
+    cfg = AppConfig(target_model=t, draft_model=d, cpu_threads=1, target_dtype="bfloat16", draft_dtype="bfloat16",
+                    prefix_cache_entries=4)
+    rep = Draft(cfg, send_factory=lambda key: wire.send, metrics=SpecDecMetrics(backend=None))
+    prompt = PROMPTS[0]
+
+    async def run():
+        agen = rep.Generate(_job("c1", prompt, max_tokens=60).SerializeToString())
+        await agen.__anext__()
+        await agen.aclose()
+        held = (prefix_stats(target.model), await rep.PrefixCacheStats())
+        raws = [raw async for raw in rep.Generate(_job("c2", prompt).SerializeToString())]
+        return held, convert.join_chunks([pb.GenerateStreamChunk.FromString(r) for r in raws])
+
+    try:
+        held, got = asyncio.run(run())
+        after = (prefix_stats(target.model), asyncio.run(rep.PrefixCacheStats()))
+    finally:
+        disable_prefix_cache(target.model)
+    assert [(s["held"], s["hits"]) for s in held] == [(1, 0), (1, 0)] and len(wire.table) == 0
+    assert [(s["hits"], s["shared_positions"]) for s in after] == [(1, len(prompt) - 1), (1, len(prompt) - 1)]
+    expected = SpeculativeEngine(_load(t, "bfloat16")).generate(
+        convert.request_from_proto(_job("ref", prompt, proposer=pb.PROPOSER_NONE).request))
+    assert list(got.token_ids) == expected.token_ids
+
+
 def test_float32_runs_without_prefix_caching_and_says_so(pair, caplog):
     t, _ = pair
     plain = _load(t, "float32")
