@@ -14,7 +14,8 @@ that sequence of calls. A draft replica without ``draft_batching`` feeds its ses
 several threads at once, so it copies only from closed sessions there (``live=False``).
 
 A model whose forward is not shape-invariant (float32) is served without prefix caching: one
-log line says so; start-up does not fail, since the default asks for it on every model.
+warning line says so (a warning: Ray's worker processes drop info lines); start-up does not
+fail, since the default asks for it on every model.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def serve_prefix_cache(loaded: Any, entries: int, role: str, *, live: bool = Tru
     if not getattr(loaded, "invariant", False):
         disable_prefix_cache(loaded.model)
         if not quiet:
-            log.info("prefix caching off for the %s: its %s forward is not shape-invariant (copied keys and "
+            log.warning("prefix caching off for the %s: its %s forward is not shape-invariant (copied keys and "
                      "values could differ in the last bits from computed ones); set prefix_cache_entries: 0 to "
                      "silence this line", role, getattr(loaded, "weight_format", "float32"))
         return None
