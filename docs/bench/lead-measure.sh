@@ -8,7 +8,7 @@ set -u
 cd "$(dirname "$0")/../.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export NETNS=${NETNS:?set NETNS (a network namespace for the served stages)} RAY_TMPDIR=${RAY_TMPDIR:?set RAY_TMPDIR}
-NSX="ip netns exec $NETNS env RAY_TMPDIR=$RAY_TMPDIR HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=$PWD"
+NSX="ip netns exec $NETNS env RAY_worker_niceness=${RAY_worker_niceness:-0} RAY_TMPDIR=$RAY_TMPDIR HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=$PWD"
 c=$(git log --oneline -1 | cut -c1-7)
 TAG=${TAG:-s12-lead}; SESSION=${TAG%%-*}
 hdr() { echo "== $1 $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg) at $(git log --oneline -1 | cut -c1-70)"; }

@@ -3,7 +3,7 @@
 label=$1; cfg=$2; shift 2
 SRC=${SRC:-$(pwd)}; cd $SRC
 log=docs/bench/served-w8a8/serve-$label.log
-NS="ip netns exec ${NETNS:-ns-servedw8a8} env RAY_TMPDIR=${RAY_TMPDIR:-/tmp/ray-servedw8a8} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=$SRC $*"
+NS="ip netns exec ${NETNS:-ns-servedw8a8} env RAY_worker_niceness=${RAY_worker_niceness:-0} RAY_TMPDIR=${RAY_TMPDIR:-/tmp/ray-servedw8a8} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=$SRC $*"
 t0=$(date +%s)
 $NS .venv/bin/specdec serve --config $cfg --keep-running > $log 2>&1 &
 pid=$!

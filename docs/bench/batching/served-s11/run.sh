@@ -16,7 +16,7 @@ tmp=$(mktemp -d)
 export SPECDEC_BATCH_K_TRACE=$tmp/k.jsonl SPECDEC_TARGET_BATCH_TRACE=$tmp/target.jsonl
 head="echo \"== lock taken \$(date -u +%H:%M:%S) load \$(cut -d' ' -f1-3 /proc/loadavg) at \$(git log --oneline -1 | cut -c1-70)\""
 tail="echo \"== lock released \$(date -u +%H:%M:%S) load \$(cut -d' ' -f1-3 /proc/loadavg)\""
-py="ip netns exec $NETNS env RAY_TMPDIR=$RAY_TMPDIR HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD .venv/bin/python"
+py="ip netns exec $NETNS env RAY_worker_niceness=${RAY_worker_niceness:-0} RAY_TMPDIR=$RAY_TMPDIR HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD .venv/bin/python"
 if [ "$what" = onecl ]; then
   out=$dir/onecl-$tag.txt
   flock -w ${LOCK_WAIT:-1800} /tmp/specdec-heavy.lock timeout 330 bash -c "$head
