@@ -213,6 +213,20 @@ class AppConfig(BaseModel):
                     "STRICT_PACK keeps the TP ranks on the same node)",
     )
 
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> "AppConfig":
+        """Refuse one port for both proxies.
+
+        Raises:
+            ValueError: ``grpc_port == http_port``. Serve's gRPC and HTTP proxies both listen with
+                SO_REUSEPORT, so both bound it and the kernel split the connections between them:
+                the application reported ready while calls of either protocol reached the other proxy.
+        """
+        if self.grpc_port == self.http_port:
+            raise ValueError(f"grpc_port and http_port are both {self.grpc_port}: the gRPC and HTTP proxies "
+                             "need a port each")
+        return self
+
     def target_format(self) -> str:
         """The target's weight format: ``target_dtype``, else the default of its device."""
         from specdec.models.formats import default_format

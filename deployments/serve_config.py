@@ -61,13 +61,64 @@ def _config_file(path: str):
     return _validated(data or {}, {}, path)
 
 
+def _check_ports_distinct(cfg, over: dict, metrics_port: int | None, where: str) -> None:
+    """Refuse two of the gRPC, HTTP and metrics ports being one port, naming each by its flag
+    when a flag set it, else as ``FIELD in WHERE``.
+
+    Args:
+        cfg: the preset's or ``--config`` file's AppConfig (its own ports already differ).
+        over: the flags' AppConfig overrides (``grpc_port``, ``http_port`` when given).
+        metrics_port: ``--metrics-port``, or None (Ray picks a free one).
+        where: the config's source, ``--config``'s path or "the local-cpu preset".
+
+    Raises:
+        SpecDecError: e.g. ``--grpc-port and http_port in the local-cpu preset are both 8000: ...``
+            (Serve's proxies listen with SO_REUSEPORT: both bound the one port and the kernel split
+            the connections between them).
+    """
+    from specdec.errors import SpecDecError
+
+    ports = [(over[f] if f in over else getattr(cfg, f), FLAG_OF_FIELD[f] if f in over else f"{f} in {where}")
+             for f in ("grpc_port", "http_port")]
+    if metrics_port is not None:
+        ports.append((metrics_port, "--metrics-port"))
+    for i, (port, name) in enumerate(ports):
+        for other, other_name in ports[i + 1:]:
+            if port == other:
+                raise SpecDecError(f"{name} and {other_name} are both {port}: the gRPC, HTTP and metrics servers "
+                                   "need a port each")
+
+
+def _check_demo_request(args) -> None:
+    """Check ``--message`` and ``--max-tokens`` of ``--demo-request`` by the core's request rules
+    before anything starts (the request is sent only once the models are loaded).
+
+    Raises:
+        SpecDecError: ``--max-tokens: Input should be greater than or equal to 1``, ...
+    """
+    from pydantic import ValidationError
+
+    from specdec.errors import SpecDecError
+    from specdec.request import GenerationRequest
+
+    try:
+        GenerationRequest.model_validate({"messages": [{"role": "user", "content": args.message}],
+                                          "max_tokens": args.max_tokens})
+    except ValidationError as e:
+        raise SpecDecError("; ".join(
+            f"{'--max-tokens' if err['loc'][:1] == ('max_tokens',) else '--message'}: "
+            f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors())) from None
+
+
 def load_config(args):
     """The AppConfig of ``specdec serve``: preset or ``--config`` file, then the flag overrides.
 
     Raises:
         SpecDecError: the config file cannot be read or parsed, a value of it or of a flag is out
             of range (named by its flag, or as ``FIELD in FILE``), ``--num-cpus`` below 1, ``--metrics-port``
-            outside 1..65535, ``--shutdown-grace`` negative or not finite.
+            outside 1..65535, ``--shutdown-grace`` negative or not finite, two of the gRPC, HTTP and
+            metrics ports the same, ``--demo-request``'s ``--max-tokens`` or ``--message`` refused by
+            the core's request rules.
         TenantConfigError: the tenants file cannot be read or is not a valid tenants file.
     """
     from deployments.config import PRESETS
@@ -104,8 +155,11 @@ def load_config(args):
 
             raise TenantConfigError("--tenants is empty: give the tenants file's path")
         over["tenants_file"] = os.path.abspath(args.tenants)  # Ray's workers run in other folders
+    where = args.config or "the local-cpu preset"
+    _check_ports_distinct(cfg, over, metrics_port, where)
+    if getattr(args, "demo_request", False):
+        _check_demo_request(args)
     if over:
-        where = args.config or "the local-cpu preset"
         cfg = _validated({**cfg.model_dump(), **over}, {f: FLAG_OF_FIELD[f] for f in over}, where)
     if cfg.tenants_file:  # read it here: a bad file is one line now, not a failed deploy later
         from specdec.control.tenants import load_tenants_config

@@ -82,3 +82,11 @@ def test_bad_config_is_rejected():
         Scaling(min_replicas=3, max_replicas=1)
     with pytest.raises(ValidationError):
         AppConfig(unknown_field=1)
+
+
+def test_one_port_for_grpc_and_http_is_refused():
+    """Serve's two proxies both bound a shared port (SO_REUSEPORT) and split its connections."""
+    with pytest.raises(ValidationError) as info:
+        AppConfig(grpc_port=8000, http_port=8000)
+    assert [e["msg"] for e in info.value.errors()] == [
+        "Value error, grpc_port and http_port are both 8000: the gRPC and HTTP proxies need a port each"]

@@ -57,9 +57,25 @@ def test_plain_appconfig_yaml(tmp_path):
      "--config {dir}/a.yaml must hold a mapping of AppConfig fields, got list"),
     (["--config", "{dir}/a.yaml"], {"a.yaml": "applications: []\n"},
      "--config {dir}/a.yaml: a Serve config file whose first application has no args mapping"),
+    # one port for gRPC and HTTP: Serve's two proxies both listened on it (SO_REUSEPORT) and the
+    # kernel split the connections between them; `serve` reported ready and half the calls failed
+    (["--grpc-port", "8000"], {},
+     "--grpc-port and http_port in the local-cpu preset are both 8000: the gRPC, HTTP and metrics servers need a "
+     "port each"),
+    (["--grpc-port", "8100", "--http-port", "8100"], {},
+     "--grpc-port and --http-port are both 8100: the gRPC, HTTP and metrics servers need a port each"),
+    (["--metrics-port", "9000"], {},
+     "grpc_port in the local-cpu preset and --metrics-port are both 9000: the gRPC, HTTP and metrics servers need "
+     "a port each"),
+    (["--config", "{dir}/a.yaml"], {"a.yaml": "grpc_port: 7000\nhttp_port: 7000\n"},
+     "{dir}/a.yaml: grpc_port and http_port are both 7000: the gRPC and HTTP proxies need a port each"),
+    # the demo request's --max-tokens 0 started Ray, loaded the models and only then failed
+    (["--demo-request", "--max-tokens", "0"], {}, "--max-tokens: Input should be greater than or equal to 1"),
+    (["--demo-request", "--max-tokens", "1000001"], {}, "--max-tokens: Input should be less than or equal to 1000000"),
 ], ids=["tp-negative", "tp-zero", "grpc-port", "http-port", "num-cpus", "metrics-port", "grace-negative", "grace-nan",
         "config-missing", "config-yaml",
-        "config-fields", "config-list", "config-serve-empty"])
+        "config-fields", "config-list", "config-serve-empty", "grpc-is-http", "grpc-is-http-flags",
+        "metrics-is-grpc", "config-grpc-is-http", "demo-max-tokens-0", "demo-max-tokens-huge"])
 def test_bad_serve_flags_and_config_files_are_one_line_naming_them(tmp_path, argv, files, message):
     from specdec.errors import SpecDecError
 
