@@ -144,7 +144,7 @@ def demo_request(address: str, application: str, message: str, max_tokens: int, 
     print("\n", file=out)
     print(
         f"-- {tokens} tokens in {wall:.1f} s = {numbers['tokens_per_s']:.2f} tokens/s over gRPC | "
-        f"acceptance rate {rate if rate is None else f'{rate:.2f}'} | "
+        f"acceptance rate {'n/a' if rate is None else f'{rate:.2f}'} | "
         f"{numbers['mean_accepted_length'] or 0:.2f} tokens/step over {s.steps} steps | "
         f"{s.wire_bytes_per_step:.0f} B/step on the draft<->target wire, round trip {numbers['round_trip_ms']:.0f} ms "
         f"(target compute {numbers['target_compute_ms']:.0f} ms)",

@@ -307,6 +307,38 @@ def test_drain_routers_reaches_every_running_router_replica(monkeypatch):
     assert cli.drain_routers("specdec", 1.5) == NOTHING_DRAINED and len(sent) == 8
 
 
+def test_demo_request_without_proposals_says_n_a_for_the_acceptance_rate(monkeypatch):
+    """A demo request that never speculated (K = 0 on every step) printed "acceptance rate None"
+    on its stats line; it says n/a, as ``specdec client`` does."""
+    import io
+
+    import deployments.client as client_lib
+    from protos.specdec.v1 import specdec_pb2 as pb
+
+    class Plain:
+        def __init__(self, address, application="specdec", api_key=None, **_):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def stream_proto(self, request, timeout=None):
+            yield pb.GenerateStreamChunk(text="ab", token_ids=[7, 8])
+            yield pb.GenerateStreamChunk(text="c", token_ids=[9], stats=pb.SpeculationStats(
+                steps=3, mean_accepted_length=1.0, wire_bytes_per_step=120, round_trip_s=0.05, target_compute_s=0.02))
+
+    monkeypatch.setattr(client_lib, "SpecDecClient", Plain)
+    out = io.StringIO()
+    numbers = cli.demo_request("localhost:1", "specdec", "hi", 3, out=out)
+    assert numbers["acceptance_rate"] is None and numbers["completion_tokens"] == 3 and numbers["steps"] == 3
+    line = out.getvalue().strip().splitlines()[-1]
+    assert " | acceptance rate n/a | 1.00 tokens/step over 3 steps | 120 B/step on the draft<->target wire, " \
+        "round trip 50 ms (target compute 20 ms)" in line, line
+
+
 def test_a_failed_demo_request_is_one_line_and_sends_the_api_key(monkeypatch, capsys):
     """With a tenants file the demo request (no key) failed UNAUTHENTICATED out of ``specdec
     serve`` as a traceback; it now sends ``$SPECDEC_API_KEY`` and a failure is one line, exit 1."""
