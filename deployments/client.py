@@ -136,8 +136,12 @@ def build_request(
     logit_bias: dict[int, float] | None = None,
     min_tokens: int = 0,
     top_logprobs: int = 0,
+    cache_salt: str | None = None,
 ) -> pb.GenerateRequest:
     """A GenerateRequest proto from keyword arguments (unset ones are left to the server).
+
+    ``cache_salt``: only requests with the same salt share cached prompt prefixes (the proto's
+    ``cache_salt``); None: no salt.
 
     Raises:
         InvalidArgument: a value the wire format cannot carry (a negative or too large count,
@@ -159,8 +163,12 @@ def build_request(
                         *(("logit_bias", v) for v in (logit_bias or {}).values())):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise InvalidArgument("INVALID_ARGUMENT", f"{name} must be a number, got {value!r}")
+    if cache_salt is not None and not isinstance(cache_salt, str):
+        raise InvalidArgument("INVALID_ARGUMENT", f"cache_salt must be a string, got {cache_salt!r}")
     msg = pb.GenerateRequest(stop=list(stop), stop_token_ids=list(stop_token_ids), ignore_eos=ignore_eos,
                              logprobs=logprobs, min_tokens=min_tokens, top_logprobs=top_logprobs)
+    if cache_salt is not None:
+        msg.cache_salt = cache_salt
     if prompt is not None:
         msg.prompt = prompt
     elif messages is not None:

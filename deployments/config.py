@@ -13,7 +13,7 @@ without a config file gives the same placement.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -151,6 +151,14 @@ class AppConfig(BaseModel):
         "and on the draft replica; outputs are unchanged. Memory: at most this many closed sessions' caches per "
         "model process. A model whose forward is not shape-invariant (float32) runs without it (one log line); "
         "0: off",
+    )
+    prefix_cache_scope: Literal["tenant", "shared"] = Field(
+        "tenant",
+        description="which sessions may start from each other's cached prefixes: 'tenant' (the default) only "
+        "sessions of the same tenant, on the target's every TP rank and on the draft replica, so no tenant can "
+        "learn from a request's speed whether another tenant recently sent the same prompt prefix; 'shared' "
+        "every session of the model (more hits, e.g. a system prompt common to all tenants; the timing side "
+        "channel is open). Either way a request's cache_salt shares only with requests of the same salt",
     )
     draft_min_confidence: float = Field(
         0.0, ge=0.0, le=1.0,

@@ -122,6 +122,8 @@ def request_to_dict(req: pb.GenerateRequest) -> dict:
         data["logprobs"] = True
     if req.top_logprobs:
         data["top_logprobs"] = req.top_logprobs
+    if req.HasField("cache_salt"):
+        data["cache_salt"] = req.cache_salt
     if req.min_tokens:
         data["min_tokens"] = req.min_tokens
     if req.HasField("speculation"):
@@ -165,6 +167,8 @@ def request_to_proto(req: GenerationRequest) -> pb.GenerateRequest:
         speculation=pb.SpeculationHints(proposer=PROPOSER_TO_PROTO[req.speculation.proposer], max_k=req.speculation.k,
                                         draft_min_confidence=req.speculation.draft_min_confidence),
     )
+    if req.cache_salt is not None:
+        msg.cache_salt = req.cache_salt
     if req.prompt is not None:
         msg.prompt = req.prompt
     elif req.messages is not None:
@@ -345,13 +349,14 @@ def join_chunks(chunks: Sequence[pb.GenerateStreamChunk]) -> pb.GenerateResponse
 
 def session_open_to_proto(
     token_ids: Sequence[int], sampling: SamplingParams, seed: int, logprobs: bool,
-    processing: LogitProcessing | None = None, top_logprobs: int = 0,
+    processing: LogitProcessing | None = None, top_logprobs: int = 0, prefix_scope: str = "",
 ) -> xpb.SessionOpen:
     """What the target needs to (re)open a session after ``token_ids`` (with the request's
-    output-dependent processing, whose penalties and bias travel in ``sampling``)."""
+    output-dependent processing, whose penalties and bias travel in ``sampling``, and its prefix
+    cache scope)."""
     msg = xpb.SessionOpen(
         token_ids=token_ids, sampling=sampling_to_proto(sampling), seed=seed, logprobs=logprobs,
-        top_logprobs=top_logprobs,
+        top_logprobs=top_logprobs, prefix_scope=prefix_scope,
     )
     if processing is not None:
         msg.prompt_len = processing.prompt_len
@@ -362,7 +367,7 @@ def session_open_to_proto(
 
 def session_open_options(msg: xpb.SessionOpen) -> dict:
     """The keyword options of ``TargetVerifier.open_session`` a SessionOpen carries beyond
-    :func:`session_open_from_proto`'s four: ``processing`` and ``top_logprobs``."""
+    :func:`session_open_from_proto`'s four: ``processing``, ``top_logprobs`` and ``prefix_scope``."""
     from specdec.engine.processors import LogitProcessing
 
     s = sampling_from_proto(msg.sampling)
@@ -375,7 +380,8 @@ def session_open_options(msg: xpb.SessionOpen) -> dict:
         min_tokens=int(msg.min_tokens),
         suppress_ids=tuple(int(t) for t in msg.suppress_token_ids),
     )
-    return {"processing": processing if processing.active else None, "top_logprobs": int(msg.top_logprobs)}
+    return {"processing": processing if processing.active else None, "top_logprobs": int(msg.top_logprobs),
+            "prefix_scope": msg.prefix_scope}
 
 
 def session_open_from_proto(msg: xpb.SessionOpen) -> tuple[list[int], SamplingParams, int, bool]:

@@ -199,10 +199,11 @@ class Draft:
             probe = max(0, probe - resume.steps)
         send = self._send_factory(job.session_id)
 
-        def open_target(history, sampling, seed, *, logprobs, processing, top_logprobs):
+        def open_target(history, sampling, seed, *, logprobs, processing, top_logprobs, prefix_scope):
             target = RemoteTargetSession(
                 job.session_id, history, sampling, seed, logprobs, send,
                 processing=processing if processing.active else None, top_logprobs=top_logprobs,
+                prefix_scope=prefix_scope,
             )
             target.tenant, target.tenant_weight = job.tenant, (job.tenant_weight or 1.0)
             return target
@@ -215,7 +216,7 @@ class Draft:
             k = k_schedule(req.speculation.k, probe)
         gen = open_generation(
             req, self.info, prompt, seed=seed, draft_proposer=self.draft_proposer, open_target=open_target,
-            k=k, resume=resume,
+            k=k, resume=resume, prefix_tenant=tenant if self.cfg.prefix_cache_scope == "tenant" else "",
         )
         if self.batch_k is not None:
             self.batch_k.join(gen, tenant, req.speculation.proposer if req.speculation.k > 0 else "none",

@@ -91,9 +91,10 @@ def run_calibration(*, info: Any, draft_proposer: Any, batch_k: Any, combiner: A
     session_id = SESSION_PREFIX + _uid()
     send = send_factory(session_id)
 
-    def open_target(history, sampling, seed, *, logprobs, processing, top_logprobs):
+    def open_target(history, sampling, seed, *, logprobs, processing, top_logprobs, prefix_scope):
         return RemoteTargetSession(session_id, history, sampling, seed, logprobs, send,
-                                   processing=processing if processing.active else None, top_logprobs=top_logprobs)
+                                   processing=processing if processing.active else None, top_logprobs=top_logprobs,
+                                   prefix_scope=prefix_scope)
 
     current = [schedule[0][1]]  # the K of the step about to run
     gen = open_generation(req, info, prompt, seed=0, draft_proposer=draft_proposer, open_target=open_target,

@@ -24,7 +24,8 @@ content parts of type ``text`` are joined); ``max_tokens`` / ``max_completion_to
 ``min_p``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` ->
 ``sampling``; ``stop_token_ids``, ``ignore_eos``, ``min_tokens`` as is; ``logprobs`` (chat:
 ``true`` with ``top_logprobs`` N; completions: the integer N) -> ``logprobs`` + ``top_logprobs``;
-``speculation: {proposer, max_k, draft_min_confidence}`` -> ``speculation``. ``n`` runs n independent generations (each admitted
+``speculation: {proposer, max_k, draft_min_confidence}`` -> ``speculation``; vLLM's ``cache_salt``
+(a non-empty string: only requests with the same salt share cached prompt prefixes) as is. ``n`` runs n independent generations (each admitted
 as one request; with a ``seed``, choice i uses ``seed + i``). ``user`` is accepted and ignored.
 """
 
@@ -60,6 +61,7 @@ _COMMON = {
     "presence_penalty", "frequency_penalty", "logit_bias",
     # not OpenAI's, as vLLM / SGLang take them
     "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids", "speculation",
+    "cache_salt",
 }
 _FIELDS = {
     "completions": _COMMON | {"prompt", "logprobs", "echo", "suffix", "best_of"},
@@ -184,8 +186,9 @@ def _check_json_types(body: Mapping[str, Any]) -> None:
     for name in _BOOL:
         if name in body and not isinstance(body[name], bool):
             raise InvalidRequestError(f"{name} must be true or false, got {body[name]!r}")
-    if "user" in body and not isinstance(body["user"], str):
-        raise InvalidRequestError(f"user must be a string, got {body['user']!r}")
+    for name in ("user", "cache_salt"):
+        if name in body and not isinstance(body[name], str):
+            raise InvalidRequestError(f"{name} must be a string, got {body[name]!r}")
     ids = body.get("stop_token_ids")
     if ids is not None and not (isinstance(ids, list) and all(_is_int(t) for t in ids)):
         raise InvalidRequestError(f"stop_token_ids must be a list of token ids, got {ids!r}")
@@ -360,7 +363,7 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
     if "stop" in body:
         stop = body["stop"]
         data["stop"] = [stop] if isinstance(stop, str) else stop
-    for name in ("stop_token_ids", "ignore_eos", "min_tokens"):
+    for name in ("stop_token_ids", "ignore_eos", "min_tokens", "cache_salt"):
         if name in body:
             data[name] = body[name]
     if top is not None:

@@ -13,6 +13,14 @@ a rank's default concurrency group runs them one at a time), and a copy decision
 that sequence of calls. A draft replica without ``draft_batching`` feeds its sessions from
 several threads at once, so it copies only from closed sessions there (``live=False``).
 
+Scopes (``AppConfig.prefix_cache_scope``): under "tenant" (the default) the draft replica opens
+each generation's draft session and its target session (``SessionOpen.prefix_scope``, the same on
+every rank) in its tenant's scope, salted by the request's ``cache_salt``
+(:func:`specdec.engine.prefix_cache.prefix_scope`), so a session only starts from prefixes its own
+tenant's sessions left and no tenant can time whether another recently sent a prompt prefix;
+"shared" leaves the tenant out (only the salt separates). The start-up calibration's session has
+the unsalted shared scope.
+
 A model whose forward is not shape-invariant (float32) is served without prefix caching: one
 warning line says so (a warning: Ray's worker processes drop info lines); start-up does not
 fail, since the default asks for it on every model.

@@ -83,10 +83,13 @@ class RemoteTargetSession:
         clock: seconds clock (tests inject one).
         processing: the request's output-dependent logit processing (sent with ``open``).
         top_logprobs: with logprobs, the N most likely tokens per emitted token (0: none).
+        prefix_scope: the session's prefix cache scope on the target (sent with ``open``;
+            :func:`specdec.engine.prefix_cache.prefix_scope`).
     """
 
     def __init__(self, session_id: str, history, sampling, seed: int, logprobs: bool, send: Send,
-                 clock: Callable[[], float] = time.perf_counter, processing: Any = None, top_logprobs: int = 0):
+                 clock: Callable[[], float] = time.perf_counter, processing: Any = None, top_logprobs: int = 0,
+                 prefix_scope: str = ""):
         self.session_id = session_id
         self._history = [int(t) for t in history]
         self.sampling = sampling
@@ -94,6 +97,7 @@ class RemoteTargetSession:
         self.want_logprobs = logprobs
         self.processing = processing
         self.top_logprobs = top_logprobs
+        self.prefix_scope = prefix_scope
         self._send = send
         self._clock = clock
         self._needs_open = True
@@ -115,7 +119,7 @@ class RemoteTargetSession:
 
     def _open_msg(self) -> xpb.SessionOpen:
         msg = convert.session_open_to_proto(self._history, self.sampling, self.seed, self.want_logprobs,
-                                            self.processing, self.top_logprobs)
+                                            self.processing, self.top_logprobs, self.prefix_scope)
         msg.tenant, msg.tenant_weight = self.tenant, self.tenant_weight
         return msg
 

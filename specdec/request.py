@@ -28,6 +28,8 @@ MAX_TOKENS = 1_000_000
 #: Seeds are the gRPC field's range, uint64: 0 .. 2**64 - 1. Every one is used as it is (the
 #: random streams hash it, :func:`specdec.engine.sampling.derive_seeds`), so no two alias.
 SEED_RANGE = 2**64
+#: Longest ``cache_salt`` (characters).
+MAX_CACHE_SALT_CHARS = 1024
 
 
 def _unicode_text(text: str) -> str:
@@ -138,8 +140,14 @@ class GenerationRequest(BaseModel):
     min_tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="EOS and stop token ids masked until this many tokens")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     speculation: SpeculationParams = Field(default_factory=SpeculationParams)
+    cache_salt: str | None = Field(
+        None, min_length=1, max_length=MAX_CACHE_SALT_CHARS,
+        description="prefix caching: only requests with the same salt share cached prompt prefixes "
+                    "(vLLM's cache_salt; a random string of 43+ characters makes a request's prefixes its "
+                    "caller's alone); None: no salt",
+    )
 
-    @field_validator("prompt")
+    @field_validator("prompt", "cache_salt")
     @classmethod
     def _prompt_unicode(cls, v: str | None) -> str | None:
         return v if v is None else _unicode_text(v)

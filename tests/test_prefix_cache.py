@@ -9,7 +9,8 @@ import torch
 from specdec.engine.batch import BatchScheduler
 from specdec.engine.engine import SpeculativeEngine
 from specdec.engine.kv_cache import CachedSequence, feed_many
-from specdec.engine.prefix_cache import MIN_SHARED, PrefixCache, disable_prefix_cache, enable_prefix_cache, prefix_cache_of
+from specdec.engine.prefix_cache import (MIN_SHARED, PrefixCache, disable_prefix_cache, enable_prefix_cache,
+                                         prefix_cache_of, prefix_scope)
 from specdec.request import GenerationRequest
 from specdec.testing.tiny import build_tiny_model
 from tests.conftest import load_tiny
@@ -139,3 +140,71 @@ def test_packed_forward_from_copied_prefixes_matches_alone(pair):
     finally:
         disable_prefix_cache(model)
     assert torch.equal(out_a, ref_a) and torch.equal(out_b, ref_b)
+
+
+def test_prefix_scope_keys():
+    """The shared scope is ""; a tenant and/or salt make a scope of their own (sha256 of the JSON pair,
+    so no tenant/salt pair aliases another: ("a", "b") is not ("", "a\\", \\"b") or ("a", "") )."""
+    assert prefix_scope() == prefix_scope("", None) == prefix_scope("", "") == ""
+    assert prefix_scope("team-a") == "7ed4cc851bc1f3c8ace2487b56dfe52c"
+    assert prefix_scope("team-b") == "7d57b769ce834e7e2c9e9018ce36f605"
+    assert prefix_scope("team-a", "s1") == "d4de9b1f9e87f04430a1595f67ee6167"
+    assert prefix_scope("", "s1") == "de11cb24984be62aaaf89772f796c03c"
+    assert len({prefix_scope("a", "b"), prefix_scope("", 'a", "b'), prefix_scope("a"), prefix_scope("", "a")}) == 4
+
+
+def test_sequences_share_prefixes_only_within_their_scope(pair):
+    """A donor of scope A (live, then closed) gives nothing to a sequence of scope B with the same
+    tokens, and exactly the shared prefix to one of scope A; logits equal the sequence alone's."""
+    model = pair[0].model
+    ids = PREFIX + [77, 78, 79]
+    ref = CachedSequence(model, list(ids)).feed(ids)  # [15, V], alone
+    a, b = prefix_scope("team-a"), prefix_scope("team-b")
+    store = enable_prefix_cache(model, entries=4)
+    try:
+        donor = CachedSequence(model, list(ids), prefix_scope=a)
+        donor.feed(ids)
+        other = CachedSequence(model, list(ids), prefix_scope=b)  # the live donor is of another scope
+        assert other.sync(ids) == 0 and (store.hits, store.shared_positions) == (0, 0)
+        assert torch.equal(other.feed(ids), ref)
+        unscoped = CachedSequence(model, list(ids))  # the shared scope "" is a scope of its own too
+        assert unscoped.sync(ids) == 0
+        same = CachedSequence(model, list(ids), prefix_scope=a)
+        assert same.sync(ids) == len(ids) - 1 and (store.hits, store.shared_positions) == (1, len(ids) - 1)
+        assert torch.equal(same.feed(ids[-1:]), ref[-1:])
+        donor.close()
+        other.close()
+        same.close()  # closed: scope A twice, scope B once
+        assert store.stats()["held"] == 3
+        again_b = CachedSequence(model, list(ids), prefix_scope=b)
+        assert again_b.sync(ids) == len(ids) - 1 and (store.hits, store.shared_positions) == (2, 2 * (len(ids) - 1))
+        salted = CachedSequence(model, list(ids), prefix_scope=prefix_scope("team-b", "s1"))
+        assert salted.sync(ids) == 0 and store.hits == 2
+    finally:
+        disable_prefix_cache(model)
+
+
+def test_in_process_requests_share_prefixes_only_with_the_same_cache_salt(pair):
+    """``GenerationRequest.cache_salt`` in process: a request salted differently from the one
+    before starts from nothing on both models, the same salt from its whole prompt but the last
+    token; the outputs are the same either way."""
+    target, draft = pair
+    engine = SpeculativeEngine(target, draft)
+
+    def req(salt):
+        return GenerationRequest(prompt_token_ids=PREFIX + [3, 4], max_tokens=8, cache_salt=salt,
+                                 speculation={"proposer": "draft", "k": 3})
+
+    alone = engine.generate(req(None)).token_ids
+    stores = [enable_prefix_cache(target.model), enable_prefix_cache(draft.model)]
+    try:
+        outs, shared = [], []
+        for salt in ("salt-one", "salt-two", "salt-one", None):
+            outs.append(engine.generate(req(salt)).token_ids)
+            shared.append([s.shared_positions for s in stores])
+    finally:
+        disable_prefix_cache(target.model)
+        disable_prefix_cache(draft.model)
+    assert outs == [alone] * 4
+    n = len(PREFIX) + 1  # the prompt but its last token
+    assert shared == [[0, 0], [0, 0], [n, n], [n, n]]

@@ -28,6 +28,8 @@ class CachedSequence:
         token_ids: the committed sequence so far.
         device: where the model's inputs are put (the device of its embedding; default: the
             device of its first parameter). Logits come back on the model's device.
+        prefix_scope: the scope of the model's prefix cache this sequence shares prefixes within
+            (:func:`specdec.engine.prefix_cache.prefix_scope`; ``""``: the shared scope).
 
     Attributes:
         token_ids: the committed sequence, in tokens.
@@ -35,8 +37,11 @@ class CachedSequence:
             length``); may run past ``token_ids`` into uncommitted proposals.
     """
 
-    def __init__(self, model: PreTrainedModel, token_ids: list[int], device: torch.device | str | None = None):
+    def __init__(self, model: PreTrainedModel, token_ids: list[int], device: torch.device | str | None = None,
+                 prefix_scope: str = ""):
         self.model = model
+        #: only sequences of the same scope share cached prefixes (:mod:`specdec.engine.prefix_cache`)
+        self.prefix_scope = str(prefix_scope)
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.token_ids = token_ids
         self.cached: list[int] = []

@@ -9,6 +9,12 @@ of the last ``entries`` closed ones (kept, least recently used first out), inste
 them (vLLM's automatic prefix caching, SGLang's RadixAttention, here per sequence and without
 paging).
 
+Scopes: a sequence shares prefixes only with sequences of its own *scope* (a string; ``""`` is
+the one scope of every sequence that names none). The serving layer puts each tenant's
+sequences, and each request's ``cache_salt``, in a scope of their own (:func:`prefix_scope`),
+so one tenant cannot learn from a request's speed whether another tenant recently sent the same
+prompt prefix (the timing side channel vLLM closes with a per-request ``cache_salt``).
+
 Exactness: only for a model whose forward is shape-invariant
 (:func:`specdec.engine.invariant.make_invariant`): a position's keys and values then depend only
 on the tokens up to it, not on how many positions or sequences the forward that computed them
@@ -18,6 +24,8 @@ output stays the same request's output alone. :func:`enable_prefix_cache` refuse
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import weakref
 from collections import OrderedDict
@@ -27,6 +35,25 @@ from transformers import DynamicCache
 
 #: shorter shared prefixes are computed, not copied (a copy's bookkeeping outweighs a few positions)
 MIN_SHARED = 4
+
+
+def prefix_scope(tenant: str = "", salt: str | None = None) -> str:
+    """The prefix cache scope of a request of ``tenant`` with cache salt ``salt``.
+
+    Args:
+        tenant: the tenant whose sequences may share prefixes (``""``: no tenant boundary, the
+            serving layer's ``prefix_cache_scope: shared``).
+        salt: the request's ``cache_salt`` (None or ``""``: none); only requests with the same
+            salt (and tenant) share prefixes.
+
+    Returns:
+        ``""`` (the shared scope) without tenant and salt, else 32 hex digits of the sha256 of
+        ``[tenant, salt]`` as JSON (unambiguous: no tenant/salt pair aliases another; the salt
+        itself is not kept with the cached sequences).
+    """
+    if not tenant and not salt:
+        return ""
+    return hashlib.sha256(json.dumps([tenant, salt or ""]).encode("utf-8")).hexdigest()[:32]
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -39,6 +66,9 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 class PrefixCache:
     """The sequences of one model whose cached prefixes a new sequence may start from.
+
+    A sequence copies only from sequences of its own scope (``seq.prefix_scope``, a string;
+    :func:`prefix_scope`): different scopes never share a position, whatever their tokens.
 
     Thread-safe (a lock around every method): sequences may open, start and close from several
     threads, as a served draft replica's do. The copy decisions depend only on the calls made and
@@ -67,7 +97,8 @@ class PrefixCache:
         self.live = bool(live)
         self._lock = threading.Lock()
         self._live: "weakref.WeakSet" = weakref.WeakSet()
-        self._closed: "OrderedDict[int, tuple[list[int], DynamicCache]]" = OrderedDict()
+        #: key -> (scope, token ids, cache) of the closed sequences kept, least recently used first
+        self._closed: "OrderedDict[int, tuple[str, list[int], DynamicCache]]" = OrderedDict()
         self._next = 0
         self.hits = 0
         self.shared_positions = 0
@@ -83,7 +114,7 @@ class PrefixCache:
             self._live.discard(seq)
             if self.entries == 0 or seq.cache is None or len(seq.cached) < MIN_SHARED:
                 return
-            self._closed[self._next] = (list(seq.cached), seq.cache)
+            self._closed[self._next] = (_scope_of(seq), list(seq.cached), seq.cache)
             self._next += 1
             while len(self._closed) > self.entries:
                 self._closed.popitem(last=False)
@@ -102,10 +133,10 @@ class PrefixCache:
 
     def start(self, seq, upcoming: Sequence[int]) -> int:
         """Fill the empty cache of ``seq`` with the longest prefix of ``upcoming`` held by another
-        sequence, within its committed tokens and short of their last one: a verify forward
-        scores the last committed token and every proposed one after it, whose keys another
-        sequence may hold too (it drafted the same), and a drafting forward the last committed
-        token.
+        sequence of the same scope (``seq.prefix_scope``), within its committed tokens and short
+        of their last one: a verify forward scores the last committed token and every proposed
+        one after it, whose keys another sequence may hold too (it drafted the same), and a
+        drafting forward the last committed token.
 
         Returns:
             the positions copied (0 when no prefix of at least :data:`MIN_SHARED` is held).
@@ -116,13 +147,16 @@ class PrefixCache:
     def _start(self, seq, upcoming: Sequence[int]) -> int:
         limit = min(len(upcoming), len(seq.token_ids)) - 1
         best, src, key = 0, None, None
+        scope = _scope_of(seq)
         for other in (list(self._live) if self.live else ()):
-            if other is seq or other.cache is None:
+            if other is seq or other.cache is None or _scope_of(other) != scope:
                 continue
             n = min(_common_prefix(other.cached, upcoming), limit)
             if n > best:
                 best, src, key = n, other.cache, None
-        for k, (tokens, cache) in self._closed.items():
+        for k, (other_scope, tokens, cache) in self._closed.items():
+            if other_scope != scope:
+                continue
             n = min(_common_prefix(tokens, upcoming), limit)
             if n > best:
                 best, src, key = n, cache, k
@@ -140,6 +174,10 @@ class PrefixCache:
         self.hits += 1
         self.shared_positions += best
         return best
+
+
+def _scope_of(seq) -> str:
+    return getattr(seq, "prefix_scope", "")
 
 
 def prefix_cache_of(model) -> PrefixCache | None:

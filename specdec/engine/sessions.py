@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable, Protocol, Sequence
 
 from specdec.engine.decoder import Generation, TargetLike
+from specdec.engine.prefix_cache import prefix_scope
 from specdec.engine.processors import LogitProcessing
 from specdec.engine.proposers.draft_model import DraftModelProposer, draft_options
 from specdec.engine.proposers.prompt_lookup import PromptLookupProposer
@@ -34,9 +35,10 @@ class TargetFacts(Protocol):
     def eos_token_ids(self) -> Sequence[int]: ...
 
 
-#: ``open_target(history, sampling, seed, logprobs=, processing=, top_logprobs=) -> TargetLike``:
+#: ``open_target(history, sampling, seed, logprobs=, processing=, top_logprobs=, prefix_scope=) -> TargetLike``:
 #: the target session, already holding ``history`` (token ids), seeded with the target side's
-#: seed, applying the request's :class:`~specdec.engine.processors.LogitProcessing`.
+#: seed, applying the request's :class:`~specdec.engine.processors.LogitProcessing`, sharing
+#: cached prefixes only within ``prefix_scope`` (:func:`specdec.engine.prefix_cache.prefix_scope`).
 OpenTarget = Callable[..., TargetLike]
 
 
@@ -50,6 +52,7 @@ def open_generation(
     open_target: OpenTarget,
     k,
     resume: Checkpoint | None = None,
+    prefix_tenant: str = "",
 ) -> Generation:
     """Open the sessions of one request and return its (not yet run) :class:`Generation`.
 
@@ -76,6 +79,10 @@ def open_generation(
             the first ``resume.sent_ids`` ids and ``resume.sent_text_chars`` characters count as
             streamed, so the first chunk continues after them. Its ``seed`` is not used:
             ``seed`` is (the caller checks they agree).
+        prefix_tenant: the tenant whose sessions this request's draft and target sessions may
+            share cached prefixes with (``""``: no tenant boundary); with the request's
+            ``cache_salt`` it makes their prefix cache scope
+            (:func:`specdec.engine.prefix_cache.prefix_scope`).
 
     Raises:
         PromptTooLongError: the prompt leaves no room for one token in the target's context.
@@ -89,17 +96,18 @@ def open_generation(
     draft_seed, target_seed = derive_seeds(seed)
     spec = request.speculation
     processing = LogitProcessing.for_request(request, len(prompt), target.eos_token_ids)
+    scope = prefix_scope(prefix_tenant, request.cache_salt)
     proposer = None
     if spec.proposer == "draft" and spec.k > 0:
         if draft_proposer is None:
             raise InvalidRequestError("proposer 'draft' needs a draft model; none is loaded")
         proposer = draft_proposer.open_session(history, request.sampling, draft_seed, **processing.options(),
-                                               **draft_options(spec))
+                                               **draft_options(spec), prefix_scope=scope)
     elif spec.proposer == "ngram" and spec.k > 0:
         ngram = PromptLookupProposer(spec.ngram_min, spec.ngram_max, eos_ids=target.eos_token_ids)
         proposer = ngram.open_session(history, request.sampling, draft_seed)
     target_session = open_target(history, request.sampling, target_seed, logprobs=request.logprobs,
-                                 processing=processing, top_logprobs=request.top_logprobs)
+                                 processing=processing, top_logprobs=request.top_logprobs, prefix_scope=scope)
     assembler = OutputAssembler(
         target.tokenizer,
         max_tokens=request.max_tokens,

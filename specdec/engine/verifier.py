@@ -198,6 +198,7 @@ class TargetSession:
         logprobs: bool,
         processing: LogitProcessing | None = None,
         top_logprobs: int = 0,
+        prefix_scope: str = "",
     ):
         self._verifier = verifier
         self.sampling = sampling
@@ -205,7 +206,8 @@ class TargetSession:
         self.seed = seed
         self.processing = processing if processing is not None and processing.active else None
         self.top_logprobs = int(top_logprobs) if logprobs else 0
-        self.seq = CachedSequence(verifier.target.model, list(token_ids), device=verifier.target.device)
+        self.seq = CachedSequence(verifier.target.model, list(token_ids), device=verifier.target.device,
+                                  prefix_scope=prefix_scope)
 
     @property
     def token_ids(self) -> list[int]:
@@ -318,7 +320,7 @@ class TargetVerifier:
 
     def open_session(
         self, token_ids: Sequence[int], sampling: SamplingParams, seed: int, logprobs: bool = False,
-        processing: LogitProcessing | None = None, top_logprobs: int = 0,
+        processing: LogitProcessing | None = None, top_logprobs: int = 0, prefix_scope: str = "",
     ) -> TargetSession:
         """Start verifying after ``token_ids`` (a prompt, or a full history to rebuild from).
 
@@ -326,6 +328,8 @@ class TargetVerifier:
             processing: the request's output-dependent logit processing (penalties, bias,
                 ``min_tokens``), applied to every scored position before warping; None: none.
             top_logprobs: with ``logprobs``, also return the N most likely ids per emitted token.
+            prefix_scope: the prefix cache scope of the session (only sessions of the same scope
+                share cached prefixes; :func:`specdec.engine.prefix_cache.prefix_scope`).
 
         Raises:
             ValueError: empty ``token_ids`` or ids outside the target's vocabulary.
@@ -335,7 +339,7 @@ class TargetVerifier:
             raise ValueError("a session needs at least one token")
         if min(ids) < 0 or max(ids) >= self.target.vocab_rows:
             raise ValueError(f"token id outside 0..{self.target.vocab_rows - 1}")
-        return TargetSession(self, ids, sampling, seed, logprobs, processing, top_logprobs)
+        return TargetSession(self, ids, sampling, seed, logprobs, processing, top_logprobs, prefix_scope)
 
     def verify_batch(
         self,

@@ -180,6 +180,36 @@ def test_completion_unary_and_stream_equal_grpc_and_target_alone(stack):
     assert chunks[-1].choices[0].model_extra["speculation_stats"]["steps"] == stats["steps"]
 
 
+def test_cache_salt_reaches_the_draft_job_from_both_apis_and_changes_no_token(stack, monkeypatch):
+    """vLLM's ``cache_salt`` in the OpenAI body and gRPC's ``GenerateRequest.cache_salt`` travel in
+    the draft job's request (the draft replica scopes both models' prefix caches with it); the
+    tokens are the unsalted request's."""
+    from protos.specdec.v1 import exchange_pb2 as xpb
+
+    draft, salts = stack["draft"], []
+    inner = draft.Generate
+
+    def recording(payload):
+        job = xpb.DraftJob.FromString(payload)
+        salts.append((job.tenant, job.request.cache_salt if job.request.HasField("cache_salt") else None))
+        return inner(payload)
+
+    monkeypatch.setattr(draft, "Generate", recording)
+    router, ref = stack["router"], None
+
+    async def http(salt):
+        body = {"ignore_eos": True} | ({"cache_salt": salt} if salt is not None else {})
+        r = await _client(stack["app"]).completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0,
+                                                            extra_body=body)
+        return r.choices[0].model_extra["token_ids"]
+
+    ref = _run(http(None))
+    assert _run(http("salt-http-1")) == ref
+    resp, ctx = _grpc(router, pb.GenerateRequest(prompt=PROMPT, max_tokens=6, ignore_eos=True, cache_salt="salt-grpc"))
+    assert ctx.code is None and list(resp.token_ids) == ref
+    assert salts == [("alpha", None), ("alpha", "salt-http-1"), ("alpha", "salt-grpc")]
+
+
 def test_chat_unary_and_stream_equal_grpc(stack):
     router = stack["router"]
     msgs = [{"role": "system", "content": "be short"}, {"role": "user", "content": "add two numbers"}]
@@ -405,8 +435,9 @@ def test_tenant_stats_of_an_unknown_proposer_value_is_invalid_argument(stack):
         (pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5] * 300)), {"prompt": [5] * 300}),
         (pb.GenerateRequest(prompt=PROMPT, sampling=pb.SamplingParams(temperature=float("nan"))),
          {"prompt": PROMPT, "temperature": "NaN"}),
+        (pb.GenerateRequest(prompt=PROMPT, cache_salt=""), {"prompt": PROMPT, "cache_salt": ""}),
     ],
-    ids=["top_p", "max_tokens", "empty", "k", "stop-id", "too-long", "nan"],
+    ids=["top_p", "max_tokens", "empty", "k", "stop-id", "too-long", "nan", "empty-salt"],
 )
 def test_grpc_and_http_share_one_validation(stack, grpc_req, body):
     _, ctx = _grpc(stack["router"], grpc_req)
@@ -499,6 +530,7 @@ def test_errors_through_the_openai_client(stack):
     ("speculation", {"max_k": "4"}, "speculation.max_k must be a whole number, got '4'"),
     ("speculation", {"draft_min_confidence": True}, "speculation.draft_min_confidence must be a number, got True"),
     ("user", 5, "user must be a string, got 5"),
+    ("cache_salt", 5, "cache_salt must be a string, got 5"),
 ])
 def test_wrong_json_types_are_400_naming_the_field(stack, field, value, message):
     """pydantic's loose conversion took ``"max_tokens": true`` as 1 token, ``"5"`` as 5 and

@@ -7,6 +7,9 @@ Two greedy requests sharing a prefix give the target alone's ids, and the second
 the first's cached prefix on both models (one hit each, exactly the shared positions copied),
 counted in the ``specdec_prefix_cache_*`` metrics; an idle-swept session is kept for the next
 one; float32 runs without it; a negative entry count is refused by the config.
+``prefix_cache_scope``: under "tenant" (the default) two tenants sending the same prompt share
+no position on the draft or on any target rank, under "shared" exactly the prompt but its last
+token; a ``cache_salt`` shares only with the same salt.
 """
 
 from __future__ import annotations
@@ -53,11 +56,14 @@ def _load(folder: str, fmt: str):
     return load_model(HFModelSpec(kind="hf", path=folder), weight_format=fmt)
 
 
-def _job(sid: str, prompt: list[int], max_tokens: int = 16, proposer: int = pb.PROPOSER_DRAFT) -> xpb.DraftJob:
+def _job(sid: str, prompt: list[int], max_tokens: int = 16, proposer: int = pb.PROPOSER_DRAFT, tenant: str = "",
+         cache_salt: str | None = None) -> xpb.DraftJob:
     req = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=prompt), max_tokens=max_tokens, ignore_eos=True,
                              speculation=pb.SpeculationHints(proposer=proposer, max_k=4))
     req.sampling.seed = 5
-    return xpb.DraftJob(session_id=sid, request=req)
+    if cache_salt is not None:
+        req.cache_salt = cache_salt
+    return xpb.DraftJob(session_id=sid, request=req, tenant=tenant)
 
 
 def test_served_requests_sharing_a_prefix_start_from_it_and_equal_the_target_alone(pair):
@@ -107,6 +113,95 @@ def test_served_requests_sharing_a_prefix_start_from_it_and_equal_the_target_alo
     for metrics, model in ((t_metrics, "target"), (d_metrics, "draft")):
         assert metrics.value("specdec_prefix_cache_hits", model=model) == 1
         assert metrics.value("specdec_prefix_cache_shared_positions", model=model) == len(COMMON)
+
+
+#: (tenant, cache_salt) of four requests with the same prompt, one after the other
+TENANT_JOBS = [("team-a", None), ("team-b", None), ("team-a", None), ("team-a", "salt-1")]
+
+
+@pytest.mark.parametrize("scope, expected", [
+    # per request: (hits, positions copied) on the target's ranks and on the draft replica; a copy is
+    # the prompt but its last token (15 of 16): team-b never reuses team-a's prefix under "tenant"
+    ("tenant", [(0, 0), (0, 0), (1, 15), (0, 0)]),
+    ("shared", [(0, 0), (1, 15), (1, 15), (0, 0)]),
+])
+def test_prefix_cache_scope_keeps_tenants_apart_on_every_rank_and_the_draft(pair, scope, expected):
+    """``AppConfig.prefix_cache_scope``: the same prompt from team-a, team-b, team-a again, then
+    team-a with a ``cache_salt``. Under "tenant" (the default) team-b's request copies nothing
+    from team-a's on the draft replica and on either of the target's two ranks (each rank its own
+    model and prefix cache, as at TP=2, fed the same blocks), team-a's second copies its first's;
+    under "shared" team-b copies team-a's as well. A salted request copies from no unsalted one.
+    Every output is the bfloat16 target alone's, and both ranks hold the same counts."""
+    t, d = pair
+    assert AppConfig().prefix_cache_scope == "tenant"
+    cfg = AppConfig(target_model=t, draft_model=d, cpu_threads=1, target_dtype="bfloat16", draft_dtype="bfloat16",
+                    prefix_cache_entries=4, prefix_cache_scope=scope, batch_window_s=0.0, batch_fill_wait_s=0.0)
+    rank_models = [_load(t, "bfloat16"), _load(t, "bfloat16")]
+    for m in rank_models:
+        serve_prefix_cache(m, cfg.prefix_cache_entries, "target")
+    prompt = PROMPTS[0]
+    t_metrics, d_metrics = SpecDecMetrics(backend=None), SpecDecMetrics(backend=None)
+    try:
+        replica = Target(cfg, workers=[Rank(m) for m in rank_models], metrics=t_metrics)
+
+        async def main():
+            loop = asyncio.get_running_loop()
+
+            def send(method: str, payload: bytes) -> bytes:
+                call = replica.Verify(payload) if method == "Verify" else replica.CloseSession(payload)
+                return asyncio.run_coroutine_threadsafe(call, loop).result(timeout=300)
+
+            draft = Draft(cfg, send_factory=lambda key: send, metrics=d_metrics)
+            outs, seen = [], []
+            for i, (tenant, salt) in enumerate(TENANT_JOBS):
+                job = _job(f"t{i}", prompt, tenant=tenant, cache_salt=salt)
+                raws = [raw async for raw in draft.Generate(job.SerializeToString())]
+                outs.append(list(convert.join_chunks([pb.GenerateStreamChunk.FromString(r) for r in raws]).token_ids))
+                seen.append([prefix_stats(m.model) for m in rank_models] + [await draft.PrefixCacheStats()])
+            await replica.PrefixCacheStats()  # brings the target's counters up to date
+            return outs, seen
+
+        outs, seen = asyncio.run(main())
+    finally:
+        for m in rank_models:
+            disable_prefix_cache(m.model)
+    alone = SpeculativeEngine(_load(t, "bfloat16")).generate(
+        convert.request_from_proto(_job("ref", prompt, proposer=pb.PROPOSER_NONE).request)).token_ids
+    assert outs == [alone] * 4 and len(alone) == 16
+    assert len(prompt) - 1 == 15
+    before = [(0, 0)] * 3
+    for i, now in enumerate(seen):
+        got = [(s["hits"], s["shared_positions"]) for s in now]
+        deltas = [(h - bh, p - bp) for (h, p), (bh, bp) in zip(got, before)]
+        assert deltas == [expected[i]] * 3, (i, deltas)  # rank 0, rank 1, draft
+        before = got
+    hits, positions = sum(h for h, _ in expected), sum(p for _, p in expected)
+    for metrics, model in ((t_metrics, "target"), (d_metrics, "draft")):
+        assert metrics.value("specdec_prefix_cache_hits", model=model) == hits
+        assert metrics.value("specdec_prefix_cache_shared_positions", model=model) == positions
+
+
+def test_an_unknown_prefix_cache_scope_is_refused():
+    with pytest.raises(ValidationError) as e:
+        AppConfig(prefix_cache_scope="global")
+    (err,) = e.value.errors()
+    assert (err["loc"], err["type"], err["msg"]) == (
+        ("prefix_cache_scope",), "literal_error", "Input should be 'tenant' or 'shared'")
+
+
+def test_an_empty_or_non_string_cache_salt_is_refused_naming_the_field():
+    from specdec.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError) as e:
+        convert.request_from_proto(pb.GenerateRequest(prompt="x", cache_salt=""))
+    assert str(e.value) == "invalid request: cache_salt: String should have at least 1 character"
+    with pytest.raises(InvalidRequestError) as e:
+        convert.request_from_proto(pb.GenerateRequest(prompt="x", cache_salt="s" * 1025))
+    assert str(e.value) == "invalid request: cache_salt: String should have at most 1024 characters"
+    req = convert.request_from_proto(pb.GenerateRequest(prompt="x", cache_salt="s" * 1024))
+    assert req.cache_salt == "s" * 1024
+    assert convert.request_to_proto(req).cache_salt == "s" * 1024
+    assert not convert.request_to_proto(convert.request_from_proto(pb.GenerateRequest(prompt="x"))).HasField("cache_salt")
 
 
 def test_an_idle_swept_session_is_kept_for_the_next_one(pair):
@@ -224,19 +319,23 @@ def test_served_through_ray_serve_the_second_request_starts_from_the_first(model
     requests sharing 12 prompt tokens, one after the other, the second starts from the first's
     cached prefix on the target's rank and on the draft replica (one hit each, exactly 12
     positions; ``PrefixCacheStats`` through the deployment handles), and both outputs are the
-    bfloat16 target alone's."""
+    bfloat16 target alone's. Then tenant beta sends the first prompt again: under the default
+    ``prefix_cache_scope`` "tenant" it copies nothing of alpha's (0 hits on both), and alpha
+    sending it once more copies its own first request's prefix (the prompt but its last token)."""
     import grpc
     from ray import serve
 
     from protos.specdec.v1 import specdec_pb2_grpc as pb_grpc
-    from tests.deployments.serving import MD, deployment_handle, serve_tiny_app, wait_no_sessions, wait_running
+    from tests.deployments.serving import (APP, KEYS, MD, deployment_handle, serve_tiny_app, wait_no_sessions,
+                                           wait_running)
 
     prompts = [COMMON + [40, 41, 42], COMMON + [80, 81]]
     alone = SpeculativeEngine(_load(models[0], "bfloat16"))
     expected = [alone.generate(convert.request_from_proto(_job("ref", p, 12, pb.PROPOSER_NONE).request)).token_ids
                 for p in prompts]
+    beta = (("application", APP), ("authorization", f"Bearer {KEYS['beta']}"))
     with serve_tiny_app(models, target_tp=1, target_dtype="bfloat16", draft_dtype="bfloat16") as cfg:
-        assert cfg.prefix_cache_entries == 8
+        assert cfg.prefix_cache_entries == 8 and cfg.prefix_cache_scope == "tenant"
         wait_running(serve, "specdec")
         channel = grpc.insecure_channel(f"localhost:{cfg.grpc_port}")
         stub = pb_grpc.SpecDecStub(channel)
@@ -248,15 +347,17 @@ def test_served_through_ray_serve_the_second_request_starts_from_the_first(model
         before = stats()
         assert [(s["enabled"], s["entries"], s["hits"]) for s in before] == [(True, 8, 0), (True, 8, 0)]
         got, deltas = [], []
-        for prompt in prompts:
+        for prompt, md in ((prompts[0], MD), (prompts[1], MD), (prompts[0], beta), (prompts[0], MD)):
             req = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=prompt), max_tokens=12, ignore_eos=True,
                                      speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=4))
-            got.append(list(stub.Generate(req, metadata=MD, timeout=120).token_ids))
+            got.append(list(stub.Generate(req, metadata=md, timeout=120).token_ids))
             assert wait_no_sessions() == ([], [])
             now = stats()
             deltas.append([(n["hits"] - b["hits"], n["shared_positions"] - b["shared_positions"])
                            for n, b in zip(now, before)])
             before = now
         channel.close()
-    assert got == expected
-    assert deltas == [[(0, 0), (0, 0)], [(1, len(COMMON)), (1, len(COMMON))]]
+    assert got == expected + [expected[0]] * 2
+    again = len(prompts[0]) - 1  # alpha's own first request: the prompt but its last token
+    assert deltas == [[(0, 0), (0, 0)], [(1, len(COMMON)), (1, len(COMMON))], [(0, 0), (0, 0)],
+                      [(1, again), (1, again)]]

@@ -95,8 +95,8 @@ class ShiftedProposer:
     def __init__(self, inner, vocab):
         self.inner, self.vocab = inner, vocab
 
-    def open_session(self, *a):
-        return ShiftedSession(self.inner.open_session(*a), self.vocab)
+    def open_session(self, *a, **kw):
+        return ShiftedSession(self.inner.open_session(*a, **kw), self.vocab)
 
 
 @pytest.fixture(scope="module")

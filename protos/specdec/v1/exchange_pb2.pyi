@@ -20,7 +20,7 @@ VERIFY_STATUS_SESSION_MISSING: VerifyStatus
 VERIFY_STATUS_POSITION_MISMATCH: VerifyStatus
 
 class SessionOpen(_message.Message):
-    __slots__ = ("token_ids", "sampling", "seed", "logprobs", "prompt_len", "min_tokens", "suppress_token_ids", "top_logprobs", "tenant", "tenant_weight")
+    __slots__ = ("token_ids", "sampling", "seed", "logprobs", "prompt_len", "min_tokens", "suppress_token_ids", "top_logprobs", "tenant", "tenant_weight", "prefix_scope")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class SessionOpen(_message.Message):
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TENANT_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_SCOPE_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _specdec_pb2.SamplingParams
     seed: int
@@ -41,7 +42,8 @@ class SessionOpen(_message.Message):
     top_logprobs: int
     tenant: str
     tenant_weight: float
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_specdec_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., logprobs: _Optional[bool] = ..., prompt_len: _Optional[int] = ..., min_tokens: _Optional[int] = ..., suppress_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[int] = ..., tenant: _Optional[str] = ..., tenant_weight: _Optional[float] = ...) -> None: ...
+    prefix_scope: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_specdec_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., logprobs: _Optional[bool] = ..., prompt_len: _Optional[int] = ..., min_tokens: _Optional[int] = ..., suppress_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[int] = ..., tenant: _Optional[str] = ..., tenant_weight: _Optional[float] = ..., prefix_scope: _Optional[str] = ...) -> None: ...
 
 class SparseDistribution(_message.Message):
     __slots__ = ("width", "ids", "probs")

@@ -65,7 +65,7 @@ class DraftModelSession:
     """One sequence drafted by a draft model. See :class:`specdec.engine.proposers.base.ProposerSession`."""
 
     def __init__(self, proposer: "DraftModelProposer", token_ids: Sequence[int], sampling: SamplingParams, seed: int,
-                 min_confidence: float = 0.0, processing: LogitProcessing | None = None):
+                 min_confidence: float = 0.0, processing: LogitProcessing | None = None, prefix_scope: str = ""):
         if not 0.0 <= min_confidence <= 1.0:
             raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence}")
         self._proposer = proposer
@@ -73,7 +73,8 @@ class DraftModelSession:
         self.processing = processing if processing is not None and processing.active else None
         self.seed = seed
         self.min_confidence = float(min_confidence)
-        self.seq = CachedSequence(proposer.draft.model, [int(t) for t in token_ids], device=proposer.draft.device)
+        self.seq = CachedSequence(proposer.draft.model, [int(t) for t in token_ids], device=proposer.draft.device,
+                                  prefix_scope=prefix_scope)
 
     @property
     def token_ids(self) -> list[int]:
@@ -227,7 +228,8 @@ class DraftModelProposer:
         self.eos_ids = set(eos_ids if eos_ids is not None else draft.eos_token_ids)
 
     def open_session(self, token_ids: Sequence[int], sampling: SamplingParams, seed: int, *,
-                     min_confidence: float = 0.0, processing: LogitProcessing | None = None) -> DraftModelSession:
+                     min_confidence: float = 0.0, processing: LogitProcessing | None = None,
+                     prefix_scope: str = "") -> DraftModelSession:
         """See :meth:`specdec.engine.proposers.base.Proposer.open_session`.
 
         Args:
@@ -235,11 +237,13 @@ class DraftModelProposer:
                 this (0 disables; transformers' assisted generation uses 0.4).
             processing: the request's output-dependent logit processing, applied to each drafted
                 position exactly as the verifier applies it to the target's (exactness needs both).
+            prefix_scope: the prefix cache scope of the session (only sessions of the same scope
+                share cached prefixes; :func:`specdec.engine.prefix_cache.prefix_scope`).
 
         Raises:
             ValueError: ``min_confidence`` outside [0, 1].
         """
-        return DraftModelSession(self, token_ids, sampling, seed, min_confidence, processing)
+        return DraftModelSession(self, token_ids, sampling, seed, min_confidence, processing, prefix_scope)
 
     def propose_batch(self, sessions: Sequence[DraftModelSession], ks: Sequence[int],
                       timings: list[tuple[int, float]] | None = None, *,
