@@ -41,8 +41,10 @@ def test_full_request_maps_every_field():
         ignore_eos=True,
         logprobs=True,
         speculation=pb.SpeculationHints(proposer=pb.PROPOSER_NGRAM, max_k=0, draft_min_confidence=0.4),
+        cache_salt="tenant-a-user-17",
     )
     req = convert.request_from_proto(msg)
+    assert req.cache_salt == "tenant-a-user-17"
     assert req.messages[0].content == "hi" and req.max_tokens == 7
     # doubles on the wire: exactly the values an in-process caller passes
     assert req.sampling.temperature == 0.7 and req.sampling.top_p == 0.9
@@ -125,9 +127,12 @@ def test_session_open_carries_the_processing():
                            presence_penalty=0.5, frequency_penalty=-0.25, min_tokens=4, suppress_ids=(0, 9))
     msg = xpb.SessionOpen.FromString(convert.session_open_to_proto([1, 2, 3], sampling, 9, True, proc, 5).SerializeToString())
     assert convert.session_open_from_proto(msg)[1] == sampling
-    assert convert.session_open_options(msg) == {"processing": proc, "top_logprobs": 5}
+    assert convert.session_open_options(msg) == {"processing": proc, "top_logprobs": 5, "prefix_scope": ""}
     plain = convert.session_open_to_proto([1, 2, 3], SamplingParams(), 9, False)
-    assert convert.session_open_options(plain) == {"processing": None, "top_logprobs": 0}
+    assert convert.session_open_options(plain) == {"processing": None, "top_logprobs": 0, "prefix_scope": ""}
+    scoped = xpb.SessionOpen.FromString(convert.session_open_to_proto(
+        [1, 2, 3], SamplingParams(), 9, False, prefix_scope="7ed4cc851bc1f3c8ace2487b56dfe52c").SerializeToString())
+    assert convert.session_open_options(scoped)["prefix_scope"] == "7ed4cc851bc1f3c8ace2487b56dfe52c"
 
 
 def test_request_round_trips_the_sampling_surface():
