@@ -135,6 +135,7 @@ class Arm:
             "tenant": tenant,
             "k": None if decision is None else decision.k,
             "probe": None if decision is None else decision.probe,
+            "probe_steps": None if decision is None else decision.probe_steps,
             "reason": None if decision is None else decision.reason,
             "alpha": None if decision is None else decision.alpha,
             "predicted_speedup": None if decision is None else decision.predicted_speedup,

@@ -184,6 +184,7 @@ def run_bench(args: argparse.Namespace, *, models=None) -> dict:
         hf_logging.set_verbosity(old_verbosity)
     if runner._adaptive is not None:
         report["meta"]["adaptive_warm_up"] = runner.adaptive.warm_log
+        report["meta"]["adaptive_calibrated_costs"] = runner.adaptive.costs
     write_report(report, out_dir, plot=a.plot)
     print(format_tables(report))
     return report

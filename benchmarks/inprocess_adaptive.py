@@ -6,8 +6,11 @@ A server (:mod:`deployments.tenancy`, :mod:`deployments.controller_actor`) keeps
 :data:`specdec.control.acceptance.GLOBAL_PRIOR_WEIGHT`) for all tenants; per request it calls
 ``decide(tenant, "draft", policy, requested_k)``, runs the request with the decided K (a probe:
 K for its first steps, then plain decoding; :func:`apply_decision`) and
-feeds the finished request back with ``record(tenant, "draft", stats, step costs)``. Nothing
-calibrates it at start: a fresh server decides from its priors. Its steps run under the tenant's
+feeds the finished request back with ``record(tenant, "draft", stats, step costs)``. As a
+served draft replica calibrates its costs at start-up, the bench measures the draft's and the
+target's step costs at every K once, untimed, when it first needs a controller
+(:func:`specdec.control.adaptive.calibrate` with ``blocks``), and every controller starts from
+those measurements (:func:`new_controller`'s ``costs``); acceptance starts from the priors. Its steps run under the tenant's
 in-request goodput guard (:meth:`KController.guarded_k`), the in-process counterpart of the draft
 replica's guard: speculation that measures slower than plain decoding is held at K = 0.
 
@@ -31,6 +34,12 @@ import copy
 
 #: the tenant's K range (the served default policy: K in 0..8, adaptive)
 POLICY = {"k_min": 0, "k_max": 8, "adaptive": True, "fixed_k": None}
+
+#: pseudo-trials of the per-position acceptance (:class:`KController`'s ``position_prior_trials``)
+POSITION_PRIOR_TRIALS = 4.0
+#: trials of the tenant's history a running request's own counts are weighed against
+#: (:class:`KController`'s ``retune_memory_trials``)
+RETUNE_MEMORY_TRIALS = 16.0
 
 #: earlier requests of each prompt type that teach a warmed controller (never the timed prompts)
 WARM_PROMPTS: dict[str, list[str]] = {
@@ -84,18 +93,39 @@ def warm_prompts(prompt_type: str) -> list[str]:
     return WARM_PROMPTS[prompt_type]
 
 
-def new_controller():
+def new_controller(costs: dict | None = None):
     """A controller as a fresh server builds it (:class:`deployments.controller_actor.SharedTenantState`),
     with the in-request goodput guard (:func:`specdec.control.step_guard.in_request_guard`) in
     place of the draft replica's per-tenant guard a server has, learning early-stop hazards
     from the block lengths (in process a block is shorter than the K decided only when the
-    draft stopped it)."""
+    draft stopped it; blocks cut by the room left are marked, :func:`run_adaptive`). ``costs``:
+    the draft proposer's measured costs to start from
+    (:meth:`specdec.control.cost_model.CostModel.export_observations`), or None (priors)."""
     from specdec.control.acceptance import GLOBAL_PRIOR_WEIGHT, AcceptanceEstimator
     from specdec.control.controller import KController
     from specdec.control.step_guard import in_request_guard
 
-    return KController(estimator=AcceptanceEstimator(global_prior_weight=GLOBAL_PRIOR_WEIGHT),
-                       step_guard=in_request_guard(), learn_early_stop=True, in_request_retune=True)
+    ctl = KController(estimator=AcceptanceEstimator(global_prior_weight=GLOBAL_PRIOR_WEIGHT),
+                      step_guard=in_request_guard(), learn_early_stop=True, in_request_retune=True,
+                      position_prior_trials=POSITION_PRIOR_TRIALS, retune_memory_trials=RETUNE_MEMORY_TRIALS,
+                      fresh_key_whole_probe=True)
+    if costs is not None:
+        ctl.cost_model("draft").import_observations(costs)
+    return ctl
+
+
+def calibrated_costs(engine, encode=None) -> dict:
+    """The draft proposer's step costs at every K in 0..:data:`POLICY` k_max, measured once on
+    ``engine`` (:func:`specdec.control.adaptive.calibrate`, ``blocks=True``, 3 repeats, its
+    default code prompt), as :meth:`CostModel.export_observations` data."""
+    import torch
+
+    from specdec.control.adaptive import calibrate
+
+    ctl = new_controller()
+    with torch.inference_mode():
+        calibrate(engine, ctl, max_k=POLICY["k_max"], repeats=3, blocks=True)
+    return ctl.cost_model("draft").export_observations()
 
 
 def apply_decision(request, decision) -> tuple[object, object]:
@@ -138,7 +168,7 @@ def run_adaptive(engine, controller, tenant: str, prompt_ids: list[int], tokens:
     gen = engine.start(req, k=k)
     if decision.k > 0:
         k.attach(gen.stats)
-    timed = run_timed(gen)
+    timed = run_timed(gen, max_tokens=tokens)
     return timed, decision
 
 
@@ -159,17 +189,21 @@ class AdaptiveState:
         self.engine = engine
         self.encode = encode
         self._taught: dict[tuple[int, str, float], object] = {}
+        #: the calibrated costs every controller starts from (:func:`calibrated_costs`; on first use)
+        self.costs: dict | None = None
         #: (N, tenant, C) -> the decisions of the warm-up requests (k, reason, alpha)
         self.warm_log: dict[str, list[dict]] = {}
 
     def controller(self, warm: int, tenant: str, tokens: int, min_confidence: float):
         """A controller for one timed run: fresh (``warm`` = 0) or a copy of one taught by ``warm``
         warm-up requests of ``tenant``, ``tokens`` new tokens each (taught once, on first use)."""
+        if self.costs is None:
+            self.costs = calibrated_costs(self.engine)
         if warm == 0:
-            return new_controller()
+            return new_controller(self.costs)
         key = (warm, tenant, min_confidence)
         if key not in self._taught:
-            ctl = new_controller()
+            ctl = new_controller(self.costs)
             prompts = warm_prompts(tenant)
             log = []
             for i in range(warm):

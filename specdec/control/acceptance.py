@@ -56,6 +56,69 @@ Key = tuple[str, str]
 GLOBAL_PRIOR_WEIGHT = 20.0
 
 
+def reached_from_counts(accepted_per_position: Sequence[float], proposed_per_position: Sequence[float]) -> list[float]:
+    """Steps whose verifier looked at each draft position j: ``proposed[0]`` for j = 0, else
+    ``min(proposed[j], accepted[j - 1])`` (exact when every block of the counts had the same
+    length; an upper bound with blocks of different lengths, so the acceptance it gives is then
+    conservative)."""
+    prop = list(proposed_per_position)
+    acc = list(accepted_per_position) + [0] * max(0, len(prop) - len(accepted_per_position))
+    return [prop[0]] + [min(prop[j], acc[j - 1]) for j in range(1, len(prop))] if prop else []
+
+
+def shrunk_position_alphas(accepted: Sequence[float], reached: Sequence[float], alpha: float, n: int,
+                           prior_trials: float) -> list[float]:
+    """Per-position acceptance α_0..α_{n-1} that keeps the first draft position apart from the run.
+
+    Measured acceptance is clustered: the draft is wrong in hard stretches of the text, so the
+    first token of a block (often right after a rejection, in the same stretch) is accepted less
+    often than a later one (whose predecessor was just accepted). The pooled truncated-geometric
+    α̂ mixes the two in proportions set by the K it was measured at, so an α̂ learned at a short K
+    undervalues a long one (two blocks of K = 3 per hard stretch read α̂ = 3·0.67 / (3·0.67 + 0.33)
+    = 0.86 where the same text read at K = 8 gives 0.94). Here (all counts decayed, no prior):
+
+        r   = (Σ_{j≥1} a_j + w·α) / (Σ_{j≥1} reached_j + w)        the run rate, positions ≥ 1
+        α_0 = (a_0 + w·α) / (reached_0 + w)
+        α_j = (a_j + w·r) / (reached_j + w)                          (j ≥ 1)
+
+    with w = ``prior_trials``: a position with few trials stays near the run rate (or α for
+    position 0), a position never reached takes it, and with i.i.d. acceptance every α_j tends
+    to α. E[N(k)] = 1 + Σ_{j<k} Π_{i≤j} α_i
+    (:func:`specdec.control.objective.expected_tokens_per_step_positional`).
+
+    Args:
+        accepted, reached: per-position counts (index = draft position, 0-based; reached from
+            :func:`reached_from_counts`); missing positions count 0.
+        alpha: the pooled estimate to shrink towards (α̂ with its prior), in [0, 1].
+        n: positions wanted (the largest K considered).
+        prior_trials: w > 0.
+
+    Raises:
+        ValueError: ``alpha`` outside [0, 1], ``n < 0``, ``prior_trials <= 0``, a negative count,
+            or more accepted than reached at a position.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if n < 0 or not prior_trials > 0:
+        raise ValueError(f"need n >= 0 and prior_trials > 0, got n={n}, prior_trials={prior_trials}")
+    a = [float(x) for x in accepted]
+    r = [float(x) for x in reached]
+    m = max(len(a), len(r))
+    a += [0.0] * (m - len(a))
+    r += [0.0] * (m - len(r))
+    for j in range(m):
+        if a[j] < 0 or r[j] < 0 or a[j] > r[j] + 1e-9:
+            raise ValueError(f"position {j}: need 0 <= accepted <= reached, got {a[j]} > {r[j]}")
+    w = float(prior_trials)
+    run = (sum(a[1:]) + w * alpha) / (sum(r[1:]) + w)
+    out = []
+    for j in range(n):
+        centre = alpha if j == 0 else run
+        aj, rj = (a[j], r[j]) if j < m else (0.0, 0.0)
+        out.append((aj + w * centre) / (rj + w))
+    return out
+
+
 @dataclass
 class _Counts:
     """Decayed counts (floats because of decay). ``prior_*`` are pseudo-counts."""
@@ -418,6 +481,29 @@ class AcceptanceEstimator:
                 break
             out.append(a / r)
         return out
+
+    def shrunk_position_alphas(self, key: Key, n: int, prior_trials: float,
+                               extra_accepted: Sequence[float] = (), extra_reached: Sequence[float] = (),
+                               alpha: float | None = None, scale: float = 1.0) -> list[float]:
+        """Acceptance at draft positions 0..n-1 for a run-aware E[N(k)]: :func:`shrunk_position_alphas`
+        over ``key``'s decayed per-position counts times ``scale`` (in [0, 1]) plus ``extra_*``
+        (a running request's own counts, same indexing), shrunk towards ``alpha`` (default
+        :meth:`alpha`) with ``prior_trials`` pseudo-trials. Empty for ``n = 0``.
+
+        Raises:
+            ValueError: ``scale`` outside [0, 1] (and as :func:`shrunk_position_alphas`).
+        """
+        if not 0.0 <= scale <= 1.0:
+            raise ValueError(f"scale must be in [0, 1], got {scale}")
+        c = self._keys.get(key)
+        acc = [x * scale for x in c.accepted_per_position] if c is not None else []
+        reached = [x * scale for x in c.reached_per_position] if c is not None else []
+        for lst, extra in ((acc, extra_accepted), (reached, extra_reached)):
+            while len(lst) < len(extra):
+                lst.append(0.0)
+            for j, x in enumerate(extra):
+                lst[j] += float(x)
+        return shrunk_position_alphas(acc, reached, self.alpha(key) if alpha is None else alpha, n, prior_trials)
 
     def snapshot(self, key: Key) -> AcceptanceSnapshot:
         """Counts and estimates for ``key`` (all zero, α = global, for an unseen key)."""

@@ -25,7 +25,9 @@ class StepCosts:
     """Per-step timings of one request, aggregated by number of positions scored (K + 1) and by
     tokens drafted per block; the first step's draft seconds apart (the draft's prompt prefill
     plus that step's block: ``first_draft_s`` for ``first_drafted`` tokens; 0 and 0 when the
-    first step did not draft)."""
+    first step did not draft). ``room_blocks``: drafted tokens -> blocks whose length was the
+    room left in the request (``max_tokens`` - generated - 1: the engine shrank the K asked to
+    it), the first step's included; such a block did not stop early, whatever its length."""
 
     verify: dict[int, list] = field(default_factory=dict)  # positions -> [seconds, steps]
     draft_s: float = 0.0
@@ -34,6 +36,7 @@ class StepCosts:
     draft_blocks: dict[int, list] = field(default_factory=dict)  # drafted tokens -> [seconds, blocks]
     first_draft_s: float = 0.0
     first_drafted: int = 0
+    room_blocks: dict[int, int] = field(default_factory=dict)
 
     def add(self, k: int, draft_s: float, verify_s: float, count_draft: bool = True) -> None:
         """One step of K = ``k``: its verify seconds by positions, and (``count_draft``) its
@@ -57,6 +60,7 @@ class StepCosts:
             "draft_s_by_drafted": {d: [s, n] for d, (s, n) in sorted(self.draft_blocks.items())},
             "first_draft_s": self.first_draft_s,
             "first_drafted": self.first_drafted,
+            "room_limited_blocks": dict(sorted(self.room_blocks.items())),
         }
 
 
@@ -75,17 +79,21 @@ class StepCostRecorder:
 
     Args:
         stats: the generation's live :class:`specdec.types.SpeculationStats`.
+        max_tokens: the request's ``max_tokens``, or None: with it, a drafting step whose block
+            is exactly the room left (``max_tokens`` - tokens generated before it - 1, the
+            tokens counted as accepted + 1 per step) is counted in ``costs.room_blocks``.
     """
 
-    def __init__(self, stats) -> None:
+    def __init__(self, stats, max_tokens: int | None = None) -> None:
         self.stats = stats
+        self.max_tokens = max_tokens
         self.costs = StepCosts()
         self._prev = self._snapshot()
         self._prev_k: int | None = None  # K of the last step seen (None: none yet)
 
-    def _snapshot(self) -> tuple[int, int, float, float]:
+    def _snapshot(self) -> tuple[int, int, float, float, int]:
         st = self.stats
-        return st.steps, st.proposed, st.draft_time_s, st.verify_time_s
+        return st.steps, st.proposed, st.draft_time_s, st.verify_time_s, st.accepted
 
     def after_step(self, skip: bool = False) -> None:
         cur = self._snapshot()
@@ -93,6 +101,9 @@ class StepCostRecorder:
         if cur[0] == prev[0]:
             return
         k, prev_k = cur[1] - prev[1], self._prev_k
+        if self.max_tokens is not None and k > 0 and cur[0] - prev[0] == 1:
+            if k == self.max_tokens - (prev[0] + prev[4]) - 1:  # the engine cut the block to the room left
+                self.costs.room_blocks[k] = self.costs.room_blocks.get(k, 0) + 1
         self._prev_k = k if cur[0] - prev[0] == 1 else None
         if prev[0] == 0 or skip or cur[0] - prev[0] != 1:
             self.costs.skipped_steps += cur[0] - prev[0]
@@ -117,15 +128,18 @@ class TimedRun:
         return self.result.usage.completion_tokens
 
 
-def run_timed(gen, clock: Callable[[], float] = time.perf_counter, started: float | None = None) -> TimedRun:
+def run_timed(gen, clock: Callable[[], float] = time.perf_counter, started: float | None = None,
+              max_tokens: int | None = None) -> TimedRun:
     """Run ``gen`` to the end step by step (see module docstring).
 
     Args:
         started: clock value when the request started (before ``engine.start``, so prompt
             encoding counts); defaults to now.
+        max_tokens: the request's ``max_tokens`` (:class:`StepCostRecorder`: blocks cut to the
+            room left are marked), or None.
     """
     t0 = clock() if started is None else started
-    recorder = StepCostRecorder(gen.stats)
+    recorder = StepCostRecorder(gen.stats, max_tokens)
     costs = recorder.costs
     first_at = last_at = None
     n_tok = 0
@@ -159,6 +173,7 @@ def calibrate(
     repeats: int = 3,
     prompt_ids: list[int] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    blocks: bool = False,
 ) -> dict:
     """Measure real speculation steps at every K in 0..max_k and feed them to ``controller``.
 
@@ -167,6 +182,14 @@ def calibrate(
     prefills, and calls
     ``controller.observe_step(proposer, K, draft_s, verify_s)`` once per K with the median
     times (robust to a step slowed by other load). Returns the cost model's snapshot.
+
+    With ``blocks`` (the in-process bench, :mod:`benchmarks.inprocess_adaptive`): the medians
+    are observed ``repeats`` times each (so that the one-position verify counts as measured for
+    :meth:`KController.plain_bound`, which wants 3 observations) and the draft seconds also by
+    block length (:meth:`CostModel.observe_draft_block`), so the cost model has every K's
+    measured costs from the start and extrapolates none of them from the few K its requests
+    ran (a taught controller on the demo pair held K = 2 on code at 32 tokens: only K <= 3 had
+    been measured).
     """
     if engine.draft_proposer is None and proposer == "draft":
         raise ValueError("calibrating the draft proposer needs a draft model")
@@ -197,7 +220,11 @@ def calibrate(
         for kk, xs in sorted(samples.items()):  # the median per K: one slow step does not stick
             ds = sorted(x[0] for x in xs)
             vs = sorted(x[1] for x in xs)
-            controller.observe_step(proposer, kk, ds[len(ds) // 2], vs[len(vs) // 2])
+            d_med, v_med = ds[len(ds) // 2], vs[len(vs) // 2]
+            for _ in range(repeats if blocks else 1):
+                controller.observe_step(proposer, kk, d_med, v_med)
+                if blocks and kk > 0:
+                    controller.cost_model(proposer).observe_draft_block(kk, d_med)
     finally:
         target.close()
         if draft is not None:

@@ -19,7 +19,10 @@ measured costs, with per-position acceptance where there is enough data.
   Intervals count the tenant's own traffic, so an idle or slow tenant is not probed on every
   request. A key with fewer than ``probe_min_steps`` (default 8) speculation steps of its own
   (the prior said K = 0, or one short probe was all it saw) is probed on its next request at
-  K = 0, so a new tenant measures its own acceptance at once (two probes of four steps). A probe speculates at ``probe_k`` (default None: the K the cost model would pick
+  K = 0, so a new tenant measures its own acceptance at once (two probes of four steps; with
+  ``fresh_key_whole_probe``, in process, one probe of the whole request, guarded and re-tuned
+  from its own acceptance like any request, also when the prior's K is above 0 but below the
+  probe's: :meth:`KController.guarded_k`). A probe speculates at ``probe_k`` (default None: the K the cost model would pick
   if the tenant's acceptance were ``probe_alpha`` = 0.9, i.e. the K a tenant whose traffic
   became predictable would get; on a CPU whose verify cost is not monotonic in positions this
   is not K = 1) for its first ``probe_steps`` steps (default 4; None = the whole request),
@@ -87,7 +90,7 @@ import logging
 import time
 from typing import Any, Callable, Mapping
 
-from specdec.control.acceptance import AcceptanceEstimator
+from specdec.control.acceptance import AcceptanceEstimator, reached_from_counts
 from specdec.control.controller_feedback import RequestFeedback
 from specdec.control.controller_snapshot import LearnedState
 from specdec.control.cost_model import CostModel
@@ -133,7 +136,29 @@ class KController(LearnedState, RequestFeedback):
         probe_steps: steps a probe speculates before plain decoding; None: the whole request.
         probe_min_steps: a key with fewer K > 0 steps of its own is probed on every K = 0 request.
         position_min_reached: decayed trials a draft position needs before its measured
-            acceptance replaces α̂ (None: always i.i.d.).
+            acceptance replaces α̂ (None: always i.i.d.). Ignored with ``position_prior_trials``.
+        position_prior_trials: None (the default, and served) or w > 0: every draft position
+            gets its own acceptance, the measured one shrunk with w pseudo-trials towards α̂
+            (position 0) or towards the run rate of positions >= 1 (the others, and positions
+            never reached): :func:`specdec.control.acceptance.shrunk_position_alphas`, in
+            :meth:`decide` and :meth:`in_request_k` (there with the request's own counts added).
+            Clustered acceptance (a hard stretch of text rejects the first token of a block,
+            a block that got going goes on) then no longer makes an α̂ learned at a short K
+            undervalue longer ones. The in-process bench's controller
+            (``benchmarks.inprocess_adaptive``) uses 4.
+        retune_memory_trials: None (the default) or T >= 0: in :meth:`in_request_k` the key's
+            counts (prior included; per position too) are scaled to hold at most T trials
+            before the running request's own counts are added, so the request's acceptance
+            steers its remaining steps after a few of them (acceptance is the prompt's: the
+            demo pair accepted ~0.96 of its drafts on code-prime where the 4 code requests
+            before it read α̂ 0.87). The in-process bench uses 16.
+        fresh_key_whole_probe: with ``in_request_retune`` and ``step_guard`` (in process only):
+            a key with fewer than ``probe_min_steps`` own steps runs its next request at the
+            larger of the K decided and the probe's K (``probe_k``/``probe_alpha``), for the whole
+            request, guarded and re-tuned (reason ``"probe: fresh key"``, or ``"probe"`` from K =
+            0), instead of a 4-step probe from K = 0 or the prior's K: with measured costs the
+            prior α 0.5 gives K = 1 on code with the demo pair, whose blocks teach the estimate
+            too little to leave K = 1 within a 32-token request. Off by default.
         probe_discount: weight kept by a key's older counts when a probe's counts arrive.
         probe_memory_trials: after that, the older counts are capped at this many trials
             (accepted + rejections, prior included); None: no cap.
@@ -170,6 +195,9 @@ class KController(LearnedState, RequestFeedback):
         probe_steps: int | None = 4,
         probe_min_steps: int = 8,
         position_min_reached: float | None = 50.0,
+        position_prior_trials: float | None = None,
+        retune_memory_trials: float | None = None,
+        fresh_key_whole_probe: bool = False,
         probe_discount: float = 0.25,
         probe_memory_trials: float | None = 8.0,
         length_half_life_steps: float = 200.0,
@@ -196,6 +224,13 @@ class KController(LearnedState, RequestFeedback):
         self.probe_min_requests = probe_min_requests
         self.probe_min_steps = probe_min_steps
         self.position_min_reached = position_min_reached
+        if position_prior_trials is not None and not position_prior_trials > 0:
+            raise ValueError(f"position_prior_trials must be > 0 or None, got {position_prior_trials}")
+        self.position_prior_trials = position_prior_trials
+        if retune_memory_trials is not None and not retune_memory_trials >= 0:
+            raise ValueError(f"retune_memory_trials must be >= 0 or None, got {retune_memory_trials}")
+        self.retune_memory_trials = retune_memory_trials
+        self.fresh_key_whole_probe = bool(fresh_key_whole_probe and in_request_retune and step_guard is not None)
         if not 0.0 <= probe_discount <= 1.0:
             raise ValueError(f"probe_discount must be in [0, 1], got {probe_discount}")
         self.probe_discount = probe_discount
@@ -254,7 +289,9 @@ class KController(LearnedState, RequestFeedback):
         cm = self.cost_model(proposer)
         alpha = self.estimator.alpha(key)
         pos = ()
-        if self.position_min_reached is not None:
+        if self.position_prior_trials is not None:
+            pos = tuple(self.estimator.shrunk_position_alphas(key, k_max, self.position_prior_trials))
+        elif self.position_min_reached is not None:
             pos = tuple(self.estimator.position_alphas(key, self.position_min_reached))
         variable = proposer in VARIABLE_LENGTH_PROPOSERS
         hist = self._lengths.get(key) if variable else None
@@ -269,6 +306,7 @@ class KController(LearnedState, RequestFeedback):
                 best = c
 
         probe = False
+        probe_whole = False
         now = self.clock()
         if k_max == 0:
             # this request alone decodes plainly: the tenant's held K, pending switch and probe
@@ -294,12 +332,29 @@ class KController(LearnedState, RequestFeedback):
                     else:
                         k, _ = choose_k(self.probe_alpha, cm, max(1, k_min), k_max)
                     reason, probe = "probe", True
+                    if thin and self.fresh_key_whole_probe and not variable:
+                        # in process, a fresh key's probe runs the whole request, measured and
+                        # re-tuned (guarded_k): 4 steps then plain decoding spent most of a short
+                        # request plainly where its own acceptance could have set its K
+                        probe_whole = True
                     st.zero_requests = 0
                     st.last_probe_at = now
                     st.probes += 1
                     st.probes_pending += 1
+            elif k > 0 and self.fresh_key_whole_probe and not variable:
+                # in process, a fresh key (fewer than probe_min_steps own steps) starts where a
+                # predictable tenant would (the probe's K), guarded and re-tuned for the whole
+                # request: from the prior α its K was one whose blocks teach little (K = 1 on
+                # code with the demo pair's measured costs, then K = 1 for the whole request)
+                snap = getattr(self.estimator, "snapshot", None)
+                if snap is not None and snap(key).raw_steps < self.probe_min_steps:
+                    pk = (min(max(self.probe_k, 1), k_max) if self.probe_k is not None
+                          else choose_k(self.probe_alpha, cm, max(1, k_min), k_max)[0])
+                    if pk > k:
+                        k, reason, probe, probe_whole = pk, "probe: fresh key", True, True
+                        st.probes += 1
         chosen = by_k.get(k) or evaluate_k(alpha, cm, k, k, pos)[0]
-        probe_steps = None if variable else self.probe_steps
+        probe_steps = None if (variable or probe_whole) else self.probe_steps
         terms = cm.step_terms(k)
         if (use_lengths or early_stop) and k > 0:  # the expected terms over the block lengths the cap gives
             dist = block_length_distribution(hist, k) if use_lengths else early_stop_lengths(hazards, k)
@@ -399,18 +454,24 @@ class KController(LearnedState, RequestFeedback):
         """The per-step K to run ``decision`` with in process: its :meth:`KDecision.k_schedule`
         under the key's goodput guard (:mod:`specdec.control.step_guard`; made from
         ``step_guard`` on first use). A probe, a decision at K = 0 or a controller without
-        ``step_guard`` runs the schedule as it is. Call ``.attach(generation.stats)`` before the
+        ``step_guard`` runs the schedule as it is, except that with ``in_request_retune`` a probe
+        of the whole request (``probe_steps`` None: a fresh key's, :meth:`decide`) runs guarded
+        and re-tuned like any decision. Call ``.attach(generation.stats)`` before the
         first step."""
         guard = None
+        # a fresh key's whole-request probe in process (decide) is measured and re-tuned like any request
+        whole = (decision.probe and decision.probe_steps is None and self.in_request_retune
+                 and proposer not in VARIABLE_LENGTH_PROPOSERS)
         if self.step_guard is not None and decision.k > 0:
             key = (tenant, proposer)
             guard = self._guards.get(key)
             if guard is None:
                 guard = self._guards[key] = self.step_guard.fresh()
         retune = None
-        if guard is not None and self.in_request_retune and not decision.probe and proposer not in VARIABLE_LENGTH_PROPOSERS:
+        if (guard is not None and self.in_request_retune and (not decision.probe or whole)
+                and proposer not in VARIABLE_LENGTH_PROPOSERS):
             retune = lambda stats, k: self.in_request_k(tenant, proposer, decision, stats, k)  # noqa: E731
-        return GuardedK(decision.k_schedule(), guard, measure=not decision.probe,
+        return GuardedK(decision.k_schedule(), guard, measure=not decision.probe or whole,
                         plain_bound=lambda: self.plain_bound(proposer), retune=retune)
 
     def in_request_k(self, tenant: str, proposer: str, decision: KDecision, stats: Any, current: int) -> int:
@@ -421,12 +482,14 @@ class KController(LearnedState, RequestFeedback):
         of :mod:`specdec.control.acceptance` over both: Σa / (Σa + R)); a key never recorded
         counts the prior a first record would seed (``prior_weight`` trials at the global α), and
         the prior fades by the request's steps as a record would fade it
-        (``prior_half_life_steps``). The K in [max(1, k_min, decision.k), k_max] (never below the K
-        decided: a K that speculation does not pay at is the goodput guard's to drop to 0, and
-        the early-stop counts read blocks shorter than the K decided as stopped) that maximises the predicted
-        speedup at that α (costs and early stop as in :meth:`decide`, no per-position α: the
-        request's positions are not split out) replaces ``current`` when it beats it by more than
-        ``switch_margin``; else ``current`` stays.
+        (``prior_half_life_steps``); with ``retune_memory_trials`` the key's counts (prior
+        included) are first scaled to at most that many trials. The K in [max(1, k_min,
+        decision.k), k_max] (never below the K decided: a K that speculation does not pay at is
+        the goodput guard's to drop to 0, and the early-stop counts read blocks shorter than the
+        K decided as stopped) that maximises the predicted speedup at that α (costs and early
+        stop as in :meth:`decide`; per-position α only with ``position_prior_trials``, the key's
+        (scaled) and the request's per-position counts together) replaces ``current`` when it
+        beats it by more than ``switch_margin``; else ``current`` stays.
         """
         key = (tenant, proposer)
         est = self.estimator
@@ -440,14 +503,25 @@ class KController(LearnedState, RequestFeedback):
             pa, pr = w * snap.alpha, w * (1.0 - snap.alpha)
         hl = getattr(est, "prior_half_life_steps", None)
         fade = 0.5 ** (max(steps, 0.0) / hl) if hl else 1.0
-        num = snap.accepted + pa * fade + acc
-        den = num + snap.rejected_steps + pr * fade + rej
+        ka, kr = snap.accepted + pa * fade, snap.rejected_steps + pr * fade  # the key's trials
+        scale = 1.0
+        if self.retune_memory_trials is not None and ka + kr > self.retune_memory_trials:
+            scale = self.retune_memory_trials / (ka + kr)
+        num = ka * scale + acc
+        den = num + kr * scale + rej
         if not den > 0:
             return current
         k_lo, k_hi = max(1, decision.k_min, decision.k), decision.k_max
         if k_hi < k_lo:
             return current
-        cands = self._candidates(tenant, proposer, min(num / den, 1.0), (), k_lo, k_hi, None)
+        alpha = min(num / den, 1.0)
+        pos: tuple = ()
+        if self.position_prior_trials is not None:
+            acc_pos = [float(x) for x in d.get("accepted_per_position") or []]
+            reached = reached_from_counts(acc_pos, [float(x) for x in d.get("proposed_per_position") or []])
+            pos = tuple(est.shrunk_position_alphas(key, k_hi, self.position_prior_trials, acc_pos, reached,
+                                                   alpha=alpha, scale=scale))
+        cands = self._candidates(tenant, proposer, alpha, pos, k_lo, k_hi, None)
         by_k = {c.k: c for c in cands}
         best = cands[0]
         for c in cands[1:]:

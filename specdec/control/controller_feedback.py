@@ -59,7 +59,8 @@ class RequestFeedback:
             self._record_lengths(key, d.get("k_counts") or {})
         elif self.learn_early_stop:  # in process only (KController docstring)
             cap = st.last_decision.k if st is not None and st.last_decision is not None else 0
-            self.record_stops(key, d.get("k_counts") or {}, cap)
+            room = (costs or {}).get("room_limited_blocks") or {}
+            self.record_stops(key, d.get("k_counts") or {}, cap, censored=room)
         cm = self.cost_model(proposer)
         if costs is not None:
             self.observe_costs(proposer, costs)
@@ -94,16 +95,22 @@ class RequestFeedback:
                 hist.append(0.0)
             hist[length] += n
 
-    def record_stops(self, key: tuple[str, str], k_counts: Mapping, cap: int) -> None:
+    def record_stops(self, key: tuple[str, str], k_counts: Mapping, cap: int, censored: Mapping | None = None) -> None:
         """Add one request's draft block lengths to the key's early-stop counts: a block of d
         tokens shorter than ``cap`` continued past positions 1..d-1 and stopped at d; a block of
         ``cap`` tokens or more continued past 1..d-1 and is censored at d (a K re-chosen within
         the request, :meth:`KController.in_request_k`, only raises the cap above the K decided).
-        ``cap``: the K decided for the request (0: the longest block). Decayed like the length
-        histogram (``length_half_life_steps``)."""
+        ``cap``: the K decided for the request (0: the longest block). ``censored``: drafted
+        tokens -> how many of the ``k_counts`` blocks of that length were cut by the room left in
+        the request (:class:`specdec.control.adaptive.StepCosts`' ``room_blocks``): they went on
+        past 1..d-1 and are censored at d whatever the cap (counted as stops, every 32-token
+        request's last block read as an early stop: ~1 in 9 blocks on code). Decayed like the
+        length histogram (``length_half_life_steps``)."""
         counts = {int(k): float(v) for k, v in k_counts.items() if int(k) >= 1 and float(v) > 0}
         if not counts:
             return
+        cut = {int(k): min(float(v), counts.get(int(k), 0.0)) for k, v in (censored or {}).items()
+               if int(k) >= 1 and float(v) > 0}
         cap = int(cap) if cap > 0 else max(counts)
         stopped, continued = self._stops.setdefault(key, ([], []))
         factor = 0.5 ** (sum(counts.values()) / self.length_half_life_steps)
@@ -116,7 +123,7 @@ class RequestFeedback:
             for j in range(length - 1):
                 continued[j] += n
             if length < cap:
-                stopped[length - 1] += n
+                stopped[length - 1] += n - cut.get(length, 0.0)
 
     def stop_hazards(self, tenant: str, proposer: str, n: int) -> list[float]:
         """``h_1..h_n``, the probability that a draft block ends at each position
