@@ -1011,11 +1011,18 @@ def test_deadline_is_504_before_the_first_token(stack):
     assert resp.json()["error"]["message"] == "the request's deadline passed during generation"
 
 
-class StalledDraftHandle(LocalDraftHandle):
-    """Streams the first chunk of the real draft replica, then stalls for a minute before the
-    next (a step on a loaded CPU, a long prefill) unless cancelled; records the stall's end."""
+class StallingDraftHandle(LocalDraftHandle):
+    """Streams the first chunk of the real draft replica, then stalls before the next unless
+    cancelled: ``stall_s`` seconds (a step on a loaded CPU, a long prefill), or forever with None
+    (a long generation). Closing it closes the draft replica's stream (its session and both caches
+    are freed). ``stalled``: the streams that sent their first chunk and stall; ``stalls``: how
+    each stall ended early (``"cancelled"``)."""
 
-    stalls: list[str] = []
+    def __init__(self, draft: Draft, stall_s: float | None = None):
+        super().__init__(draft)
+        self.stall_s = stall_s
+        self.stalled = 0
+        self.stalls: list[str] = []
 
     @property
     def Generate(self):
@@ -1024,8 +1031,9 @@ class StalledDraftHandle(LocalDraftHandle):
             try:
                 async for raw in inner:
                     yield raw
+                    self.stalled += 1
                     try:
-                        await asyncio.sleep(60)
+                        await (asyncio.Event().wait() if self.stall_s is None else asyncio.sleep(self.stall_s))
                     except asyncio.CancelledError:
                         self.stalls.append("cancelled")
                         raise
@@ -1043,7 +1051,7 @@ def test_a_step_that_outlasts_the_deadline_is_cut_at_the_deadline(stack):
 
     cfg = stack["cfg"]
     gate = TenancyGate(cfg.tenants_file, ControllerClient.local({}), SpecDecMetrics(backend=None))
-    handle = StalledDraftHandle(stack["draft"])
+    handle = StallingDraftHandle(stack["draft"], stall_s=60)
     router = Router(cfg, draft=handle, gate=gate)
     t0 = time.perf_counter()
     resp = _run(_raw(openai_api.build_app(router), "POST", "/v1/completions",
@@ -1121,28 +1129,6 @@ def test_speculation_fields_outside_the_api_are_refused_not_passed_on(stack, spe
 
 
 # --- shutting down (Router.Drain, what `specdec serve` calls on Ctrl-C) ----------------------------
-
-
-class StallingDraftHandle(LocalDraftHandle):
-    """Streams the first chunk of the real draft replica, then waits forever (a long generation);
-    closing it closes the draft replica's stream (its session and both caches are freed).
-    ``stalled``: the streams that sent their first chunk and wait."""
-
-    stalled = 0
-
-    @property
-    def Generate(self):
-        async def gen(payload):
-            inner = self.draft.Generate(payload)
-            try:
-                async for raw in inner:
-                    yield raw
-                    self.stalled += 1
-                    await asyncio.Event().wait()
-            finally:
-                await inner.aclose()
-
-        return self._Method(lambda payload: LocalStream(gen(payload)))
 
 
 SHUTTING_DOWN = "the server is shutting down; retry once it is back (or on another replica)"
