@@ -92,7 +92,7 @@ def _served_one(client, r: dict):
 
     t0 = time.perf_counter()
     resp = client.generate_proto(
-        build_request(messages=r["messages"], max_tokens=r["max_tokens"], proposer="draft", k=r["speculation"]["k"]),
+        build_request(messages=r["messages"], max_tokens=r["max_tokens"], proposer="draft", max_k=r["speculation"]["k"]),
         timeout=1800,
     )
     return resp, time.perf_counter() - t0

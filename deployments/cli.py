@@ -493,7 +493,7 @@ def request_kwargs(args) -> dict:
         if not sep:
             raise InvalidArgument("INVALID_ARGUMENT", f"--logit-bias must be ID=BIAS, got {item!r}")
     return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                seed=args.seed, stop=args.stop, proposer=args.proposer, k=args.k,
+                seed=args.seed, stop=args.stop, proposer=args.proposer, max_k=args.k,
                 draft_min_confidence=args.draft_min_confidence, logprobs=args.logprobs, min_p=args.min_p,
                 repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
                 frequency_penalty=args.frequency_penalty, logit_bias=bias, min_tokens=args.min_tokens,

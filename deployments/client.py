@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -112,6 +113,23 @@ class ServedResult:
         return getattr(self.result, name)
 
 
+def _max_k(max_k, k, stacklevel: int = 3):
+    """``max_k``, or the value of its deprecated alias ``k`` (with a DeprecationWarning pointing
+    ``stacklevel`` frames up: the caller of :func:`build_request` or of ``SpecDecClient.generate``).
+
+    Raises:
+        InvalidArgument: both given, with different values.
+    """
+    if k is None:
+        return max_k
+    warnings.warn("k= is deprecated: use max_k= (the request field speculation.max_k)", DeprecationWarning,
+                  stacklevel=stacklevel)
+    if max_k is not None and max_k != k:
+        raise InvalidArgument("INVALID_ARGUMENT", f"give max_k or its deprecated alias k, not two different values "
+                                                  f"(max_k={max_k!r}, k={k!r})")
+    return k
+
+
 def build_request(
     prompt: str | None = None,
     *,
@@ -127,7 +145,7 @@ def build_request(
     ignore_eos: bool = False,
     logprobs: bool = False,
     proposer: str | None = None,
-    k: int | None = None,
+    max_k: int | None = None,
     draft_min_confidence: float | None = None,
     min_p: float = 0.0,
     repetition_penalty: float | None = None,
@@ -137,8 +155,12 @@ def build_request(
     min_tokens: int = 0,
     top_logprobs: int = 0,
     cache_salt: str | None = None,
+    k: int | None = None,
 ) -> pb.GenerateRequest:
     """A GenerateRequest proto from keyword arguments (unset ones are left to the server).
+
+    ``max_k``: the largest K per speculation step (the proto's ``speculation.max_k``, the OpenAI
+    API's ``speculation.max_k``); ``k`` is its deprecated old name (a ``DeprecationWarning``).
 
     ``cache_salt``: only requests with the same salt share cached prompt prefixes (the proto's
     ``cache_salt``); None: no salt.
@@ -148,8 +170,9 @@ def build_request(
             id or seed for its uint32 / uint64 field, a non-number), checked here rather than
             sent; narrower ranges are the server's to check.
     """
+    max_k = _max_k(max_k, k)
     u32, u64 = 2**32 - 1, 2**64 - 1  # the proto fields' ranges (uint32, seed uint64)
-    for name, value, top in (("max_tokens", max_tokens, u32), ("top_k", top_k, u32), ("k", k, u32),
+    for name, value, top in (("max_tokens", max_tokens, u32), ("top_k", top_k, u32), ("max_k", max_k, u32),
                              ("seed", seed, u64), ("min_tokens", min_tokens, u32), ("top_logprobs", top_logprobs, u32)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= top):
             raise InvalidArgument("INVALID_ARGUMENT", f"{name} must be a whole number in 0..{top}, got {value!r}")
@@ -188,12 +211,12 @@ def build_request(
     if seed is not None:
         sampling.seed = seed
     msg.sampling.CopyFrom(sampling)
-    if proposer is not None or k is not None or draft_min_confidence is not None:
+    if proposer is not None or max_k is not None or draft_min_confidence is not None:
         hints = pb.SpeculationHints()
         if proposer is not None:
             hints.proposer = convert.PROPOSER_TO_PROTO[proposer]
-        if k is not None:
-            hints.max_k = k
+        if max_k is not None:
+            hints.max_k = max_k
         if draft_min_confidence is not None:
             hints.draft_min_confidence = draft_min_confidence
         msg.speculation.CopyFrom(hints)
@@ -261,6 +284,8 @@ class SpecDecClient:
         import time
 
         t0 = time.perf_counter()
+        if "k" in kwargs:  # the deprecated alias, warned about at the caller's line
+            kwargs["max_k"] = _max_k(kwargs.get("max_k"), kwargs.pop("k"), stacklevel=3)
         resp = self.generate_proto(build_request(prompt, **kwargs), timeout, session_id)
         return ServedResult(
             convert.result_from_proto(resp, want_logprobs=kwargs.get("logprobs", False)),
@@ -280,7 +305,10 @@ class SpecDecClient:
 
     def stream(self, prompt: str | None = None, *, timeout: float | None = None, session_id: str | None = None,
                **kwargs) -> Iterator[GenerationChunk]:
-        """Stream one completion. Closing the iterator early cancels the generation on the server."""
+        """Stream one completion (keyword arguments as :func:`build_request`). Closing the iterator
+        early cancels the generation on the server."""
+        if "k" in kwargs:  # the deprecated alias, warned about where the caller iterates
+            kwargs["max_k"] = _max_k(kwargs.get("max_k"), kwargs.pop("k"), stacklevel=3)
         for c in self.stream_proto(build_request(prompt, **kwargs), timeout, session_id):
             fr = convert.FINISH_REASON_FROM_PROTO.get(c.finish_reason)
             yield GenerationChunk(c.text, list(c.token_ids), list(c.logprobs) if c.logprobs else None, fr)

@@ -111,13 +111,13 @@ def test_served_tp1_on_one_gpu(cuda_pair):
                 time.sleep(2)
         assert info is not None and [i["device"] for i in info] == ["cuda:0"], info
         with SpecDecClient(f"localhost:{cfg.grpc_port}", application=cfg.app_name) as client:
-            served = client.generate(messages=MESSAGES, max_tokens=NEW_TOKENS, proposer="draft", k=4, timeout=600)
+            served = client.generate(messages=MESSAGES, max_tokens=NEW_TOKENS, proposer="draft", max_k=4, timeout=600)
             from specdec.engine.engine import encode_prompt
 
             prompt = encode_prompt(target.tokenizer, _request(), target.emittable_vocab)
             assert served.token_ids == _target_alone(target, prompt, NEW_TOKENS)
             sampled = [client.generate(messages=MESSAGES, max_tokens=32, temperature=0.8, seed=3, proposer="draft",
-                                       k=4, timeout=600).token_ids for _ in range(2)]
+                                       max_k=4, timeout=600).token_ids for _ in range(2)]
             assert sampled[0] == sampled[1]
     finally:
         try:

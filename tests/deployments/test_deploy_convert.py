@@ -277,7 +277,7 @@ def test_client_error_mapping_reads_retry_after_from_the_message():
     assert map_error(Err(grpc.StatusCode.INVALID_ARGUMENT, "retry after 2 s")).retry_after_s is None
     for kwargs, text in [({"max_tokens": -1}, "max_tokens must be a whole number in 0..4294967295, got -1"),
                          ({"top_k": -3}, "top_k must be a whole number in 0..4294967295, got -3"),
-                         ({"k": -1}, "k must be a whole number in 0..4294967295, got -1"),
+                         ({"max_k": -1}, "max_k must be a whole number in 0..4294967295, got -1"),
                          ({"stop_token_ids": [-2]}, "token ids must be whole numbers in 0..4294967295"),
                          ({"draft_min_confidence": "high"}, "draft_min_confidence must be a number, got 'high'"),
                          # beyond the proto fields' ranges: was a ValueError traceback from protobuf
@@ -288,3 +288,55 @@ def test_client_error_mapping_reads_retry_after_from_the_message():
         with pytest.raises(InvalidArgument, match=text):
             build_request(None if "prompt_token_ids" in kwargs else "x", **kwargs)
     assert build_request("x", seed=2**64 - 1).sampling.seed == 2**64 - 1
+
+
+def test_client_takes_max_k_as_the_proto_names_it_and_k_with_a_deprecation_warning():
+    """The proto field is ``speculation.max_k`` (so is the OpenAI API's); the client library's
+    keyword was ``k``: ``max_k`` now, ``k`` still works with a DeprecationWarning pointing at the
+    caller's line, and two different values are refused."""
+    import warnings
+
+    from deployments.client import InvalidArgument, SpecDecClient, build_request
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new name warns about nothing
+        assert build_request("x", max_k=3).speculation.max_k == 3
+        assert not build_request("x").HasField("speculation")
+    message = r"^k= is deprecated: use max_k= \(the request field speculation.max_k\)$"
+    with pytest.warns(DeprecationWarning, match=message) as rec:
+        assert build_request("x", k=3).speculation.max_k == 3
+    assert [w.filename for w in rec] == [__file__]
+    with pytest.warns(DeprecationWarning, match=message):
+        assert build_request("x", k=2, max_k=2).speculation.max_k == 2
+    with pytest.warns(DeprecationWarning, match=message), pytest.raises(InvalidArgument) as e:
+        build_request("x", k=2, max_k=5)
+    assert e.value.details == "give max_k or its deprecated alias k, not two different values (max_k=5, k=2)"
+
+    class Stub:  # the gRPC stub: records the requests, answers a finished generation
+        def __init__(self):
+            self.sent = []
+
+        def Generate(self, request, metadata=None, timeout=None):
+            self.sent.append(request)
+            return pb.GenerateResponse(token_ids=[7], finish_reason=pb.FINISH_REASON_MAX_TOKENS)
+
+        def GenerateStream(self, request, metadata=None, timeout=None):
+            self.sent.append(request)
+            return FakeCall([pb.GenerateStreamChunk(token_ids=[7], finish_reason=pb.FINISH_REASON_MAX_TOKENS)])
+
+    class FakeCall(list):
+        def cancel(self):
+            pass
+
+    client = SpecDecClient("unused:1", channel=grpc.insecure_channel("unused:1"))
+    client._stub = stub = Stub()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert client.generate("x", max_k=4).token_ids == [7]
+        assert [c.token_ids for c in client.stream("x", max_k=1)] == [[7]]
+    with pytest.warns(DeprecationWarning, match=message) as rec:
+        assert client.generate("x", k=2).token_ids == [7]
+        assert [c.token_ids for c in client.stream("x", k=0)] == [[7]]
+    assert [w.filename for w in rec] == [__file__, __file__]
+    assert [m.speculation.max_k for m in stub.sent] == [4, 1, 2, 0]
+    client.close()

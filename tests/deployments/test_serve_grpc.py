@@ -97,7 +97,7 @@ PROMPTS = ["def add(a, b):", "class Point:\n    def __init__(self", "for i in ra
 def test_greedy_tp2_served_equals_target_alone(served, target_alone, proposer):
     client = _client(served)
     for prompt in PROMPTS:
-        res = client.generate(prompt=prompt, max_tokens=24, proposer=proposer, k=4)
+        res = client.generate(prompt=prompt, max_tokens=24, proposer=proposer, max_k=4)
         ids = target_alone.tokenizer.encode(prompt)
         ref = target_greedy(target_alone, ids, 24)
         assert res.token_ids == ref[: len(res.token_ids)], prompt
@@ -113,7 +113,7 @@ def test_draft_min_confidence_hint_reaches_the_draft_replica(served, target_alon
     served output is still the target's own."""
     client = _client(served)
     prompt = PROMPTS[0]
-    res = client.generate(prompt=prompt, max_tokens=24, proposer="draft", k=4, draft_min_confidence=1.0)
+    res = client.generate(prompt=prompt, max_tokens=24, proposer="draft", max_k=4, draft_min_confidence=1.0)
     client.close()
     ref = target_greedy(target_alone, target_alone.tokenizer.encode(prompt), 24)
     assert res.token_ids == ref[: len(res.token_ids)]
