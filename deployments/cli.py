@@ -223,7 +223,13 @@ def start_line(cfg, num_cpus: int, capability: str | None = None) -> str:
 
 
 def run_serve(args) -> int:
-    """Start a local Ray, deploy, wait until ready; optionally send the demo request; shut down."""
+    """Start a local Ray, deploy, wait until ready; optionally send the demo request; shut down.
+
+    Returns:
+        The exit status: 0 done (or stopped by Ctrl-C/SIGTERM while serving), 1 Serve's proxies did
+        not start, the deploy failed or the demo request failed (one line each, no traceback), 130
+        interrupted before ready.
+    """
     import ray
     from ray import serve
     from ray.serve.config import HTTPOptions, gRPCOptions
@@ -253,11 +259,16 @@ def run_serve(args) -> int:
     _stop_on_sigterm()
     serving = False
     try:
-        serve.start(
-            http_options=HTTPOptions(host="0.0.0.0", port=cfg.http_port),
-            grpc_options=gRPCOptions(port=cfg.grpc_port, grpc_servicer_functions=[SPECDEC_SERVICER, HEALTH_SERVICER],
-                                     request_timeout_s=cfg.request_timeout_s),
-        )
+        try:
+            serve.start(
+                http_options=HTTPOptions(host="0.0.0.0", port=cfg.http_port),
+                grpc_options=gRPCOptions(port=cfg.grpc_port, grpc_servicer_functions=[SPECDEC_SERVICER, HEALTH_SERVICER],
+                                         request_timeout_s=cfg.request_timeout_s),
+            )
+        except Exception as e:  # noqa: BLE001 - e.g. ActorDiedError: the proxy missed Ray's fixed 60 s on a loaded machine
+            _log(f"Serve's HTTP and gRPC proxies did not start ({type(e).__name__}; Ray gives them 60 s, "
+                 "HTTP_PROXY_TIMEOUT): is the machine overloaded? Retry once it is quieter")
+            return 1
         t0 = time.perf_counter()
         _log("deploying Router, Draft, Target (loading the models) ...")
         try:

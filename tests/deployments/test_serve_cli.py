@@ -556,3 +556,34 @@ def test_a_failed_deploy_says_which_replica_failed_and_why(monkeypatch, capsys):
             "[specdec serve] Target: UNHEALTHY\n"
             "[specdec serve] shutting down\n") in err
     assert "Traceback" not in err
+
+
+def test_proxies_that_do_not_start_are_one_line_not_a_traceback(monkeypatch, capsys):
+    """On a loaded machine (load 9 on 2 cores) Serve's proxy actor was not ready within Ray's fixed
+    60 s (``HTTP_PROXY_TIMEOUT``), Serve killed it and ``serve.start`` raised ``ActorDiedError``:
+    ``specdec serve`` ended in Ray's traceback. Now it is one line naming the cause, exit 1, and
+    Serve and Ray are shut down."""
+    import ray
+    from ray import serve
+    from ray.exceptions import ActorDiedError
+
+    calls = []
+
+    def dying(*a, **k):
+        calls.append("serve.start")
+        raise ActorDiedError()
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: calls.append("ray.init"))
+    monkeypatch.setattr(ray, "shutdown", lambda *a, **k: calls.append("ray.shutdown"))
+    monkeypatch.setattr(serve, "start", dying)
+    monkeypatch.setattr(cli, "shutdown_serve", lambda *a, **k: calls.append("serve.shutdown"))
+    monkeypatch.setattr(cli, "ensure_ports_free", lambda cfg: None)
+    monkeypatch.setattr(cli, "check_model_specs", lambda cfg: None)
+    monkeypatch.setattr(cli, "_stop_on_sigterm", lambda: None)
+    assert cli.run_serve(_args("--target", "/models/t", "--draft", "none")) == 1
+    assert calls == ["ray.init", "serve.start", "serve.shutdown", "ray.shutdown"]
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert ("[specdec serve] Serve's HTTP and gRPC proxies did not start (ActorDiedError; Ray gives them 60 s, "
+            "HTTP_PROXY_TIMEOUT): is the machine overloaded? Retry once it is quieter\n"
+            "[specdec serve] shutting down\n") in err, err
