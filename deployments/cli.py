@@ -22,6 +22,12 @@ DEMO_MESSAGE = "Write a Python function that checks whether a number is prime."
 #: ``--shutdown-grace``: seconds the requests in flight have to finish after Ctrl-C / SIGTERM
 #: (short: a user's Ctrl-C wants a prompt stop; ``docker stop`` waits 10 s before SIGKILL).
 DEFAULT_SHUTDOWN_GRACE_S = 2.0
+#: Largest gRPC message (bytes) Serve's gRPC proxy reads, set as ``RAY_SERVE_GRPC_MAX_MESSAGE_SIZE``
+#: (Serve's default: 2 GiB) unless the environment sets it: a larger request is answered
+#: RESOURCE_EXHAUSTED by grpcio before it is read, parsed or relayed (a request is authenticated only
+#: at the router). 64 MiB holds any prompt that fits a 32k context (at most ~8 MiB of text) with a
+#: ``logit_bias`` entry per vocabulary id, as the HTTP API's body limit does (~16 MiB and up).
+GRPC_MAX_MESSAGE_BYTES = 64 * 2**20
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -254,8 +260,11 @@ def run_serve(args) -> int:
             ensure_demo_folder(role, dtype=storage_dtype(fmts[role]))
         _log(f"demo pair ready in the model cache ({time.perf_counter() - t0:.1f} s)")
     metrics = {"_metrics_export_port": args.metrics_port} if getattr(args, "metrics_port", None) else {}
+    # read by Serve's proxy at import: in this environment (Ray's processes inherit it) and the job's
+    grpc_cap = os.environ.setdefault("RAY_SERVE_GRPC_MAX_MESSAGE_SIZE", str(GRPC_MAX_MESSAGE_BYTES))
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}, **metrics)
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": grpc_cap}},
+             **metrics)
     _stop_on_sigterm()
     serving = False
     try:

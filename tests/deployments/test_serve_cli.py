@@ -587,3 +587,39 @@ def test_proxies_that_do_not_start_are_one_line_not_a_traceback(monkeypatch, cap
     assert ("[specdec serve] Serve's HTTP and gRPC proxies did not start (ActorDiedError; Ray gives them 60 s, "
             "HTTP_PROXY_TIMEOUT): is the machine overloaded? Retry once it is quieter\n"
             "[specdec serve] shutting down\n") in err, err
+
+
+@pytest.mark.parametrize("env, cap", [(None, "67108864"), ("1000000", "1000000")], ids=["default", "user-set"])
+def test_serve_caps_the_grpc_message_size_of_serves_proxy(monkeypatch, env, cap):
+    """Serve's gRPC proxy took messages up to 2 GiB (its default): an unauthenticated 256 MB
+    request was read, parsed and relayed to the router before UNAUTHENTICATED (7.8 s, the proxy at
+    1.08 GB RSS), where HTTP refuses a body over ~16 MiB unread. ``specdec serve`` starts Ray with
+    ``RAY_SERVE_GRPC_MAX_MESSAGE_SIZE`` 64 MiB (a value the user set wins), in its own environment
+    (inherited by Ray's processes) and in the job's runtime_env, so grpcio answers a larger message
+    RESOURCE_EXHAUSTED before reading it."""
+    import os
+
+    import ray
+    from ray import serve
+
+    inits = []
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+
+    if env is None:
+        monkeypatch.delenv("RAY_SERVE_GRPC_MAX_MESSAGE_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("RAY_SERVE_GRPC_MAX_MESSAGE_SIZE", env)
+    monkeypatch.setattr(ray, "init", lambda *a, **k: inits.append((os.environ.get("RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"), k)))
+    monkeypatch.setattr(ray, "shutdown", lambda *a, **k: None)
+    monkeypatch.setattr(serve, "start", stop)
+    monkeypatch.setattr(cli, "shutdown_serve", lambda *a, **k: None)
+    monkeypatch.setattr(cli, "ensure_ports_free", lambda cfg: None)
+    monkeypatch.setattr(cli, "check_model_specs", lambda cfg: None)
+    monkeypatch.setattr(cli, "_stop_on_sigterm", lambda: None)
+    assert cli.run_serve(_args("--target", "/models/t", "--draft", "none")) == 130
+    [(seen_env, kwargs)] = inits
+    assert seen_env == cap
+    assert kwargs["runtime_env"]["env_vars"] == {"TOKENIZERS_PARALLELISM": "false", "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": cap}
+    assert cli.GRPC_MAX_MESSAGE_BYTES == 64 * 2**20
