@@ -3,7 +3,8 @@
 :func:`check_specdec` checks the deployment against its AppConfig
 (``k8s/render_serve_config.py``): serveConfigV2 equal to the Serve config of the profile and,
 apart from :data:`K8S_OVERRIDES`, to the committed ``deployments/*.yaml`` (and valid for Ray
-Serve's own schema); worker-group capacity and pool pinning (:mod:`capacity_checks`); head ``num-cpus: "0"``; container port names; readiness on Serve's ``/-/healthz``; the
+Serve's own schema); worker-group capacity and pool pinning (:mod:`capacity_checks`); head ``num-cpus: "0"``; container port names; every Ray container's
+``RAY_SERVE_GRPC_MAX_MESSAGE_SIZE`` (``deployments.cli.GRPC_MAX_MESSAGE_BYTES``); readiness on Serve's ``/-/healthz``; the
 tenants Secret mounted where the router reads it and holding only hashes; the model cache;
 Services, monitors and budgets whose selectors match the pods; one tagged image.
 
@@ -37,6 +38,8 @@ from render_serve_config import (  # noqa: E402
 )
 from capacity_checks import GPU, check_capacity, limit_of, parse_quantity, ray_container  # noqa: E402
 from schema_check import pod_templates  # noqa: E402
+
+from deployments.cli import GRPC_MAX_MESSAGE_BYTES  # noqa: E402  (what `specdec serve` sets)
 
 #: Container ports every Ray node declares (name -> port); the head also has gcs-server and dashboard.
 WORKER_PORTS = {"serve": 8000, "serve-grpc": 9000, "metrics": 8080}
@@ -145,6 +148,7 @@ def check_specdec(overlay: str, docs: list[dict]) -> list[str]:
     if limit_of(head_c, GPU):
         errors.append("the head must not request GPUs")
     errors += _check_ports("head", head_c, HEAD_PORTS)
+    errors += _check_grpc_cap("head", head_c)
 
     groups = rc.get("workerGroupSpecs") or []
     if not groups:
@@ -159,6 +163,7 @@ def check_specdec(overlay: str, docs: list[dict]) -> list[str]:
         pod = tmpl.get("spec") or {}
         c = ray_container(tmpl)
         errors += _check_ports(f"workerGroup {name}", c, WORKER_PORTS)
+        errors += _check_grpc_cap(f"workerGroup {name}", c)
         probe = (c.get("readinessProbe") or {}).get("httpGet") or {}
         if probe.get("path") != "/-/healthz" or probe.get("port") not in (8000, "serve"):
             errors.append(f"workerGroup {name}: readinessProbe must be httpGet /-/healthz on port 8000 (Serve's health)")
@@ -209,6 +214,17 @@ def _check_ports(where: str, container: dict, want: dict[str, int]) -> list[str]
     have = {p.get("name"): p.get("containerPort") for p in container.get("ports") or []}
     return [f"{where}: container port {name!r} must be {port} (has {have.get(name)})"
             for name, port in want.items() if have.get(name) != port]
+
+
+def _check_grpc_cap(where: str, container: dict) -> list[str]:
+    """The Ray container's env caps its node's Serve gRPC proxy at GRPC_MAX_MESSAGE_BYTES (bytes, as a
+    decimal string): proxies run on every node, and Serve's default (2 GiB) is read and parsed before
+    a request is authenticated."""
+    env = {e.get("name"): e.get("value") for e in container.get("env") or []}
+    if env.get("RAY_SERVE_GRPC_MAX_MESSAGE_SIZE") != str(GRPC_MAX_MESSAGE_BYTES):
+        return [f"{where}: env RAY_SERVE_GRPC_MAX_MESSAGE_SIZE must be \"{GRPC_MAX_MESSAGE_BYTES}\" "
+                f"(deployments/cli.py GRPC_MAX_MESSAGE_BYTES; has {env.get('RAY_SERVE_GRPC_MAX_MESSAGE_SIZE')!r})"]
+    return []
 
 
 def _volume_sources(pod: dict) -> dict[str, dict]:

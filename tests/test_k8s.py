@@ -189,6 +189,23 @@ def test_head_runs_no_replicas_and_ports_are_named(rendered, overlay):
                                             "ray.io/serve": "true"}
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_ray_container_caps_grpc_messages_as_specdec_serve_does(rendered, overlay):
+    """Serve's gRPC proxy runs on every node (proxy_location EveryNode) and reads up to Serve's
+    default 2 GiB per message, before the router authenticates it. `specdec serve` caps it at
+    GRPC_MAX_MESSAGE_BYTES; under KubeRay (`ray start`) only the pod env can: head and every worker."""
+    from deployments.cli import GRPC_MAX_MESSAGE_BYTES
+
+    assert GRPC_MAX_MESSAGE_BYTES == 64 * 2**20
+    rc = _rayservice(rendered[overlay])["spec"]["rayClusterConfig"]
+    containers = {"head": _container(rc["headGroupSpec"])} | {g["groupName"]: _container(g) for g in rc["workerGroupSpecs"]}
+    assert set(containers) == {"head", *{"cpu-dev": ["cpu"], "gpu": ["draft", "target"]}[overlay]}
+    for where, c in containers.items():
+        env = [e for e in c["env"] if e["name"] == "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"]
+        assert env == [{"name": "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE", "value": str(GRPC_MAX_MESSAGE_BYTES)}], where
+    assert val.validate_overlay(overlay, rendered[overlay]) == []
+
+
 # --- secrets -------------------------------------------------------------------------------------
 
 
@@ -310,6 +327,14 @@ BROKEN = [
     ("plaintext-key-in-secret", "gpu", _plaintext_secret, "plaintext API key"),
     ("tenants-not-mounted", "gpu",
      lambda d: _container(_wg(d, "draft"))["volumeMounts"].pop(0), "tenants Secret must be mounted"),
+    ("head-grpc-cap-missing", "gpu",
+     lambda d: _container(_rs(d)["spec"]["rayClusterConfig"]["headGroupSpec"]).pop("env"),
+     'head: env RAY_SERVE_GRPC_MAX_MESSAGE_SIZE must be "67108864" (deployments/cli.py GRPC_MAX_MESSAGE_BYTES; has None)'),
+    ("worker-grpc-cap-default", "cpu-dev",
+     lambda d: next(e for e in _container(_wg(d, "cpu"))["env"] if e["name"] == "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE")
+     .__setitem__("value", str(2 * 2**30)),
+     "workerGroup cpu: env RAY_SERVE_GRPC_MAX_MESSAGE_SIZE must be \"67108864\" (deployments/cli.py "
+     "GRPC_MAX_MESSAGE_BYTES; has '2147483648')"),
     ("no-model-cache-env", "cpu-dev",
      lambda d: _container(_wg(d, "cpu")).pop("env"), "SPECDEC_CACHE"),
     ("metrics-service-misses-pods", "gpu",
