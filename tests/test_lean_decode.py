@@ -131,10 +131,61 @@ def test_draft_proposals_and_q_are_unchanged(folder, models, fmt, temperature):
 def test_engine_output_with_lean_draft_is_the_target_alone(folder, models):
     target = load_model(HFModelSpec(path=folder), weight_format="w8a8")  # its own copy: not wrapped
     draft = models["w8a8"]
-    eng = SpeculativeEngine(target, draft)
+    eng = SpeculativeEngine(target, draft, lean_target=False)
     assert getattr(draft.model, "_specdec_lean_decode", False) and "forward" not in vars(target.model)
     req = dict(prompt_token_ids=PROMPT, max_tokens=40, ignore_eos=True)
     alone = eng.generate(GenerationRequest(**req, speculation={"proposer": "none", "k": 0})).token_ids
     for k in (1, 4, 8):
         assert eng.generate(GenerationRequest(**req, speculation={"k": k})).token_ids == alone
     lean_decode.uninstall(draft.model)
+
+
+def _hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """transformers' ``generate`` (greedy, ``n`` new tokens, EOS ignored): the bench's target alone."""
+    with torch.inference_mode():
+        ids = torch.tensor([prompt])
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("fmt", ["w8a8", "int4", "bfloat16"])
+def test_lean_target_plain_decode_is_transformers_generate(folder, fmt, monkeypatch):
+    """The engine's lean target (the default): K = 0 steps run decode_one (one per step after the
+    prefill), transformers' generate on the same wrapped model never does, and both give the
+    unwrapped model's tokens; speculation at K = 1/4/8 (verify blocks through transformers'
+    forward, K = 0 steps lean) gives them too."""
+    target = load_model(HFModelSpec(path=folder), weight_format=fmt)  # its own copy
+    draft = load_model(HFModelSpec(path=folder), weight_format="w8a8")
+    n = 40
+    ref = _hf_greedy(target.model, PROMPT, n)  # not wrapped yet
+    eng = SpeculativeEngine(target, draft)
+    assert eng.verifier.lean and getattr(target.model, "_specdec_lean_decode", False)
+    calls = []
+    real = lean_decode.decode_one
+    monkeypatch.setattr(lean_decode, "decode_one", lambda m, *a: calls.append(m) or real(m, *a))
+    assert _hf_greedy(target.model, PROMPT, n) == ref
+    assert calls == []  # generate passes an attention mask: transformers' forward every step
+    req = dict(prompt_token_ids=PROMPT, max_tokens=n, ignore_eos=True)
+    plain = eng.generate(GenerationRequest(**req, speculation={"proposer": "none", "k": 0}))
+    assert plain.token_ids == ref
+    assert [m is target.model for m in calls] == [True] * (n - 1)  # every step after the prefill's
+    for k in (1, 4, 8):
+        assert eng.generate(GenerationRequest(**req, speculation={"k": k})).token_ids == ref
+    lean_decode.uninstall(target.model)
+    lean_decode.uninstall(draft.model)
+
+
+def test_lean_target_off_leaves_the_target_unwrapped(folder):
+    target = load_model(HFModelSpec(path=folder), weight_format="w8a8")
+    eng = SpeculativeEngine(target, None, lean_target=False)
+    assert not eng.verifier.lean and "forward" not in vars(target.model)
+
+
+def test_float32_target_keeps_transformers_forward(folder):
+    target = load_model(HFModelSpec(path=folder), weight_format="float32")  # not shape-invariant
+    eng = SpeculativeEngine(target, None)
+    assert not eng.verifier.lean and "forward" not in vars(target.model)
+    req = GenerationRequest(prompt_token_ids=PROMPT, max_tokens=12, ignore_eos=True,
+                            speculation={"proposer": "none", "k": 0})
+    assert eng.generate(req).token_ids == _hf_greedy(target.model, PROMPT, 12)

@@ -29,18 +29,22 @@ class SpeculativeEngine:
             Check the pair with :func:`specdec.models.vocab.check_pair_compatible` first
             (:func:`specdec.models.loader.load_pair` does).
         top_m: support size M of the draft's proposal distribution under sampling.
+        lean_target: run the target's plain one-position decode steps (K = 0) through the lean
+            forward (:class:`specdec.engine.verifier.TargetVerifier`'s ``lean``; bitwise the same
+            logits, fewer Python calls per step); False: transformers' forward for every call.
 
     Raises:
         ValueError: the target was loaded with a vocabulary subset (only a draft may be).
     """
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, *, top_m: int = DEFAULT_TOP_M):
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, *, top_m: int = DEFAULT_TOP_M,
+                 lean_target: bool = True):
         if target.vocab_subset is not None:
             raise ValueError(f"target {target.name!r} was loaded with a vocabulary subset; the target must "
                              "score the full vocabulary (only a draft may score a subset)")
         self.target = target
         self.draft = draft
-        self.verifier = TargetVerifier(target)
+        self.verifier = TargetVerifier(target, lean=lean_target)
         eos = target.eos_token_ids
         self.draft_proposer = DraftModelProposer(draft, top_m=top_m, eos_ids=eos) if draft is not None else None
 

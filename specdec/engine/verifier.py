@@ -309,10 +309,31 @@ class TargetSession:
 
 
 class TargetVerifier:
-    """Owns the target model; opens one :class:`TargetSession` per sequence."""
+    """Owns the target model; opens one :class:`TargetSession` per sequence.
 
-    def __init__(self, target: LoadedModel):
+    Args:
+        target: the target model (full vocabulary).
+        lean: route the target's plain one-position decode forwards (a K = 0 step of one
+            session: ``input_ids [1, 1]``, no mask or position ids) through
+            :func:`specdec.models.lean_decode.install`: the op sequence of transformers' Qwen2
+            forward without its wrappers and module dispatch, bitwise the same logits and cached
+            keys and values (tests/test_lean_decode.py), so every output stays the target alone's.
+            Prefills, verify blocks (K > 0) and packed batches keep transformers' forward; a model
+            lean decode does not know (not Qwen2, or not shape-invariant, e.g. float32) is left
+            as it is. False (the default here; the in-process
+            :class:`specdec.engine.engine.SpeculativeEngine` turns it on): the model is not
+            touched. The wrapper only takes calls without an attention mask, so transformers'
+            own ``generate`` on the same model (which passes one) keeps transformers' forward.
+    """
+
+    def __init__(self, target: LoadedModel, lean: bool = False):
         self.target = target
+        #: whether the target's plain one-position decode calls run the lean forward
+        self.lean = False
+        if lean:
+            from specdec.models.lean_decode import install
+
+            self.lean = install(target.model)
         #: positions fed by the last :meth:`verify_batch` forward (for cost models and tests)
         self.last_positions = 0
         #: sessions fed by the last :meth:`verify_batch` forward (prefill chunks included)
