@@ -189,3 +189,41 @@ def test_float32_target_keeps_transformers_forward(folder):
     req = GenerationRequest(prompt_token_ids=PROMPT, max_tokens=12, ignore_eos=True,
                             speculation={"proposer": "none", "k": 0})
     assert eng.generate(req).token_ids == _hf_greedy(target.model, PROMPT, 12)
+
+
+def test_k0_first_then_k_later_prefills_the_draft_only_when_it_drafts(folder):
+    """A request held at K = 0 for its first steps (the adaptive arm on a creative prompt) runs no
+    draft forward at all (the draft's prompt prefill is lazy: its cache is empty until its first
+    drafting step); when K > 0 comes, the draft's first forward catches up on the prompt and
+    every token decoded so far in one call, and the output is still transformers' generate."""
+    target = load_model(HFModelSpec(path=folder), weight_format="w8a8")
+    draft = load_model(HFModelSpec(path=folder), weight_format="w8a8")
+    n, held = 30, 6
+    ref = _hf_greedy(target.model, PROMPT, n)
+    eng = SpeculativeEngine(target, draft)
+    fed: list[tuple[int, int]] = []  # (step, positions) of every draft forward
+    forward = draft.model.forward
+    steps = []
+
+    def counting(*args, **kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        fed.append((len(steps), int(ids.shape[1])))
+        return forward(*args, **kwargs)
+
+    draft.model.forward = counting
+
+    def k_schedule():
+        steps.append(1)
+        return 0 if len(steps) <= held else 3
+
+    req = GenerationRequest(prompt_token_ids=PROMPT, max_tokens=n, ignore_eos=True, speculation={"k": 3})
+    try:
+        res = eng.start(req, k=k_schedule).run()
+    finally:
+        lean_decode.uninstall(target.model)
+        lean_decode.uninstall(draft.model)
+    assert res.token_ids == ref
+    assert res.stats.k_counts[0] == held and sum(res.stats.k_counts.values()) > held
+    assert all(step > held for step, _ in fed)  # nothing before the first K > 0 step
+    first_step, first_positions = fed[0]
+    assert first_step == held + 1 and first_positions == len(PROMPT) + held  # prompt + the K = 0 tokens, one call
