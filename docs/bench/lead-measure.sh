@@ -1,6 +1,6 @@
 #!/bin/bash
 # usage: TAG=s12-lead NETNS=ns-X RAY_TMPDIR=/tmp/ray-X flock -w 900 /tmp/specdec-heavy.lock docs/bench/lead-measure.sh STAGE...
-# stages: served onecl batchgoal bench32 bench128 (run from any directory; works in the repository holding it);
+# stages: served onecl batchgoal (BG_ROUNDS rounds, default 3) bench32 bench128 (run from any directory; works in the repository holding it);
 # benchavx2: session 12's in-process bench on an AVX2-only CPU (float32 baseline, int4 defaults, 64 tokens).
 # TAG names the outputs (default s12-lead; its first part, s12, names the session's folders): served-w8a8/run-TAG.txt,
 # batching/inprocess-TAG/, formats/bench-SESSION/lead and lead-128/.
@@ -26,7 +26,7 @@ for st in "$@"; do
   { hdr start; $NSX timeout 400 .venv/bin/python docs/bench/served-w8a8/one_client_modes.py 3 128 2>&1 | grep -E '^==|^\{|^warmup|Error'; hdr end; } > $out 2>&1; cat $out ;;
  batchgoal)
   mkdir -p docs/bench/batching/inprocess-$TAG
-  { hdr start; timeout 1500 .venv/bin/python -m benchmarks.batching_goal --max-tokens 32,128 --rounds 3 --out docs/bench/batching/inprocess-$TAG; hdr end; } 2>&1 | tee docs/bench/batching/inprocess-$TAG/log.txt | tail -40 ;;
+  { hdr start; timeout 1500 .venv/bin/python -m benchmarks.batching_goal --max-tokens 32,128 --rounds ${BG_ROUNDS:-3} --out docs/bench/batching/inprocess-$TAG; hdr end; } 2>&1 | tee docs/bench/batching/inprocess-$TAG/log.txt | tail -40 ;;
  bench32)
   mkdir -p docs/bench/formats/bench-$SESSION/lead
   { hdr start; timeout 1200 .venv/bin/specdec bench --formats float32:alone,w8a8 --alone-prompts code-prime --alone-rounds 3 \
