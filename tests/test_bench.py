@@ -272,7 +272,7 @@ def test_batching_bench_with_prefix_caching_keeps_outputs_and_holds_only_the_sha
         engine.generate(GenerationRequest(messages=[{"role": "user", "content": "a measured prompt"}], max_tokens=2))
         prefix_warm(engine)
         warm = engine.encode(GenerationRequest(messages=[{"role": "user", "content": WARM_PROMPT}], max_tokens=2))
-        held = [tokens for tokens, _ in store._closed.values()]
+        held = [tokens for _scope, tokens, _cache in store._closed.values()]
         assert len(held) == 1 and held[0][:len(warm)] == warm
     finally:
         disable_prefix_cache(engine.target.model)
