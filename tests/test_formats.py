@@ -293,6 +293,53 @@ def test_w8a8_narrow_layers_run_int_mm(monkeypatch, onednn_int8_prepack):
     assert wide.prepacked and wide.weight.shape == (1024, 64)
 
 
+@pytest.fixture
+def fbgemm_cpu(monkeypatch):
+    """W8A8Linear runs as on a CPU whose oneDNN int8 sums are not exact (AVX2 only): fbgemm."""
+    import specdec.models.quant_linear as ql
+
+    if not ql.fbgemm_available():
+        pytest.skip("this torch has no fbgemm quantized engine (not an x86 build)")
+    monkeypatch.setattr(ql, "this_cpu_onednn_int8_exact", lambda: False)
+
+
+@pytest.mark.parametrize("shape", [(2048, 1536), (96, 8960), (16, 64)])
+def test_w8a8_fbgemm_kernel_gives_int_mm_bitwise(shape, fbgemm_cpu):
+    """On a CPU without VNNI or AMX-INT8 every w8a8 layer (narrow ones too) runs fbgemm on its
+    prepacked weight, fed each row's codes as two 7-bit halves; the result is bitwise aten._int_mm's
+    (the layer's definition) also for the extreme codes (every code +-127, whose halves reach 64)
+    against weights of -128 and 127, and a row is bitwise the same alone or among 1..17 rows."""
+    out, inp = shape
+    g = torch.Generator().manual_seed(out)
+    w = torch.randint(-128, 128, (out, inp), generator=g, dtype=torch.int8)
+    w[0], w[1] = -128, 127
+    q = W8A8Linear(w, torch.rand(out, generator=g) / 100 + 1e-4, torch.randn(out, generator=g))
+    x = torch.randn(17, inp, generator=g).to(torch.bfloat16)
+    x[0, ::2], x[0, 1::2] = 3.0, -3.0  # codes 127 and -127
+    x[1] = -2.0  # every code -127
+    x[2] = 0  # zeros: the bias
+    x[3] *= 1000  # an outlier row
+    codes, s = W8A8Linear.quantize_rows(x)
+    assert codes.abs().max() == 127
+    expected = (torch._int_mm(codes, w.t()).float() * q.scale * s).to(torch.bfloat16) + q.bias
+    with torch.inference_mode():
+        got = q.forward_rows(x)
+        alone = torch.cat([q.forward_rows(x[i:i + 1]) for i in range(17)])
+        assert q._kind == "fbgemm" and q.prepacked and q.qweight.numel() == 0  # one copy: fbgemm's
+        for m in (1, 2, 5, 16):
+            assert torch.equal(q.forward_rows(x[:m]), alone[:m]), m
+    assert torch.equal(got, expected)
+    assert torch.equal(alone, expected)
+    assert torch.equal(got[2], torch.zeros(out, dtype=torch.bfloat16) + q.bias)
+
+
+def test_w8a8_fbgemm_prepack_leaves_the_global_engine_alone(fbgemm_cpu):
+    engine = torch.backends.quantized.engine
+    q = W8A8Linear(torch.ones(32, 16, dtype=torch.int8), torch.ones(32), None)
+    assert q.prepack() and q._kind == "fbgemm"
+    assert torch.backends.quantized.engine == engine
+
+
 def test_w8a8_is_int8_weights_times_per_token_int8_activations():
     """The layer computes ``(round(x / s_x) @ qweight.T) * s_x * scale + bias`` with
     ``s_x = max|x| / 127`` per row, on torchao's per-row int8 weights; close to the bfloat16 layer."""
@@ -337,7 +384,7 @@ def test_w8a8_prepacked_layer_keeps_one_copy_of_its_weights(onednn_int8_prepack)
         y = model(torch.randn(3, 64, dtype=torch.bfloat16))
     assert q.prepacked and q.qweight.numel() == 0 and y.shape == (3, 96)
     assert weight_bytes(model) == before - 96 * 64 + 96 * 64
-    with pytest.raises(RuntimeError, match="only in oneDNN's prepacked form"):
+    with pytest.raises(RuntimeError, match="only in its kernel's prepacked form"):
         quantized_state(model)
 
 
@@ -369,6 +416,7 @@ def test_w8a8_qlinear_runs_onednn_native_int8_kernel_not_its_reference():
     one row of 1536 -> 2048 on the AMD EPYC here, against 0.17 ms on ``brg_matmul``); the integer
     sums and so the output are bitwise those of the int8 codes (aten._int_mm)."""
     from specdec.models.cpu_features import this_cpu_onednn_int8_exact
+    from specdec.models.quant_linear import cpu_int8_kernel
 
     _, q = _w8a8_layer(512, 256, seed=11)
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
@@ -385,8 +433,8 @@ def test_w8a8_qlinear_runs_onednn_native_int8_kernel_not_its_reference():
     if this_cpu_onednn_int8_exact():  # VNNI or AMX-INT8: oneDNN's native kernel, one matmul per call
         assert q.prepacked and len(impls) == 2, impls
         assert not [i for i in impls if i.startswith("ref")], impls
-    else:  # e.g. AVX2 only: oneDNN would saturate int16 pairs, so the layer runs aten._int_mm
-        assert not q.prepacked and q.qweight.numel() == 512 * 256, impls
+    else:  # e.g. AVX2 only: oneDNN would saturate int16 pairs, so the layer runs fbgemm (or int_mm)
+        assert impls == [] and q._kind == cpu_int8_kernel() and q.prepacked == (q._kind == "fbgemm")
 
 
 def test_onednn_int8_exact_needs_a_vnni_or_amx_int8_flag():
@@ -402,13 +450,16 @@ def test_onednn_int8_exact_needs_a_vnni_or_amx_int8_flag():
     assert not onednn_int8_exact(frozenset())
 
 
-def test_w8a8_without_exact_int8_dot_products_runs_int_mm_and_keeps_its_bits(monkeypatch):
-    """On a CPU whose oneDNN int8 kernel saturates (no VNNI, no AMX-INT8) the layer never prepacks:
-    it keeps its int8 rows and gives aten._int_mm's exact sums, row by row as in a batch.
-    Measured on the AVX2-only EPYC of 2 Dec 2026, oneDNN's kernel was up to 15 % off these sums."""
+def test_w8a8_without_exact_int8_dot_products_or_fbgemm_runs_int_mm_and_keeps_its_bits(monkeypatch):
+    """On a CPU whose oneDNN int8 kernel saturates (no VNNI, no AMX-INT8) and a torch without the
+    fbgemm engine the layer never prepacks: it keeps its int8 rows and gives aten._int_mm's exact
+    sums, row by row as in a batch. Measured on the AVX2-only EPYC of 2 Dec 2026, oneDNN's kernel
+    was up to 15 % off these sums."""
     import specdec.models.quant_linear as ql
 
     monkeypatch.setattr(ql, "this_cpu_onednn_int8_exact", lambda: False)
+    monkeypatch.setattr(ql, "fbgemm_available", lambda: False)
+    assert ql.cpu_int8_kernel() == "int_mm"
     _, q = _w8a8_layer(512, 256, seed=12)
     x = torch.randn(4, 256, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     codes, s = W8A8Linear.quantize_rows(x)

@@ -233,8 +233,9 @@ def test_w8a8_greedy_speculation_with_fused_pair_equals_target_alone(w8a8_models
         assert spec.token_ids == alone.token_ids and len(alone.token_ids) == 24
 
 
-def test_w8a8_not_fusable_reasons(w8a8_models, onednn_int8_prepack):
-    _, plain = w8a8_models["target"]
+def test_w8a8_not_fusable_reasons(folders, onednn_int8_prepack):
+    # loaded as on a VNNI CPU (the fixture), where the tiny layers are too narrow to prepack at load
+    plain = load_model(HFModelSpec(path=folders[0]), weight_format="w8a8", fuse=False)
     attn, mlp = _layer(plain).self_attn, _layer(plain).mlp
     assert fusable([attn.q_proj, mlp.gate_proj]) == "some have a bias and some do not"
     assert fusable([attn.o_proj, mlp.down_proj]) == "input width, dtype or device differ"
@@ -253,12 +254,15 @@ def test_w8a8_fusion_check_does_not_prepack_the_layers_it_discards(folders, monk
     (aten._int_mm) instead of prepacking oneDNN copies of them that are thrown away with them;
     the fused layer, which stays, is prepacked by the check; its columns equal the separate
     layers' oneDNN results bitwise. On a CPU whose oneDNN int8 sums are not exact (AVX2 only) no
-    layer prepacks: all run aten._int_mm (specdec.models.cpu_features)."""
-    from specdec.models.cpu_features import this_cpu_onednn_int8_exact
+    layer prepacks for oneDNN: the fused layer prepacks for fbgemm (specdec.models.cpu_features,
+    quant_linear.cpu_int8_kernel), the separate ones still compute the check on their int8 rows."""
     from specdec.models.formats import W8A8Linear
+    from specdec.models.quant_linear import cpu_int8_kernel
 
+    monkeypatch.setattr(W8A8Linear, "KERNEL", "int_mm")  # the load prepacks nothing (fbgemm would prepack all)
     plain = load_model(HFModelSpec(path=folders[0]), weight_format="w8a8", fuse=False, invariant=False)
-    monkeypatch.setattr(W8A8Linear, "QLINEAR_MIN_OUT", 0)  # from now on every tiny layer runs oneDNN's qlinear
+    monkeypatch.setattr(W8A8Linear, "KERNEL", "qlinear")
+    monkeypatch.setattr(W8A8Linear, "QLINEAR_MIN_OUT", 0)  # from now on every tiny layer runs its CPU's kernel
     attn = _layer(plain).self_attn
     parts = [attn.q_proj, attn.k_proj, attn.v_proj]
     assert not any(p.prepacked for p in parts)
@@ -266,10 +270,10 @@ def test_w8a8_fusion_check_does_not_prepack_the_layers_it_discards(folders, monk
     assert [(p.prepacked, p.qweight.numel(), "KERNEL" in vars(p)) for p in parts] == \
         [(False, 128 * 128, False), (False, 64 * 128, False), (False, 64 * 128, False)]
     fused = attn.q_proj.fused.linear
-    exact = this_cpu_onednn_int8_exact()
+    exact = cpu_int8_kernel() != "int_mm"  # prepacked for oneDNN or fbgemm
     assert fused.prepacked == exact and (fused.qweight.numel() == 0) == exact
     x = torch.randn(7, 128, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     with torch.inference_mode():
-        separate = torch.cat([p(x) for p in parts], dim=-1)  # now prepacked (oneDNN) where exact
+        separate = torch.cat([p(x) for p in parts], dim=-1)  # now prepacked (oneDNN or fbgemm)
         assert all(p.prepacked == exact for p in parts)
         assert torch.equal(fused(x), separate)

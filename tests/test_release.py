@@ -30,9 +30,10 @@ def _maps_of(path):
 
 def test_warm_w8a8_load_prepacks_and_unmaps_the_cache_file(marked, monkeypatch):
     """Where oneDNN's int8 sums are exact (VNNI, AMX-INT8) the wide layers are prepacked at load and
-    the cache file is unmapped; on a CPU without (AVX2 only) every layer runs aten._int_mm on its
-    int8 rows (specdec.models.cpu_features). Either way the logits are a fresh quantization's."""
-    from specdec.models.cpu_features import this_cpu_onednn_int8_exact
+    the cache file is unmapped; on a CPU without (AVX2 only) every layer, narrow ones too, is
+    prepacked for fbgemm (specdec.models.cpu_features, quant_linear.cpu_int8_kernel) and the file
+    unmapped as well. Either way the logits are a fresh quantization's."""
+    from specdec.models.quant_linear import cpu_int8_kernel
 
     monkeypatch.setattr(W8A8Linear, "QLINEAR_MIN_OUT", 200)  # the tiny model's wide layers run oneDNN
     assert load(marked, "w8a8").quant_cache == "built"
@@ -45,12 +46,17 @@ def test_warm_w8a8_load_prepacks_and_unmaps_the_cache_file(marked, monkeypatch):
     narrow = [m for m in layers if m.out_features < 200]  # o_proj, down_proj: aten._int_mm on their int8 rows
     # q/k/v fused, gate/up fused (per layer), lm_head; o_proj, down_proj
     assert len(wide) == 2 * 2 + 1 and len(narrow) == 2 * 2
-    if this_cpu_onednn_int8_exact():
+    kernel = cpu_int8_kernel()
+    if kernel == "fbgemm":
+        assert all(m.prepacked and m.qweight.numel() == 0 and m._kind == "fbgemm" for m in layers)
+        assert _maps_of(cache_folder(marked, "w8a8") / TENSORS) == []
+    elif kernel == "qlinear":
         assert _maps_of(cache_folder(marked, "w8a8") / TENSORS) == []  # nothing left in the file's mapping
         assert all(m.prepacked and m.qweight.numel() == 0 for m in wide)  # prepacked at load, int8 rows gone
     else:
         assert not any(m.prepacked for m in wide)
-    assert all(not m.prepacked and m.qweight.numel() == m.out_features * m.in_features for m in narrow)
+    if kernel != "fbgemm":
+        assert all(not m.prepacked and m.qweight.numel() == m.out_features * m.in_features for m in narrow)
     monkeypatch.setenv("SPECDEC_QUANT_CACHE", "0")
     assert torch.equal(logits(warm), logits(load(marked, "w8a8")))
 

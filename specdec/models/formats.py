@@ -9,7 +9,7 @@ float16     float16                                      float16      ``nn.Linea
 int8        int8, symmetric, one scale per output row    bfloat16     ``aten._weight_int8pack_mm``
 int4        int4, asymmetric, groups of 128 (or 64, 32)  bfloat16     ``aten._weight_int4pack_mm_for_cpu``
 w8a8        int8, symmetric, one scale per output row    int8 per     ``onednn.qlinear_pointwise`` (AMX-INT8
-                                                         token        or VNNI; else ``aten._int_mm``)
+                                                         token        or VNNI); fbgemm (AVX2); ``aten._int_mm``
 =========== ============================================ ============ ==================================
 
 int8 and int4 are weight-only and quantized with torchao (``Int8WeightOnlyConfig``;

@@ -111,7 +111,7 @@ def quantized_state(model: nn.Module) -> dict[str, dict]:
     for name, module in model.named_modules():
         if isinstance(module, (formats.Int8WeightOnlyLinear, formats.W8A8Linear)):
             if isinstance(module, formats.W8A8Linear) and module.prepacked:
-                raise RuntimeError(f"{name}: the w8a8 weight is only in oneDNN's prepacked form (the layer "
+                raise RuntimeError(f"{name}: the w8a8 weight is only in its kernel's prepacked form (the layer "
                                    "has run); store a model before its first forward")
             kind = "w8a8" if isinstance(module, formats.W8A8Linear) else "int8pack"
             out[name] = {"kind": kind, "qweight": module.qweight, "scale": module.scale,

@@ -5,13 +5,15 @@
 - :class:`W8A8Linear` (format ``w8a8``): int8 weights and int8 activations quantized per token at
   run time (LLM.int8()'s vector-wise activation quantization, Dettmers et al. 2022, without its
   outlier split; SmoothQuant's per-token dynamic quantization, Xiao et al. 2023, without its
-  smoothing), oneDNN's int8 linear on a prepacked weight or ``aten._int_mm``; a row's result does
-  not depend on the number of rows in a call (exact integer sums, per-row scales).
+  smoothing), oneDNN's int8 linear on a prepacked weight (VNNI, AMX-INT8), fbgemm's (AVX2 only) or
+  ``aten._int_mm``; a row's result does not depend on the number of rows in a call (exact integer
+  sums, per-row scales).
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
 from torch import nn
@@ -27,6 +29,22 @@ def _warn_once(msg: str) -> None:
     if msg not in _warned:
         _warned.add(msg)
         log.warning(msg)
+
+
+def fbgemm_available() -> bool:
+    """Whether this torch has PyTorch's ``fbgemm`` quantized engine and the int8 linear op
+    :class:`W8A8Linear` runs on it (x86 builds; the engine's ops are deprecated upstream,
+    pytorch/pytorch#184982, so a later torch may lack them: the layer then runs ``aten._int_mm``)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(
+        torch.ops.quantized, "linear_with_input_q_dq_qweight_dq_output_fp32")
+
+
+def cpu_int8_kernel() -> str:
+    """The kernel a wide :class:`W8A8Linear` runs on this CPU: ``"qlinear"`` (oneDNN) where its
+    int8 sums are exact (VNNI, AMX-INT8), else ``"fbgemm"`` where available, else ``"int_mm"``."""
+    if this_cpu_onednn_int8_exact():
+        return "qlinear"
+    return "fbgemm" if fbgemm_available() else "int_mm"
 
 
 def _collapse_packed(packed: torch.Tensor) -> int:
@@ -100,18 +118,24 @@ class W8A8Linear(_RowsLinear):
     without its smoothing, Xiao et al. 2023); the weights are torchao's
     (``Int8DynamicActivationInt8WeightConfig``).
 
-    Kernel (:attr:`KERNEL`): ``"qlinear"``, oneDNN's int8 linear on a weight prepacked once
-    (``torch.ops.onednn.qlinear_prepack`` / ``qlinear_pointwise``, the ops PyTorch's x86 int8
-    inference uses; AMX-INT8 or VNNI where present; on a CPU with neither, int_mm, since oneDNN's
-    kernel there saturates pairs of products in int16: :mod:`specdec.models.cpu_features`), with activation scale 1 and the weight's
-    per-row scales, float32 out; or ``"int_mm"``, ``aten._int_mm`` (int32 out) and the scales in
-    torch ops. Both give bitwise the same result (oneDNN's float32 output is exactly
-    ``float32(acc) * scale``; tests/test_formats.py), so the kernel is chosen per layer for speed
-    alone: qlinear (about 1.6x faster at one row on the 2-core Sapphire Rapids VM: 1536->8960,
-    0.37 vs 0.62 ms; the draft's 896-output layers 1.3-1.7x) for layers with at least
-    :attr:`QLINEAR_MIN_OUT` outputs, int_mm for narrower ones (qlinear's one-row call on 256 or
-    128 outputs is pathological, 3-70 ms) and wherever the prepack op is missing or fails (logged
-    once).
+    Kernel (:attr:`KERNEL`, :func:`cpu_int8_kernel`): ``"qlinear"``, oneDNN's int8 linear on a
+    weight prepacked once (``torch.ops.onednn.qlinear_prepack`` / ``qlinear_pointwise``, the ops
+    PyTorch's x86 int8 inference uses; AMX-INT8 or VNNI where present), with activation scale 1
+    and the weight's per-row scales, float32 out; on a CPU with neither (AVX2 only), whose oneDNN
+    kernel saturates pairs of products in int16 (:mod:`specdec.models.cpu_features`), **fbgemm**'s
+    int8 GEMM (PyTorch's ``fbgemm`` quantized engine: ``quantized.linear_prepack`` and
+    ``linear_with_input_q_dq_qweight_dq_output_fp32``) fed each row's codes as two 7-bit halves,
+    which cannot saturate (:meth:`_fbgemm_sums`); or ``"int_mm"``, ``aten._int_mm`` (int32 out)
+    and the scales in torch ops. All give bitwise the same result (oneDNN's float32 output is
+    exactly ``float32(acc) * scale``, fbgemm's halves are exact below 2**24; tests/test_formats.py),
+    so the kernel is chosen for speed alone: qlinear (about 1.6x faster than int_mm at one row on
+    the 2-core Sapphire Rapids VM: 1536->8960, 0.37 vs 0.62 ms; the draft's 896-output layers
+    1.3-1.7x) for layers with at least :attr:`QLINEAR_MIN_OUT` outputs, int_mm for narrower ones
+    (qlinear's one-row call on 256 or 128 outputs is pathological, 3-70 ms) and wherever the
+    prepack op is missing or fails (logged once); fbgemm for every layer where it runs (an AVX2-only
+    AMD EPYC Zen 3, one thread: 1536->8960 0.45 ms at one row against int_mm's 29 and int4's 2.5;
+    the demo target's forward of 1 / 5 / 17 positions 0.16-0.23 / 0.29 / 0.98 s against int4's
+    0.29 / 0.62 / 1.38, docs/bench/formats/avx2-s16/).
 
     Every step works on one row at a time or sums integers exactly, so a row's result does not
     depend on how many rows a call has (:attr:`ROW_EXACT`; checked by
@@ -132,7 +156,8 @@ class W8A8Linear(_RowsLinear):
     ROW_EXACT = True
     #: Smallest activation scale (float32 machine epsilon, as torchao's int8 quantization).
     EPS = float(torch.finfo(torch.float32).eps)
-    #: ``"qlinear"`` (oneDNN, prepacked weight; falls back to int_mm) or ``"int_mm"``.
+    #: ``"qlinear"`` (the CPU's prepacked kernel: oneDNN's, or fbgemm's where oneDNN's int8 sums are
+    #: not exact; falls back to int_mm) or ``"int_mm"``.
     KERNEL = "qlinear"
     #: Layers with fewer output features run ``int_mm`` even when KERNEL is qlinear: oneDNN's
     #: qlinear took 3-70 ms for one row of 128 or 256 outputs (896, 1536 and 4864 inputs; the demo
@@ -170,7 +195,8 @@ class W8A8Linear(_RowsLinear):
         self.register_buffer("qweight", qweight.contiguous())
         self.register_buffer("scale", scale.reshape(-1).to(torch.float32).contiguous())
         self.bias = nn.Parameter(bias.detach(), requires_grad=False) if bias is not None else None
-        self._packed = None  # oneDNN's prepacked weight (built at the first qlinear call); False: unavailable
+        self._packed = None  # oneDNN's or fbgemm's prepacked weight (built at the first call); False: unavailable
+        self._kind = "int_mm"  # the kernel of the prepacked weight: "qlinear" (oneDNN) or "fbgemm"
         self._huge_bytes = 0  # bytes of the prepacked weight moved onto huge pages (HUGEPAGES)
 
     @property
@@ -196,9 +222,13 @@ class W8A8Linear(_RowsLinear):
         if self._packed is None:
             self._packed = False
             if self.qweight.device.type == "cpu" and not this_cpu_onednn_int8_exact():
-                _warn_once("w8a8: this CPU has no VNNI or AMX-INT8 int8 dot products, so oneDNN's int8 matmul "
-                           "would add u8 x s8 products in saturating int16 pairs (not the exact sums); "
-                           "using aten._int_mm")
+                self._packed = self._fbgemm_prepack()
+                if self._packed is False:
+                    _warn_once("w8a8: this CPU has no VNNI or AMX-INT8 int8 dot products, so oneDNN's int8 matmul "
+                               "would add u8 x s8 products in saturating int16 pairs (not the exact sums), and "
+                               "PyTorch's fbgemm engine is not available; using aten._int_mm")
+                elif not self.KEEP_INT8:
+                    self.qweight = self.qweight.new_empty((0, self.in_features))
             elif self.qweight.device.type == "cpu":
                 try:
                     self._zero_points = torch.zeros(self.out_features, dtype=torch.int64)
@@ -207,31 +237,62 @@ class W8A8Linear(_RowsLinear):
                     _warn_once(f"w8a8: oneDNN's qlinear_prepack is not available ({type(e).__name__}: {e}); "
                                "using aten._int_mm")
                 else:
+                    self._kind = "qlinear"
                     if self.HUGEPAGES:
                         self._huge_bytes = _collapse_packed(self._packed)
                     if not self.KEEP_INT8:  # drop the plain copy (e.g. the cache file's mapping)
                         self.qweight = self.qweight.new_empty((0, self.in_features))
         return self._packed
 
+    def _fbgemm_prepack(self):
+        """fbgemm's packed int8 weight (PyTorch's ``quantized.linear_prepack`` on the ``fbgemm``
+        engine) of ``qweight`` with scale 1 and zero point 0, so the kernel's float32 output is the
+        integer sum itself; False where the engine or its ops are missing or fail (logged once)."""
+        if not fbgemm_available():
+            return False
+        engine = torch.backends.quantized.engine
+        try:
+            torch.backends.quantized.engine = "fbgemm"
+            with warnings.catch_warnings():  # the quantized tensor API's deprecation notice, once per layer
+                warnings.simplefilter("ignore", UserWarning)
+                qw = torch._make_per_tensor_quantized_tensor(self.qweight, 1.0, 0)
+            packed = torch.ops.quantized.linear_prepack(qw, None)
+        except (RuntimeError, AttributeError, NotImplementedError) as e:
+            _warn_once(f"w8a8: fbgemm's linear_prepack failed ({type(e).__name__}: {e})")
+            return False
+        finally:
+            torch.backends.quantized.engine = engine
+        self._kind = "fbgemm"
+        return packed
+
     def prepack(self) -> bool:
         """Build oneDNN's prepacked weight now if the layer runs the qlinear kernel (:attr:`KERNEL`
         and :attr:`QLINEAR_MIN_OUT`), as its first forward would, dropping the plain int8 rows
         unless :attr:`KEEP_INT8` (done at load, :mod:`specdec.models.release`, so their memory goes
         before serving). Returns :attr:`prepacked`."""
-        if self.KERNEL == "qlinear" and self.out_features >= self.QLINEAR_MIN_OUT:
+        if self._uses_prepacked():
             self._prepacked()
         return self.prepacked
 
+    def _uses_prepacked(self) -> bool:
+        """Whether this layer runs a prepacked kernel: :attr:`KERNEL` is qlinear, and the layer is
+        at least :attr:`QLINEAR_MIN_OUT` wide or this CPU runs fbgemm (no narrow-layer pathology)."""
+        return self.KERNEL == "qlinear" and (self.out_features >= self.QLINEAR_MIN_OUT
+                                             or not this_cpu_onednn_int8_exact())
+
     @property
     def prepacked(self) -> bool:
-        """Whether the weight lives only in oneDNN's prepacked form (``qweight`` is then empty)."""
+        """Whether the weight lives only in its kernel's prepacked form, oneDNN's or fbgemm's
+        (``qweight`` is then empty)."""
         return self._packed is not None and self._packed is not False and self.qweight.numel() == 0
 
     def forward_rows(self, x: torch.Tensor) -> torch.Tensor:
         """``[M, in]`` -> ``[M, out]`` in ``act_dtype`` (any M >= 1)."""
-        use_qlinear = self.KERNEL == "qlinear" and self.out_features >= self.QLINEAR_MIN_OUT
-        packed = self._prepacked() if use_qlinear or self.prepacked else False
-        if packed is not False:
+        packed = self._prepacked() if self._uses_prepacked() or self.prepacked else False
+        if packed is not False and self._kind == "fbgemm":
+            y, s = self._fbgemm_sums(x, packed)
+            y = y.mul_(self.scale)
+        elif packed is not False:
             zp = self.U8_ZERO_POINT
             q, s = self.quantize_rows(x, zp)
             y = torch.ops.onednn.qlinear_pointwise(q, 1.0, zp, packed, self.scale, self._zero_points, None,
@@ -243,6 +304,34 @@ class W8A8Linear(_RowsLinear):
         if self.bias is None:
             return y
         return y.add_(self.bias) if self.bias.dtype == y.dtype else y + self.bias
+
+    #: Zero point of the 7-bit activation codes fed to fbgemm (values -64..64 as uint8 0..128).
+    FBGEMM_ZERO_POINT = 64
+
+    def _fbgemm_sums(self, x: torch.Tensor, packed) -> tuple[torch.Tensor, torch.Tensor]:
+        """The integer sums ``q_x @ qweight.T`` (``[M, out]`` float32) by fbgemm on a CPU without
+        exact int8 dot products (AVX2): fbgemm multiplies u8 x s8 with ``vpmaddubsw``, which adds
+        pairs of products into a saturating int16, so 8-bit codes (-127..127) would be clipped.
+        Each row's codes are split as ``q = h + (q - h)`` with ``h = floor(q / 2)`` in [-64, 63] and
+        ``h - q`` in [-64, 64], fed as 2M rows of uint8 codes ``v + 64`` in [0, 128] (a pair of
+        products then stays within int16: 2 * 128 * 128 = 32,768 in magnitude, reached only by
+        -128 weights, which int16 holds); the kernel sums each in int32 exactly and returns it as
+        float32 (scale 1, zero point 64 subtracted exactly), and ``sum(h) - sum(h - q)`` is the
+        sum of ``q``. Bitwise ``float32(aten._int_mm(q, W.T))`` whenever each half's sum is below
+        2**24 in magnitude (always for inputs up to 1,024 wide: 1024 * 64 * 128 = 2**23; for wider
+        ones a half's float32 could round where int_mm's int32 does not); every step is exact or
+        per element, so a row's result never depends on the number of rows. Returns the sums and
+        the rows' activation scales (``[M, 1]`` float32, as :meth:`quantize_rows`)."""
+        xf = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+        s = xf.abs().amax(dim=-1, keepdim=True).div_(127.0).clamp_min_(W8A8Linear.EPS)
+        q = xf.div_(s).round_()  # float codes in [-127, 127], as quantize_rows
+        m = q.shape[0]
+        halves = torch.empty((2 * m, q.shape[1]), dtype=torch.float32)
+        torch.floor(q * 0.5, out=halves[:m])
+        torch.sub(halves[:m], q, out=halves[m:])
+        y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+            halves, 1.0, self.FBGEMM_ZERO_POINT, packed)
+        return y[:m].sub_(y[m:]), s
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, int8 per-token activations"

@@ -10,7 +10,7 @@ pages are dead:
 - the bfloat16 linear weights, read once to quantize them (:func:`release_source_file` copies the
   few small unquantized tensors, norms and biases, out of the mapping; the input embedding table
   stays mapped, see below);
-- w8a8: the int8 rows of every layer oneDNN prepacked (the prepacked copy replaces them,
+- w8a8: the int8 rows of every layer oneDNN or fbgemm prepacked (the prepacked copy replaces them,
   :meth:`specdec.models.formats.W8A8Linear.prepack`), and the separate q/k/v and gate/up rows the
   fused layers copied (:mod:`specdec.models.fused`); :func:`release_after_load` prepacks every
   layer now and copies the layers' small remaining tensors (scales, biases, the narrow layers'
