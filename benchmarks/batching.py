@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -46,7 +47,7 @@ def run_group(engine, prompts, *, batched: bool, k: int, proposer: str, max_toke
     from specdec.engine.batch import BatchScheduler
     from specdec.request import GenerationRequest
 
-    prefix_warm(engine)
+    prefix_warm(engine, sorted({t for t, _ in prompts}))
     sched = BatchScheduler(engine, batched=batched, max_batch_positions=budget, controller=controller, guard=guard)
     t0 = time.perf_counter()
     cpu0 = time.process_time()
@@ -88,11 +89,19 @@ def run_group(engine, prompts, *, batched: bool, k: int, proposer: str, max_toke
 WARM_PROMPT = "Say hello."
 
 
-def prefix_warm(engine) -> None:
+def prefix_warm(engine, tenants: Sequence[str] | None = None) -> None:
     """With prefix caching on (:mod:`specdec.engine.prefix_cache`): forget the closed sequences and
     run :data:`WARM_PROMPT` for one token, so a group finds the shared chat-template opening held,
     as on a server that has answered other requests, but not its own prompts (which an earlier arm
-    or group of the same benchmark ran)."""
+    or group of the same benchmark ran).
+
+    Args:
+        engine: the engine whose target and draft models' prefix caches are reset.
+        tenants: the group's tenants: the warm request runs once per tenant, in that tenant's
+            prefix cache scope (a :class:`specdec.engine.batch.BatchScheduler`'s default
+            ``prefix_cache_scope`` "tenant" shares cached prefixes only within a tenant). None:
+            once, unscoped (:meth:`specdec.engine.engine.SpeculativeEngine.generate`'s scope).
+    """
     from specdec.engine.prefix_cache import prefix_cache_of
     from specdec.request import GenerationRequest
 
@@ -101,8 +110,9 @@ def prefix_warm(engine) -> None:
         return
     for s in stores:
         s.clear()
-    engine.generate(GenerationRequest(messages=[{"role": "user", "content": WARM_PROMPT}], max_tokens=2,
-                                      speculation={"proposer": "draft", "k": 1}))
+    for tenant in ([""] if tenants is None else tenants):
+        engine.start(GenerationRequest(messages=[{"role": "user", "content": WARM_PROMPT}], max_tokens=2,
+                                       speculation={"proposer": "draft", "k": 1}), prefix_tenant=tenant).run()
 
 
 def forward_stats(trace, k: int) -> dict:

@@ -13,7 +13,9 @@ controller alone; :class:`specdec.engine.batch_adaptive.TenantGuards`); the cont
 prompts), like a server that has served both. Per request length the arms run interleaved (one-client arms between
 the many-client ones) so drift hits both sides; one engine, prefix caching on both models (as
 session 9's in-process numbers), the caches cleared before every group
-(:func:`benchmarks.batching.prefix_warm`).
+(:func:`benchmarks.batching.prefix_warm`: the chat template's opening then held in each tenant's
+scope, the scheduler's default ``prefix_cache_scope`` "tenant" sharing cached prefixes only
+within a tenant, as served).
 
 Printed per length and arm: tokens/s (wall), tokens per CPU second, the ratio to the one-client
 best (both per wall second and per CPU second), the K steps, and where the group's wall seconds

@@ -109,7 +109,9 @@ def profile_group(engine, clients: int, max_tokens: int, k: int, budget: int, pr
 
     from benchmarks.batching import prefix_warm
 
-    prefix_warm(engine)  # with prefix caching: only the chat template's opening held, not these prompts
+    prompts = _prompts(clients)
+    # with prefix caching: only the chat template's opening held (in each tenant's scope), not these prompts
+    prefix_warm(engine, sorted({t for t, _ in prompts}))
     meter = Meter()
     undo = instrument(engine, meter)
     try:
@@ -117,7 +119,7 @@ def profile_group(engine, clients: int, max_tokens: int, k: int, budget: int, pr
         t0, c0 = time.perf_counter(), time.process_time()
         handles = [sched.submit(GenerationRequest(messages=[{"role": "user", "content": c}], max_tokens=max_tokens,
                                                   speculation={"proposer": proposer, "k": k}), tenant=t)
-                   for t, c in _prompts(clients)]
+                   for t, c in prompts]
         meter.add("submit (template, tokenizer, sessions)", time.perf_counter() - t0, time.process_time() - c0)
         ticks = 0
         while not sched.idle:

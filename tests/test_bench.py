@@ -247,9 +247,10 @@ def test_batching_bench_lengths_and_adaptive_arm_in_one_run(tiny_pair_folders, t
 def test_batching_bench_with_prefix_caching_keeps_outputs_and_holds_only_the_shared_opening(tiny_pair_folders,
                                                                                              tmp_path):
     """``--prefix-cache``: outputs of both arms identical; before each group the prefix caches hold
-    only what the warm request left (never a measured prompt whole)."""
+    only what the warm request left (never a measured prompt whole), in each of the group's
+    tenants' scopes."""
     from benchmarks.batching import WARM_PROMPT, main, prefix_warm
-    from specdec.engine.prefix_cache import disable_prefix_cache, enable_prefix_cache
+    from specdec.engine.prefix_cache import disable_prefix_cache, enable_prefix_cache, prefix_scope
 
     target, draft = tiny_pair_folders
     out = tmp_path / "batching"
@@ -274,6 +275,11 @@ def test_batching_bench_with_prefix_caching_keeps_outputs_and_holds_only_the_sha
         warm = engine.encode(GenerationRequest(messages=[{"role": "user", "content": WARM_PROMPT}], max_tokens=2))
         held = [tokens for _scope, tokens, _cache in store._closed.values()]
         assert len(held) == 1 and held[0][:len(warm)] == warm
+        # a group's tenants: the warm request once in each tenant's scope (the scheduler's default
+        # prefix_cache_scope "tenant" shares cached prefixes only within a tenant)
+        prefix_warm(engine, ["code", "creative"])
+        held = [(scope, tokens[:len(warm)]) for scope, tokens, _cache in store._closed.values()]
+        assert held == [(prefix_scope("code"), warm), (prefix_scope("creative"), warm)]
     finally:
         disable_prefix_cache(engine.target.model)
 

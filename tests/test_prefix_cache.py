@@ -208,3 +208,55 @@ def test_in_process_requests_share_prefixes_only_with_the_same_cache_salt(pair):
     assert outs == [alone] * 4
     n = len(PREFIX) + 1  # the prompt but its last token
     assert shared == [[0, 0], [0, 0], [n, n], [n, n]]
+
+
+#: (tenant, prompt tail after PREFIX, cache_salt) of the scheduler scope test's requests, in order
+SCOPE_JOBS = [("team-a", [3, 4], None), ("team-b", [5, 6], None), ("team-a", [7, 8], None),
+              ("team-a", [9, 10], "s1"), ("team-b", [11, 12], "s1"), ("team-a", [13, 14], "s1")]
+
+
+@pytest.mark.parametrize("scope, expected", [
+    # per request: (hits, positions copied) on the target and on the draft model; a copy is the
+    # 12 positions of PREFIX (the tails differ): team-b never starts from team-a's under "tenant",
+    # and a salted request only from one of the same salt (and, under "tenant", the same tenant)
+    ("tenant", [(0, 0), (0, 0), (1, 12), (0, 0), (0, 0), (1, 12)]),
+    ("shared", [(0, 0), (1, 12), (1, 12), (0, 0), (1, 12), (1, 12)]),
+])
+def test_batch_scheduler_scopes_the_prefix_cache_per_tenant_like_the_served_default(pair, scope, expected):
+    """``BatchScheduler(prefix_cache_scope=...)``, the in-process counterpart of
+    ``AppConfig.prefix_cache_scope``: requests sharing the 12-token PREFIX, submitted one after
+    another (each run to the end) by team-a, team-b, team-a, then salted ("s1") by team-a,
+    team-b, team-a. Under "tenant" (the default) a request starts only from its own tenant's
+    cached prefixes, under "shared" from any tenant's; a salted one only from the same salt's.
+    Every output is the request's alone, without any prefix cache."""
+    target, draft = pair
+    engine = SpeculativeEngine(target, draft)
+
+    def req(tail, salt):
+        return GenerationRequest(prompt_token_ids=PREFIX + tail, max_tokens=8, cache_salt=salt,
+                                 speculation={"proposer": "draft", "k": 3})
+
+    alone = [engine.generate(req(tail, salt)).token_ids for _, tail, salt in SCOPE_JOBS]
+    assert BatchScheduler(engine).prefix_cache_scope == "tenant"
+    stores = [enable_prefix_cache(target.model, entries=8), enable_prefix_cache(draft.model, entries=8)]
+    try:
+        sched = BatchScheduler(engine, max_batch_positions=32, prefix_cache_scope=scope)
+        outs, deltas = [], []
+        for tenant, tail, salt in SCOPE_JOBS:
+            before = [(s.hits, s.shared_positions) for s in stores]
+            h = sched.submit(req(tail, salt), tenant=tenant)
+            sched.run_until_idle()
+            outs.append(h.result().token_ids)
+            deltas.append([(s.hits - bh, s.shared_positions - bp) for s, (bh, bp) in zip(stores, before)])
+    finally:
+        disable_prefix_cache(target.model)
+        disable_prefix_cache(draft.model)
+    assert outs == alone and all(len(o) == 8 for o in outs)
+    assert deltas == [[e, e] for e in expected]  # target, draft
+
+
+def test_batch_scheduler_refuses_an_unknown_prefix_cache_scope(pair):
+    engine = SpeculativeEngine(*pair)
+    with pytest.raises(ValueError) as e:
+        BatchScheduler(engine, prefix_cache_scope="global")
+    assert str(e.value) == "prefix_cache_scope must be 'tenant' or 'shared', got 'global'"

@@ -27,6 +27,13 @@ first, a prefill chunked to what is left of its tenant's share), the rest only o
 budget. So a burst from one tenant cannot push another tenant's steps, or its new prompt's
 prefill, out of the forwards: the other tenant progresses by its share every tick.
 
+Prefix caching (:mod:`specdec.engine.prefix_cache`, when the engine's models have it on): by
+default (``prefix_cache_scope="tenant"``, the serving layer's default ``AppConfig.prefix_cache_scope``)
+a request's sequences start only from prefixes cached by requests of the same tenant (the
+``tenant`` of :meth:`BatchScheduler.submit`), so one tenant cannot learn from a request's speed
+whether another recently sent the same prompt prefix; ``"shared"``: from every request's. Either
+way a request's ``cache_salt`` shares only with requests of the same salt (within the scope).
+
 The parts, one job each: this module, the tick and its driving (:class:`BatchScheduler`);
 :mod:`specdec.engine.batch_request` (the request handle and the tick record, re-exported here);
 :mod:`specdec.engine.batch_draft` (step 3); :mod:`specdec.engine.batch_adaptive` (what the K
@@ -39,7 +46,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from specdec.engine.batch_adaptive import TenantGuards, adaptive_k, decide_under_load
 from specdec.engine.batch_draft import draft_blocks
@@ -50,10 +57,14 @@ from specdec.errors import GenerationCancelledError, InvalidRequestError
 from specdec.request import GenerationRequest
 from specdec.types import DraftBlock, FinishReason, GenerationChunk
 
-__all__ = ["DEFAULT_MAX_BATCH_POSITIONS", "BatchScheduler", "BatchedRequest", "TickRecord", "VerifyFn"]
+__all__ = ["DEFAULT_MAX_BATCH_POSITIONS", "PREFIX_CACHE_SCOPES", "BatchScheduler", "BatchedRequest", "TickRecord",
+           "VerifyFn"]
 
 #: Default positions budget of one batched target forward (Σ over rows of fed positions).
 DEFAULT_MAX_BATCH_POSITIONS = 64
+
+#: ``BatchScheduler(prefix_cache_scope=...)``'s values, named as the serving layer's ``AppConfig.prefix_cache_scope``
+PREFIX_CACHE_SCOPES = ("tenant", "shared")
 
 #: ``verify(items, max_positions) -> results``: see :meth:`specdec.engine.verifier.TargetVerifier.verify_batch`.
 VerifyFn = Callable[[Sequence[tuple[Any, DraftBlock]], "int | None"], list]
@@ -85,9 +96,17 @@ class BatchScheduler:
             chunks over several ticks while the other sessions keep drafting and stepping;
             :meth:`specdec.engine.proposers.draft_model.DraftModelProposer.propose_batch`).
             Default: ``max_batch_positions``.
+        prefix_cache_scope: which requests' cached prefixes a submitted request's draft and target
+            sequences may start from, when the models have prefix caching on
+            (:mod:`specdec.engine.prefix_cache`): ``"tenant"`` (the default, as served) only those
+            of requests submitted with the same ``tenant``; ``"shared"`` every request's (and
+            those :meth:`specdec.engine.engine.SpeculativeEngine.generate` runs left). Either way
+            a ``cache_salt`` shares only with the same salt. Outputs are the same either way;
+            only the positions computed differ.
 
     Raises:
-        ValueError: ``max_batch_positions < 1`` or ``draft_prefill_chunk < 1``.
+        ValueError: ``max_batch_positions < 1``, ``draft_prefill_chunk < 1``, or a
+            ``prefix_cache_scope`` other than ``"tenant"`` or ``"shared"``.
     """
 
     def __init__(
@@ -103,7 +122,10 @@ class BatchScheduler:
         clock: Callable[[], float] = time.perf_counter,
         draft_prefill_chunk: int | None = None,
         guard: Any = None,
+        prefix_cache_scope: Literal["tenant", "shared"] = "tenant",
     ):
+        if prefix_cache_scope not in PREFIX_CACHE_SCOPES:
+            raise ValueError(f"prefix_cache_scope must be 'tenant' or 'shared', got {prefix_cache_scope!r}")
         if max_batch_positions < 1:
             raise ValueError(f"max_batch_positions must be >= 1, got {max_batch_positions}")
         if draft_prefill_chunk is not None and draft_prefill_chunk < 1:
@@ -116,6 +138,8 @@ class BatchScheduler:
         self.batched = batched
         self.max_batch_positions = max_batch_positions
         self.tenant_weights = dict(tenant_weights or {})
+        #: "tenant": submitted requests share cached prefixes only within their tenant; "shared": all
+        self.prefix_cache_scope = prefix_cache_scope
         self._verify = verify or engine.verifier.verify_batch
         self.on_forward = on_forward
         self.controller = controller
@@ -141,7 +165,8 @@ class BatchScheduler:
 
         Args:
             request: the validated request.
-            tenant: tenant name (fair order, statistics).
+            tenant: tenant name (fair order, statistics, and under ``prefix_cache_scope``
+                "tenant" the requests whose cached prefixes this one may start from).
             k: override of the largest K (an int or a callable asked before each step).
             adaptive: take K from the scheduler's controller (the tenant's K under the current
                 load, at most the request's K; a probe's K now and then while the tenant is
@@ -158,13 +183,18 @@ class BatchScheduler:
             k = (self.guards.k(self.controller, tenant, cap) if self.guards is not None
                  else adaptive_k(self.controller, tenant, cap))
 
-        gen = self.engine.start(request, k=k)
+        gen = self.engine.start(request, k=k,
+                                prefix_tenant=tenant if self.prefix_cache_scope == "tenant" else "")
         req = self.add(gen, tenant=tenant, proposer=request.speculation.proposer)
         req.adaptive = adaptive
         return req
 
     def add(self, generation: Generation, *, tenant: str = "default", proposer: str = "none") -> BatchedRequest:
-        """Queue an already started generation for the next tick (thread-safe)."""
+        """Queue an already started generation for the next tick (thread-safe).
+
+        Its prefix cache scope is the one it was started with (``prefix_tenant`` of
+        :meth:`specdec.engine.engine.SpeculativeEngine.start`), not ``tenant``: the scheduler's
+        ``prefix_cache_scope`` applies to :meth:`submit` only."""
         req = BatchedRequest(id=next(self._ids), tenant=tenant, generation=generation, proposer=proposer)
         with self._lock:
             self._incoming.append(req)

@@ -53,7 +53,7 @@ class SpeculativeEngine:
         return encode_prompt(self.target.tokenizer, request, self.target.emittable_vocab)
 
     def start(self, request: GenerationRequest, k: int | Callable[[], int] | None = None,
-              resume: Checkpoint | None = None) -> Generation:
+              resume: Checkpoint | None = None, *, prefix_tenant: str = "") -> Generation:
         """Open the sessions of one request and return its (not yet run) :class:`Generation`.
 
         Args:
@@ -64,6 +64,12 @@ class SpeculativeEngine:
                 :meth:`Generation.checkpoint` (its seed too, also for a request without one): the
                 output is token for token what that run would have produced, and the stream
                 continues after what it had streamed.
+            prefix_tenant: with prefix caching on (:mod:`specdec.engine.prefix_cache`), the tenant
+                whose sequences this request's draft and target sequences may start from
+                (``""``, the default: no tenant boundary, as :meth:`generate` and :meth:`stream`);
+                the request's ``cache_salt`` narrows the scope further
+                (:func:`specdec.engine.prefix_cache.prefix_scope`). A
+                :class:`specdec.engine.batch.BatchScheduler` passes its requests' tenants.
 
         Raises:
             InvalidRequestError: the proposer is ``draft`` but no draft model is loaded; bad ids;
@@ -81,6 +87,7 @@ class SpeculativeEngine:
         return open_generation(
             request, self.target, prompt, seed=seed, draft_proposer=self.draft_proposer,
             open_target=self.verifier.open_session, k=request.speculation.k if k is None else k, resume=resume,
+            prefix_tenant=prefix_tenant,
         )
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
