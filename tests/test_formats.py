@@ -193,18 +193,21 @@ def test_default_format_follows_the_cpu(monkeypatch):
     assert formats.choose_cpu_format({"avx2", "amx_bf16", "avx512f"}, "AVX512") == "int4"
     sapphire_rapids = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile"}
     assert formats.choose_cpu_format(sapphire_rapids, "AVX512") == formats.CPU_AMX_INT8_DEFAULT == "w8a8"
-    assert formats.choose_cpu_format(sapphire_rapids, "AVX2") == "int4"  # torch on its AVX2 kernels
+    assert formats.choose_cpu_format(sapphire_rapids, "AVX2", fbgemm=False) == "int4"  # torch on its AVX2 kernels
     assert formats.choose_cpu_format({"avx2", "avx512f", "avx512_vnni"}, "AVX512") == "float32"  # no bf16
     # AMD EPYC (Zen 4/5): AVX512-VNNI and -BF16, no AMX: w8a8 (oneDNN's VNNI int8 matmul on uint8 codes)
     epyc = {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni"}
     assert formats.choose_cpu_format(epyc, "AVX512") == "w8a8"
     assert formats.choose_cpu_format(epyc - {"avx512_vnni"}, "AVX512") == "int4"
-    # torch on its AVX2 kernels (no AVX-512; session 12's AVX2-only AMD EPYC Zen 3): int4, measured
-    # there (the cheapest verify of several positions, one position as fast as int8, the least memory)
+    # torch on its AVX2 kernels (no AVX-512; the AVX2-only AMD EPYC Zen 3 of sessions 12 and 16): w8a8 on
+    # fbgemm (session 16: target alone 1.77x int4's tokens/s), int4 where torch has no fbgemm engine
     zen3 = {"fpu", "avx", "avx2", "fma", "f16c", "bmi2", "sha_ni"}
-    assert formats.choose_cpu_format(zen3, "AVX2") == formats.CPU_AVX2_DEFAULT == "int4"
-    assert formats.choose_cpu_format(epyc, "AVX2") == "int4"
-    assert formats.choose_cpu_format(avx512_bf16, "AVX2") == "int4"  # torch not using AVX512 kernels
+    assert formats.choose_cpu_format(zen3, "AVX2", fbgemm=True) == formats.CPU_AVX2_DEFAULT == "w8a8"
+    assert formats.choose_cpu_format(zen3, "AVX2", fbgemm=False) == formats.CPU_AVX2_FALLBACK_DEFAULT == "int4"
+    assert formats.choose_cpu_format(epyc, "AVX2", fbgemm=True) == "w8a8"
+    assert formats.choose_cpu_format(avx512_bf16, "AVX2", fbgemm=False) == "int4"  # torch not using AVX512 kernels
+    from specdec.models.quant_linear import fbgemm_available
+    assert formats.choose_cpu_format(zen3, "AVX2") == ("w8a8" if fbgemm_available() else "int4")
     assert formats.choose_cpu_format({"sse4_2"}, "DEFAULT") == "float32"  # no AVX2: not measured
     assert formats.choose_cpu_format({"avx2", "avx512f"}, "AVX512") == "float32"  # AVX-512 without bf16/VNNI
     monkeypatch.delenv("SPECDEC_WEIGHT_FORMAT")

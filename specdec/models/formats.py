@@ -41,8 +41,8 @@ bfloat16 on a GPU, else by the CPU (:func:`choose_cpu_format`): **w8a8** on a CP
 (``amx_int8`` in /proc/cpuinfo: Sapphire Rapids and later) or with AVX512-VNNI and native bfloat16
 (``avx512_vnni`` and ``avx512_bf16``: AMD EPYC Zen 4/5, this project's machine since 2 Dec 2026),
 **int4** on other CPUs with native bfloat16 instructions (``avx512_bf16`` or ``amx_bf16``);
-**int4** too where torch runs its AVX2 kernels (no AVX-512: :data:`CPU_AVX2_DEFAULT`, measured on
-session 12's AVX2-only AMD EPYC Zen 3); float32 on older CPUs. w8a8 is
+**w8a8** on fbgemm where torch runs its AVX2 kernels (no AVX-512: :data:`CPU_AVX2_DEFAULT`, measured
+on session 16's AVX2-only AMD EPYC Zen 3; int4 where torch lacks fbgemm); float32 on older CPUs. w8a8 is
 the default there because its verify cost
 hardly grows with the rows a forward scores (speculation's K + 1 positions and the batch of
 sessions), where int4's grows about linearly: on the 2-core Sapphire Rapids VM the served w8a8 pair
@@ -136,46 +136,53 @@ def cpu_supports_bf16() -> bool:
 
 
 #: The default format where torch runs its AVX2 kernels (``get_cpu_capability() == "AVX2"``: no
-#: AVX-512, so no VNNI and no native bfloat16; e.g. the AMD EPYC Zen 3 of session 12). Measured there,
-#: the demo target loaded by the engine (shape-invariant forward), one thread, warm cache, 64-token
-#: context, median seconds of one forward of 1 / 2 / 3 / 5 / 9 new positions (noisy 2-core VM, load
-#: about 3; docs/bench/formats/avx2-s12/README.md):
+#: AVX-512, so no VNNI and no native bfloat16; e.g. the AMD EPYC Zen 3 of sessions 12 and 16) and its
+#: ``fbgemm`` quantized engine is present (x86 builds: :func:`~specdec.models.quant_linear.fbgemm_available`):
+#: **w8a8** on fbgemm's int8 GEMM (:class:`W8A8Linear`, two 7-bit halves per row so that AVX2's
+#: ``vpmaddubsw`` cannot saturate). Measured on session 16's Zen 3, the demo target loaded by the
+#: engine (shape-invariant forward), one thread, 64-token context, seconds per forward of
+#: 1 / 2 / 3 / 5 / 9 / 17 new positions (docs/bench/formats/avx2-s16/README.md):
 #:
-#: - int4    0.258 / 0.271 / 0.285 / 0.566 / 0.863 (3 positions 1.10x one: the AVX2 kernel's 4-row blocks;
-#:   a second run 0.244 / 0.255 / 0.270 / 0.564 / 0.853)
-#: - int8    0.245 / 0.289 / 0.335 / 0.606 / 0.935 (second run 0.222 / 0.263 / 0.316 / 0.550 / 0.858:
-#:   one position 5-9 % cheaper than int4, 3 positions 15 % dearer, 5 and 9 about the same)
-#: - float32 0.446 / 0.910 / 1.321 / 1.303 / 1.483 (as served: not made shape-invariant)
-#: - float16 0.367 / 0.594 / 0.837 / 1.322 / 2.321 (loads the float32 folder: 10.5 GiB peak RSS)
-#: - w8a8    (``aten._int_mm`` here) one 1536->8960 linear 29 / 141 / 301 ms at 1 / 5 / 9 rows
-#:   against int4's 3.6 / 11 / 16: the load and a forward did not finish in 100 s
-#: - bfloat16 0.378 / 0.663 / 0.980 / 1.556 / 2.802 (bfloat16 emulated: no AVX512-BF16)
+#: - w8a8 (fbgemm) 0.230 / 0.203 / 0.272 / 0.294 / 0.643 / 0.980 (profiled: ~0.16 s at one position,
+#:   84 % in the int8 GEMM, which streams the 1.5 GB of int8 weights at ~11 GB/s)
+#: - int4          0.287 / 0.297 / 0.304 / 0.623 / 1.006 / 1.384 (torch's AVX2 int4 kernel is compute-bound)
 #:
-#: int4 verifies several positions cheapest relative to one, one position within 10 % of int8, holds the
-#: least memory (peak RSS of the target's process: int4 1.60 GiB, int8 2.07, w8a8 2.45, bfloat16 3.50,
-#: float16 10.5; float32 8.3 with its draft), and its
-#: forward is shape-invariant (every linear row plan ``RowPlan(1, 32)``, a 5-position block's logits
-#: bitwise the five one-position forwards'), so speculation stays exact against the int4 target alone.
-CPU_AVX2_DEFAULT = "int4"
-#: The draft's default where torch runs its AVX2 kernels: int4 too. The 0.5B demo draft's one-position
-#: step there (engine loader, shape-invariant, median of 7, load about 3): int4 0.0925 / 0.0568 s at
-#: 1 / 2 threads, int8 0.0980 / 0.0591, float32 0.135 / 0.145; peak RSS int4 0.92 GiB, int8 1.08,
-#: float32 2.49 (docs/bench/formats/avx2-s12/README.md, run D). A draft only proposes (the target
-#: verifies), so its format changes acceptance, never the output.
-CPU_AVX2_DRAFT_DEFAULT = "int4"
+#: and in ``specdec bench`` (32 tokens, code-prime, one thread, same run): target alone 3.87 tok/s in
+#: w8a8, 2.19 in int4, 1.34 in float32. Session 12's measurements (int4 against int8, float32,
+#: bfloat16, float16 and w8a8 on ``aten._int_mm``, 8-30x int4's cost per layer there):
+#: docs/bench/formats/avx2-s12/README.md. Without fbgemm: :data:`CPU_AVX2_FALLBACK_DEFAULT`.
+CPU_AVX2_DEFAULT = "w8a8"
+#: The AVX2 default where torch has no fbgemm engine (w8a8 would run ``aten._int_mm``): int4, the
+#: cheapest of the other formats there (session 12: one position 0.258 s, three 0.285 s, float32
+#: 0.446 / 1.321; least memory; shape-invariant).
+CPU_AVX2_FALLBACK_DEFAULT = "int4"
+#: The draft's default where torch runs its AVX2 kernels: w8a8 too (fbgemm), else int4. The 0.5B
+#: demo draft's one-position step on session 16's Zen 3 (one / two threads): w8a8 0.0887 / 0.0807 s,
+#: int4 0.1127 / 0.0882 (session 12: int4 0.0925 / 0.0568, int8 0.0980 / 0.0591, float32 0.135 /
+#: 0.145). A draft only proposes (the target verifies), so its format changes acceptance, never the output.
+CPU_AVX2_DRAFT_DEFAULT = "w8a8"
 
 
-def choose_cpu_format(flags: frozenset[str] | set[str], capability: str) -> str:
+def _avx2_default(fmt: str, fbgemm: bool | None) -> str:
+    from specdec.models.quant_linear import fbgemm_available
+
+    if fbgemm is None:
+        fbgemm = fbgemm_available()
+    return fmt if fbgemm else CPU_AVX2_FALLBACK_DEFAULT
+
+
+def choose_cpu_format(flags: frozenset[str] | set[str], capability: str, fbgemm: bool | None = None) -> str:
     """The CPU default for a CPU with these ``/proc/cpuinfo`` flags and this
     ``torch.backends.cpu.get_cpu_capability()`` (``"AVX512"``, ``"AVX2"``, ``"DEFAULT"``...):
     :data:`CPU_AMX_INT8_DEFAULT` (w8a8) when the CPU has AMX-INT8 (:data:`AMX_INT8_CPU_FLAG`), or
     AVX512-VNNI (:data:`VNNI_CPU_FLAG`) and native bfloat16, else :data:`CPU_BF16_DEFAULT` (int4) when it has native bfloat16 (a flag of
     :data:`BF16_CPU_FLAGS`), in both cases only where torch uses its AVX512 kernels; where torch uses
-    its AVX2 kernels :data:`CPU_AVX2_DEFAULT` (int4, measured on an AVX2-only AMD EPYC Zen 3); else
-    float32 (an AVX-512 CPU without bfloat16 or VNNI, or no AVX2: not measured here)."""
+    its AVX2 kernels :data:`CPU_AVX2_DEFAULT` (w8a8 on fbgemm, measured on an AVX2-only AMD EPYC Zen 3)
+    where ``fbgemm`` (default: whether this torch has the engine) else :data:`CPU_AVX2_FALLBACK_DEFAULT`
+    (int4); else float32 (an AVX-512 CPU without bfloat16 or VNNI, or no AVX2: not measured here)."""
     cap = capability.upper()
     if cap.startswith("AVX2"):
-        return CPU_AVX2_DEFAULT
+        return _avx2_default(CPU_AVX2_DEFAULT, fbgemm)
     if not cap.startswith("AVX512"):
         return "float32"
     if AMX_INT8_CPU_FLAG in flags or (VNNI_CPU_FLAG in flags and set(flags) & BF16_CPU_FLAGS):
@@ -188,8 +195,8 @@ def choose_cpu_format(flags: frozenset[str] | set[str], capability: str) -> str:
 def default_format(device: str | torch.device = "cpu") -> str:
     """The format used when none is named: ``$SPECDEC_WEIGHT_FORMAT`` if set, else bfloat16 on
     CUDA, else :func:`choose_cpu_format` of this CPU (w8a8 on a CPU with AMX-INT8 such as
-    Sapphire Rapids or with AVX512-VNNI and bfloat16 such as AMD EPYC Zen 4/5, int4 on other CPUs with native bfloat16
-    and on CPUs where torch runs its AVX2 kernels, float32 on others).
+    Sapphire Rapids or with AVX512-VNNI and bfloat16 such as AMD EPYC Zen 4/5 and, on fbgemm, where torch runs
+    its AVX2 kernels; int4 on other CPUs with native bfloat16; float32 on others).
 
     Raises:
         ValueError: ``$SPECDEC_WEIGHT_FORMAT`` is not a weight format.
@@ -213,12 +220,12 @@ def default_format(device: str | torch.device = "cpu") -> str:
 CPU_VNNI_DRAFT_DEFAULT = "int4"
 
 
-def choose_draft_cpu_format(flags: frozenset[str] | set[str], capability: str) -> str:
+def choose_draft_cpu_format(flags: frozenset[str] | set[str], capability: str, fbgemm: bool | None = None) -> str:
     """The draft's CPU default: :func:`choose_cpu_format`, except :data:`CPU_VNNI_DRAFT_DEFAULT`
     (int4) where that is w8a8 on a CPU without AMX-INT8 (on AMX, w8a8 as the target), and
-    :data:`CPU_AVX2_DRAFT_DEFAULT` where torch runs its AVX2 kernels."""
+    :data:`CPU_AVX2_DRAFT_DEFAULT` (w8a8; int4 without ``fbgemm``) where torch runs its AVX2 kernels."""
     if capability.upper().startswith("AVX2"):
-        return CPU_AVX2_DRAFT_DEFAULT
+        return _avx2_default(CPU_AVX2_DRAFT_DEFAULT, fbgemm)
     fmt = choose_cpu_format(flags, capability)
     if fmt == CPU_AMX_INT8_DEFAULT and AMX_INT8_CPU_FLAG not in flags:
         return CPU_VNNI_DRAFT_DEFAULT

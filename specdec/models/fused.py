@@ -216,22 +216,36 @@ def fusable(linears: Sequence[nn.Module]) -> str | None:
 
 @contextlib.contextmanager
 def _unpacked(linears: Sequence[nn.Module]):
-    """w8a8 layers compute on their int8 rows (``aten._int_mm``) inside the block, never prepacking.
+    """w8a8 layers compute the check on their int8 rows and leave it unprepacked.
 
     The separate layers of a group are discarded once fused: prepacking them for the check would
     build oneDNN copies of their weights (the demo target's q and gate/up: ~0.8 GB in all) only
-    to free them. ``aten._int_mm`` gives bitwise what oneDNN's qlinear gives (the definition of
-    :class:`~specdec.models.formats.W8A8Linear`; tests/test_formats.py), so the check's reference
-    is the same. Other layers run as they are."""
+    to free them, so on a CPU running oneDNN they compute with ``aten._int_mm``, which gives
+    bitwise what oneDNN's qlinear gives (the definition of
+    :class:`~specdec.models.formats.W8A8Linear`; tests/test_formats.py). On a CPU running fbgemm
+    (AVX2 only, :func:`~specdec.models.quant_linear.cpu_int8_kernel`) ``aten._int_mm`` is 30-60x
+    slower than fbgemm (it made the demo target's load take ~35 s), so there each layer packs a
+    temporary fbgemm copy for the check (its int8 rows kept) and drops it after: the same result,
+    bitwise. Other layers run as they are."""
+    from specdec.models.quant_linear import cpu_int8_kernel
+
     cls = _w8a8_class()
     w8a8 = [lin for lin in linears if type(lin) is cls and not lin.prepacked]
-    for lin in w8a8:
-        lin.KERNEL = "int_mm"  # shadows the class attribute for this instance only
+    temporary_fbgemm = cpu_int8_kernel() == "fbgemm"
+    for lin in w8a8:  # instance attributes shadow the class's for this instance only
+        if temporary_fbgemm:
+            lin.KEEP_INT8 = True
+        else:
+            lin.KERNEL = "int_mm"
     try:
         yield
     finally:
         for lin in w8a8:
-            del lin.KERNEL
+            if temporary_fbgemm:
+                del lin.KEEP_INT8
+                lin._packed, lin._kind = None, "int_mm"  # the temporary copy goes; packed again at first use
+            else:
+                del lin.KERNEL
 
 
 def _check_bitwise(linears: Sequence[nn.Linear], fused: FusedLinear, seed: int = 0) -> str | None:
