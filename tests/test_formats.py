@@ -310,7 +310,7 @@ def fbgemm_cpu(monkeypatch):
 def test_w8a8_fbgemm_kernel_gives_int_mm_bitwise(shape, fbgemm_cpu):
     """On a CPU without VNNI or AMX-INT8 every w8a8 layer (narrow ones too) runs fbgemm on its
     prepacked weight, fed each row's codes as two 7-bit halves; the result is bitwise aten._int_mm's
-    (the layer's definition) also for the extreme codes (every code +-127, whose halves reach 64)
+    (the layer's definition) also for the extreme codes (every code +-127, whose halves reach -64 and 63)
     against weights of -128 and 127, and a row is bitwise the same alone or among 1..17 rows."""
     out, inp = shape
     g = torch.Generator().manual_seed(out)

@@ -305,17 +305,17 @@ class W8A8Linear(_RowsLinear):
             return y
         return y.add_(self.bias) if self.bias.dtype == y.dtype else y + self.bias
 
-    #: Zero point of the 7-bit activation codes fed to fbgemm (values -64..64 as uint8 0..128).
+    #: Zero point of the 7-bit activation codes fed to fbgemm (values -64..63 as uint8 0..127).
     FBGEMM_ZERO_POINT = 64
 
     def _fbgemm_sums(self, x: torch.Tensor, packed) -> tuple[torch.Tensor, torch.Tensor]:
         """The integer sums ``q_x @ qweight.T`` (``[M, out]`` float32) by fbgemm on a CPU without
         exact int8 dot products (AVX2): fbgemm multiplies u8 x s8 with ``vpmaddubsw``, which adds
         pairs of products into a saturating int16, so 8-bit codes (-127..127) would be clipped.
-        Each row's codes are split as ``q = h + (q - h)`` with ``h = floor(q / 2)`` in [-64, 63] and
-        ``h - q`` in [-64, 64], fed as 2M rows of uint8 codes ``v + 64`` in [0, 128] (a pair of
-        products then stays within int16: 2 * 128 * 128 = 32,768 in magnitude, reached only by
-        -128 weights, which int16 holds); the kernel sums each in int32 exactly and returns it as
+        Each row's codes are split as ``q = h + (q - h)`` with ``h = floor(q / 2)`` and
+        ``h - q = -ceil(q / 2)``, both in [-64, 63], fed as 2M rows of uint8 codes ``v + 64`` in
+        [0, 127] (a pair of products then stays within int16: at most 2 * 127 * 128 = 32,512 in
+        magnitude); the kernel sums each in int32 exactly and returns it as
         float32 (scale 1, zero point 64 subtracted exactly), and ``sum(h) - sum(h - q)`` is the
         sum of ``q``. Bitwise ``float32(aten._int_mm(q, W.T))`` whenever each half's sum is below
         2**24 in magnitude (always for inputs up to 1,024 wide: 1024 * 64 * 128 = 2**23; for wider
