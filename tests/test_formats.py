@@ -336,6 +336,30 @@ def test_w8a8_fbgemm_kernel_gives_int_mm_bitwise(shape, fbgemm_cpu):
     assert torch.equal(got[2], torch.zeros(out, dtype=torch.bfloat16) + q.bias)
 
 
+def test_w8a8_prepack_all_packs_in_threads_bitwise(fbgemm_cpu):
+    """prepack_all packs every layer in worker threads (the engine switched once for all of them,
+    restored after) and each packed layer computes bitwise what a lazily packed one does, which is
+    aten._int_mm's result; already packed layers and other modules are skipped."""
+    from specdec.models.quant_linear import prepack_all
+
+    engine = torch.backends.quantized.engine
+    g = torch.Generator().manual_seed(11)
+    ws = [torch.randint(-127, 128, (out, 256), generator=g, dtype=torch.int8) for out in (512, 384, 96, 1024, 640)]
+    layers = [W8A8Linear(w, torch.rand(w.shape[0], generator=g) / 100 + 1e-4, None) for w in ws]
+    lazy = [W8A8Linear(w, q.scale, None) for w, q in zip(ws, layers)]
+    assert prepack_all([layers[0]], workers=1) == 1 and layers[0].prepacked
+    assert prepack_all(layers + [nn.Linear(4, 4)], workers=2) == 4  # layers[0] was packed already
+    assert all(q.prepacked and q._kind == "fbgemm" for q in layers)
+    assert torch.backends.quantized.engine == engine
+    x = torch.randn(9, 256, generator=g).to(torch.bfloat16)
+    codes, s = W8A8Linear.quantize_rows(x)
+    with torch.inference_mode():
+        for w, q, ref in zip(ws, layers, lazy):
+            expected = (torch._int_mm(codes, w.t()).float() * q.scale * s).to(torch.bfloat16)
+            assert torch.equal(q.forward_rows(x), expected)
+            assert torch.equal(ref.forward_rows(x), expected) and ref.prepacked  # packed at first use
+
+
 def test_w8a8_fbgemm_prepack_leaves_the_global_engine_alone(fbgemm_cpu):
     engine = torch.backends.quantized.engine
     q = W8A8Linear(torch.ones(32, 16, dtype=torch.int8), torch.ones(32), None)

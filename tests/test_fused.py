@@ -277,3 +277,35 @@ def test_w8a8_fusion_check_does_not_prepack_the_layers_it_discards(folders, monk
         separate = torch.cat([p(x) for p in parts], dim=-1)  # now prepacked (oneDNN or fbgemm)
         assert all(p.prepacked == exact for p in parts)
         assert torch.equal(fused(x), separate)
+
+
+def test_w8a8_fusion_checks_one_group_per_signature(folders, monkeypatch):
+    """w8a8 columns are exact integer sums whatever the weights, so fuse_projections checks the
+    first q/k/v and the first gate/up group of a model (two signatures) and gives every other group
+    of the same signature that verdict: all fused when it passes, none when it fails."""
+    import specdec.models.fused as fused_mod
+
+    calls = []
+    real = fused_mod._check_bitwise
+
+    def counting(parts, fused, seed=0):
+        calls.append(tuple(p.out_features for p in parts))
+        return real(parts, fused, seed)
+
+    from specdec.models.formats import W8A8Linear
+
+    monkeypatch.setattr(fused_mod, "_check_bitwise", counting)
+    monkeypatch.setattr(W8A8Linear, "KERNEL", "int_mm")  # loaded unpacked (a packed layer cannot be fused)
+    plain = load_model(HFModelSpec(path=folders[0]), weight_format="w8a8", fuse=False, invariant=False)
+    again = load_model(HFModelSpec(path=folders[0]), weight_format="w8a8", fuse=False, invariant=False)
+    monkeypatch.setattr(W8A8Linear, "KERNEL", "qlinear")
+    layers = plain.model.model.layers
+    assert len(layers) >= 2
+    assert fuse_projections(plain.model) == 2 * len(layers)
+    assert calls == [(128, 64, 64), (256, 256)]
+    assert all(type(layer.self_attn.k_proj) is FusedSlice for layer in layers)
+
+    calls.clear()
+    monkeypatch.setattr(fused_mod, "_check_bitwise", lambda parts, fused, seed=0: calls.append(1) or "1 rows differ")
+    assert fuse_projections(again.model) == 0 and calls == [1, 1]
+    assert all(type(layer.mlp.gate_proj) is not FusedSlice for layer in again.model.model.layers)

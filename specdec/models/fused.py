@@ -21,8 +21,9 @@ input, so a fused call's columns are bitwise the separate calls' outputs. :func:
 does not assume it: each fused group is checked on random activations of 1, 5 and 33 rows
 (:data:`CHECK_ROWS`, across the 32-row chunks of the shape-invariant forward) against its
 separate projections with ``torch.equal``, and a group that differs is left unfused (one log
-line). Measured on the demo pair's shapes (Sapphire Rapids, 2 threads, best of 200 calls, one
-row): draft q/k/v 84 -> 47 µs, gate/up 308 -> 281 µs; target q/k/v 148 -> 126 µs, gate/up
+line); w8a8's integer columns do not depend on the weights' values, so there the first group of
+each shape is checked and the others of that shape share its verdict (:func:`_signature`).
+Measured on the demo pair's shapes (Sapphire Rapids, 2 threads, best of 200 calls, one row): draft q/k/v 84 -> 47 µs, gate/up 308 -> 281 µs; target q/k/v 148 -> 126 µs, gate/up
 950 -> 849 µs (docs/bench/formats/PROFILE.md, "The draft's per-token cost").
 
 How the layer still calls ``q_proj(x)``, ``k_proj(x)``, ``v_proj(x)``: each becomes a
@@ -264,19 +265,37 @@ def _check_bitwise(linears: Sequence[nn.Linear], fused: FusedLinear, seed: int =
     return None
 
 
+def _signature(parts: Sequence[nn.Module]) -> tuple | None:
+    """What decides a w8a8 group's check: the layers' class, widths, bias and activation dtype
+    (the kernel is chosen by these and the CPU); None for other formats (each group checked).
+
+    A w8a8 output column is an exact int32 sum over the row's int8 codes times its own scales
+    (:class:`~specdec.models.formats.W8A8Linear`), whatever the weights' values, so a group whose
+    signature passed the check passes it for any weights: one group per signature is checked (a
+    guard against a kernel that computes columns differently), not every layer's (the demo pair's
+    56 + 48 checks packed ~1 GB of temporary fbgemm copies on AVX2: ~11 s of its load)."""
+    cls = _w8a8_class()
+    if not all(type(p) is cls for p in parts):
+        return None
+    return tuple((p.in_features, p.out_features, p.bias is not None, p.act_dtype, p.KERNEL, p.QLINEAR_MIN_OUT)
+                 for p in parts)
+
+
 def fuse_projections(model: nn.Module) -> int:
     """Fuse every q/k/v and gate/up group of int4 or w8a8 projections in ``model``, in place.
 
     Call after quantizing and before :func:`specdec.engine.invariant.make_invariant` (which then
     plans the fused linears like any other). Groups that are not int4 or w8a8 (:func:`fusable`) or whose
     fused columns are not bitwise equal to the separate projections on a probe are left as
-    they are. Idempotent.
+    they are (w8a8: the first group of each :func:`_signature` is probed, the others share its
+    verdict). Idempotent.
 
     Returns:
         the number of groups fused.
     """
     fused_count = 0
     skipped: dict[str, int] = {}
+    checked: dict[tuple, str | None] = {}  # w8a8: the check's verdict per signature (_signature)
     for module in list(model.modules()):
         for names in GROUPS:
             parts = [getattr(module, n, None) for n in names]
@@ -285,7 +304,13 @@ def fuse_projections(model: nn.Module) -> int:
             why = fusable(parts)
             if why is None:
                 fused = FusedLinear(parts)
-                why = _check_bitwise(parts, fused)
+                sig = _signature(parts)
+                if sig is None or sig not in checked:
+                    why = _check_bitwise(parts, fused)
+                    if sig is not None:
+                        checked[sig] = why
+                else:
+                    why = checked[sig]
             if why is not None:
                 skipped[why] = skipped.get(why, 0) + 1
                 continue

@@ -143,6 +143,11 @@ def load_model(
         from specdec.models.fused import fuse_projections
 
         fused = fuse_projections(loaded.model)
+    prepacked = 0
+    if fmt == "w8a8":  # every kernel's packed weight now, in parallel threads (else one by one at first use)
+        from specdec.models.quant_linear import prepack_all
+
+        prepacked = prepack_all(loaded.model.modules())
     t_quant = time.perf_counter() - t0 - t_load
     if invariant is None:
         invariant = fmt != "float32"
@@ -155,9 +160,10 @@ def load_model(
         from specdec.models.release import release_after_load
 
         release_after_load(loaded.model)  # w8a8 prepacked now; file pages no tensor uses dropped
-    log.info("loaded %s as %s in %.1f s (read %.1f s, quantize %.1f s [cache: %s, %d projection groups fused], "
-             "invariance plan %.1f s; %d positions, %d vocab rows, %s)", loaded.name, fmt, time.perf_counter() - t0,
-             t_load, t_quant, loaded.quant_cache, fused, time.perf_counter() - t0 - t_load - t_quant,
+    log.info("loaded %s as %s in %.1f s (read %.1f s, quantize %.1f s [cache: %s, %d projection groups fused, "
+             "%d layers prepacked], invariance plan %.1f s; %d positions, %d vocab rows, %s)", loaded.name, fmt,
+             time.perf_counter() - t0, t_load, t_quant, loaded.quant_cache, fused, prepacked,
+             time.perf_counter() - t0 - t_load - t_quant,
              loaded.max_positions, loaded.vocab_rows,
              "all scored" if loaded.vocab_subset is None else f"{len(loaded.vocab_subset)} scored")
     return loaded
