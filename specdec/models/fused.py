@@ -23,8 +23,8 @@ does not assume it: each fused group is checked on random activations of 1, 5 an
 separate projections with ``torch.equal``, and a group that differs is left unfused (one log
 line); w8a8's integer columns do not depend on the weights' values, so there the first group of
 each shape is checked and the others of that shape share its verdict (:func:`_signature`).
-Measured on the demo pair's shapes (Sapphire Rapids, 2 threads, best of 200 calls, one row): draft q/k/v 84 -> 47 µs, gate/up 308 -> 281 µs; target q/k/v 148 -> 126 µs, gate/up
-950 -> 849 µs (docs/bench/formats/PROFILE.md, "The draft's per-token cost").
+Measured on the demo pair's shapes (Sapphire Rapids, 2 threads, best of 200 calls, one row):
+draft q/k/v 84 -> 47 µs, gate/up 308 -> 281 µs; target q/k/v 148 -> 126 µs, gate/up 950 -> 849 µs (docs/bench/formats/PROFILE.md, "The draft's per-token cost").
 
 How the layer still calls ``q_proj(x)``, ``k_proj(x)``, ``v_proj(x)``: each becomes a
 :class:`FusedSlice` of one shared :class:`FusedLinear`. The first slice called with an input
