@@ -166,6 +166,34 @@ def test_row_plans_follow_the_kernels():
     assert torch.equal(y[16:], f(torch.cat([x[16:], torch.zeros(3, 64)]))[:5])
 
 
+def test_make_invariant_probes_row_exact_layers_at_fewer_row_counts(folders):
+    """A layer that is row-exact by construction (w8a8) is probed at ROW_EXACT_PROBE_ROWS, once per
+    layer shape, and left unchunked; other kernels are probed at every PROBE_ROWS count."""
+    from specdec.engine import invariant
+
+    loaded = load_model(HFModelSpec(path=folders[0]), weight_format="w8a8", invariant=False)
+    seen: dict[tuple, list[list[int]]] = {}
+    layers = [m for m in loaded.model.modules() if isinstance(m, W8A8Linear)]
+    for m in layers:
+        calls = seen.setdefault((m.in_features, m.out_features), [])
+        mine: list[int] = []
+        calls.append(mine)
+        real = m.forward_rows
+        m.forward_rows = lambda x, _real=real, _mine=mine: _mine.append(x.shape[0]) or _real(x)
+    plans = invariant.make_invariant(loaded.model, need_rows=17)
+    n = max(invariant.ROW_EXACT_PROBE_ROWS)
+    assert len(plans) == len(seen) and len(layers) > len(seen)
+    for shape, calls in seen.items():  # the first layer of a shape is probed, the others reuse its plan
+        assert calls[0] == [1] * n + list(invariant.ROW_EXACT_PROBE_ROWS), shape
+        assert all(c == [] for c in calls[1:]), shape
+    assert all(m._specdec_plan == RowPlan(1, UNCHUNKED_ROWS) for m in layers)
+
+    q = Int8WeightOnlyLinear(torch.randint(-127, 127, (96, 64), dtype=torch.int8), torch.rand(96) / 100, None)
+    rows: list[int] = []
+    plan = plan_linear(lambda x: rows.append(x.shape[0]) or q.forward_rows(x), 64, torch.bfloat16, "cpu", 17)
+    assert plan == RowPlan(1, 32) and rows == [1] * max(invariant.PROBE_ROWS) + list(invariant.PROBE_ROWS)
+
+
 @pytest.mark.parametrize("fmt", ["bfloat16", "int8", "w8a8"])
 def test_left_padded_batch_rows_equal_each_sequence_alone(folders, fmt):
     """Row-wise attention slices each row's visible keys, so padding a sequence into a batch
