@@ -134,7 +134,11 @@ class TPWorker:
                 )
         device = worker_device(num_gpus)
         self.loaded = load_tp_model(model_path, self.rank, self.world_size, dtype, device)
-        self.table = TargetSessionTable(TargetVerifier(self.loaded))
+        # TP = 1: the plain one-position decode steps (K = 0) run specdec.models.lean_decode, as in
+        # process (bitwise the same logits and cache); at TP > 1 the ranks' sharded layers keep
+        # transformers' forward, whose tensor-parallel hooks lean decode would skip
+        verifier = TargetVerifier(self.loaded, lean=self.world_size == 1)
+        self.table = TargetSessionTable(verifier)
         prefix = serve_prefix_cache(self.loaded, prefix_cache_entries, "target", quiet=self.rank != 0)
         q = self.loaded.model.model.layers[0].self_attn.q_proj
         q = getattr(q, "inner", q)  # a TPLocalLinear (int8/int4/w8a8/invariant at TP > 1)
@@ -158,6 +162,7 @@ class TPWorker:
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "prefix_cache_entries": prefix.entries if prefix is not None else 0,
+            "lean_decode": verifier.lean,
         }
 
     def forward(self, token_ids: Sequence[int], every_rank: bool = False) -> torch.Tensor | None:

@@ -46,6 +46,7 @@ def test_weights_are_sharded(tp2):
     _, infos = tp2
     assert [i["rank"] for i in infos] == [0, 1]
     assert all(i["backend"] == "gloo" and i["q_proj_local_shape"] == (32, 64) for i in infos)  # 64 rows split in 2
+    assert not any(i["lean_decode"] for i in infos)  # sharded layers keep transformers' forward (its TP hooks)
 
 
 def test_worker_processes_sleep_idle_openmp_threads(tp2):

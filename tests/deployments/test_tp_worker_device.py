@@ -57,3 +57,29 @@ def test_tp1_worker_verifies_on_the_device_it_holds(tiny_model_folder, monkeypat
         logits = worker.forward(PROMPT)
     assert audit.violations == [] and audit.model_calls == 3
     assert logits.shape == (len(PROMPT), 320)
+
+
+def test_tp1_worker_runs_plain_steps_through_lean_decode(tiny_model_folder, monkeypatch):
+    """At TP = 1 a shape-invariant target's plain K = 0 steps take the lean decode forward
+    (specdec.models.lean_decode), and the worker's greedy tokens are transformers' generate's on the
+    same weights; a float32 target (not shape-invariant) keeps transformers' forward."""
+    from specdec.models import lean_decode
+    from tests.conftest import target_greedy
+
+    assert TPWorker(0, 1).setup(str(tiny_model_folder), "127.0.0.1", 0)["lean_decode"] is False  # float32
+    worker = TPWorker(0, 1)
+    info = worker.setup(str(tiny_model_folder), "127.0.0.1", 0, dtype="bfloat16")
+    assert info["lean_decode"] is True
+    lean_calls = []
+    real = lean_decode.decode_one
+    monkeypatch.setattr(lean_decode, "decode_one", lambda *a: lean_calls.append(1) or real(*a))
+    open_ = convert.session_open_to_proto(PROMPT, SamplingParams(), 0, False)
+    position, tokens = len(PROMPT), []
+    for step in range(10):
+        msg = convert.draft_block_to_proto(DraftBlock.empty(), "s", position, open=open_ if step == 0 else None)
+        reply = xpb.VerificationResult.FromString(worker.verify(msg.SerializeToString()))
+        assert reply.status == xpb.VERIFY_STATUS_OK and reply.accepted == 0 and len(reply.token_ids) == 1
+        tokens += list(reply.token_ids)
+        position = reply.committed_len
+    assert len(lean_calls) == 9  # every step after the prompt's prefill
+    assert tokens == target_greedy(worker.loaded, PROMPT, 10)
