@@ -66,8 +66,8 @@ _BY_CODE = {
 }
 
 
-#: how the server states when to retry in a RESOURCE_EXHAUSTED message (Ray Serve's gRPC proxy
-#: drops trailing metadata, so the ``retry-after-s`` trailer reaches only direct callers)
+#: how the server states when to retry in a RESOURCE_EXHAUSTED message (read when a reply lacks
+#: the ``retry-after-s`` trailer: a server before 2026-12-03 failed to set it, a list was due)
 _RETRY_IN_TEXT = re.compile(r"retry after ([0-9]+(?:\.[0-9]+)?) s")
 
 

@@ -96,7 +96,8 @@ def abort_with(grpc_context: Any, exc: BaseException, response_type: type[R] | N
     grpc_context.set_details(details_for(exc))
     retry = getattr(exc, "retry_after_s", None)
     if retry is not None and hasattr(grpc_context, "set_trailing_metadata"):
-        grpc_context.set_trailing_metadata(((RETRY_AFTER_KEY, f"{retry:.3f}"),))
+        # a list: Ray Serve's context appends it to its own request-id pairs (list + tuple raised)
+        grpc_context.set_trailing_metadata([(RETRY_AFTER_KEY, f"{retry:.3f}")])
     return response_type() if response_type is not None else None
 
 

@@ -30,4 +30,6 @@ class RecordingContext:
         self.details = details
 
     def set_trailing_metadata(self, md):
-        self.trailing = tuple(md)
+        # as Ray Serve's RayServegRPCContext.set_trailing_metadata: its request-id pairs (a list)
+        # + md, so anything but a list raises TypeError there and here
+        self.trailing = tuple([] + md)

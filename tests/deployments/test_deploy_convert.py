@@ -218,7 +218,7 @@ def test_abort_with_sets_code_details_and_returns_empty_response():
     out = abort_with(ctx, errors.ResourceExhaustedError("tokens_per_minute exceeded", "tokens_per_minute", 2.0), pb.GenerateResponse)
     assert out == pb.GenerateResponse()
     assert ctx.code is grpc.StatusCode.RESOURCE_EXHAUSTED and "tokens_per_minute" in ctx.details
-    assert ctx.trailing == (("retry-after-s", "2.000"),)
+    assert ctx.trailing == (("retry-after-s", "2.000"),)  # set as a list (Ray Serve appends it to its own)
 
 
 def test_internal_errors_do_not_leak_their_message():

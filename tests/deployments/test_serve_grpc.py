@@ -15,6 +15,7 @@ import pytest
 
 from deployments import convert
 from deployments.client import SpecDecClient, SpecDecError as ClientError
+from deployments.grpc_status import RETRY_AFTER_KEY
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
 from protos.specdec.v1 import specdec_pb2_grpc as pb_grpc
@@ -352,11 +353,13 @@ def test_tokens_per_minute_is_resource_exhausted(served):
     err = info.value
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "tenant 'small' is over its limit of 40 tokens per minute (limit tokens_per_minute): request needs 13" in err.details()
-    # when to retry: the message says it (Ray Serve's proxy drops trailing metadata set on the context)
+    # when to retry: the message says it, and the retry-after-s trailer (through Ray Serve's proxy)
     import re
 
     retry = float(re.search(r"retry after ([0-9.]+) s$", err.details()).group(1))
     assert 0 < retry <= 60 * 13 / 40
+    trailer = dict(err.trailing_metadata() or ())
+    assert float(trailer[RETRY_AFTER_KEY]) == pytest.approx(retry, abs=0.006)
     _still_serves(channel)  # the other tenants are not limited by small's bucket
 
 
