@@ -365,8 +365,8 @@ def test_w8a8_fbgemm_kernel_gives_int_mm_bitwise(shape, fbgemm_cpu):
 
 
 def test_w8a8_prepack_all_packs_in_threads_bitwise(fbgemm_cpu):
-    """prepack_all packs every layer in worker threads (the engine switched once for all of them,
-    restored after) and each packed layer computes bitwise what a lazily packed one does, which is
+    """prepack_all packs every layer in worker threads (fbgemm's engine switch ref-counted across
+    them, the global engine restored after) and each packed layer computes bitwise what a lazily packed one does, which is
     aten._int_mm's result; already packed layers and other modules are skipped."""
     from specdec.models.quant_linear import prepack_all
 

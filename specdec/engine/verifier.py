@@ -322,8 +322,9 @@ class TargetVerifier:
             lean decode does not know (not Qwen2, or not shape-invariant, e.g. float32) is left
             as it is. False (the default here; the in-process
             :class:`specdec.engine.engine.SpeculativeEngine` and a served TP = 1 target worker
-            turn it on, a sharded TP > 1 rank does not): the model is not touched. The wrapper only takes calls without an attention mask, so transformers'
-            own ``generate`` on the same model (which passes one) keeps transformers' forward.
+            turn it on, a sharded TP > 1 rank does not): the model is not touched. The wrapper
+            only takes calls without an attention mask, so transformers' own ``generate`` on the
+            same model (which passes one) keeps transformers' forward.
     """
 
     def __init__(self, target: LoadedModel, lean: bool = False):

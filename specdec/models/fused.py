@@ -24,7 +24,8 @@ separate projections with ``torch.equal``, and a group that differs is left unfu
 line); w8a8's integer columns do not depend on the weights' values, so there the first group of
 each shape is checked and the others of that shape share its verdict (:func:`_signature`).
 Measured on the demo pair's shapes (Sapphire Rapids, 2 threads, best of 200 calls, one row):
-draft q/k/v 84 -> 47 µs, gate/up 308 -> 281 µs; target q/k/v 148 -> 126 µs, gate/up 950 -> 849 µs (docs/bench/formats/PROFILE.md, "The draft's per-token cost").
+draft q/k/v 84 -> 47 µs, gate/up 308 -> 281 µs; target q/k/v 148 -> 126 µs, gate/up 950 -> 849 µs
+(docs/bench/formats/PROFILE.md, "The draft's per-token cost").
 
 How the layer still calls ``q_proj(x)``, ``k_proj(x)``, ``v_proj(x)``: each becomes a
 :class:`FusedSlice` of one shared :class:`FusedLinear`. The first slice called with an input
@@ -266,8 +267,9 @@ def _check_bitwise(linears: Sequence[nn.Linear], fused: FusedLinear, seed: int =
 
 
 def _signature(parts: Sequence[nn.Module]) -> tuple | None:
-    """What decides a w8a8 group's check: the layers' class, widths, bias and activation dtype
-    (the kernel is chosen by these and the CPU); None for other formats (each group checked).
+    """What decides a w8a8 group's check: the layers' widths, bias, activation dtype and kernel
+    settings (the kernel is chosen by these and the CPU); None unless every layer is w8a8 (then
+    each group is checked).
 
     A w8a8 output column is an exact int32 sum over the row's int8 codes times its own scales
     (:class:`~specdec.models.formats.W8A8Linear`), whatever the weights' values, so a group whose

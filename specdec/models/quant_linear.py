@@ -381,8 +381,5 @@ def prepack_all(layers: Iterable[nn.Module], workers: int | None = None) -> int:
     """
     todo = [m for m in layers if isinstance(m, W8A8Linear) and not m.prepacked and m._uses_prepacked()]
     workers = max(1, min(workers or torch.get_num_threads(), len(todo) or 1))
-    if workers == 1:
-        return sum(m.prepack() for m in todo)
-    with _fbgemm_engine() if cpu_int8_kernel() == "fbgemm" else contextlib.nullcontext():
-        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="specdec-prepack") as pool:
-            return sum(pool.map(lambda m: m.prepack(), todo))
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="specdec-prepack") as pool:
+        return sum(pool.map(lambda m: m.prepack(), todo))  # fbgemm's engine switch is ref-counted
