@@ -62,6 +62,12 @@ def remote():
 
         def __init__(self, actor):
             self.client = ControllerClient(actor=actor)
+            self.entered = 0
+
+        def calls_entered(self) -> int:
+            """How many ``admit``/``sync`` calls have started running (their actor call is
+            submitted right after): a test cancels only once its call got this far."""
+            return self.entered
 
         async def request(self, stats: list) -> None:
             got = await self.client.admit("alpha", {}, 10, "none", POLICY, 0)
@@ -71,10 +77,12 @@ def remote():
                 self.client.complete(got["lease"], "alpha", "none", stats[0], None, 4, 0, 4))
 
         async def admit(self) -> dict:
+            self.entered += 1
             return await self.client.admit("alpha", {}, 10, "none", POLICY, 0)
 
         async def sync(self, replica: list) -> dict:
             # the replica's id is still being computed: submitted, not yet at the actor
+            self.entered += 1
             return await self.client.sync_batch_acceptance(replica[0], {"segments": []})
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
@@ -87,6 +95,16 @@ def remote():
         )
     finally:
         ray.shutdown()
+
+
+def wait_until_entered(router, calls: int = 1) -> None:
+    """Wait (up to 60 s) until the router-like actor runs ``calls`` calls: cancelled before
+    that, Ray drops the queued call and the behaviour under test never happens (a cold worker
+    can take seconds to start on a loaded 2-core machine)."""
+    end = time.monotonic() + 60
+    while ray.get(router.calls_entered.remote()) < calls and time.monotonic() < end:
+        time.sleep(0.05)
+    assert ray.get(router.calls_entered.remote()) == calls
 
 
 def test_a_call_cancelled_before_reaching_the_shared_actor_does_not_hold_up_the_next(remote):
@@ -166,9 +184,11 @@ def test_an_admit_cancelled_with_its_request_leaves_no_lease(remote):
     shared = remote.busy.remote()
     router = remote.router.remote(shared)
     assert ray.get(shared.active_leases.remote()) == 0
+    ray.get(router.calls_entered.remote(), timeout=60)  # started: the hold below times the admit
     busy = shared.hold.remote(3.0)
     ref = router.admit.remote()
-    time.sleep(1.0)
+    wait_until_entered(router)
+    time.sleep(0.3)  # the admit is queued at the busy actor
     ray.cancel(ref)
     with pytest.raises(ray.exceptions.TaskCancelledError):
         ray.get(ref, timeout=30)
@@ -191,7 +211,8 @@ def test_a_draft_replicas_report_outlives_the_cancellation_of_the_request_that_s
     signal = remote.signal.remote()
     assert ray.get(shared.batch_k_replicas.remote()) == {}
     ref = router.sync.remote([signal.wait.remote()])
-    time.sleep(1.0)
+    wait_until_entered(router)
+    time.sleep(0.3)  # the report is submitted, waiting for its argument
     ray.cancel(ref)
     time.sleep(0.3)
     ray.get(signal.send.remote("draft-replica-1"))
