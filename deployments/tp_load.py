@@ -224,7 +224,7 @@ def load_tp_model(path: str, rank: int, tp_size: int, dtype: str | torch.dtype =
     elif fmt in formats.QUANTIZED_FORMATS or invariant:
         localize_tp_linears(model)
     status = quant_cache.quantize_cached(model, fmt, Path(path), rank=rank, tp_size=tp_size)
-    if fuse and fmt in ("int4", "w8a8"):
+    if fuse and fmt in formats.FUSED_FORMATS:
         from specdec.models.fused import fuse_projections
 
         fuse_projections(model) if tp_size == 1 else fuse_tp_projections(model)

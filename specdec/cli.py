@@ -71,7 +71,7 @@ def registered_commands() -> dict[str, Command]:
 
 
 #: ``--target-format`` / ``--draft-format`` choices (specdec.models.formats.WEIGHT_FORMATS)
-WEIGHT_FORMAT_CHOICES = ("float32", "bfloat16", "float16", "int8", "int4", "w8a8")
+WEIGHT_FORMAT_CHOICES = ("float32", "bfloat16", "float16", "int8", "int4", "w8a8", "w7a8")
 
 
 def _add_generate(sub) -> None:
@@ -273,7 +273,7 @@ def run_prefetch(args) -> int:
                 continue
         folder = ensure_demo_folder(role, dtype=dtype)
         print(f"demo {role}: {folder}")
-        if fmt in ("int8", "int4", "w8a8"):
+        if fmt in QUANTIZED_FORMATS:
             from specdec.models.loader import load_model
             from specdec.models.quant_cache import cache_folder
             from specdec.models.spec import DemoModelSpec

@@ -553,10 +553,10 @@ def reduced_targets(tmp_path_factory):
     # hidden 512: the down projection reduces over 1024 inputs, where bfloat16 rows of a 33-row
     # call differ from one-row calls (narrower tiny layers stay invariant at any row count)
     folder = build_tiny_model(tmp_path_factory.mktemp("reduced") / "t", seed=0, hidden_size=512, max_positions=1024)
-    return {fmt: load_model(HFModelSpec(path=folder), weight_format=fmt) for fmt in ("bfloat16", "int8", "int4", "w8a8")}
+    return {fmt: load_model(HFModelSpec(path=folder), weight_format=fmt) for fmt in ("bfloat16", "int8", "int4", "w8a8", "w7a8")}
 
 
-@pytest.mark.parametrize("fmt", ["bfloat16", "int8", "int4", "w8a8"])
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8", "int4", "w8a8", "w7a8"])
 def test_feed_many_packed_rows_bitwise_equal_alone_in_reduced_precision(reduced_targets, fmt):
     """More than 32 packed rows (bfloat16 kernels keep rows invariant only up to 32) and ragged
     caches: every row's logits and every cached key/value bitwise equal the sequence fed alone."""

@@ -21,7 +21,7 @@ def test_draft_default_is_int4_on_vnni_without_amx_and_the_targets_elsewhere():
     assert formats.choose_draft_cpu_format(SAPPHIRE_RAPIDS, "AVX512") == "w8a8"
     assert formats.choose_draft_cpu_format({"avx2", "avx512f", "avx512_bf16"}, "AVX512") == "int4"
     # torch on its AVX2 kernels (the AVX2-only AMD EPYC Zen 3 of session 16): w8a8 on fbgemm, else int4
-    assert formats.choose_draft_cpu_format({"avx", "avx2", "fma"}, "AVX2", fbgemm=True) == formats.CPU_AVX2_DRAFT_DEFAULT == "w8a8"
+    assert formats.choose_draft_cpu_format({"avx", "avx2", "fma"}, "AVX2", fbgemm=True) == formats.CPU_AVX2_DRAFT_DEFAULT == "w7a8"
     assert formats.choose_draft_cpu_format({"avx", "avx2", "fma"}, "AVX2", fbgemm=False) == "int4"
     assert formats.choose_draft_cpu_format(EPYC, "AVX2", fbgemm=False) == "int4"
     assert formats.choose_draft_cpu_format({"sse4_2"}, "DEFAULT") == "float32"

@@ -22,8 +22,8 @@ def test_storage_dtype_and_suffix_follow_the_torch_rules():
         dtype = formats.storage_dtype(fmt)
         assert storage_dtype_name(fmt) == str(dtype).removeprefix("torch."), fmt
         assert dtype_suffix(storage_dtype_name(fmt)) == convert.folder_suffix(dtype), fmt
-    assert [storage_dtype_name(f) for f in ("float32", "float16", "bfloat16", "int8", "int4", "w8a8")] == [
-        "float32", "float32", "bfloat16", "bfloat16", "bfloat16", "bfloat16"]
+    assert [storage_dtype_name(f) for f in ("float32", "float16", "bfloat16", "int8", "int4", "w8a8", "w7a8")] == [
+        "float32", "float32", "bfloat16", "bfloat16", "bfloat16", "bfloat16", "bfloat16"]
     with pytest.raises(ValueError, match="unknown weight format 'int3'"):
         storage_dtype_name("int3")
 

@@ -1,4 +1,4 @@
-"""Weight formats (float32, bfloat16, float16, int8, int4, w8a8) and the shape-invariant forward.
+"""Weight formats (float32, bfloat16, float16, int8, int4, w8a8, w7a8) and the shape-invariant forward.
 
 For every format the README offers: loading gives the right layers; a position's logits are
 bitwise the same whether it is decoded alone, verified inside a block or computed in a prefill;
@@ -78,17 +78,36 @@ def test_load_in_format(folders, fmt):
         assert isinstance(proj, Int8WeightOnlyLinear) and proj.qweight.dtype == torch.int8
     elif fmt == "int4":
         assert type(proj.weight).__name__ == "Int4OpaqueTensor"
-    elif fmt == "w8a8":
+    elif fmt in ("w8a8", "w7a8"):
         assert isinstance(proj, W8A8Linear) and proj.qweight.dtype == torch.int8 and proj.scale.dtype == torch.float32
         assert proj._specdec_plan == RowPlan(1, UNCHUNKED_ROWS)  # row-exact: never chunked
         assert isinstance(target.model.lm_head, W8A8Linear)
+        layers = [m for m in target.model.modules() if isinstance(m, W8A8Linear)]
+        assert len(layers) == 2 * 4 + 1 and all(m.one_pass == (fmt == "w7a8") for m in layers)  # fused qkv, o, gate_up, down
     else:
         assert isinstance(proj, nn.Linear) and proj.weight.dtype == compute_dtype(fmt)
     assert target.model.model.embed_tokens.weight.dtype == compute_dtype(fmt)
     fp32 = weight_bytes(pair(folders, "float32")[0].model)
-    expected = {"float32": 1.0, "bfloat16": 0.51, "float16": 0.51, "int8": 0.51, "int4": 0.51, "w8a8": 0.51}[fmt]
+    expected = {"float32": 1.0, "bfloat16": 0.51, "float16": 0.51, "int8": 0.51, "int4": 0.51, "w8a8": 0.51, "w7a8": 0.51}[fmt]
     assert weight_bytes(target.model) <= expected * fp32
     assert target.vocab_rows == 320
+
+
+@pytest.mark.parametrize("fmt", ["w8a8", "w7a8"])
+def test_w7a8_quantizes_the_weights_to_seven_bits(folders, fmt):
+    """w7a8 is w8a8 with torchao's reduce_range: weight codes -64..63 (one scale per row), the
+    activations still int8 per token (W8A8Linear's own)."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.models.formats import quantize
+
+    model = AutoModelForCausalLM.from_pretrained(folders[0], dtype=torch.bfloat16)
+    quantize(model, fmt)
+    layers = [m for m in model.modules() if isinstance(m, W8A8Linear)]
+    lo = min(int(m.qweight.min()) for m in layers)
+    hi = max(int(m.qweight.max()) for m in layers)
+    assert (lo, hi) == ((-64, 63) if fmt == "w7a8" else (-128, 127))
+    assert all(m.one_pass == (fmt == "w7a8") for m in layers)
 
 
 def test_float32_is_not_made_invariant_by_default(folders):
@@ -98,7 +117,7 @@ def test_float32_is_not_made_invariant_by_default(folders):
 
 
 def test_unknown_format_is_refused(folders):
-    with pytest.raises(ModelLoadError, match="unknown weight format 'int3'; expected one of float32, bfloat16, float16, int8, int4, w8a8"):
+    with pytest.raises(ModelLoadError, match="unknown weight format 'int3'; expected one of float32, bfloat16, float16, int8, int4, w8a8, w7a8$"):
         load_model(HFModelSpec(path=folders[0]), weight_format="int3")
     with pytest.raises(ValueError, match="format"):
         HFModelSpec(path=folders[0], format="int3")
@@ -230,12 +249,12 @@ def test_default_format_follows_the_cpu(monkeypatch):
     # torch on its AVX2 kernels (no AVX-512; the AVX2-only AMD EPYC Zen 3 of sessions 12 and 16): w8a8 on
     # fbgemm (session 16: target alone 1.77x int4's tokens/s), int4 where torch has no fbgemm engine
     zen3 = {"fpu", "avx", "avx2", "fma", "f16c", "bmi2", "sha_ni"}
-    assert formats.choose_cpu_format(zen3, "AVX2", fbgemm=True) == formats.CPU_AVX2_DEFAULT == "w8a8"
+    assert formats.choose_cpu_format(zen3, "AVX2", fbgemm=True) == formats.CPU_AVX2_DEFAULT == "w7a8"
     assert formats.choose_cpu_format(zen3, "AVX2", fbgemm=False) == formats.CPU_AVX2_FALLBACK_DEFAULT == "int4"
-    assert formats.choose_cpu_format(epyc, "AVX2", fbgemm=True) == "w8a8"
+    assert formats.choose_cpu_format(epyc, "AVX2", fbgemm=True) == "w7a8"
     assert formats.choose_cpu_format(avx512_bf16, "AVX2", fbgemm=False) == "int4"  # torch not using AVX512 kernels
     from specdec.models.quant_linear import fbgemm_available
-    assert formats.choose_cpu_format(zen3, "AVX2") == ("w8a8" if fbgemm_available() else "int4")
+    assert formats.choose_cpu_format(zen3, "AVX2") == ("w7a8" if fbgemm_available() else "int4")
     assert formats.choose_cpu_format({"sse4_2"}, "DEFAULT") == "float32"  # no AVX2: not measured
     assert formats.choose_cpu_format({"avx2", "avx512f"}, "AVX512") == "float32"  # AVX-512 without bf16/VNNI
     monkeypatch.delenv("SPECDEC_WEIGHT_FORMAT")
@@ -332,6 +351,54 @@ def fbgemm_cpu(monkeypatch):
     if not ql.fbgemm_available():
         pytest.skip("this torch has no fbgemm quantized engine (not an x86 build)")
     monkeypatch.setattr(ql, "this_cpu_onednn_int8_exact", lambda: False)
+
+
+@pytest.mark.parametrize("shape", [(2048, 1536), (96, 8960), (16, 64)])
+def test_w7a8_fbgemm_one_pass_gives_int_mm_bitwise(shape, fbgemm_cpu, monkeypatch):
+    """7-bit weights (w7a8; -64..64 is the bound) go through fbgemm in one pass per row, uint8
+    codes q + 128: bitwise aten._int_mm's result also for the extreme codes against weights of
+    -64 and 64 at 8,960 inputs (sums of 72.8 M, beyond float32's 2**24: rounded once, as int_mm's
+    int32 converted to float32), and a row is bitwise the same alone or among 1..17 rows. The
+    kernel is called once per call with the rows themselves (not the 2M rows of the halves)."""
+    import specdec.models.quant_linear as ql
+
+    out, inp = shape
+    g = torch.Generator().manual_seed(out)
+    w = torch.randint(-64, 65, (out, inp), generator=g, dtype=torch.int8)
+    w[0], w[1] = -64, 64
+    q = W8A8Linear(w, torch.rand(out, generator=g) / 100 + 1e-4, torch.randn(out, generator=g))
+    assert q.one_pass
+    x = torch.randn(17, inp, generator=g).to(torch.bfloat16)
+    x[0] = 3.0  # every code 127
+    x[1] = -2.0  # every code -127
+    x[2] = 0  # zeros: the bias
+    x[3] *= 1000  # an outlier row
+    codes, s = W8A8Linear.quantize_rows(x)
+    expected = (torch._int_mm(codes, w.t()).float() * q.scale * s).to(torch.bfloat16) + q.bias
+    if inp == 8960:
+        assert torch._int_mm(codes[:2], w[:2].t()).abs().max() == 127 * 64 * 8960
+    rows = []
+    kernel = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32
+
+    class Counting:
+        def __call__(self, x, *a):
+            rows.append(x.shape[0])
+            return kernel(x, *a)
+
+    monkeypatch.setattr(ql.torch.ops.quantized, "linear_with_input_q_dq_qweight_dq_output_fp32", Counting(),
+                        raising=False)
+    with torch.inference_mode():
+        got = q.forward_rows(x)
+        alone = torch.cat([q.forward_rows(x[i:i + 1]) for i in range(17)])
+        assert q._kind == "fbgemm" and q.prepacked
+        for m in (1, 2, 5, 16):
+            assert torch.equal(q.forward_rows(x[:m]), alone[:m]), m
+    assert rows == [17] + [1] * 17 + [1, 2, 5, 16]
+    assert torch.equal(got, expected)
+    assert torch.equal(alone, expected)
+    # one weight beyond 64: the halves again (a pair 2 * 255 * 65 could pass int16's 32,767)
+    w[5, 7] = 65
+    assert not W8A8Linear(w, q.scale, None).one_pass
 
 
 @pytest.mark.parametrize("shape", [(2048, 1536), (96, 8960), (16, 64)])

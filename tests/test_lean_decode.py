@@ -15,7 +15,7 @@ from specdec.models.spec import HFModelSpec
 from specdec.request import GenerationRequest, SamplingParams
 from specdec.testing.tiny import build_tiny_model
 
-FORMATS = ("bfloat16", "int8", "int4", "w8a8")
+FORMATS = ("bfloat16", "int8", "int4", "w8a8", "w7a8")
 PROMPT = [1, 5, 9, 33, 70, 100, 7, 8, 250, 3, 44, 12]
 
 

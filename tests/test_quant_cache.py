@@ -23,7 +23,7 @@ def marked(tmp_path, monkeypatch):
     return marked_tiny_model(tmp_path, monkeypatch, "tiny-seed-3")
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4", "w8a8"])
+@pytest.mark.parametrize("fmt", ["int8", "int4", "w8a8", "w7a8"])
 def test_cached_load_is_bitwise_a_fresh_quantization(marked, fmt, monkeypatch):
     built = load(marked, fmt)
     assert built.quant_cache == "built"
@@ -41,11 +41,13 @@ def test_cached_load_is_bitwise_a_fresh_quantization(marked, fmt, monkeypatch):
     q = warm.model.model.layers[0].self_attn.q_proj
     if fmt == "int8":
         assert isinstance(q, Int8WeightOnlyLinear) and q.qweight.dtype == torch.int8
-    elif fmt == "w8a8":
+    elif fmt in ("w8a8", "w7a8"):
         q = q.fused.linear  # q/k/v fused into one W8A8Linear after the load (specdec.models.fused)
         assert isinstance(q, W8A8Linear) and q.qweight.dtype == torch.int8 and q.scale.dtype == torch.float32
         assert isinstance(warm.model.lm_head, W8A8Linear)
-        assert torch.load(entry / TENSORS, weights_only=True)["model.layers.0.self_attn.q_proj"]["kind"] == "w8a8"
+        stored = torch.load(entry / TENSORS, weights_only=True)["model.layers.0.self_attn.q_proj"]
+        assert stored["kind"] == "w8a8" and int(stored["qweight"].abs().max()) <= (64 if fmt == "w7a8" else 128)
+        assert q.one_pass == (fmt == "w7a8")  # restored 7-bit weights run fbgemm's one pass (AVX2)
     else:
         if int4_narrow_qkv_fuses():
             q = q.fused.linear

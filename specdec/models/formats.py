@@ -10,6 +10,8 @@ int8        int8, symmetric, one scale per output row    bfloat16     ``aten._we
 int4        int4, asymmetric, groups of 128 (or 64, 32)  bfloat16     ``aten._weight_int4pack_mm_for_cpu``
 w8a8        int8, symmetric, one scale per output row    int8 per     ``onednn.qlinear_pointwise`` (AMX-INT8
                                                          token        or VNNI); fbgemm (AVX2); ``aten._int_mm``
+w7a8        as w8a8 in 7 bits (-64..63: torchao's        int8 per     as w8a8; on AVX2 fbgemm in one pass
+            ``reduce_range``)                            token        (w8a8 needs two: :class:`W8A8Linear`)
 =========== ============================================ ============ ==================================
 
 int8 and int4 are weight-only and quantized with torchao (``Int8WeightOnlyConfig``;
@@ -36,13 +38,27 @@ sessions costs about one decode step; and since integer sums are exact, a row's 
 depend on how many rows a call has, by construction. On CPU the layers are :class:`W8A8Linear`
 on torchao's quantized data; on a GPU they stay torchao tensors (untested).
 
+w7a8 is w8a8 with the weights quantized to 7 bits (codes -64..63, torchao's ``reduce_range``; one
+scale per output row) and the activations still to int8 per token. It exists for CPUs whose int8
+dot product is AVX2's ``vpmaddubsw`` (fbgemm): that instruction adds pairs of u8 x s8 products in a
+saturating int16, so w8a8's 8-bit codes must be fed as two 7-bit halves (twice the rows), while
+7-bit weights keep every pair within int16 (2 * 255 * 64 = 32,640): one pass, the exact integer
+sums, about half the compute of a forward of several positions (on session 18's Zen 3 the demo
+target's 5 / 8-row / 64-position forwards 1.31x / 1.48x / 1.72x faster, one position about the
+same). Its cost in quality, measured on the demo target against float32 over 1,200 positions of
+prose and code (docs/bench/formats/w7a8-s18/quality.txt): top-1 agreement 0.918 (w8a8 0.919, int4
+0.812), mean KL 0.039 nats (w8a8 0.036, int4 0.087), NLL per token 3.603 (w8a8 3.597, float32 3.592);
+7-bit activations instead of weights cost twice w8a8's KL in a fake-quantized probe (0.060 against
+0.030, bfloat16 reference). Exactness is per format, as for every format: speculation equals the w7a8
+target alone.
+
 :func:`default_format` picks the format when a spec names none: ``$SPECDEC_WEIGHT_FORMAT``, else
 bfloat16 on a GPU, else by the CPU (:func:`choose_cpu_format`): **w8a8** on a CPU with AMX-INT8
 (``amx_int8`` in /proc/cpuinfo: Sapphire Rapids and later) or with AVX512-VNNI and native bfloat16
 (``avx512_vnni`` and ``avx512_bf16``: AMD EPYC Zen 4/5, this project's machine since 2 Dec 2026),
 **int4** on other CPUs with native bfloat16 instructions (``avx512_bf16`` or ``amx_bf16``);
-**w8a8** on fbgemm where torch runs its AVX2 kernels (no AVX-512: :data:`CPU_AVX2_DEFAULT`, measured
-on session 16's AVX2-only AMD EPYC Zen 3; int4 where torch lacks fbgemm); float32 on older CPUs. w8a8 is
+**w7a8** on fbgemm where torch runs its AVX2 kernels (no AVX-512: :data:`CPU_AVX2_DEFAULT`, measured
+on sessions 16 and 18's AVX2-only AMD EPYC Zen 3; int4 where torch lacks fbgemm); float32 on older CPUs. w8a8 is
 the default there because its verify cost
 hardly grows with the rows a forward scores (speculation's K + 1 positions and the batch of
 sessions), where int4's grows about linearly: on the 2-core Sapphire Rapids VM the served w8a8 pair
@@ -76,10 +92,14 @@ from specdec.models.spec import WeightFormat
 WEIGHT_FORMATS: tuple[str, ...] = get_args(WeightFormat)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-           "int8": torch.bfloat16, "int4": torch.bfloat16, "w8a8": torch.bfloat16}
+           "int8": torch.bfloat16, "int4": torch.bfloat16, "w8a8": torch.bfloat16, "w7a8": torch.bfloat16}
 
 #: The formats whose linear layers are quantized (and cached: :mod:`specdec.models.quant_cache`).
-QUANTIZED_FORMATS: tuple[str, ...] = ("int8", "int4", "w8a8")
+QUANTIZED_FORMATS: tuple[str, ...] = ("int8", "int4", "w8a8", "w7a8")
+#: The formats whose CPU linear layers are :class:`W8A8Linear` (int8 activations per token).
+W8A8_FORMATS: tuple[str, ...] = ("w8a8", "w7a8")
+#: The formats whose q/k/v and gate/up projections are fused (:mod:`specdec.models.fused`).
+FUSED_FORMATS: tuple[str, ...] = ("int4",) + W8A8_FORMATS
 
 
 def check_format(fmt: str) -> str:
@@ -90,14 +110,14 @@ def check_format(fmt: str) -> str:
 
 
 def compute_dtype(fmt: str) -> torch.dtype:
-    """Activation (and unquantized parameter) dtype of a format: bfloat16 for int8/int4/w8a8
-    (w8a8 quantizes activations to int8 inside its linear layers only)."""
+    """Activation (and unquantized parameter) dtype of a format: bfloat16 for int8/int4/w8a8/w7a8
+    (w8a8 and w7a8 quantize activations to int8 inside their linear layers only)."""
     return _DTYPES[check_format(fmt)]
 
 
 def storage_dtype(fmt: str) -> torch.dtype:
     """Dtype of the cached weights a format loads from: float32 for float32/float16 (float16 is
-    cast on load), bfloat16 for bfloat16/int8/int4/w8a8 (half the bytes; no float32 copy is built)."""
+    cast on load), bfloat16 for bfloat16/int8/int4/w8a8/w7a8 (half the bytes; no float32 copy is built)."""
     return torch.float32 if check_format(fmt) in ("float32", "float16") else torch.bfloat16
 
 
@@ -151,16 +171,22 @@ def cpu_supports_bf16() -> bool:
 #: w8a8, 2.19 in int4, 1.34 in float32. Session 12's measurements (int4 against int8, float32,
 #: bfloat16, float16 and w8a8 on ``aten._int_mm``, 8-30x int4's cost per layer there):
 #: docs/bench/formats/avx2-s12/README.md. Without fbgemm: :data:`CPU_AVX2_FALLBACK_DEFAULT`.
-CPU_AVX2_DEFAULT = "w8a8"
+#:
+#: Since session 18 **w7a8**: the same kernel in one pass per row (7-bit weights, module doc), the
+#: demo target's forwards of 5 / 8 rows / 64 positions 1.31x / 1.48x / 1.72x faster than w8a8's, one
+#: position about the same (Zen 3, 2 threads, docs/bench/formats/w7a8-s18/), at a small cost in
+#: quality (module doc).
+CPU_AVX2_DEFAULT = "w7a8"
 #: The AVX2 default where torch has no fbgemm engine (w8a8 would run ``aten._int_mm``): int4, the
 #: cheapest of the other formats there (session 12: one position 0.258 s, three 0.285 s, float32
 #: 0.446 / 1.321; least memory; shape-invariant).
 CPU_AVX2_FALLBACK_DEFAULT = "int4"
-#: The draft's default where torch runs its AVX2 kernels: w8a8 too (fbgemm), else int4. The 0.5B
+#: The draft's default where torch runs its AVX2 kernels: w7a8 as the target (since session 18; w8a8
+#: before: the batched draft forwards of several sessions gain as the target's do), else int4. The 0.5B
 #: demo draft's one-position step on session 16's Zen 3 (one / two threads): w8a8 0.0887 / 0.0807 s,
 #: int4 0.1127 / 0.0882 (session 12: int4 0.0925 / 0.0568, int8 0.0980 / 0.0591, float32 0.135 /
 #: 0.145). A draft only proposes (the target verifies), so its format changes acceptance, never the output.
-CPU_AVX2_DRAFT_DEFAULT = "w8a8"
+CPU_AVX2_DRAFT_DEFAULT = "w7a8"
 
 
 def _avx2_default(fmt: str, fbgemm: bool | None) -> str:
@@ -177,7 +203,7 @@ def choose_cpu_format(flags: frozenset[str] | set[str], capability: str, fbgemm:
     :data:`CPU_AMX_INT8_DEFAULT` (w8a8) when the CPU has AMX-INT8 (:data:`AMX_INT8_CPU_FLAG`), or
     AVX512-VNNI (:data:`VNNI_CPU_FLAG`) and native bfloat16, else :data:`CPU_BF16_DEFAULT` (int4) when it has native bfloat16 (a flag of
     :data:`BF16_CPU_FLAGS`), in both cases only where torch uses its AVX512 kernels; where torch uses
-    its AVX2 kernels :data:`CPU_AVX2_DEFAULT` (w8a8 on fbgemm, measured on an AVX2-only AMD EPYC Zen 3)
+    its AVX2 kernels :data:`CPU_AVX2_DEFAULT` (w7a8 on fbgemm, measured on an AVX2-only AMD EPYC Zen 3)
     where ``fbgemm`` (default: whether this torch has the engine) else :data:`CPU_AVX2_FALLBACK_DEFAULT`
     (int4); else float32 (an AVX-512 CPU without bfloat16 or VNNI, or no AVX2: not measured here)."""
     cap = capability.upper()
@@ -223,7 +249,7 @@ CPU_VNNI_DRAFT_DEFAULT = "int4"
 def choose_draft_cpu_format(flags: frozenset[str] | set[str], capability: str, fbgemm: bool | None = None) -> str:
     """The draft's CPU default: :func:`choose_cpu_format`, except :data:`CPU_VNNI_DRAFT_DEFAULT`
     (int4) where that is w8a8 on a CPU without AMX-INT8 (on AMX, w8a8 as the target), and
-    :data:`CPU_AVX2_DRAFT_DEFAULT` (w8a8; int4 without ``fbgemm``) where torch runs its AVX2 kernels."""
+    :data:`CPU_AVX2_DRAFT_DEFAULT` (w7a8; int4 without ``fbgemm``) where torch runs its AVX2 kernels."""
     if capability.upper().startswith("AVX2"):
         return _avx2_default(CPU_AVX2_DRAFT_DEFAULT, fbgemm)
     fmt = choose_cpu_format(flags, capability)
@@ -302,8 +328,11 @@ def quantize(model: nn.Module, fmt: str) -> nn.Module:
         if device.type == "cpu":
             _swap_int8_for_cpu(model)
         return model
-    if fmt == "w8a8":
-        quantize_(model, Int8DynamicActivationInt8WeightConfig(set_inductor_config=False))
+    if fmt in W8A8_FORMATS:
+        # w7a8: torchao's reduce_range quantizes the weights to -64..63 (its activation range is not
+        # used on CPU: W8A8Linear quantizes the activations to int8 itself)
+        quantize_(model, Int8DynamicActivationInt8WeightConfig(set_inductor_config=False,
+                                                                reduce_range=fmt == "w7a8"))
         if device.type == "cpu":
             _swap_int8_for_cpu(model, W8A8Linear)
         return model

@@ -279,8 +279,8 @@ def _signature(parts: Sequence[nn.Module]) -> tuple | None:
     cls = _w8a8_class()
     if not all(type(p) is cls for p in parts):
         return None
-    return tuple((p.in_features, p.out_features, p.bias is not None, p.act_dtype, p.KERNEL, p.QLINEAR_MIN_OUT)
-                 for p in parts)
+    return tuple((p.in_features, p.out_features, p.bias is not None, p.act_dtype, p.KERNEL, p.QLINEAR_MIN_OUT,
+                  p.one_pass) for p in parts)
 
 
 def fuse_projections(model: nn.Module) -> int:

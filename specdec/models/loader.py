@@ -139,12 +139,12 @@ def load_model(
     loaded.quant_cache = quant_cache.quantize_cached(loaded.model, fmt, folder, variant=variant)
     loaded.weight_format = fmt
     fused = 0
-    if fuse and fmt in ("int4", "w8a8"):
+    if fuse and fmt in formats.FUSED_FORMATS:
         from specdec.models.fused import fuse_projections
 
         fused = fuse_projections(loaded.model)
     prepacked = 0
-    if fmt == "w8a8":  # every kernel's packed weight now, in parallel threads (else one by one at first use)
+    if fmt in formats.W8A8_FORMATS:  # every kernel's packed weight now, in parallel threads (else one by one at first use)
         from specdec.models.quant_linear import prepack_all
 
         prepacked = prepack_all(loaded.model.modules())

@@ -154,7 +154,8 @@ class W8A8Linear(_RowsLinear):
     kernel saturates pairs of products in int16 (:mod:`specdec.models.cpu_features`), **fbgemm**'s
     int8 GEMM (PyTorch's ``fbgemm`` quantized engine: ``quantized.linear_prepack`` and
     ``linear_with_input_q_dq_qweight_dq_output_fp32``) fed each row's codes as two 7-bit halves,
-    which cannot saturate (:meth:`_fbgemm_sums`); or ``"int_mm"``, ``aten._int_mm`` (int32 out)
+    which cannot saturate (:meth:`_fbgemm_sums`), or in one pass where the weights are 7-bit
+    (format w7a8, :attr:`FBGEMM_ONE_PASS_MAX_WEIGHT`); or ``"int_mm"``, ``aten._int_mm`` (int32 out)
     and the scales in torch ops. All give bitwise the same result (oneDNN's float32 output is
     exactly ``float32(acc) * scale``, fbgemm's halves are exact below 2**24; tests/test_formats.py),
     so the kernel is chosen for speed alone: qlinear (about 1.6x faster than int_mm at one row on
@@ -207,6 +208,12 @@ class W8A8Linear(_RowsLinear):
     #: Keep the plain int8 weight after prepacking (for comparing kernels). False: the prepacked
     #: copy is the only one (no second copy of the weights in memory); ``qweight`` is then empty.
     KEEP_INT8 = False
+    #: fbgemm takes a row's 8-bit codes in one pass (as uint8 ``q + 128``, 0..255) when no weight is
+    #: larger than this in magnitude: a pair of u8 x s8 products then stays within AVX2's int16
+    #: (2 * 255 * 64 = 32,640 <= 32,767), so the sums are exact without the two halves. The 7-bit
+    #: weights of format w7a8 (torchao's ``reduce_range``, -64..63) always are; a w8a8 layer whose
+    #: weights happen to be is too (bitwise the same either way).
+    FBGEMM_ONE_PASS_MAX_WEIGHT = 64
     #: Move each prepacked weight onto 2 MiB pages (:func:`specdec.models.hugepages.collapse`):
     #: a decode step streams every weight, and on 4 KiB pages a VM pays a two-level page walk per
     #: TLB miss (4-10 % of the demo target's int8 matmul time at one thread; bitwise the same).
@@ -224,6 +231,9 @@ class W8A8Linear(_RowsLinear):
         self.register_buffer("qweight", qweight.contiguous())
         self.register_buffer("scale", scale.reshape(-1).to(torch.float32).contiguous())
         self.bias = nn.Parameter(bias.detach(), requires_grad=False) if bias is not None else None
+        #: whether every weight is within :attr:`FBGEMM_ONE_PASS_MAX_WEIGHT` (fbgemm: one pass per row)
+        self.one_pass = qweight.numel() > 0 and max(int(qweight.max()), -int(qweight.min())) \
+            <= self.FBGEMM_ONE_PASS_MAX_WEIGHT
         self._packed = None  # oneDNN's or fbgemm's prepacked weight (built at the first call); False: unavailable
         self._kind = "int_mm"  # the kernel of the prepacked weight: "qlinear" (oneDNN) or "fbgemm"
         self._huge_bytes = 0  # bytes of the prepacked weight moved onto huge pages (HUGEPAGES)
@@ -337,8 +347,14 @@ class W8A8Linear(_RowsLinear):
     def _fbgemm_sums(self, x: torch.Tensor, packed) -> tuple[torch.Tensor, torch.Tensor]:
         """The integer sums ``q_x @ qweight.T`` (``[M, out]`` float32) by fbgemm on a CPU without
         exact int8 dot products (AVX2): fbgemm multiplies u8 x s8 with ``vpmaddubsw``, which adds
-        pairs of products into a saturating int16, so 8-bit codes (-127..127) would be clipped.
-        Each row's codes are split as ``q = h + (q - h)`` with ``h = floor(q / 2)`` and
+        pairs of products into a saturating int16, so 8-bit codes (-127..127) times 8-bit weights
+        could be clipped.
+
+        With 7-bit weights (:attr:`one_pass`, format w7a8) the codes go in one pass, as uint8
+        ``q + 128`` with zero point 128 (a pair is at most 2 * 255 * 64 = 32,640 in magnitude): the
+        int32 sum converted once to float32, bitwise ``float32(aten._int_mm(q, W.T))`` for any width.
+
+        Otherwise each row's codes are split as ``q = h + (q - h)`` with ``h = floor(q / 2)`` and
         ``h - q = -ceil(q / 2)``, both in [-64, 63], fed as 2M rows of uint8 codes ``v + 64`` in
         [0, 127] (a pair of products then stays within int16: at most 2 * 127 * 128 = 32,512 in
         magnitude); the kernel sums each in int32 exactly and returns it as
@@ -351,6 +367,9 @@ class W8A8Linear(_RowsLinear):
         xf = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
         s = xf.abs().amax(dim=-1, keepdim=True).div_(127.0).clamp_min_(W8A8Linear.EPS)
         q = xf.div_(s).round_()  # float codes in [-127, 127], as quantize_rows
+        if self.one_pass:
+            return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+                q, 1.0, self.U8_ZERO_POINT, packed), s
         m = q.shape[0]
         halves = torch.empty((2 * m, q.shape[1]), dtype=torch.float32)
         torch.floor(q * 0.5, out=halves[:m])
@@ -360,7 +379,8 @@ class W8A8Linear(_RowsLinear):
         return y[:m].sub_(y[m:]), s
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, int8 per-token activations"
+        bits = "7-bit" if self.one_pass else "int8"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {bits} weights, int8 per-token activations"
 
 
 def prepack_all(layers: Iterable[nn.Module], workers: int | None = None) -> int:

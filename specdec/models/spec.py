@@ -21,7 +21,7 @@ from specdec.errors import InvalidRequestError, ModelLoadError
 
 
 #: How a model's weights are stored and multiplied (see :mod:`specdec.models.formats`).
-WeightFormat = Literal["float32", "bfloat16", "float16", "int8", "int4", "w8a8"]
+WeightFormat = Literal["float32", "bfloat16", "float16", "int8", "int4", "w8a8", "w7a8"]
 
 _FORMAT_DOC = "weight format; None: the device's default (specdec.models.formats.default_format)"
 
