@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="demo:target")
     ap.add_argument("--draft", default="demo:draft")
-    ap.add_argument("--format", default=None, help="weight format (default: the device's default, w8a8 here)")
+    ap.add_argument("--format", default=None, help="weight format (default: the device's default)")
     ap.add_argument("--clients", default="1,8", help="comma list: one profiled group per count")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--k", default="4", help="K of every group, or a comma list: one K per --clients entry "

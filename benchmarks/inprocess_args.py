@@ -97,7 +97,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                    help="draft model spec, or 'none' to skip the draft proposer and assisted generation "
                         "(default demo:draft)")
     g.add_argument("--formats", type=_format_list, default=None, metavar="F[,F...]",
-                   help="weight formats to compare (float32, bfloat16, float16, int8, int4, w8a8): the whole "
+                   help="weight formats to compare (float32, bfloat16, float16, int8, int4, w8a8, w7a8): the whole "
                         "benchmark runs once per format, draft and target in that format, into <out>/<format>/, "
                         "and <out>/formats.md compares them (default: one run in the default format); "
                         "F:alone times only that format's target alone (no draft loaded), e.g. the float32 baseline")

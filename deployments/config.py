@@ -167,7 +167,7 @@ class AppConfig(BaseModel):
     )
     tenants_file: str | None = Field(None, description="tenants YAML (issue 4); None: no auth")
     target_dtype: WeightFormat | None = Field(
-        None, description="weight format of the target: float32, bfloat16, float16, int8, int4 or w8a8 "
+        None, description="weight format of the target: float32, bfloat16, float16, int8, int4, w8a8 or w7a8 "
                           "(at target_tp > 1 each rank quantizes its own shard); None: the device's default "
                           "(specdec.models.formats.default_format)",
     )

@@ -123,7 +123,7 @@ def localize_tp_linears(model: torch.nn.Module) -> int:
 
 
 def fuse_tp_projections(model: torch.nn.Module) -> int:
-    """Fuse each layer's q/k/v and gate/up local shards at TP > 1 (int4 or w8a8), in place.
+    """Fuse each layer's q/k/v and gate/up local shards at TP > 1 (int4, w8a8 or w7a8), in place.
 
     q/k/v and gate/up are column-sharded (``colwise``: each rank holds some output rows, no
     communication), so a rank's local layers of one group multiply the same local input and fuse
@@ -185,7 +185,7 @@ def load_tp_model(path: str, rank: int, tp_size: int, dtype: str | torch.dtype =
             every format but float32 (see :func:`specdec.models.loader.load_model`). Invariance
             holds per TP degree: TP=2 sums two partial products per row, so its rows may differ
             in the last bits from TP=1's.
-        fuse: int4 or w8a8: fuse q/k/v and gate/up into one matmul each, as
+        fuse: int4, w8a8 or w7a8: fuse q/k/v and gate/up into one matmul each, as
             :func:`specdec.models.loader.load_model` does (bitwise the same outputs, checked per
             group at load: :func:`specdec.models.fused.fuse_projections`); at TP > 1 the local
             column shards (:func:`fuse_tp_projections`).

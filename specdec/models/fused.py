@@ -284,10 +284,10 @@ def _signature(parts: Sequence[nn.Module]) -> tuple | None:
 
 
 def fuse_projections(model: nn.Module) -> int:
-    """Fuse every q/k/v and gate/up group of int4 or w8a8 projections in ``model``, in place.
+    """Fuse every q/k/v and gate/up group of int4, w8a8 or w7a8 projections in ``model``, in place.
 
     Call after quantizing and before :func:`specdec.engine.invariant.make_invariant` (which then
-    plans the fused linears like any other). Groups that are not int4 or w8a8 (:func:`fusable`) or whose
+    plans the fused linears like any other). Groups that are not int4, w8a8 or w7a8 (:func:`fusable`) or whose
     fused columns are not bitwise equal to the separate projections on a probe are left as
     they are (w8a8: the first group of each :func:`_signature` is probed, the others share its
     verdict). Idempotent.

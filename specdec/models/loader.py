@@ -54,7 +54,7 @@ def load_model(
 
     Args:
         spec: what to load.
-        weight_format: ``float32``, ``bfloat16``, ``float16``, ``int8``, ``int4`` or ``w8a8``
+        weight_format: ``float32``, ``bfloat16``, ``float16``, ``int8``, ``int4``, ``w8a8`` or ``w7a8``
             (:mod:`specdec.models.formats`); None: the spec's ``format``, else
             ``$SPECDEC_WEIGHT_FORMAT``, else :func:`specdec.models.formats.default_format`.
         dtype: older spelling of a float format (``torch.bfloat16`` = ``"bfloat16"``); ignored
@@ -73,7 +73,7 @@ def load_model(
             before quantizing, and :attr:`LoadedModel.vocab_subset` holds them. None: all.
         vocab_table: the frequency table (a :class:`~specdec.models.vocab_subset.FrequencyTable`
             or a file); None: the one shipped in the package.
-        fuse: int4 or w8a8 on a CPU: fuse each layer's q/k/v and gate/up projections into one
+        fuse: int4, w8a8 or w7a8 on a CPU: fuse each layer's q/k/v and gate/up projections into one
             int4 matmul (w8a8: one per-token activation quantization and one int8 matmul) each
             (:func:`specdec.models.fused.fuse_projections`; bitwise the same outputs, checked per
             layer when loading; fewer, larger calls per token).
