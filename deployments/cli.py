@@ -69,7 +69,9 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--application", default="specdec", help="Serve application name (default: specdec)")
     parser.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"), help="tenant API key ($SPECDEC_API_KEY)")
     parser.add_argument("--message", action="append", default=[], metavar="ROLE:TEXT", help="chat message, repeatable")
-    parser.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default: 128)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="most tokens to generate; the prompt plus this must fit the target's context "
+                             "(default: the server's, 128, cut short at the context)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
     parser.add_argument("--top-p", type=float, default=None, help="nucleus mass in (0, 1] (default: 1, off)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the K most likely tokens (default: 0, off)")

@@ -7,7 +7,8 @@ path, 405 wrong method, 413 a body larger than any valid request (an error's own
 ``http_status``), 429 over a tenant limit (with ``Retry-After`` in whole seconds), 503 while
 the models load (``Retry-After: 1``), 504 deadline passed, 500 anything unexpected. ``param``
 names the body field at fault (:func:`error_param`), as the message does (:func:`error_message`),
-``code`` the tenant limit or ``context_length_exceeded`` (:func:`error_code`).
+``code`` the tenant limit or ``context_length_exceeded`` (a prompt over the context, or with the
+``max_tokens`` the caller set; :func:`error_code`).
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ def http_status_for(exc: BaseException) -> int:
 def error_code(exc: BaseException) -> str | None:
     """OpenAI's ``code`` of ``exc``: ``context_length_exceeded`` for a prompt that leaves no room
     (OpenAI's own code), the tenant limit's name for a tenant limit (``tokens_per_minute``, ...),
-    else None. Always a string or None, as OpenAI's clients expect."""
-    from specdec.errors import PromptTooLongError
+    else None. Always a string or None, as OpenAI's clients expect. A prompt plus an explicit
+    ``max_tokens`` over the context is ``context_length_exceeded`` too (OpenAI's, vLLM's)."""
+    from specdec.errors import ContextLengthExceededError, PromptTooLongError
 
-    if isinstance(exc, PromptTooLongError):
+    if isinstance(exc, (PromptTooLongError, ContextLengthExceededError)):
         return "context_length_exceeded"
     limit = getattr(exc, "limit", None)
     return limit if isinstance(limit, str) else None
@@ -110,7 +112,9 @@ def error_param(exc: BaseException, endpoint: str | None = None, body: dict | No
     An error that names its field explicitly (attribute ``param``, set where the HTTP layer
     refuses a body) gives that; a prompt over the context gives ``prompt`` (completions) or
     ``messages`` (chat), as OpenAI's own ``context_length_exceeded`` (a chat prompt over a tenant's
-    ``max_prompt_tokens`` too: a chat body has no ``prompt``); any other bad request gives
+    ``max_prompt_tokens`` too: a chat body has no ``prompt``); a prompt that fits but not beside
+    the ``max_tokens`` the caller set gives ``max_tokens`` (``max_completion_tokens`` when the
+    body spelled it so: the field to lower); any other bad request gives
     the field path its message starts with (every validation message of both APIs starts with
     the field as the caller sent it: ``max_tokens: ...``, ``messages.0.role: ...``,
     ``sampling.temperature: ...`` -> ``temperature``), if that path starts with a field of the
@@ -122,13 +126,15 @@ def error_param(exc: BaseException, endpoint: str | None = None, body: dict | No
         body: the request body when it was read: a chat body that set ``max_completion_tokens``
             (OpenAI's current name; ``max_tokens`` is its deprecated alias) gets that name back.
     """
-    from specdec.errors import PromptTooLongError
+    from specdec.errors import ContextLengthExceededError, PromptTooLongError
 
     explicit = getattr(exc, "param", None)
     if isinstance(explicit, str):
         return explicit
     if http_status_for(exc) != 400:  # 413 included: the whole body, no field
         return None
+    if isinstance(exc, ContextLengthExceededError):
+        return _body_path("max_tokens", endpoint, body)
     if isinstance(exc, PromptTooLongError):
         return "messages" if endpoint == "chat" else "prompt"
     lead = _leading_path(str(exc).removeprefix("invalid request: ").split("; ")[0])

@@ -25,7 +25,9 @@ Both hand :meth:`Router.generate_stream` the plain request dict that
    messages on both APIs;
 3. ``_hints``: the request's proposer and largest K, capped by ``default_max_k``;
 4. ``_encode``: tokenize (chat template of the target) and check the context limit
-   (INVALID_ARGUMENT for an empty or over-long prompt);
+   (INVALID_ARGUMENT for an empty or over-long prompt, or a prompt plus the ``max_tokens`` the
+   caller set over the context: OpenAI's ``context_length_exceeded``; a request without
+   ``max_tokens`` generates up to the context);
 5. ``TenancyGate.admit`` (:mod:`deployments.tenancy`) for the authenticated tenant: its policy
    (INVALID_ARGUMENT, or K clipped), its limits (RESOURCE_EXHAUSTED; the rate lease lives as
    long as the request's own timeout), a fair admission slot, and the K of the shared per-tenant
@@ -86,7 +88,7 @@ from deployments.metadata import SESSION_KEY, TIMEOUT_KEY  # noqa: F401 (TIMEOUT
 from deployments.ray_errors import unwrap
 from protos.specdec.v1 import exchange_pb2 as xpb
 from protos.specdec.v1 import specdec_pb2 as pb
-from specdec.errors import InvalidRequestError, ModelNotReadyError, PromptTooLongError
+from specdec.errors import InvalidRequestError, ModelNotReadyError
 from specdec.request import MAX_SPECULATION_LENGTH, GenerationRequest, parse_request
 
 log = logging.getLogger(__name__)
@@ -168,12 +170,19 @@ class Router:
             k = 0
         return proposer, int(k)
 
-    def _encode(self, req: GenerationRequest) -> list[int]:
-        from specdec.engine.prompt import encode_prompt
+    def _encode(self, req: GenerationRequest, max_tokens: int | None = None) -> list[int]:
+        """The prompt's token ids, refused when it does not fit the target's context with
+        ``max_tokens`` (the caller's own; None when it left it out: then up to the context).
+
+        Raises:
+            InvalidRequestError, PromptTooLongError, ContextLengthExceededError
+            (:func:`specdec.engine.prompt.check_context_length`).
+        """
+        from specdec.engine.prompt import check_context_length, encode_prompt, prompt_name
 
         ids = encode_prompt(self.info.tokenizer, req, self.info.emittable_vocab)
-        if len(ids) >= self.info.max_positions:
-            raise PromptTooLongError(len(ids), self.info.max_positions, f"the target '{self.info.name}'")
+        check_context_length(len(ids), max_tokens, self.info.max_positions, f"the target '{self.info.name}'",
+                             prompt_name(req))
         return ids
 
     async def _ensure_ready(self) -> None:
@@ -257,6 +266,9 @@ class Router:
             metadata, named_proposer if isinstance(named_proposer, str) else "unknown")
         check_session_id(metadata)
         refuse_too_many_messages(data, self.cfg.max_chat_messages)
+        # only a max_tokens the caller set must fit beside the prompt; a default one does not
+        # (the generation then stops at the context, as OpenAI's API without max_tokens)
+        explicit_max_tokens = data.get("max_tokens") is not None
         data = with_default_max_tokens(data, tenant, default_max_tokens)
         req = parse_request(dict(data), convert.PROTO_FIELD_NAMES)  # fields named as the caller sent them
         proposer, k = self._hints(data)
@@ -267,7 +279,8 @@ class Router:
         req = req.model_copy(update={"speculation": req.speculation.model_copy(update=spec_update)})
         refuse_surely_too_long(req, self.info.max_positions, self._max_token_chars, self.info.name)
         # tokenizing a long prompt takes a while: off the event loop, so other requests go on
-        prompt = await asyncio.get_running_loop().run_in_executor(self.encode_executor, self._encode, req)
+        prompt = await asyncio.get_running_loop().run_in_executor(
+            self.encode_executor, self._encode, req, req.max_tokens if explicit_max_tokens else None)
         deadline = deadline_from_metadata(metadata, self.cfg.request_timeout_s)
         named = spec_given.get("proposer") is not None
         adm = await self.gate.admit(metadata, req, prompt_tokens=len(prompt),

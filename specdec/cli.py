@@ -99,7 +99,9 @@ def _add_generate(sub) -> None:
     p.add_argument("--draft-min-confidence", type=float, default=0.0, metavar="C",
                    help="draft proposer: end a block after a drafted token whose draft probability "
                         "is below C (0 = always draft K; 0.4 is transformers' assisted default)")
-    p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default: 128)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="most tokens to generate; the prompt plus this must fit the target's context "
+                        "(default: 128, cut short at the context)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
     p.add_argument("--top-k", type=int, default=0, help="keep the K most likely tokens (default: 0, off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (default: 1, off)")
@@ -150,7 +152,7 @@ def request_from_flags(args) -> dict:
         except ValueError:
             raise SpecDecError(f"--logit-bias must be ID=BIAS, got {item!r}") from None
     data: dict = {
-        "max_tokens": args.max_tokens,
+        **_set({"max_tokens": args.max_tokens}),  # left out: the default, cut short at the context
         "min_tokens": args.min_tokens,
         "stop": args.stop,
         "logprobs": args.logprobs,

@@ -38,6 +38,30 @@ class PromptTooLongError(InvalidRequestError):
         )
 
 
+class ContextLengthExceededError(InvalidRequestError):
+    """The prompt fits, but the prompt plus the ``max_tokens`` the caller set exceed the context
+    limit (OpenAI's and vLLM's 400 ``context_length_exceeded``; gRPC: INVALID_ARGUMENT).
+
+    Only an explicit ``max_tokens`` is refused: a request that leaves it out generates up to the
+    context (or its default), as OpenAI's API does. The message is OpenAI's, with the numbers.
+
+    Attributes:
+        prompt_tokens: length of the tokenized prompt, in tokens.
+        max_tokens: the ``max_tokens`` the caller asked for.
+        limit: the context limit that applies, in tokens (positions).
+    """
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, limit: int, prompt_name: str = "prompt"):
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.limit = limit
+        super().__init__(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_name}, {max_tokens} in the "
+            f"completion). Please reduce the length of the {prompt_name} or completion."
+        )
+
+
 class ModelLoadError(SpecDecError):
     """A model could not be found, assembled, verified (sha256) or loaded."""
 

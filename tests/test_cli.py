@@ -68,7 +68,8 @@ def test_help_texts_name_the_defaults(capsys):
         cli.main(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     for text in ("(default: demo:target)", "(default: demo:draft)", "(draft tokens per step; default: 4)",
-                 "most tokens to generate (default: 128)", "0 = greedy (default: 0)", "(default: a random one)"):
+                 "most tokens to generate; the prompt plus this must fit the target's context (default: 128, cut short at the "
+                 "context)", "0 = greedy (default: 0)", "(default: a random one)"):
         assert text in out, text
     with pytest.raises(SystemExit):
         cli.main(["client", "--help"])

@@ -7,7 +7,8 @@ import torch
 from scipy.stats import chisquare
 
 from specdec.engine.engine import SpeculativeEngine
-from specdec.errors import InvalidRequestError, PromptTooLongError
+from specdec.errors import ContextLengthExceededError, InvalidRequestError, PromptTooLongError
+from specdec.engine.prompt import check_context_length
 from specdec.engine.proposers.prompt_lookup import find_continuation
 from specdec.request import GenerationRequest, SamplingParams, parse_request
 from specdec.engine.sampling import warp_probs
@@ -63,13 +64,60 @@ def test_prompt_that_does_not_fit_is_refused(short_pair):
     )
 
 
+def test_max_tokens_over_the_context_is_refused_not_cut_short(short_pair):
+    """A prompt that fits, with a max_tokens the caller set that does not fit beside it, was
+    generated and silently cut at the context (finish reason context_length); it is refused with
+    OpenAI's context_length_exceeded message and its numbers. At the limit it is answered in full."""
+    target, draft = short_pair
+    engine = SpeculativeEngine(target, draft)
+    prompt = [(7 * i) % 250 + 3 for i in range(20)]
+    with pytest.raises(ContextLengthExceededError) as e:
+        engine.start(GenerationRequest(prompt_token_ids=prompt, max_tokens=13, ignore_eos=True))
+    assert isinstance(e.value, InvalidRequestError)
+    assert (e.value.prompt_tokens, e.value.max_tokens, e.value.limit) == (20, 13, 32)
+    assert str(e.value) == (
+        "This model's maximum context length is 32 tokens. However, you requested 33 tokens "
+        "(20 in the prompt, 13 in the completion). Please reduce the length of the prompt or completion."
+    )
+    # exactly at the limit: accepted, all 12 tokens, ended by max_tokens
+    res = engine.generate(GenerationRequest(prompt_token_ids=prompt, max_tokens=12, ignore_eos=True))
+    assert res.finish_reason is FinishReason.MAX_TOKENS
+    assert res.token_ids == target_greedy(target, prompt, 12)
+    # a chat request names its messages
+    msgs = [{"role": "user", "content": "def add(a, b):"}]
+    n = len(engine.encode(GenerationRequest(messages=msgs)))
+    with pytest.raises(ContextLengthExceededError) as e:
+        engine.start(GenerationRequest(messages=msgs, max_tokens=32 - n + 1))
+    assert str(e.value) == (
+        f"This model's maximum context length is 32 tokens. However, you requested 33 tokens "
+        f"({n} in the messages, {33 - n} in the completion). Please reduce the length of the messages or completion."
+    )
+
+
+def test_check_context_length_bounds():
+    """The one rule of both the engine and the router: the prompt alone must leave a position;
+    an explicit max_tokens must fit beside it; a left-out one (None) never fails."""
+    check_context_length(20, 12, 32, "the target 't'")  # at the limit
+    check_context_length(31, None, 32, "the target 't'")  # no max_tokens: up to the context
+    check_context_length(31, 1, 32, "the target 't'")
+    with pytest.raises(ContextLengthExceededError, match=r"requested 33 tokens \(31 in the prompt, 2 in the"):
+        check_context_length(31, 2, 32, "the target 't'")
+    with pytest.raises(PromptTooLongError, match="prompt is 32 tokens but the target 't' holds 32 positions"):
+        check_context_length(32, None, 32, "the target 't'")
+    with pytest.raises(PromptTooLongError):  # the prompt alone is the clearer error
+        check_context_length(40, 1, 32, "the target 't'")
+
+
 @pytest.mark.parametrize("prompt_len", [1, 12, 19, 25, 31])
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_k_shrinks_at_the_context_limit(short_pair, prompt_len, k):
+    """Without max_tokens (the default, 128, is more than the 32 positions) the generation runs
+    up to the context, as OpenAI's API without max_tokens; an explicit one over it is refused
+    (:func:`test_max_tokens_over_the_context_is_refused_not_cut_short`)."""
     target, draft = short_pair
     engine = SpeculativeEngine(target, draft)
     prompt = [(7 * i) % 250 + 3 for i in range(prompt_len)]
-    res = engine.generate(GenerationRequest(prompt_token_ids=prompt, max_tokens=100, ignore_eos=True, speculation={"k": k}))
+    res = engine.generate(GenerationRequest(prompt_token_ids=prompt, ignore_eos=True, speculation={"k": k}))
     # the sequence fills the context exactly, never more
     assert res.finish_reason is FinishReason.CONTEXT_LENGTH
     assert prompt_len + len(res.token_ids) == 32
@@ -83,7 +131,7 @@ def test_ngram_context_limit(short_pair):
     target, _ = short_pair
     engine = SpeculativeEngine(target)
     prompt = [9, 10, 11] * 10  # 30 tokens, lots to match
-    res = engine.generate(GenerationRequest(prompt_token_ids=prompt, max_tokens=100, ignore_eos=True, speculation={"proposer": "ngram", "k": 8}))
+    res = engine.generate(GenerationRequest(prompt_token_ids=prompt, ignore_eos=True, speculation={"proposer": "ngram", "k": 8}))
     assert len(prompt) + len(res.token_ids) == 32
     assert res.finish_reason is FinishReason.CONTEXT_LENGTH
 

@@ -173,7 +173,8 @@ class BatchScheduler:
                 held at K = 0: :meth:`specdec.control.batch_k.BatchKController.step_k`).
 
         Raises:
-            InvalidRequestError, PromptTooLongError: as :meth:`specdec.engine.engine.SpeculativeEngine.start`.
+            InvalidRequestError, PromptTooLongError, ContextLengthExceededError: as
+                :meth:`specdec.engine.engine.SpeculativeEngine.start`.
             ValueError: ``adaptive`` without a controller.
         """
         if adaptive:

@@ -10,7 +10,12 @@ import secrets
 from typing import Callable, Iterator
 
 from specdec.engine.decoder import Generation
-from specdec.engine.prompt import encode_prompt  # noqa: F401 (re-exported)
+from specdec.engine.prompt import (  # noqa: F401 (encode_prompt: re-exported)
+    check_context_length,
+    encode_prompt,
+    prompt_name,
+    requested_max_tokens,
+)
 from specdec.engine.proposers.draft_model import DEFAULT_TOP_M, DraftModelProposer
 from specdec.engine.sessions import open_generation
 from specdec.engine.verifier import TargetVerifier
@@ -75,8 +80,12 @@ class SpeculativeEngine:
             InvalidRequestError: the proposer is ``draft`` but no draft model is loaded; bad ids;
                 a checkpoint whose seed differs from the request's.
             PromptTooLongError: the prompt leaves no room for one token in the target's context.
+            ContextLengthExceededError: the request sets ``max_tokens`` and the prompt plus it
+                exceed the target's context (left out, it generates up to the context).
         """
         prompt = self.encode(request)
+        check_context_length(len(prompt), requested_max_tokens(request), self.target.max_positions,
+                             f"the target '{self.target.name}'", prompt_name(request))
         seed = request.sampling.seed
         if resume is not None:
             if seed is not None and seed != resume.seed:

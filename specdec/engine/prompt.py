@@ -1,4 +1,5 @@
-"""A request's prompt as token ids: text, chat messages (the target's chat template) or ids.
+"""A request's prompt as token ids: text, chat messages (the target's chat template) or ids, and
+whether it fits the target's context with the ``max_tokens`` the caller asked for.
 
 Without torch: the serving layer's router tokenizes every request and holds no model
 (``tests/deployments/test_lean_imports.py``); the in-process engine uses the same function.
@@ -6,7 +7,7 @@ Without torch: the serving layer's router tokenizes every request and holds no m
 
 from __future__ import annotations
 
-from specdec.errors import InvalidRequestError
+from specdec.errors import ContextLengthExceededError, InvalidRequestError, PromptTooLongError
 from specdec.request import GenerationRequest
 
 
@@ -41,3 +42,41 @@ def encode_prompt(tokenizer, request: GenerationRequest, emittable: int) -> list
     if not ids:
         raise InvalidRequestError("the prompt tokenizes to no tokens")
     return list(ids)
+
+
+def requested_max_tokens(request: GenerationRequest) -> int | None:
+    """The ``max_tokens`` the caller set on ``request``, or None when it left it out (the default,
+    :class:`GenerationRequest`'s 128, then applies, cut short by the context if need be)."""
+    return request.max_tokens if "max_tokens" in request.model_fields_set else None
+
+
+def check_context_length(prompt_tokens: int, max_tokens: int | None, limit: int, what: str,
+                         prompt_name: str = "prompt") -> None:
+    """Refuse a request that cannot be answered in full within the context limit.
+
+    A prompt of ``limit`` tokens or more leaves no room for one token. A prompt that fits, with
+    a ``max_tokens`` the caller set (not None) that does not fit beside it, is refused as OpenAI
+    and vLLM refuse it (400 ``context_length_exceeded``), never generated and silently cut at the
+    context. A request at the limit (``prompt_tokens + max_tokens == limit``) is accepted; one
+    without ``max_tokens`` (None) is too: it generates up to the context.
+
+    Args:
+        prompt_tokens: length of the tokenized prompt.
+        max_tokens: the ``max_tokens`` the caller set (:func:`requested_max_tokens`), or None.
+        limit: the target's context, in positions.
+        what: the context's owner for :class:`PromptTooLongError`'s message ("the target 'x'").
+        prompt_name: ``"messages"`` for a chat request, else ``"prompt"`` (the message names it).
+
+    Raises:
+        PromptTooLongError: the prompt alone fills the context.
+        ContextLengthExceededError: ``prompt_tokens + max_tokens > limit``.
+    """
+    if prompt_tokens >= limit:
+        raise PromptTooLongError(prompt_tokens, limit, what)
+    if max_tokens is not None and prompt_tokens + max_tokens > limit:
+        raise ContextLengthExceededError(prompt_tokens, max_tokens, limit, prompt_name)
+
+
+def prompt_name(request: GenerationRequest) -> str:
+    """How OpenAI's message names the request's prompt: ``messages`` (chat) or ``prompt``."""
+    return "messages" if request.messages is not None else "prompt"

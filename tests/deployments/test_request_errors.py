@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import grpc
+import openai
 import pytest
 
 from deployments.grpc_status import StreamAborted
@@ -15,7 +16,17 @@ from deployments.openai_responses import error_param
 from protos.specdec.v1 import specdec_pb2 as pb
 from specdec.errors import InvalidRequestError, ResourceExhaustedError
 from tests.deployments.grpc_context import RecordingContext
-from tests.deployments.test_openai_api import KEY, MODEL, PROMPT, _grpc, _raw, _run, stack  # noqa: F401 (fixture)
+from tests.deployments.test_openai_api import (  # noqa: F401 (stack: fixture)
+    KEY,
+    MODEL,
+    PROMPT,
+    _client,
+    _grpc,
+    _raw,
+    _run,
+    _status_of,
+    stack,
+)
 from tests.conftest import target_greedy
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -207,3 +218,88 @@ def test_chat_errors_name_the_field_as_the_body_spells_it(stack, body, message):
     body did not have; a model that is not a string was "model is required"."""
     resp = _run(_raw(stack["app"], "POST", "/v1/chat/completions", json.dumps(body)))
     assert resp.status_code == 400 and resp.json()["error"]["message"] == message, resp.text
+
+
+# --- prompt + max_tokens over the context -----------------------------------------------------------
+
+#: The tiny target's context (positions) and a prompt of ids that leaves 56 of them.
+CONTEXT, LONG = 256, [5] * 200
+
+
+def _over_context(prompt_name: str, prompt_tokens: int, max_tokens: int) -> str:
+    return (f"This model's maximum context length is {CONTEXT} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_name}, {max_tokens} in the "
+            f"completion). Please reduce the length of the {prompt_name} or completion.")
+
+
+def test_max_tokens_over_the_context_is_400_over_http(stack):
+    """A prompt that fits with a max_tokens that does not fit beside it was admitted and silently
+    cut at the context (finish_detail context_length); it is 400 context_length_exceeded with
+    OpenAI's message and numbers, ``param`` the field to lower, unary and streamed, completions and
+    chat. Exactly at the limit the answer is the target's in full."""
+    def client():
+        return _client(stack["app"])
+
+    e = _status_of(client().completions.create(model=MODEL, prompt=LONG, max_tokens=57, temperature=0))
+    assert isinstance(e, openai.BadRequestError) and e.status_code == 400
+    assert e.body == {"message": _over_context("prompt", 200, 57), "type": "invalid_request_error",
+                      "param": "max_tokens", "code": "context_length_exceeded"}
+    e = _status_of(client().completions.create(model=MODEL, prompt=LONG, max_tokens=57, stream=True))
+    assert e.status_code == 400 and e.body["message"] == _over_context("prompt", 200, 57)
+
+    target = stack["target"]
+    msgs = [{"role": "user", "content": PROMPT}]
+    n = len(target.tokenizer.encode(target.tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
+                                                                         tokenize=False), add_special_tokens=False))
+    for field in ("max_tokens", "max_completion_tokens"):
+        e = _status_of(client().chat.completions.create(model=MODEL, messages=msgs, **{field: CONTEXT - n + 1}))
+        assert e.status_code == 400 and e.body == {
+            "message": _over_context("messages", n, CONTEXT - n + 1), "type": "invalid_request_error",
+            "param": field, "code": "context_length_exceeded"}
+
+    async def at_limit():
+        return await client().completions.create(model=MODEL, prompt=LONG, max_tokens=56, temperature=0,
+                                               extra_body={"ignore_eos": True})
+
+    resp = _run(at_limit())
+    assert resp.choices[0].finish_reason == "length" and resp.choices[0].model_extra["finish_detail"] == "max_tokens"
+    assert resp.usage.prompt_tokens == 200 and resp.usage.completion_tokens == 56
+    assert resp.choices[0].model_extra["token_ids"] == target_greedy(target, LONG, 56)
+
+
+def test_no_max_tokens_still_generates_up_to_the_context(stack):
+    """OpenAI's API without max_tokens is not an error: the default (completions 16, chat 128)
+    is cut at the context, as before (finish_detail context_length)."""
+    target = stack["target"]
+    prompt = [5] * 250
+    resp = _run(_raw(stack["app"], "POST", "/v1/completions",
+                     json.dumps({"model": MODEL, "prompt": prompt, "temperature": 0, "ignore_eos": True})))
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    assert (choice["finish_reason"], choice["finish_detail"]) == ("length", "context_length")
+    assert choice["token_ids"] == target_greedy(target, prompt, 6)
+    got, ctx = _grpc(stack["router"], pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=prompt), ignore_eos=True))
+    assert ctx.code is None, ctx.details
+    assert got.finish_reason == pb.FINISH_REASON_CONTEXT_LENGTH and list(got.token_ids) == choice["token_ids"]
+
+
+def test_max_tokens_over_the_context_is_invalid_argument_over_grpc(stack):
+    """The same refusal over gRPC, unary and streamed: INVALID_ARGUMENT with the same message;
+    at the limit (prompt + max_tokens == context) it is answered."""
+    router = stack["router"]
+    req = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=LONG), max_tokens=57, ignore_eos=True)
+    got, ctx = _grpc(router, req)
+    assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT and ctx.details == _over_context("prompt", 200, 57)
+    assert got == pb.GenerateResponse()
+    ctx = RecordingContext((("authorization", f"Bearer {KEY}"),))
+
+    async def drain():
+        return [c async for c in router.GenerateStream(req, ctx)]
+
+    with pytest.raises(StreamAborted):
+        _run(drain())
+    assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT and ctx.details == _over_context("prompt", 200, 57)
+    got, ctx = _grpc(router, pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=LONG), max_tokens=56, ignore_eos=True,
+                                                speculation=pb.SpeculationHints(proposer=pb.PROPOSER_NGRAM)))
+    assert ctx.code is None, ctx.details
+    assert got.finish_reason == pb.FINISH_REASON_MAX_TOKENS and len(got.token_ids) == 56

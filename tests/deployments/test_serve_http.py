@@ -147,6 +147,28 @@ def test_grpc_and_http_give_the_same_message_for_the_same_bad_request(served):
     assert e.value.body["message"] == "invalid request: top_p: Input should be less than or equal to 1"
 
 
+def test_max_tokens_over_the_context_is_refused_through_both_ports(served):
+    """A prompt plus an explicit max_tokens over the tiny target's 256 positions was admitted and
+    cut short at the context; through Serve's real proxies it is HTTP 400 context_length_exceeded
+    and gRPC INVALID_ARGUMENT, with OpenAI's message and numbers. At the limit it is answered."""
+    _, channel, _ = served
+    prompt = [5] * 200
+    message = ("This model's maximum context length is 256 tokens. However, you requested 257 tokens "
+               "(200 in the prompt, 57 in the completion). Please reduce the length of the prompt or completion.")
+    with pytest.raises(openai.BadRequestError) as e:
+        _client(served).completions.create(model=APP, prompt=prompt, max_tokens=57)
+    assert e.value.status_code == 400
+    assert e.value.body == {"message": message, "type": "invalid_request_error", "param": "max_tokens",
+                            "code": "context_length_exceeded"}
+    with pytest.raises(grpc.RpcError) as info:
+        pb_grpc.SpecDecStub(channel).Generate(
+            pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=prompt), max_tokens=57), metadata=MD, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and info.value.details() == message
+    r = _client(served).completions.create(model=APP, prompt=prompt, max_tokens=56, temperature=0,
+                                           extra_body={"ignore_eos": True, "speculation": {"proposer": "ngram"}})
+    assert r.usage.completion_tokens == 56 and r.choices[0].model_extra["finish_detail"] == "max_tokens"
+
+
 def test_disconnect_cancels_the_generation_and_frees_both_caches(served):
     cfg = served[0]
     assert wait_no_sessions() == ([], [])
