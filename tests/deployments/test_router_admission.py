@@ -42,9 +42,9 @@ def router(tmp_path, tiny_model_folder):
     calls = []
     encode = r._encode
 
-    def spy(req):
+    def spy(req, *args):
         calls.append(threading.current_thread().name)
-        return encode(req)
+        return encode(req, *args)
 
     r._encode = spy
     return r, calls, clock
