@@ -362,7 +362,7 @@ def test_serving_modes_parse_settings():
 
 @pytest.mark.parametrize("value, message", [
     ("w8a8:foo", "argument --formats: unknown suffix 'foo' in 'w8a8:foo' (only ':alone')"),
-    ("int4,bogus", "argument --formats: unknown format 'bogus' in 'bogus'; known: float32, bfloat16, float16, int8, int4, w8a8"),
+    ("int4,bogus", "argument --formats: unknown format 'bogus' in 'bogus'; known: float32, bfloat16, float16, int8, int4, w8a8, w7a8"),
 ])
 def test_bad_formats_are_a_usage_error_before_any_model_loads(value, message, capsys):
     parser = add_bench_arguments(argparse.ArgumentParser(prog="specdec bench"))
