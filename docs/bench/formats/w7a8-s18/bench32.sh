@@ -1,17 +1,6 @@
 #!/bin/bash
 # Issue 9 in process on an AVX2-only CPU, session 18: w8a8 on fbgemm (two halves per row, the AVX2 default until
-# session 18) against w7a8 (one pass), float32 alone as the baseline, 32 tokens, one thread, 3 repeats (session 15 arms).
+# session 18) against w7a8 (one pass), float32 alone as the baseline: session 16's bench32.sh arms (32 tokens, one
+# thread, 3 repeats) with these formats.
 # usage: flock -w 1800 /tmp/specdec-heavy.lock bash docs/bench/formats/w7a8-s18/bench32.sh [OUT]
-cd "$(dirname "$0")/../../../.."
-out=${1:-docs/bench/formats/w7a8-s18/bench32}
-mkdir -p "$out"
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-{ echo "== start $(date -u +%T) $(git log --oneline -1 | cut -c1-60) load $(cut -d' ' -f1-3 /proc/loadavg) $(grep -m1 'model name' /proc/cpuinfo) family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2) model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2)"
-  timeout 3000 .venv/bin/specdec bench --formats float32:alone,w8a8,w7a8 --alone-prompts code-prime --alone-rounds 3 \
-      --prompts code-prime,code-rename,code-rename-full,poem-sea --tokens 32 --repeats 3 --no-bracket \
-      --ks 8,12 --draft-min-confidence 0.4 --ngram-ks 16 --proposers draft,ngram --hf assisted --adaptive 0,4 \
-      --adaptive-min-confidence 0.4 --draft-vocab-subset 65536 --threads 1 --no-plot \
-      --only code:hf-assisted,ours-draft-K8-c0.4,ours-draft-K12-c0.4,ours-adaptive-w0-c0.4,ours-adaptive-w4-c0.4 \
-      --only copy:ours-ngram-K16 --only copy_full:ours-ngram-K16 \
-      --only creative:ours-adaptive-w0-c0.4,ours-adaptive-w4-c0.4 --out "$out"
-  echo "== end $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"; } 2>&1 | grep -v "Loading weights" | tee "$out/log.txt" | tail -60
+FORMATS=float32:alone,w8a8,w7a8 exec bash "$(dirname "$0")/../avx2-s16/bench32.sh" "${1:-docs/bench/formats/w7a8-s18/bench32}"
