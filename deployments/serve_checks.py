@@ -87,12 +87,21 @@ def check_model_specs(cfg) -> None:
     exist (or is not a folder or a .gguf file) is one line now, not a replica that fails inside
     Ray. Demo specs are assembled later (``ensure_demo_folder``).
 
+    Also checks ``$SPECDEC_WEIGHT_FORMAT`` (:func:`specdec.models.formats.env_format`), which
+    was a ValueError traceback from the start line's format lookup.
+
     Raises:
         specdec.errors.SpecDecError: the spec's error (:func:`specdec.models.spec.parse_model_spec`),
-            prefixed with the flag that sets it.
+            prefixed with the flag that sets it; ``$SPECDEC_WEIGHT_FORMAT`` names no weight format.
     """
     from specdec.errors import SpecDecError
+    from specdec.models.formats import env_format
     from specdec.models.spec import parse_model_spec
+
+    try:
+        env_format()
+    except ValueError as e:
+        raise SpecDecError(str(e)) from None
 
     for flag, spec in (("--target", cfg.target_model), ("--draft", cfg.draft_model)):
         if spec is None:

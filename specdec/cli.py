@@ -189,9 +189,29 @@ def _proposer(args) -> str:
     return "ngram" if getattr(args, "draft", None) == "none" else "draft"
 
 
+def check_fits_before_loading(target_spec, weight_format: str, request):
+    """Tokenize ``request``'s prompt with the target's tokenizer and refuse it against the target's
+    context, as :meth:`SpeculativeEngine.start` does, from the target folder's tokenizer and config
+    files only: a prompt plus ``--max-tokens`` over the context is refused in about a second, not
+    after both models loaded (20-28 s for the demo pair). Returns the tokenizer, for the load.
+
+    Raises:
+        ModelLoadError: the target's folder, tokenizer or config cannot be read.
+        InvalidRequestError, PromptTooLongError, ContextLengthExceededError: as the engine.
+    """
+    from specdec.engine.prompt import check_context_length, encode_prompt, prompt_name, requested_max_tokens
+    from specdec.models.loader import read_model_facts
+
+    facts = read_model_facts(target_spec, weight_format)
+    prompt = encode_prompt(facts.tokenizer, request, facts.emittable_vocab)
+    check_context_length(len(prompt), requested_max_tokens(request), facts.max_positions,
+                         f"the target '{facts.name}'", prompt_name(request))
+    return facts.tokenizer
+
+
 def run_generate(args) -> int:
     from specdec.engine.engine import SpeculativeEngine
-    from specdec.models.loader import load_model, load_pair
+    from specdec.models.loader import load_model, load_pair, resolve_format
     from specdec.models.spec import ModelPairSpec, parse_model_spec
     from specdec.request import parse_request
 
@@ -200,13 +220,15 @@ def run_generate(args) -> int:
         raise SpecDecError("--proposer draft needs a draft model; --draft none loads none (use --proposer ngram or none)")
     request = parse_request(request_from_flags(args), FLAG_OF_FIELD)
     target_spec = parse_model_spec(args.target)
-    if args.draft == "none" or args.proposer != "draft":
-        target, draft = load_model(target_spec, weight_format=args.target_format), None
+    draft_spec = None if args.draft == "none" or args.proposer != "draft" else parse_model_spec(args.draft)
+    tokenizer = check_fits_before_loading(target_spec, resolve_format(target_spec, args.target_format), request)
+    if draft_spec is None:
+        target, draft = load_model(target_spec, weight_format=args.target_format, tokenizer=tokenizer), None
     else:
-        target, draft = load_pair(ModelPairSpec(target=target_spec, draft=parse_model_spec(args.draft)),
+        target, draft = load_pair(ModelPairSpec(target=target_spec, draft=draft_spec),
                                   weight_format=args.target_format, draft_format=args.draft_format,
                                   draft_vocab_subset=args.draft_vocab_subset,
-                                  draft_vocab_table=args.draft_vocab_table)
+                                  draft_vocab_table=args.draft_vocab_table, target_tokenizer=tokenizer)
     engine = SpeculativeEngine(target, draft)
     t0 = time.perf_counter()
     if args.stream and not args.json:  # --json prints one JSON document only (as `specdec client`)
@@ -218,8 +240,10 @@ def run_generate(args) -> int:
     else:
         result = engine.generate(request)
     wall = time.perf_counter() - t0
+    loaded_formats = {"target_format": target.weight_format,
+                      "draft_format": None if draft is None else draft.weight_format}
     if args.json:
-        print(json.dumps({**result.as_dict(), "elapsed_s": wall}, indent=2))
+        print(json.dumps({**result.as_dict(), "elapsed_s": wall, **loaded_formats}, indent=2))
         return 0
     if not args.stream:
         print(result.text)
@@ -228,12 +252,19 @@ def run_generate(args) -> int:
     print(
         f"\n-- {result.usage.completion_tokens} tokens in {wall:.2f} s "
         f"({result.usage.completion_tokens / wall:.2f} tokens/s), finish: {result.finish_reason.value}, "
-        f"proposer {args.proposer}, K {args.k}, steps {s.steps}, acceptance rate {rate}, "
+        f"proposer {args.proposer}, {format_names(target, draft)}, K {args.k}, steps {s.steps}, "
+        f"acceptance rate {rate}, "
         f"mean accepted length {s.mean_accepted_length or 0:.2f}, accepted per position {s.accepted_per_position}, "
         f"draft {s.draft_time_s:.2f} s, verify {s.verify_time_s:.2f} s",
         file=sys.stderr,
     )
     return 0
+
+
+def format_names(target, draft) -> str:
+    """The weight formats the models were loaded in, for the stats line:
+    ``"target w7a8 / draft int4"``, ``"target w7a8 / no draft"``."""
+    return f"target {target.weight_format} / " + ("no draft" if draft is None else f"draft {draft.weight_format}")
 
 
 def _add_prefetch(sub) -> None:
@@ -255,11 +286,15 @@ def run_prefetch(args) -> int:
     from specdec.models import cache, quant_cache
     from specdec.models.convert import folder_suffix
     from specdec.models.demo import demo_model, ensure_demo_folder
-    from specdec.models.formats import QUANTIZED_FORMATS, default_draft_format, default_format, storage_dtype
+    from specdec.models.formats import QUANTIZED_FORMATS, default_draft_format, default_format, env_format, storage_dtype
 
     bad = [r for r in args.roles if r not in ("target", "draft")]
     if bad:
         raise SpecDecError(f"prefetch: unknown role {bad[0]!r}; choose from 'target', 'draft'")
+    try:
+        env_format()  # a bad $SPECDEC_WEIGHT_FORMAT: one line, not default_format's ValueError traceback
+    except ValueError as e:
+        raise SpecDecError(f"prefetch: {e}") from None
     for role in args.roles or ["target", "draft"]:
         # the format the role loads when none is named (the draft's own default: int4 on a VNNI CPU)
         fmt = getattr(args, "weight_format", None) or (default_draft_format if role == "draft" else default_format)("cpu")

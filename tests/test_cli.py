@@ -21,7 +21,7 @@ def test_generate_with_draft_none_defaults_to_prompt_lookup(tiny_dir, tiny_targe
     out = json.loads(capsys.readouterr().out)
     assert out["token_ids"] == target_greedy(tiny_target, tiny_target.tokenizer.encode("def f("), 6)
     assert cli.main(argv[:-1]) == 0  # the summary line names the proposer
-    assert ", proposer ngram, K 4, " in capsys.readouterr().err
+    assert ", proposer ngram, target float32 / no draft, K 4, " in capsys.readouterr().err
 
 
 def test_generate_draft_proposer_without_a_draft_is_refused_before_loading(capsys):
@@ -114,3 +114,67 @@ def test_a_reader_that_goes_away_is_not_a_traceback():
     finally:
         os.close(write_end)
     assert done.stderr == "" and done.returncode == 1
+
+
+#: ``specdec generate``'s stats line, the numbers that vary from run to run as patterns
+_STATS = (r"-- 6 tokens in \d+\.\d\d s \(\d+\.\d\d tokens/s\), finish: max_tokens, proposer {proposer}, {formats}, "
+          r"K 4, steps \d+, acceptance rate (\d\.\d\d|n/a), mean accepted length \d+\.\d\d, "
+          r"accepted per position \[[\d, ]*\], draft \d+\.\d\d s, verify \d+\.\d\d s")
+
+
+def test_generate_names_the_weight_formats_that_ran(tiny_dir, tiny_target, tiny_draft_close, capsys, monkeypatch):
+    """The stats line and --json named no weight format (``specdec serve`` logs them): they now name
+    the formats the models were loaded in (resolved: a flag, else $SPECDEC_WEIGHT_FORMAT, read
+    case-insensitively), the draft's None / "no draft" when no draft model runs."""
+    import re
+
+    target, draft = str(tiny_dir / "target"), str(tiny_dir / "draft_close")
+    base = ["generate", "--target", target, "--draft", draft, "def f(", "--max-tokens", "6"]
+    assert cli.main(base + ["--draft-format", "bfloat16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["target_format"], out["draft_format"]) == ("float32", "bfloat16")  # float32: tests/conftest.py
+    monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", " BFloat16 ")
+    assert cli.main(base) == 0
+    err = capsys.readouterr().err.splitlines()[-1]  # after transformers' progress bars
+    assert re.fullmatch(_STATS.format(proposer="draft", formats="target bfloat16 / draft bfloat16"), err), err
+    monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", "float32")
+    for extra in (["--proposer", "ngram"], ["--draft", "none"]):  # no draft model loaded
+        assert cli.main(base + extra + ["--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert (out["target_format"], out["draft_format"]) == ("float32", None)
+        assert cli.main(base + extra) == 0
+        err = capsys.readouterr().err.splitlines()[-1]
+        assert re.fullmatch(_STATS.format(proposer="ngram", formats="target float32 / no draft"), err), err
+
+
+def _no_weights(monkeypatch):
+    """Make every weight load fail the test."""
+    from specdec.models import loader
+
+    def refuse(*a, **k):
+        raise AssertionError("weights loaded")
+
+    monkeypatch.setattr(loader, "load_model", refuse)
+    monkeypatch.setattr(loader, "load_pair", refuse)
+    monkeypatch.setattr(loader.AutoModelForCausalLM, "from_pretrained", refuse)
+
+
+def test_generate_refuses_a_request_over_the_context_before_loading_weights(tiny_dir, tiny_target,
+                                                                            tiny_draft_close, capsys, monkeypatch):
+    """A prompt plus --max-tokens over the target's context was refused only after both models
+    loaded (20-28 s for the demo pair); it is now refused from the tokenizer and config files,
+    no weight loaded, with the engine's message (exit 2)."""
+    target, draft = str(tiny_dir / "target"), str(tiny_dir / "draft_close")
+    assert len(tiny_target.tokenizer.encode("def f(")) == 3 and tiny_target.max_positions == 256
+    _no_weights(monkeypatch)
+    for drafts in (["--draft", draft], ["--draft", "none"]):
+        assert cli.main(["generate", "--target", target, *drafts, "def f(", "--max-tokens", "254"]) == 2
+        assert capsys.readouterr().err.strip() == (
+            "specdec: error: This model's maximum context length is 256 tokens. However, you requested 257 tokens "
+            "(3 in the prompt, 254 in the completion). Please reduce the length of the prompt or completion.")
+    assert cli.main(["generate", "--target", target, "--message", "user:" + "def f(" * 100]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"specdec: error: prompt is 317 tokens but the target '{target}' holds 256 positions; "
+        "at most 255 prompt tokens leave room for one generated token")
+    with pytest.raises(AssertionError, match="weights loaded"):  # one that fits goes on to load
+        cli.main(["generate", "--target", target, *drafts, "def f(", "--max-tokens", "253"])

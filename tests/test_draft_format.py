@@ -35,8 +35,10 @@ def test_default_draft_format_honours_the_environment_and_cuda(monkeypatch):
     monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", "bfloat16")
     assert formats.default_draft_format("cpu") == "bfloat16"
     monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", "int3")
-    with pytest.raises(ValueError, match="unknown weight format 'int3'"):
+    with pytest.raises(ValueError, match="^SPECDEC_WEIGHT_FORMAT='int3' is not a weight format; known formats: "):
         formats.default_draft_format("cpu")
+    monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", " W8A8 ")
+    assert formats.default_draft_format("cpu") == "w8a8"
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +82,23 @@ def test_prefetch_builds_each_roles_own_default_format(tmp_path, monkeypatch, ca
     assert loads == [("target", "w8a8"), ("draft", "int4")]
     assert cli.run_prefetch(argparse.Namespace(roles=["draft"], weight_format="w8a8")) == 0  # --format: both
     assert loads[-1] == ("draft", "w8a8")
+
+
+def test_prefetch_and_serve_refuse_a_bad_environment_format_in_one_line(monkeypatch, capsys):
+    """``SPECDEC_WEIGHT_FORMAT=int3 specdec prefetch`` was default_format's ValueError traceback;
+    now exit 2 and one line naming the variable, its value and the known formats (``specdec serve``
+    checks it with its model specs, before Ray starts)."""
+    from specdec import cli
+    from specdec.errors import SpecDecError
+
+    monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", "int3")
+    known = "known formats: float32, bfloat16, float16, int8, int4, w8a8, w7a8"
+    assert cli.main(["prefetch"]) == 2
+    assert capsys.readouterr().err == (
+        f"specdec: error: prefetch: SPECDEC_WEIGHT_FORMAT='int3' is not a weight format; {known}\n")
+    from deployments.config import AppConfig
+    from deployments.serve_checks import check_model_specs
+
+    with pytest.raises(SpecDecError) as e:
+        check_model_specs(AppConfig(draft_model=None))
+    assert str(e.value) == f"SPECDEC_WEIGHT_FORMAT='int3' is not a weight format; {known}"

@@ -264,8 +264,49 @@ def test_default_format_follows_the_cpu(monkeypatch):
     monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", "int8")
     assert formats.default_format("cpu") == "int8"
     monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", "int3")
-    with pytest.raises(ValueError, match="unknown weight format 'int3'"):
+    with pytest.raises(ValueError) as e:
         formats.default_format("cpu")
+    assert str(e.value) == ("SPECDEC_WEIGHT_FORMAT='int3' is not a weight format; known formats: "
+                            "float32, bfloat16, float16, int8, int4, w8a8, w7a8")
+
+
+@pytest.mark.parametrize("value", ["W7A8", " w7a8 ", "w7a8\n", "W7a8"])
+def test_the_environments_format_is_case_insensitive_and_stripped(monkeypatch, value):
+    from specdec.models import formats
+
+    """``SPECDEC_WEIGHT_FORMAT=W7A8`` raised a bare "unknown weight format 'W7A8'" ValueError in the
+    Python API: the variable is typed by hand, so its case and surrounding spaces do not matter."""
+    monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", value)
+    assert formats.env_format() == "w7a8"
+    assert formats.default_format("cpu") == formats.default_format("cuda") == "w7a8"
+    assert formats.default_draft_format("cpu") == "w7a8"
+
+
+def test_a_blank_environment_format_is_unset(monkeypatch):
+    from specdec.models import formats
+
+    monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", "  ")
+    assert formats.env_format() is None
+    assert formats.default_format("cuda") == "bfloat16"
+
+
+def test_typed_format_names_are_exact_and_refused_with_the_choices():
+    """Only the environment variable is read case-insensitively (README "Weight formats"): a spec's
+    ``format``, ``AppConfig.target_dtype``/``draft_dtype`` and ``weight_format=`` take the lower-case
+    names and refuse another with the known formats."""
+    import pydantic
+
+    from specdec.errors import ModelLoadError
+    from specdec.models.loader import resolve_format
+    from specdec.models.spec import DemoModelSpec
+
+    choices = "'float32', 'bfloat16', 'float16', 'int8', 'int4', 'w8a8' or 'w7a8'"
+    with pytest.raises(pydantic.ValidationError, match=choices):
+        DemoModelSpec(role="target", format="W7A8")
+    with pytest.raises(ModelLoadError) as e:
+        resolve_format(None, "W7A8")
+    assert str(e.value) == ("unknown weight format 'W7A8'; expected one of "
+                            "float32, bfloat16, float16, int8, int4, w8a8, w7a8")
 
 
 def test_cpu_flags_reads_proc_cpuinfo(tmp_path):

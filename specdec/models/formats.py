@@ -109,6 +109,31 @@ def check_format(fmt: str) -> str:
     return fmt
 
 
+#: The environment variable that sets the format of every model that names none (:func:`env_format`).
+FORMAT_ENV = "SPECDEC_WEIGHT_FORMAT"
+
+
+def env_format() -> str | None:
+    """``$SPECDEC_WEIGHT_FORMAT`` as a weight format, or None when unset or blank.
+
+    Read case-insensitively, surrounding spaces dropped (``W7A8`` and `` w7a8 `` are ``w7a8``): the
+    variable is typed by hand in shells and manifests. Every other place that takes a format name
+    (``--target-format``, a spec's ``format``, ``AppConfig.target_dtype``, ``weight_format=``) takes
+    the lower-case name exactly, and refuses another with the list of known formats.
+
+    Raises:
+        ValueError: the variable names no weight format; the message names the variable, its value
+            and the known formats.
+    """
+    raw = os.environ.get(FORMAT_ENV)
+    if raw is None or not raw.strip():
+        return None
+    fmt = raw.strip().lower()
+    if fmt not in WEIGHT_FORMATS:
+        raise ValueError(f"{FORMAT_ENV}={raw!r} is not a weight format; known formats: {', '.join(WEIGHT_FORMATS)}")
+    return fmt
+
+
 def compute_dtype(fmt: str) -> torch.dtype:
     """Activation (and unquantized parameter) dtype of a format: bfloat16 for int8/int4/w8a8/w7a8
     (w8a8 and w7a8 quantize activations to int8 inside their linear layers only)."""
@@ -225,11 +250,11 @@ def default_format(device: str | torch.device = "cpu") -> str:
     its AVX2 kernels; int4 on other CPUs with native bfloat16; float32 on others).
 
     Raises:
-        ValueError: ``$SPECDEC_WEIGHT_FORMAT`` is not a weight format.
+        ValueError: ``$SPECDEC_WEIGHT_FORMAT`` is not a weight format (:func:`env_format`).
     """
-    env = os.environ.get("SPECDEC_WEIGHT_FORMAT")
+    env = env_format()
     if env:
-        return check_format(env)
+        return env
     device = torch.device(device)
     if device.type == "cuda":
         return "bfloat16"
@@ -264,11 +289,11 @@ def default_draft_format(device: str | torch.device = "cpu") -> str:
     of this CPU.
 
     Raises:
-        ValueError: ``$SPECDEC_WEIGHT_FORMAT`` is not a weight format.
+        ValueError: ``$SPECDEC_WEIGHT_FORMAT`` is not a weight format (:func:`env_format`).
     """
-    env = os.environ.get("SPECDEC_WEIGHT_FORMAT")
+    env = env_format()
     if env:
-        return check_format(env)
+        return env
     if torch.device(device).type == "cuda":
         return "bfloat16"
     flags = cpu_flags() or (BF16_CPU_FLAGS if cpu_supports_bf16() else frozenset())

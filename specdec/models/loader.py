@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -94,29 +95,17 @@ def load_model(
     """
     t0 = time.perf_counter()
     fmt = resolve_format(spec, weight_format, dtype, device)
-    store, act = formats.storage_dtype(fmt), formats.compute_dtype(fmt)
+    act = formats.compute_dtype(fmt)
     folder: Path | None = None
-    if isinstance(spec, DemoModelSpec):
-        info = demo.demo_model(spec.role)
-        folder = demo.ensure_demo_folder(spec.role, dtype=store)
-        loaded = _load_folder(folder, f"demo {spec.role} ({info.model_name})", act, device, tokenizer)
-    elif isinstance(spec, GGUFModelSpec):
+    if isinstance(spec, GGUFModelSpec) and not cache_gguf:
         path = Path(spec.path).expanduser()
-        if cache_gguf:
-            folder = convert.cached_gguf_folder(path, dtype=store)
-            loaded = _load_folder(folder, path.name, act, device, tokenizer)
-        else:
-            if not path.is_file():
-                raise ModelLoadError(f"GGUF file {path} does not exist")
-            model, tokenizer = convert.load_gguf(path, act)
-            loaded = _wrap(path.name, model.to(device), tokenizer)
-    elif isinstance(spec, HFModelSpec):
-        folder = Path(spec.path).expanduser()
-        marker = cache.read_marker(folder)
-        name = f"{marker['name']} ({folder})" if marker and marker.get("name") else str(folder)
-        loaded = _load_folder(folder, name, act, device, tokenizer)
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {path} does not exist")
+        model, tokenizer = convert.load_gguf(path, act)
+        loaded = _wrap(path.name, model.to(device), tokenizer)
     else:
-        raise TypeError(f"not a model spec: {spec!r}")
+        folder = spec_folder(spec, fmt)
+        loaded = _load_folder(folder, model_name(spec, folder), act, device, tokenizer)
     if vocab_subset is not None:
         from specdec.models.vocab_subset import FrequencyTable, slice_output_layer, subset_ids
 
@@ -199,6 +188,7 @@ def load_pair(
     device: str | torch.device = "cpu",
     draft_vocab_subset: int | None = None,
     draft_vocab_table: "str | Path | None" = None,
+    target_tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load ``(target, draft)`` (draft None when the pair has none) and check they fit together.
 
@@ -210,13 +200,15 @@ def load_pair(
     without AMX, where the target's default is w8a8).
     ``draft_vocab_subset``: the draft scores only that many most frequent ids (FR-Spec,
     :mod:`specdec.models.vocab_subset`; ``draft_vocab_table``: its frequency table, None: the
-    shipped one); the target always scores the full vocabulary.
+    shipped one); the target always scores the full vocabulary. ``target_tokenizer``: the target's,
+    already read (:func:`read_model_facts`), instead of reading it again.
 
     Raises:
         ModelLoadError: either model cannot be loaded.
         ModelCompatibilityError: the draft's vocabulary or special ids differ from the target's.
     """
-    target = load_model(pair.target, weight_format=weight_format, dtype=dtype, device=device)
+    target = load_model(pair.target, weight_format=weight_format, dtype=dtype, device=device,
+                        tokenizer=target_tokenizer)
     if pair.draft is None:
         return target, None
     draft_fmt = draft_format or weight_format
@@ -226,6 +218,84 @@ def load_pair(
                        vocab_subset=draft_vocab_subset, vocab_table=draft_vocab_table)
     check_pair_compatible(draft, target)
     return target, draft
+
+
+def spec_folder(spec: ModelSpec, weight_format: str) -> Path:
+    """The Hugging Face folder :func:`load_model` loads ``spec`` from in ``weight_format`` (GGUF:
+    the cached conversion), built if need be, without loading weights: a demo role is assembled
+    into the cache once, a GGUF file converted once; an HF folder is itself.
+
+    Raises:
+        ModelLoadError: a demo package is missing, a sha256 does not match, or the GGUF file
+            cannot be converted.
+    """
+    store = formats.storage_dtype(weight_format)
+    if isinstance(spec, DemoModelSpec):
+        return demo.ensure_demo_folder(spec.role, dtype=store)
+    if isinstance(spec, GGUFModelSpec):
+        return convert.cached_gguf_folder(Path(spec.path).expanduser(), dtype=store)
+    if isinstance(spec, HFModelSpec):
+        return Path(spec.path).expanduser()
+    raise TypeError(f"not a model spec: {spec!r}")
+
+
+def model_name(spec: ModelSpec, folder: Path) -> str:
+    """:attr:`LoadedModel.name` of ``spec`` loaded from ``folder`` (:func:`spec_folder`): e.g.
+    ``"demo target (Qwen2.5-Coder-1.5B-Instruct)"``, ``"SmolLM2-135M-Instruct.Q4_1.gguf"`` or
+    ``"<model name> (<folder>)"``."""
+    if isinstance(spec, DemoModelSpec):
+        return f"demo {spec.role} ({demo.demo_model(spec.role).model_name})"
+    if isinstance(spec, GGUFModelSpec):
+        return Path(spec.path).expanduser().name
+    marker = cache.read_marker(folder)
+    return f"{marker['name']} ({folder})" if marker and marker.get("name") else str(folder)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a model's tokenizer and config files say, read without its weights
+    (:func:`read_model_facts`): enough to tokenize a prompt and check it against the context.
+
+    Attributes:
+        name: :attr:`LoadedModel.name` the load will give it.
+        folder: the folder the load reads (:func:`spec_folder`).
+        tokenizer: its tokenizer (pass it to :func:`load_model` so it is not read twice).
+        max_positions: context limit in tokens (``config.max_position_embeddings``).
+        vocab_rows: logits width (``config.vocab_size``).
+    """
+
+    name: str
+    folder: Path
+    tokenizer: PreTrainedTokenizerBase
+    max_positions: int
+    vocab_rows: int
+
+    @property
+    def emittable_vocab(self) -> int:
+        """As :attr:`LoadedModel.emittable_vocab`."""
+        return min(len(self.tokenizer), self.vocab_rows)
+
+
+def read_model_facts(spec: ModelSpec, weight_format: str) -> ModelFacts:
+    """The tokenizer and limits of ``spec`` in ``weight_format`` from its folder's tokenizer and
+    config files (a fraction of a second), building the folder as :func:`load_model` would
+    (:func:`spec_folder`) but loading no weights.
+
+    Raises:
+        ModelLoadError: as :func:`spec_folder`, or the tokenizer or config cannot be read.
+    """
+    from transformers import AutoConfig
+
+    folder = spec_folder(spec, weight_format)
+    name = model_name(spec, folder)
+    if not folder.is_dir():
+        raise ModelLoadError(f"model folder {folder} does not exist")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise ModelLoadError(f"cannot load model {name}: {e}") from e
+    return ModelFacts(name, folder, tokenizer, int(config.max_position_embeddings), int(config.vocab_size))
 
 
 def resolve_folder(spec_text: str, weight_format: str | None = None) -> str:
@@ -241,13 +311,7 @@ def resolve_folder(spec_text: str, weight_format: str | None = None) -> str:
         ModelLoadError: a demo package is missing, a sha256 does not match, or the GGUF file
             cannot be converted.
     """
-    spec = parse_model_spec(spec_text)
-    store = formats.storage_dtype(weight_format or formats.default_format("cpu"))
-    if isinstance(spec, DemoModelSpec):
-        return str(demo.ensure_demo_folder(spec.role, dtype=store))
-    if isinstance(spec, GGUFModelSpec):
-        return str(convert.cached_gguf_folder(Path(spec.path).expanduser(), dtype=store))
-    return str(Path(spec.path).expanduser())
+    return str(spec_folder(parse_model_spec(spec_text), weight_format or formats.default_format("cpu")))
 
 
 def _load_folder(folder: Path, name: str, dtype: torch.dtype, device: str | torch.device,

@@ -90,3 +90,16 @@ def test_one_port_for_grpc_and_http_is_refused():
         AppConfig(grpc_port=8000, http_port=8000)
     assert [e["msg"] for e in info.value.errors()] == [
         "Value error, grpc_port and http_port are both 8000: the gRPC and HTTP proxies need a port each"]
+
+
+def test_a_format_name_is_lower_case_and_refused_with_the_choices(monkeypatch):
+    """target_dtype / draft_dtype take the lower-case format names exactly (README "Weight formats":
+    only $SPECDEC_WEIGHT_FORMAT is read case-insensitively); another is refused naming them all."""
+    for field in ("target_dtype", "draft_dtype"):
+        with pytest.raises(ValidationError) as info:
+            AppConfig(**{field: "W7A8"})
+        assert [(e["loc"], e["msg"]) for e in info.value.errors()] == [
+            ((field,), "Input should be 'float32', 'bfloat16', 'float16', 'int8', 'int4', 'w8a8' or 'w7a8'")]
+    monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", " W7A8 ")
+    cfg = AppConfig()
+    assert (cfg.target_format(), cfg.draft_format()) == ("w7a8", "w7a8")
