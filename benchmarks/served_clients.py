@@ -15,6 +15,8 @@ the mode order alternates from group to group and round to round, so both modes 
 machine load. Per group: aggregate tokens/s = all tokens / wall seconds of the group, server CPU
 seconds (every process of the local Ray cluster: the idle application's share is its idle
 polling), tokens per server CPU second, steps and K per step, the target's batched forwards.
+``--variant KEY=VALUE`` deploys every mode a second time with that AppConfig override (app
+``MODE-v``, e.g. ``--variant omp_spin_count=0``), measured interleaved with the others.
 Per mode and N: the median over the rounds; the table gives batched / unbatched at each N and
 each mode's N clients / its one client. Greedy outputs must be the same for a prompt in every
 group of every mode: checked (exit status 1 otherwise).
@@ -63,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="batched,unbatched", help="comma list of batched, unbatched")
     p.add_argument("--target", default=None, help="target model spec (default: the preset's, demo:target)")
     p.add_argument("--draft", default=None, help="draft model spec (default: the preset's, demo:draft)")
+    p.add_argument("--variant", default=None, metavar="KEY=VALUE",
+                   help="also deploy every mode with this AppConfig override (app MODE-v), e.g. omp_spin_count=0")
     p.add_argument("--no-warmup", action="store_true", help="no warm-up group (tests)")
     p.add_argument("--out", default=None, help="JSON file for the results (a .md table is written beside it; "
                    "while it runs, what has run so far in .partial.json)")
@@ -83,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     base.update({"grpc_port": _free_port(), "http_port": _free_port(), "default_max_k": a.k})
     base.update({k: v for k, v in (("target_model", a.target), ("draft_model", a.draft)) if v})
     cfgs = {m: AppConfig.model_validate({**base, "app_name": m, **MODES[m]}) for m in modes}
+    if a.variant:
+        key, _, value = a.variant.partition("=")
+        if key not in AppConfig.model_fields or not value:
+            p.error(f"--variant: need KEY=VALUE with an AppConfig field as KEY, got {a.variant!r}")
+        for m in list(modes):
+            cfgs[f"{m}-v"] = AppConfig.model_validate({**base, "app_name": f"{m}-v", **MODES[m], key: value})
+        modes = [x for m in modes for x in (m, f"{m}-v")]
     requests = _requests(PROMPTS, a.tokens, a.k)
     out: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                              "load_avg_at_start": os.getloadavg()},
@@ -90,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                  "started_utc": time.strftime("%H:%M:%S", time.gmtime()), "rounds": []}
     print(f"[served_clients] {out['started_utc']} UTC load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
     # fractional CPUs per app (1.25 a pair): Ray's count only admits both; torch threads as the preset's
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2 * len(cfgs), include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     address = f"localhost:{base['grpc_port']}"
     outputs: dict[str, set] = {}  # prompt -> the distinct outputs seen

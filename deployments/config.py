@@ -70,6 +70,27 @@ class Scaling(BaseModel):
         return out
 
 
+#: OpenMP wait policy of the model processes (draft replicas, TP ranks): idle OpenMP threads
+#: sleep instead of spinning. libgomp's default spins an idle thread (GOMP_SPINCOUNT
+#: 300000 pauses) after every parallel region; served, the draft replica and the target's TP rank
+#: each hold a team of two threads on the same two cores, and whichever process is idle spins
+#: against the one computing. Measured (demo pair, both w8a8, served main job, 128 tokens, one
+#: locked run, machine shared): target compute 1236 ms per step with the default, 317 ms with
+#: PASSIVE (docs/history/serving.md, "Served w8a8 and the default pair").
+OMP_WAIT_POLICY = "PASSIVE"
+
+#: libgomp spin count beside :data:`OMP_WAIT_POLICY` (``AppConfig.omp_spin_count``'s default;
+#: an explicit GOMP_SPINCOUNT overrides PASSIVE's zero): 0, no spin. Measured on a 2-core Zen 3
+#: (w7a8 pair): in one process alone, 30000 pauses made the draft's one-position forward
+#: 46-48 ms against 55-68 ms without a spin (every parallel region wakes its team from a futex);
+#: served (the local preset: draft replica and TP rank on the same two cores), 0 was faster at
+#: every client count in one interleaved run (1 client batched 9.52 vs 8.41 tok/s, 8 clients
+#: 32.0 vs 28.5, and more tokens per CPU second): the spinning threads of one process take the
+#: cores the other one computes on (README, "OpenMP threads of the model processes"). A spin
+#: pays where every model process has cores of its own.
+OMP_SPIN_COUNT = 0
+
+
 class AppConfig(BaseModel):
     """Everything that shapes the specdec Serve application."""
 
@@ -193,6 +214,15 @@ class AppConfig(BaseModel):
         description="a target session unused this long is freed (its KV cache shards on every TP rank); "
                     "its draft, if still alive, rebuilds it from the token history",
     )
+    omp_spin_count: int = Field(
+        OMP_SPIN_COUNT, ge=0, le=10_000_000,
+        description="libgomp spin count of the model processes' OpenMP threads (GOMP_SPINCOUNT, beside "
+                    "OMP_WAIT_POLICY=PASSIVE): a thread waiting for work spins this many pauses before it "
+                    "sleeps, so a forward's back-to-back parallel regions do not pay a futex wake-up each; "
+                    "0 (default): sleep at once. Worth setting (e.g. 30000) where every model process has "
+                    "cores of its own; where the draft replica and the TP ranks share cores, the spin "
+                    "takes them from the process that computes (measured: README)",
+    )
     draft_cpu_threads: int = Field(
         0, ge=0, le=256,
         description="torch CPU threads of the draft replica; 0: cpu_threads. For machines where the draft "
@@ -270,7 +300,7 @@ class AppConfig(BaseModel):
         sticky = {"request_router_class": CONSISTENT_HASH_ROUTER}
         draft_threads = torch_threads(self.draft_cpu_threads or self.cpu_threads, self.draft_num_cpus)
         draft_actor: dict[str, Any] = {"num_cpus": self.draft_num_cpus,
-                                       "runtime_env": {"env_vars": model_process_env(draft_threads)}}
+                                       "runtime_env": {"env_vars": model_process_env(draft_threads, self.omp_spin_count)}}
         if self.draft_num_gpus:
             draft_actor["num_gpus"] = self.draft_num_gpus
         if self.draft_resources:
@@ -380,23 +410,15 @@ def torch_threads(cfg_threads: int, assigned_cpus: float | None) -> int:
     return max(1, int((assigned_cpus or 0) + 1e-9))
 
 
-#: OpenMP wait policy of the model processes (draft replicas, TP ranks): idle OpenMP threads
-#: sleep at once instead of spinning. libgomp's default spins an idle thread (GOMP_SPINCOUNT
-#: 300000 pauses) after every parallel region; served, the draft replica and the target's TP rank
-#: each hold a team of two threads on the same two cores, and whichever process is idle spins
-#: against the one computing. Measured (demo pair, both w8a8, served main job, 128 tokens, one
-#: locked run, machine shared): target compute 1236 ms per step with the default, 317 ms with
-#: PASSIVE (docs/history/serving.md, "Served w8a8 and the default pair").
-OMP_WAIT_POLICY = "PASSIVE"
-
-
-def model_process_env(threads: int = 0) -> dict[str, str]:
+def model_process_env(threads: int = 0, spin_count: int = OMP_SPIN_COUNT) -> dict[str, str]:
     """Environment variables of a process that runs a model (a draft replica, a TP rank), for its
     Ray ``runtime_env``: Ray sets them when it starts the worker process, before torch loads
     libgomp, which reads them once.
 
     - ``OMP_WAIT_POLICY`` = :data:`OMP_WAIT_POLICY`: idle OpenMP threads sleep instead of
       spinning against the other model process's threads.
+    - ``GOMP_SPINCOUNT`` = ``spin_count`` when > 0: but first spin that many pauses (a bounded
+      spin), so the parallel regions of one forward, microseconds apart, find their team awake.
     - ``OMP_NUM_THREADS`` = ``threads`` when > 0: the OpenMP team size of *every* thread of the
       process. Ray otherwise sets 1 for a fractional-CPU actor, and ``torch.set_num_threads``
       changes only the calling thread's OpenMP setting: a thread that calls oneDNN (the w8a8
@@ -404,8 +426,16 @@ def model_process_env(threads: int = 0) -> dict[str, str]:
 
     Args:
         threads: torch threads of the process (0: leave ``OMP_NUM_THREADS`` to Ray).
+        spin_count: ``AppConfig.omp_spin_count`` (0: no ``GOMP_SPINCOUNT``, sleep at once).
+
+    Raises:
+        ValueError: ``threads`` or ``spin_count`` negative.
     """
+    if threads < 0 or spin_count < 0:
+        raise ValueError(f"threads and spin_count must be >= 0, got {threads}, {spin_count}")
     env = {"OMP_WAIT_POLICY": OMP_WAIT_POLICY}
+    if spin_count > 0:
+        env["GOMP_SPINCOUNT"] = str(int(spin_count))
     if threads > 0:
         env["OMP_NUM_THREADS"] = str(int(threads))
     return env

@@ -190,6 +190,7 @@ class Target:
             num_gpus=cfg.target_gpus_per_worker,
             threads=rank_threads(cfg, pg.bundle_specs if pg is not None else None),
             prefix_cache_entries=cfg.prefix_cache_entries,
+            omp_spin_count=cfg.omp_spin_count,
         )
         self.infos = infos
         log.info("target TP workers ready: %s", infos)

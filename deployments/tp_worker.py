@@ -160,6 +160,7 @@ class TPWorker:
             "torch_threads": torch.get_num_threads(),
             # what start_tp_workers put in the process env (deployments.config.model_process_env)
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "prefix_cache_entries": prefix.entries if prefix is not None else 0,
             "lean_decode": verifier.lean,
@@ -276,6 +277,7 @@ def start_tp_workers(
     dtype: str = "float32",
     threads: int = 0,
     prefix_cache_entries: int = 0,
+    omp_spin_count: int | None = None,
 ) -> tuple[list, list[dict]]:
     """Start ``tp_size`` TPWorker actors, one per bundle from ``first_bundle``, and set them up.
 
@@ -287,10 +289,11 @@ def start_tp_workers(
         num_gpus: GPUs per worker (0 on CPU).
         threads: torch CPU threads per worker (0 leaves Ray's default).
         prefix_cache_entries: ``AppConfig.prefix_cache_entries`` (0: no prefix caching).
+        omp_spin_count: ``AppConfig.omp_spin_count`` (None: :data:`deployments.config.OMP_SPIN_COUNT`).
 
     Every worker process gets :func:`deployments.config.model_process_env` in its ``runtime_env``
-    (OpenMP threads sleep when idle instead of spinning against the draft replica's; every
-    thread's OpenMP team is ``threads`` wide).
+    (OpenMP threads sleep when idle, after a short bounded spin, instead of spinning against the
+    draft replica's; every thread's OpenMP team is ``threads`` wide).
 
     Returns:
         ``(actors, setup_infos)``, rank order.
@@ -298,14 +301,15 @@ def start_tp_workers(
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from deployments.config import model_process_env
+    from deployments.config import OMP_SPIN_COUNT, model_process_env
 
     # "health": a thread of its own, so a health probe never waits behind a forward
     actor_cls = ray.remote(concurrency_groups={"health": 1})(TPWorker)
     workers = []
     for rank in range(tp_size):
         opts: dict[str, Any] = {"num_cpus": 0, "num_gpus": num_gpus,
-                                "runtime_env": {"env_vars": model_process_env(threads)}}
+                                "runtime_env": {"env_vars": model_process_env(
+                                    threads, OMP_SPIN_COUNT if omp_spin_count is None else omp_spin_count)}}
         if placement_group is not None:
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=placement_group, placement_group_bundle_index=first_bundle + rank

@@ -17,3 +17,17 @@ def test_table_gives_batched_over_unbatched_and_each_count_over_one_client():
     ]
     # one mode alone: no ratios
     assert table({"batched": summary["batched"]}, [8], ["batched"])[-1] == "| 8 | 37.50 (18.00) | - | - | 2.50x |"
+
+
+def test_variant_must_name_an_app_config_field(capsys):
+    """--variant KEY=VALUE deploys every mode again with one AppConfig override; anything else is a
+    usage error (exit 2) before Ray starts."""
+    import pytest
+
+    from benchmarks.served_clients import main
+
+    for bad in ("no_such_field=1", "omp_spin_count", "omp_spin_count="):
+        with pytest.raises(SystemExit) as e:
+            main(["--variant", bad])
+        assert e.value.code == 2
+        assert f"--variant: need KEY=VALUE with an AppConfig field as KEY, got {bad!r}" in capsys.readouterr().err

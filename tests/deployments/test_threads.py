@@ -79,13 +79,24 @@ def test_local_cpu_preset_threads(many_host_cores):
 
 def test_model_processes_sleep_idle_openmp_threads(many_host_cores):
     """The draft replica's process starts with idle OpenMP threads sleeping (OMP_WAIT_POLICY=PASSIVE)
-    and its thread count as every thread's OpenMP team size; the TP ranks get the same from
-    start_tp_workers (tests/deployments/test_tp_worker.py)."""
-    from deployments.config import PRESETS, model_process_env
+    after a bounded spin (GOMP_SPINCOUNT = AppConfig.omp_spin_count, 0: none) and its thread count
+    as every thread's OpenMP team size; the TP ranks get the same from start_tp_workers
+    (tests/deployments/test_tp_worker.py)."""
+    from deployments.config import OMP_SPIN_COUNT, PRESETS, AppConfig, model_process_env
 
+    assert OMP_SPIN_COUNT == 0
     assert model_process_env(0) == {"OMP_WAIT_POLICY": "PASSIVE"}
     assert model_process_env(3) == {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "3"}
+    assert model_process_env(3, 30000) == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "30000", "OMP_NUM_THREADS": "3"}
+    assert model_process_env(0, 500) == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "500"}
+    with pytest.raises(ValueError, match="threads and spin_count must be >= 0, got 0, -1"):
+        model_process_env(0, -1)
     opts = PRESETS["local-cpu.yaml"].deployment_options()
     assert opts["Draft"]["ray_actor_options"]["runtime_env"] == {
         "env_vars": {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2"}}
+    spin = PRESETS["local-cpu.yaml"].model_copy(update={"omp_spin_count": 30000}).deployment_options()
+    assert spin["Draft"]["ray_actor_options"]["runtime_env"] == {
+        "env_vars": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "30000", "OMP_NUM_THREADS": "2"}}
+    with pytest.raises(ValueError, match="omp_spin_count"):
+        AppConfig.model_validate({**PRESETS["local-cpu.yaml"].model_dump(), "omp_spin_count": -5})
     assert "runtime_env" not in opts["Router"]["ray_actor_options"]  # no model there

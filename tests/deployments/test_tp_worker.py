@@ -35,7 +35,7 @@ def tp2(tiny):
         # bundle 0 stands for the Serve replica; ranks go in bundles 1..2, all on one node
         pg = placement_group([{"CPU": 0.25}, {"CPU": 0.5}, {"CPU": 0.5}], strategy="STRICT_PACK")
         ray.get(pg.ready(), timeout=60)
-        workers, infos = start_tp_workers(tiny, 2, pg, first_bundle=1)
+        workers, infos = start_tp_workers(tiny, 2, pg, first_bundle=1, omp_spin_count=500)
         yield workers, infos
         ray.get([w.shutdown.remote() for w in workers])
     finally:
@@ -50,10 +50,12 @@ def test_weights_are_sharded(tp2):
 
 
 def test_worker_processes_sleep_idle_openmp_threads(tp2):
-    """Each rank's process starts with OMP_WAIT_POLICY=PASSIVE (deployments.config.model_process_env):
-    with libgomp's default, idle threads spin against the draft replica's on the same cores."""
+    """Each rank's process starts with OMP_WAIT_POLICY=PASSIVE and a bounded spin, GOMP_SPINCOUNT
+    (deployments.config.model_process_env): with libgomp's default, idle threads spin against the
+    draft replica's on the same cores."""
     _, infos = tp2
     assert [i["omp_wait_policy"] for i in infos] == ["PASSIVE", "PASSIVE"]
+    assert [i["gomp_spincount"] for i in infos] == ["500", "500"]  # AppConfig.omp_spin_count (default 0: none)
     assert [i["omp_num_threads"] for i in infos] == ["1", "1"]  # threads=0: Ray's value for a fractional actor
 
 

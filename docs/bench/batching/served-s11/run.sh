@@ -27,10 +27,11 @@ if [ "$what" = onecl ]; then
 elif [ "$what" = clients ]; then
   out=$dir/clients-$tag.log
   flock -w ${LOCK_WAIT:-1800} /tmp/specdec-heavy.lock timeout ${CLIENTS_TIMEOUT_S:-330} bash -c "$head
-    $py -m benchmarks.served_clients --clients ${3:-1,2,4,8} --tokens ${4:-32} --rounds ${5:-1} --out $dir/clients-$tag.json 2>&1 \
+    $py -m benchmarks.served_clients --clients ${3:-1,2,4,8} --tokens ${4:-32} --rounds ${5:-1} ${VARIANT:+--variant $VARIANT} --out $dir/clients-$tag.json 2>&1 \
       | grep --line-buffered -E '^\[served_clients\]|^\||^Served|^Per round|^Outputs|Error'
     $tail" > $out 2>&1
   gzip -c $tmp/target.jsonl > $dir/target-trace-$tag.jsonl.gz
+  [ -s $tmp/k.jsonl ] && gzip -c $tmp/k.jsonl > $dir/k-trace-$tag.jsonl.gz
 else
   echo "usage: run.sh onecl|clients TAG" >&2; exit 2
 fi
