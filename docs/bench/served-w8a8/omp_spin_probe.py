@@ -1,10 +1,10 @@
-# One-position and five-position forwards of a demo model (w7a8, 2 threads, 25 each after a 120-token prefill) under the
+# One-position and five-position forwards of a demo model (w7a8, THREADS threads (default 2), 25 each after a 120-token prefill) under the
 # OpenMP settings of the environment, e.g.:
 #   WHICH=draft TAGV=passive OMP_WAIT_POLICY=PASSIVE python docs/bench/served-w8a8/omp_spin_probe.py
 #   WHICH=draft TAGV=spin OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=30000 python docs/bench/served-w8a8/omp_spin_probe.py
 # (session 19, README "OpenMP threads of the model processes")
 import os, time, statistics as st, torch
-torch.set_num_threads(2)
+torch.set_num_threads(int(os.environ.get("THREADS", "2")))
 from transformers import DynamicCache
 from specdec.models.loader import load_model
 from specdec.models.spec import parse_model_spec
