@@ -10,9 +10,18 @@ of 31 steps and 1.35x; docs/bench/served-w8a8/run-s9-default.txt). As vLLM profi
 at start-up, the replica here runs one generation on a fixed prompt through the very path its
 requests take (its draft model and the draft combiner, the Target deployment's batched verify) at
 the K its requests will run: a warm-up pass (each K once; a fresh process's first forward of a
-shape is dearer while its kernels are created) and then ``repeats`` steps at each K from
-``k_max`` down to 0. The measured pass's verify forwards (1 to k_max + 1 positions, one row),
-draft forwards (one row) and catch-up feed the cost model
+shape is dearer while its kernels are created) and then ``repeats`` rounds of one step at
+each K from ``k_max`` down to 0. The rounds interleave the K so that a few seconds of load from
+another process land on every K's forwards alike: measured K after K (three steps of K = 4,
+then three of K = 3, ..., K = 0 last), a burst of load in the first seconds priced only the
+multi-position verifies high. Session 19 (2-core EPYC, w7a8 pair, served, one client):
+calibrations that overlapped other processes' test runs or scripts priced 2-5 positions
+1.3-1.6x their steady-state seconds (4 positions 0.23-0.26 s against 0.185 s) and 1 position,
+measured last, right (0.17 s against 0.163 s); one replica then held its client at K = 0
+(0.82x unbatched). On a quiet machine the same calibration priced 4 positions at 0.135-0.139 s
+(0.152 s steady state; docs/bench/batching/served-s11/k-trace-s19-*.jsonl.gz, cal1 the quiet
+one). The measured pass's verify forwards (1 to k_max + 1 positions, one row), draft forwards
+(one row) and catch-up feed the cost model
 (:meth:`specdec.control.batch_sessions.BatchKSessions.join` with ``calibration``), nothing else:
 no acceptance estimate, goodput guard or tenant statistics see it.
 """
@@ -39,8 +48,8 @@ SESSION_PREFIX = "calibration-"
 
 def calibration_schedule(k_max: int, repeats: int) -> list[tuple[str, int]]:
     """``(mode, K)`` per step of one calibration run: the warm-up pass (its first step prefills
-    the prompt at ``k_max``, then each K from ``k_max`` down to 0 once), then ``repeats`` steps
-    at each K from ``k_max`` down to 0 (mode "measure").
+    the prompt at ``k_max``, then each K from ``k_max`` down to 0 once), then ``repeats`` rounds
+    of each K from ``k_max`` down to 0 (mode "measure"; interleaved: module docstring).
 
     Raises:
         ValueError: ``k_max < 0`` or ``repeats < 1``.
@@ -48,7 +57,7 @@ def calibration_schedule(k_max: int, repeats: int) -> list[tuple[str, int]]:
     if k_max < 0 or repeats < 1:
         raise ValueError(f"need k_max >= 0 and repeats >= 1, got {k_max}, {repeats}")
     warm = [("warmup", k_max)] + [("warmup", k) for k in range(k_max, -1, -1)]
-    return warm + [("measure", k) for k in range(k_max, -1, -1) for _ in range(repeats)]
+    return warm + [("measure", k) for _ in range(repeats) for k in range(k_max, -1, -1)]
 
 
 def run_calibration(*, info: Any, draft_proposer: Any, batch_k: Any, combiner: Any,

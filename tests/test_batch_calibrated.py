@@ -28,10 +28,11 @@ class _Clock:
 
 def _calibrate(live: BatchKSessions, repeats: int = 3, k_max: int = 4) -> None:
     """The start-up calibration's steps (deployments.draft_calibration.calibration_schedule): the
-    warm-up pass at 3x the forwards' seconds (kernels created), then ``repeats`` steps per K."""
+    warm-up pass at 3x the forwards' seconds (kernels created), then ``repeats`` rounds of each K."""
+    from deployments.draft_calibration import calibration_schedule
+
     live.join("cal", "", "draft", adaptive=False, k_range=(0, k_max), prompt_tokens=30, calibration="warmup")
-    sched = [("warmup", k_max)] + [("warmup", k) for k in range(k_max, -1, -1)] + [
-        ("measure", k) for k in range(k_max, -1, -1) for _ in range(repeats)]
+    sched = calibration_schedule(k_max, repeats)
     for i, (mode, k) in enumerate(sched):
         live.set_calibration("cal", mode)
         verify = VERIFY[k + 1] * (3 if mode == "warmup" else 1)
