@@ -215,7 +215,7 @@ class AppConfig(BaseModel):
                     "its draft, if still alive, rebuilds it from the token history",
     )
     omp_spin_count: int = Field(
-        OMP_SPIN_COUNT, ge=0, le=10_000_000,
+        OMP_SPIN_COUNT, ge=0, le=10_000_000, strict=True,
         description="libgomp spin count of the model processes' OpenMP threads (GOMP_SPINCOUNT, beside "
                     "OMP_WAIT_POLICY=PASSIVE): a thread waiting for work spins this many pauses before it "
                     "sleeps, so a forward's back-to-back parallel regions do not pay a futex wake-up each; "
@@ -417,8 +417,10 @@ def model_process_env(threads: int = 0, spin_count: int = OMP_SPIN_COUNT) -> dic
 
     - ``OMP_WAIT_POLICY`` = :data:`OMP_WAIT_POLICY`: idle OpenMP threads sleep instead of
       spinning against the other model process's threads.
-    - ``GOMP_SPINCOUNT`` = ``spin_count`` when > 0: but first spin that many pauses (a bounded
-      spin), so the parallel regions of one forward, microseconds apart, find their team awake.
+    - ``GOMP_SPINCOUNT`` = ``spin_count``: but first spin that many pauses (a bounded spin), so
+      the parallel regions of one forward, microseconds apart, find their team awake. Set also
+      when 0 (sleep at once): a GOMP_SPINCOUNT in the environment of whoever started Ray would
+      otherwise reach the model processes and override PASSIVE's zero.
     - ``OMP_NUM_THREADS`` = ``threads`` when > 0: the OpenMP team size of *every* thread of the
       process. Ray otherwise sets 1 for a fractional-CPU actor, and ``torch.set_num_threads``
       changes only the calling thread's OpenMP setting: a thread that calls oneDNN (the w8a8
@@ -426,16 +428,14 @@ def model_process_env(threads: int = 0, spin_count: int = OMP_SPIN_COUNT) -> dic
 
     Args:
         threads: torch threads of the process (0: leave ``OMP_NUM_THREADS`` to Ray).
-        spin_count: ``AppConfig.omp_spin_count`` (0: no ``GOMP_SPINCOUNT``, sleep at once).
+        spin_count: ``AppConfig.omp_spin_count`` (0: sleep at once).
 
     Raises:
         ValueError: ``threads`` or ``spin_count`` negative.
     """
     if threads < 0 or spin_count < 0:
         raise ValueError(f"threads and spin_count must be >= 0, got {threads}, {spin_count}")
-    env = {"OMP_WAIT_POLICY": OMP_WAIT_POLICY}
-    if spin_count > 0:
-        env["GOMP_SPINCOUNT"] = str(int(spin_count))
+    env = {"OMP_WAIT_POLICY": OMP_WAIT_POLICY, "GOMP_SPINCOUNT": str(int(spin_count))}
     if threads > 0:
         env["OMP_NUM_THREADS"] = str(int(threads))
     return env

@@ -86,7 +86,8 @@ def _add_generate(sub) -> None:
     p.add_argument("--target-format", choices=WEIGHT_FORMAT_CHOICES, default=None,
                    help="target weight format (default: the device's, see README 'Weight formats')")
     p.add_argument("--draft-format", choices=WEIGHT_FORMAT_CHOICES, default=None,
-                   help="draft weight format (default: the target's)")
+                   help="draft weight format (default: --target-format when given, else the device's draft "
+                        "default, see README 'Weight formats')")
     p.add_argument("--draft-vocab-subset", type=int, default=None, metavar="N",
                    help="the draft scores only the N most frequent token ids (FR-Spec; output stays the "
                         "target's); default: the full vocabulary")

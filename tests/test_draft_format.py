@@ -62,6 +62,18 @@ def test_load_pair_gives_the_draft_its_own_default_only_when_no_format_is_named(
     assert load_pair(spec)[1].weight_format == "bfloat16"  # the draft spec's own format
 
 
+def test_load_pair_reports_a_bad_environment_format_of_the_draft_as_a_model_load_error(pair, monkeypatch):
+    """The target names its format, the draft none: the draft's default reads $SPECDEC_WEIGHT_FORMAT,
+    and a bad value is a ModelLoadError (load_pair's documented error), as for the target."""
+    from specdec.errors import ModelLoadError
+
+    monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", "bogus")
+    named = ModelPairSpec(target=HFModelSpec(path=pair.target.path, format="float32"), draft=pair.draft)
+    with pytest.raises(ModelLoadError) as e:
+        load_pair(named)
+    assert str(e.value).startswith("SPECDEC_WEIGHT_FORMAT='bogus' is not a weight format; known formats: ")
+
+
 def test_prefetch_builds_each_roles_own_default_format(tmp_path, monkeypatch, capsys):
     """``specdec prefetch`` without --format builds what each model loads by default: the draft's
     own default, not the target's (else a pod's init container warms the wrong cache entry)."""

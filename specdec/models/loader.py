@@ -213,7 +213,10 @@ def load_pair(
         return target, None
     draft_fmt = draft_format or weight_format
     if draft_fmt is None and dtype is None and getattr(pair.draft, "format", None) is None:
-        draft_fmt = formats.default_draft_format(device)  # int4 where the target's default is w8a8 on VNNI
+        try:  # int4 where the target's default is w8a8 on VNNI; $SPECDEC_WEIGHT_FORMAT when set
+            draft_fmt = formats.default_draft_format(device)
+        except ValueError as e:  # an unknown $SPECDEC_WEIGHT_FORMAT: as resolve_format reports it
+            raise ModelLoadError(str(e)) from None
     draft = load_model(pair.draft, weight_format=draft_fmt, dtype=dtype, device=device,
                        vocab_subset=draft_vocab_subset, vocab_table=draft_vocab_table)
     check_pair_compatible(draft, target)

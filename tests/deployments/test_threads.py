@@ -85,18 +85,20 @@ def test_model_processes_sleep_idle_openmp_threads(many_host_cores):
     from deployments.config import OMP_SPIN_COUNT, PRESETS, AppConfig, model_process_env
 
     assert OMP_SPIN_COUNT == 0
-    assert model_process_env(0) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert model_process_env(3) == {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "3"}
+    # GOMP_SPINCOUNT set also at 0: one in the environment that started Ray would override PASSIVE's zero
+    assert model_process_env(0) == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}
+    assert model_process_env(3) == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0", "OMP_NUM_THREADS": "3"}
     assert model_process_env(3, 30000) == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "30000", "OMP_NUM_THREADS": "3"}
     assert model_process_env(0, 500) == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "500"}
     with pytest.raises(ValueError, match="threads and spin_count must be >= 0, got 0, -1"):
         model_process_env(0, -1)
     opts = PRESETS["local-cpu.yaml"].deployment_options()
     assert opts["Draft"]["ray_actor_options"]["runtime_env"] == {
-        "env_vars": {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2"}}
+        "env_vars": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0", "OMP_NUM_THREADS": "2"}}
     spin = PRESETS["local-cpu.yaml"].model_copy(update={"omp_spin_count": 30000}).deployment_options()
     assert spin["Draft"]["ray_actor_options"]["runtime_env"] == {
         "env_vars": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "30000", "OMP_NUM_THREADS": "2"}}
-    with pytest.raises(ValueError, match="omp_spin_count"):
-        AppConfig.model_validate({**PRESETS["local-cpu.yaml"].model_dump(), "omp_spin_count": -5})
+    for bad in (-5, True, 1.5, "30000"):  # strict: a YAML `true` or a quoted number is no spin count
+        with pytest.raises(ValueError, match="omp_spin_count"):
+            AppConfig.model_validate({**PRESETS["local-cpu.yaml"].model_dump(), "omp_spin_count": bad})
     assert "runtime_env" not in opts["Router"]["ray_actor_options"]  # no model there
