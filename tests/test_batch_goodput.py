@@ -196,7 +196,7 @@ def test_goodput_guard_vetoes_speculation_that_measures_slower():
     assert g.snapshot() == {"goodput_spec": pytest.approx(2 / 3), "goodput_plain": pytest.approx(1.0),
                             "steps_spec": 12, "steps_plain": 12 + 96 + 167, "forced": "veto",
                             "forced_left": 192 - 167, "vetoes": 2, "explorations": 1, "skipped": 0,
-                            "explore_spacing": 64}
+                            "resized": 0, "explore_spacing": 64}
 
 
 def test_goodput_guard_keeps_speculation_that_measures_faster():
@@ -240,6 +240,65 @@ def test_goodput_guard_first_exploration_waits_for_64_spec_steps():
     assert _run(early, spec_rate=1.5, plain_rate=1.0, steps=40) == "s" * 11 + "P" * 12 + "s" * 17
     with pytest.raises(ValueError, match="first_explore >= min_steps"):
         GoodputGuard(first_explore=4)
+
+
+def test_goodput_guard_compares_regimes_at_the_same_batch_size():
+    """Plain steps measured at 8 sessions (the batch's 8 tokens per 0.3 s step, 26.7 tokens/s)
+    are no yardstick for a lone client's speculation (3 tokens per 0.34 s, 8.8 tokens/s, where
+    its plain decoding gives 1 per 0.15 s): the first step at one session drops them (a batch
+    1.5x smaller or larger is another comparison), so no veto; plain decoding is measured afresh
+    by an exploration that waits 64 spec steps, as a fresh guard's first. Before: vetoed after 12
+    spec steps (served: the lone client held at K = 0 for the rest of its request)."""
+    def drive(g, regime, n, steps, sessions):
+        for _ in range(steps):
+            if regime == "plain":
+                g.record("plain", 1 * n, 0.3 if n > 1 else 0.15, sessions=n)
+            else:
+                g.record("spec", 3 * n, 0.34, sessions=n)
+
+    g = GoodputGuard()
+    drive(g, "spec", 1, 12, 1)  # a lone client speculated first (its spec measured at 1 session)
+    g._forced_left, g._forced_why = 0, None
+    drive(g, "plain", 8, 40, 8)  # then 8 clients at K = 0
+    assert g.mean_sessions("plain") == pytest.approx(8.0) and g.steps("plain") == 40
+    assert g.steps("spec") == 0 and g.resized == 1  # spec measured at 1 session dropped by the batch of 8
+    seq = []
+    for _ in range(80):  # one client again, speculating
+        if g.forced:
+            g.record("plain", 1, 0.15, sessions=1)
+        else:
+            g.record("spec", 3, 0.34, sessions=1)
+        seq.append("P" if g.forced else "s")
+    assert g.vetoes == 0 and g.resized == 2 and g.explorations == 1
+    assert "".join(seq) == "s" * 63 + "P" * 12 + "s" * 5  # the exploration at one session, then spec stands
+    assert g.goodput("plain") == pytest.approx(1 / 0.15) and g.goodput("spec") == pytest.approx(3 / 0.34)
+    assert g.mean_sessions("plain") == pytest.approx(1.0)
+
+    # without sessions (the guard before): the 8-session plain steps veto the lone client's speculation
+    old = GoodputGuard()
+    for _ in range(40):
+        old.record("plain", 8, 0.3)
+    for _ in range(12):
+        old.record("spec", 3, 0.34)
+    assert old.vetoes == 1 and old.forced
+
+    # a veto's hold ends when the batch size changes: it was a verdict on another batch
+    v = GoodputGuard(first_explore=12)
+    assert _run(v, spec_rate=2 / 3, plain_rate=1.0, steps=30)[-1] == "P" and v.vetoes == 1
+    v2 = GoodputGuard(first_explore=12)
+    for _ in range(30):
+        if v2.forced:
+            v2.record("plain", 2, 1.0, sessions=2)
+        else:
+            v2.record("spec", 2 * 2, 3.0, sessions=2)
+    assert v2.vetoes == 1 and v2.forced
+    v2.record("plain", 1, 1.0, sessions=1)  # 2 -> 1 sessions: both regimes dropped, the hold ends
+    assert not v2.forced and v2.steps("plain") == 1 and v2.steps("spec") == 0 and v2.resized == 1
+    with pytest.raises(ValueError, match="sessions must be >= 1"):
+        v2.record("spec", 1, 1.0, sessions=0)
+    with pytest.raises(ValueError, match="resize_ratio must be > 1"):
+        GoodputGuard(resize_ratio=1.0)
+    assert GoodputGuard(resize_ratio=3.0).fresh().resize_ratio == 3.0
 
 
 def test_goodput_guard_skips_explorations_that_plain_decoding_cannot_win():

@@ -354,6 +354,7 @@ class BatchKSessions(AcceptanceExchange):
             return
         active = {j.tenant for j in self._joined.values() if j.adaptive and j.proposer != "none"}
         bound = self._plain_bound_locked()
+        serving = self._serving()
         for t in sorted(active):
             g = self.guards.get(t)
             if g is None:
@@ -361,7 +362,7 @@ class BatchKSessions(AcceptanceExchange):
             was = g.forced
             regime = "plain" if was or not (self.controller.k_for(t) or 0) > 0 else "spec"
             others = any(o.exploring for n, o in self.guards.items() if n != t)
-            g.record(regime, tokens, seconds, may_explore=not others, plain_bound=bound)
+            g.record(regime, tokens, seconds, may_explore=not others, plain_bound=bound, sessions=serving)
             if g.forced != was:
                 self._dirty = True
 

@@ -83,6 +83,16 @@ class GoodputGuard:
       not measured at least 3 times) or not beaten (under load: the step's wall time holds
       what no forward measures), explorations run as before.
 
+    - **a batch of another size is another comparison** (``sessions`` of :meth:`record`): the
+      batch's goodput grows with its sessions, so a regime measured at one batch size says
+      nothing against the other regime at another. When a step ends with ``sessions`` more than
+      ``resize_ratio`` times above or below a regime's (decayed) mean sessions, that regime's
+      measurement is dropped (it is measured afresh, plain decoding by an exploration that waits
+      ``first_explore`` spec steps as a fresh guard's does) and a veto's hold ends. Served (one
+      tenant, w7a8 pair, 32-token requests): plain steps measured at 8 sessions (21.6 tokens/s
+      for the batch) vetoed the next lone client's speculation (8.8 tokens/s at one session,
+      where plain decoding gives ~7), holding it at K = 0 for the 28 steps left of its request.
+
     Not thread-safe (its owner locks).
 
     Args:
@@ -111,6 +121,9 @@ class GoodputGuard:
             (w8a8 pair, code-prime, 128 tokens) the taught controller's request re-explored 4
             plain steps and a fresh one's 8 of its 34 steps while speculation measured ~1.5x
             the plain steps it had measured (``docs/bench/formats/bench-s13/adaptk/``).
+        resize_ratio: a step whose ``sessions`` differ from a regime's mean sessions by more
+            than this factor drops that regime's measurement (class docstring; > 1;
+            ``float("inf")``: never).
 
     Raises:
         ValueError: a setting out of its range.
@@ -119,7 +132,10 @@ class GoodputGuard:
     def __init__(self, *, min_steps: int = 12, explore_every: int = 64, hold: int = 96, max_backoff: int = 4,
                  margin: float = 0.0, decay: float = 0.97, explore_backoff: int = 8, outlier_clip: float = 2.0,
                  first_explore: int | None = None, compare_on_explore_end: bool = False,
-                 skip_margin: float | None = None):
+                 skip_margin: float | None = None, resize_ratio: float = 1.5):
+        if not resize_ratio > 1:
+            raise ValueError(f"resize_ratio must be > 1, got {resize_ratio}")
+        self.resize_ratio = float(resize_ratio)
         first_explore = explore_every if first_explore is None else first_explore
         if skip_margin is not None and not skip_margin >= 0:
             raise ValueError(f"skip_margin must be >= 0 or None, got {skip_margin}")
@@ -140,6 +156,11 @@ class GoodputGuard:
         self.max_backoff, self.margin, self.decay = int(max_backoff), float(margin), float(decay)
         #: regime -> [decayed tokens, decayed seconds, fresh steps, decayed steps]
         self._sums = {"spec": [0.0, 0.0, 0, 0.0], "plain": [0.0, 0.0, 0, 0.0]}
+        #: regime -> [decayed sessions, decayed steps] of the steps that gave their sessions
+        self._sessions = {"spec": [0.0, 0.0], "plain": [0.0, 0.0]}
+        self._plain_unmeasured = False  # plain was dropped for a batch of another size
+        #: measurements dropped for a batch of another size (class docstring)
+        self.resized = 0
         self._forced_left = 0  # steps left with K = 0 forced
         self._forced_why: str | None = None  # "explore" or "veto"
         self._since_explore = 0  # spec steps since the last exploration
@@ -157,7 +178,8 @@ class GoodputGuard:
                             max_backoff=self.max_backoff, margin=self.margin, decay=self.decay,
                             explore_backoff=self.explore_backoff, outlier_clip=self.outlier_clip,
                             first_explore=self.first_explore,
-                            compare_on_explore_end=self.compare_on_explore_end, skip_margin=self.skip_margin)
+                            compare_on_explore_end=self.compare_on_explore_end, skip_margin=self.skip_margin,
+                            resize_ratio=self.resize_ratio)
 
     @property
     def forced(self) -> bool:
@@ -178,22 +200,59 @@ class GoodputGuard:
         """Fresh steps measured in ``regime``."""
         return self._sums[regime][2]
 
+    def mean_sessions(self, regime: str) -> float | None:
+        """The (decayed) mean sessions of ``regime``'s steps that gave theirs (None: none did)."""
+        n, w = self._sessions[regime]
+        return n / w if w > 0 else None
+
+    def _drop(self, regime: str) -> None:
+        self._sums[regime] = [0.0, 0.0, 0, 0.0]
+        self._sessions[regime] = [0.0, 0.0]
+
+    def _resize(self, sessions: float) -> None:
+        """Drop each regime measured at a batch size more than ``resize_ratio`` away from
+        ``sessions``, and end a veto's hold (class docstring)."""
+        dropped = False
+        for regime in ("spec", "plain"):
+            mean = self.mean_sessions(regime)
+            if mean is None or self.steps(regime) == 0:
+                continue
+            if max(mean, sessions) > self.resize_ratio * min(mean, sessions):
+                self._drop(regime)
+                dropped = True
+                if regime == "plain":  # measured afresh as a fresh guard's first exploration
+                    self._plain_unmeasured, self._since_explore = True, 0
+        if dropped:
+            self.resized += 1
+            self._explored = self._rechecking = False
+            if self._forced_left > 0 and self._forced_why == "veto":
+                self._forced_left, self._forced_why, self._hold = 0, None, self.hold
+
     def record(self, regime: str, tokens: float, seconds: float, may_explore: bool = True,
-               plain_bound: float | None = None) -> None:
+               plain_bound: float | None = None, sessions: float | None = None) -> None:
         """One adaptive step of ``regime`` emitted ``tokens`` tokens (weighted: n_s · tokens_s of
         the class docstring) in ``seconds`` seconds of wall time; then the policy (class
         docstring) moves on by one step. ``may_explore`` False: an exploration due now waits
         (another tenant's guard is exploring). ``plain_bound``: the most tokens/s plain decoding
         of the batch could reach by the target's measured forwards (None: unknown); an
         exploration due now is skipped while ``spec`` measures above it (class docstring).
+        ``sessions``: the sessions stepping when it ended (None: unknown, no batch-size check); a
+        regime measured at a batch size more than ``resize_ratio`` away is dropped first
+        (class docstring).
 
         Raises:
-            ValueError: an unknown regime, tokens < 1 or seconds not finite and > 0.
+            ValueError: an unknown regime, tokens < 1, seconds not finite and > 0, or sessions < 1.
         """
         if regime not in self._sums:
             raise ValueError(f"regime must be 'spec' or 'plain', got {regime!r}")
         if tokens < 1 or not 0 < seconds < float("inf"):
             raise ValueError(f"need tokens >= 1 and 0 < seconds < inf, got {tokens}, {seconds}")
+        if sessions is not None:
+            if not sessions >= 1:
+                raise ValueError(f"sessions must be >= 1, got {sessions}")
+            self._resize(float(sessions))
+            n = self._sessions[regime]
+            n[0], n[1] = n[0] * self.decay + float(sessions), n[1] * self.decay + 1.0
         s = self._sums[regime]
         if s[2] >= 3:  # a contended step counts at most outlier_clip x the regime's mean step
             seconds = min(seconds, self.outlier_clip * s[1] / s[3])
@@ -203,7 +262,7 @@ class GoodputGuard:
             self._forced_left -= 1
             ended = self._forced_why if self._forced_left == 0 else None
             if ended == "veto":
-                self._sums["spec"] = [0.0, 0.0, 0, 0.0]  # recheck speculation with fresh steps
+                self._drop("spec")  # recheck speculation with fresh steps
                 self._rechecking = True
             if self._forced_left == 0:
                 self._forced_why = None
@@ -216,7 +275,8 @@ class GoodputGuard:
         ns, npl = self.steps("spec"), self.steps("plain")
         if self._compare():
             return
-        first = npl < self.min_steps and not self.explorations  # nothing measured of plain yet
+        # nothing measured of plain yet (or dropped for a batch of another size)
+        first = npl < self.min_steps and (not self.explorations or self._plain_unmeasured)
         if may_explore and ns >= self.min_steps and (
                 (npl < self.min_steps and not first) or self._since_explore >= (
                     self.first_explore if first else self._explore_spacing)):
@@ -227,7 +287,8 @@ class GoodputGuard:
                 self.skipped += 1
                 self._explore_spacing = min(self._explore_spacing * 2, self.explore_every * self.explore_backoff)
                 return
-            self._sums["plain"] = [0.0, 0.0, 0, 0.0]  # explore with fresh steps
+            self._drop("plain")  # explore with fresh steps
+            self._plain_unmeasured = False
             self._since_explore = 0
             self.explorations += 1
             self._explored = npl >= self.min_steps  # a spaced one (not the first measurement)
@@ -266,4 +327,5 @@ class GoodputGuard:
                 "steps_spec": self.steps("spec"), "steps_plain": self.steps("plain"),
                 "forced": self._forced_why if self.forced else None, "forced_left": self._forced_left,
                 "vetoes": self.vetoes, "explorations": self.explorations, "skipped": self.skipped,
+                "resized": self.resized,
                 "explore_spacing": self._explore_spacing}
