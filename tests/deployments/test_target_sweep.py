@@ -110,15 +110,17 @@ def test_target_starts_its_workers_through_ray_start_path(monkeypatch, tiny_targ
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     seen = {}
 
-    def start(path, tp_size, pg, first_bundle, num_gpus, threads, dtype, prefix_cache_entries):
-        seen.update(path=path, tp_size=tp_size, threads=threads, dtype=dtype, prefix_cache_entries=prefix_cache_entries)
+    def start(path, tp_size, pg, first_bundle, num_gpus, threads, dtype, prefix_cache_entries, omp_spin_count):
+        seen.update(path=path, tp_size=tp_size, threads=threads, dtype=dtype, prefix_cache_entries=prefix_cache_entries,
+                    omp_spin_count=omp_spin_count)
         return ranks, [{"rank": 0, "device": "cpu"}]
 
     monkeypatch.setattr(tp, "start_tp_workers", start)
     target = Target(AppConfig(target_model="demo:target", target_tp=1, target_cpus_per_worker=2,
-                              target_dtype="int8", prefix_cache_entries=5), metrics=SpecDecMetrics(backend=None))
+                              target_dtype="int8", prefix_cache_entries=5, omp_spin_count=700),
+                    metrics=SpecDecMetrics(backend=None))
     assert seen == {"path": "/models/target-int8", "tp_size": 1, "threads": 2, "dtype": "int8",
-                    "prefix_cache_entries": 5}
+                    "prefix_cache_entries": 5, "omp_spin_count": 700}
     assert target.workers is ranks
     assert asyncio.run(target.Info()) == [{"rank": 0, "device": "cpu"}]
 
