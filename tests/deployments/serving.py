@@ -7,6 +7,7 @@ Not a test module; the ``models`` fixture that builds the tiny pair is in ``conf
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 import time
 from pathlib import Path
@@ -49,11 +50,37 @@ def write_tenants(path) -> str:
     return str(path)
 
 
+#: where :func:`free_port` looks: above Ray's worker ports (10002-19999 by default) and below the
+#: kernel's ephemeral range (32768-60999), from which the OS gives Ray's processes their outgoing
+#: connections' ports; an ephemeral port picked here was taken in between by the Ray started after
+#: the pick (CI: "Failed to bind to address [::]:40333" for Serve's gRPC proxy)
+FREE_PORT_RANGE = (20000, 32000)
+
+
 def free_port() -> int:
-    """A TCP port free at the time of the call."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    """A TCP port in :data:`FREE_PORT_RANGE` free (IPv4 and, where the host has it, IPv6) at the
+    time of the call.
+
+    Raises:
+        RuntimeError: no free port found in 200 random tries.
+    """
+    import random
+
+    for _ in range(200):
+        port = random.randrange(*FREE_PORT_RANGE)
+        try:
+            with socket.socket() as s:
+                s.bind(("", port))
+            if socket.has_ipv6:
+                with socket.socket(socket.AF_INET6) as s6:
+                    s6.bind(("::", port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                continue
+            if e.errno != errno.EADDRNOTAVAIL:  # EADDRNOTAVAIL: no IPv6 on this host, the IPv4 check stands
+                raise
+        return port
+    raise RuntimeError(f"no free TCP port in {FREE_PORT_RANGE}")
 
 
 def wait_running(serve, app: str, timeout_s: float = 120) -> None:
