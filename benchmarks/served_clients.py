@@ -56,6 +56,23 @@ def table(summary: dict, clients: list[int], modes: list[str]) -> list[str]:
     return rows
 
 
+def parse_variant(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` of ``--variant``: an AppConfig field and its value read as YAML (``0`` an int,
+    ``true`` a bool, ``w8a8`` a string), as the field would be written in a config file.
+
+    Raises:
+        ValueError: no ``=``, an empty value, or KEY not an AppConfig field.
+    """
+    import yaml
+
+    from deployments.config import AppConfig
+
+    key, sep, value = text.partition("=")
+    if not sep or not value or key not in AppConfig.model_fields:
+        raise ValueError(f"need KEY=VALUE with an AppConfig field as KEY, got {text!r}")
+    return key, yaml.safe_load(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", default="1,2,4,8", help="concurrency levels")
@@ -88,11 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     base.update({k: v for k, v in (("target_model", a.target), ("draft_model", a.draft)) if v})
     cfgs = {m: AppConfig.model_validate({**base, "app_name": m, **MODES[m]}) for m in modes}
     if a.variant:
-        key, _, value = a.variant.partition("=")
-        if key not in AppConfig.model_fields or not value:
-            p.error(f"--variant: need KEY=VALUE with an AppConfig field as KEY, got {a.variant!r}")
-        for m in list(modes):
-            cfgs[f"{m}-v"] = AppConfig.model_validate({**base, "app_name": f"{m}-v", **MODES[m], key: value})
+        try:
+            key, value = parse_variant(a.variant)
+            for m in list(modes):
+                cfgs[f"{m}-v"] = AppConfig.model_validate({**base, "app_name": f"{m}-v", **MODES[m], key: value})
+        except ValueError as e:  # pydantic's ValidationError is a ValueError
+            p.error(f"--variant: {e}")
         modes = [x for m in modes for x in (m, f"{m}-v")]
     requests = _requests(PROMPTS, a.tokens, a.k)
     out: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),

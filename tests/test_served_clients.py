@@ -26,8 +26,19 @@ def test_variant_must_name_an_app_config_field(capsys):
 
     from benchmarks.served_clients import main
 
+    from benchmarks.served_clients import parse_variant
+
     for bad in ("no_such_field=1", "omp_spin_count", "omp_spin_count="):
         with pytest.raises(SystemExit) as e:
             main(["--variant", bad])
         assert e.value.code == 2
         assert f"--variant: need KEY=VALUE with an AppConfig field as KEY, got {bad!r}" in capsys.readouterr().err
+    # the value is read as a config file would hold it: omp_spin_count (a strict int) takes "0" as 0
+    assert parse_variant("omp_spin_count=0") == ("omp_spin_count", 0)
+    assert parse_variant("target_dtype=w8a8") == ("target_dtype", "w8a8")
+    for bad in ("omp_spin_count=-1", "omp_spin_count=abc"):  # a value the field refuses: a usage error
+        with pytest.raises(SystemExit) as e:
+            main(["--variant", bad])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "--variant: " in err and "omp_spin_count" in err
