@@ -26,16 +26,17 @@ class _Clock:
         return self.t
 
 
-def _calibrate(live: BatchKSessions, repeats: int = 3, k_max: int = 4) -> None:
+def _calibrate(live: BatchKSessions, repeats: int = 3, k_max: int = 4, dear: float = 1.0) -> None:
     """The start-up calibration's steps (deployments.draft_calibration.calibration_schedule): the
-    warm-up pass at 3x the forwards' seconds (kernels created), then ``repeats`` rounds of each K."""
+    warm-up pass at 3x the forwards' seconds (kernels created), then ``repeats`` rounds of each K,
+    its verify forwards of 2 or more positions at ``dear`` times what they cost in service."""
     from deployments.draft_calibration import calibration_schedule
 
     live.join("cal", "", "draft", adaptive=False, k_range=(0, k_max), prompt_tokens=30, calibration="warmup")
     sched = calibration_schedule(k_max, repeats)
     for i, (mode, k) in enumerate(sched):
         live.set_calibration("cal", mode)
-        verify = VERIFY[k + 1] * (3 if mode == "warmup" else 1)
+        verify = VERIFY[k + 1] * (3 if mode == "warmup" else dear if k > 0 else 1)
         live.observe_step("cal", k, k, BatchShape(1000 + i, 1, k + 1 + (30 if i == 0 else 0), verify),
                           [(1, DRAFT * (3 if mode == "warmup" else 1))] * k, draft_s=k * DRAFT,
                           verify_s=verify + OVERHEAD)
@@ -65,14 +66,15 @@ def _request(live: BatchKSessions, clock: _Clock, key: str, step0: int, max_toke
     return "".join(map(str, ks)), max_tokens / (clock.t - t0), step
 
 
-def _fresh_server(calibrated: bool) -> tuple[list[str], list[float], BatchKSessions]:
+def _fresh_server(calibrated: bool, dear: float = 1.0, max_tokens: int = 128,
+                  draft: float | None = None) -> tuple[list[str], list[float], BatchKSessions]:
     clock = _Clock()
     live = BatchKSessions(BatchKController(budget=64, clock=clock), guard=GoodputGuard())
     if calibrated:
-        _calibrate(live)
+        _calibrate(live, dear=dear)
     out, tps, step = [], [], 0
     for key in ("first", "second"):
-        ks, rate, step = _request(live, clock, key, step)
+        ks, rate, step = _request(live, clock, key, step, max_tokens)
         out.append(ks)
         tps.append(rate)
     return out, tps, live
@@ -104,3 +106,40 @@ def test_a_calibrated_fresh_server_never_runs_k0_in_its_first_two_requests():
     assert [round(t / PLAIN_TOKENS_PER_S, 2) for t in tps] == [1.28, 1.2]
     # the calibration taught the model costs only: no acceptance evidence of its dummy prompt
     assert [k for k in live.controller.estimator.keys()] == [("default", "draft")]
+
+
+def test_a_calibration_dearer_than_service_holds_no_client_at_k0_past_one_probe(monkeypatch):
+    """Session 19 (served, w7a8 pair, ``clients-s19-guard``): the start-up calibration priced the
+    verify forwards of 2-5 positions ~1.4x what they cost in service, the lone client of a
+    32-token request ran K = 0 on every step (0.80x the unbatched path speculating), and its held
+    steps never reached ``probe_every``, so nothing re-measured those shapes. Here the
+    calibration measures 2-5 positions at 1.45x the service's costs. Before (the optimistic
+    probe switched off): K = 0 on all 32 steps of both requests, 0.92x plain decoding. Now: the
+    first held step after a one-position forward was measured in service probes at the K the
+    service's own curve gives (K = 3), the probe's forwards replace the calibration's samples
+    of their count, and the client speculates from then on: 1.06x the before."""
+    from specdec.control.batch_cost import BatchCostModel
+
+    real = BatchCostModel.calibration_unserved
+    monkeypatch.setattr(BatchCostModel, "calibration_unserved", lambda self: False)
+    (first, second), before, live = _fresh_server(calibrated=True, dear=1.45, max_tokens=32)
+    assert first == second == "0" * 32 and live.controller.probes == 0
+    assert [round(t / PLAIN_TOKENS_PER_S, 2) for t in before] == [0.92, 0.92]
+    monkeypatch.setattr(BatchCostModel, "calibration_unserved", real)
+    (first, second), after, live = _fresh_server(calibrated=True, dear=1.45, max_tokens=32)
+    assert first == "00" + "3" * 10 and second == "3" * 11
+    # two probe steps: after the second, the decision (on the measured 4-position forwards) gives K = 3
+    assert live.controller.probes == 1 and live.controller.probe_step_count == 2
+    assert [round(t / PLAIN_TOKENS_PER_S, 2) for t in after] == [0.98, 0.97]
+    assert round(sum(after) / sum(before), 2) == 1.06
+    cost = live.controller.cost
+    # the 4-position count: service's forwards alone (the calibration's 0.13 · 1.45 dropped)
+    assert cost.served(4) and cost.verify_s(1, 4) == pytest.approx(VERIFY[4])
+    # 5 positions: calibrated, never served, nothing served above it: the calibration's price
+    # (0.14 · 1.45), optimistically the service's curve alone (from its 4 positions on its slope)
+    assert not cost.served(5) and cost.verify_s(1, 5) == pytest.approx(VERIFY[5] * 1.45)
+    assert cost.verify_s(1, 5, optimistic=True) == pytest.approx(cost._served_curve.verify_s(5))
+    assert VERIFY[4] < cost.verify_s(1, 5, optimistic=True) < VERIFY[5] * 1.2
+    # 2 and 3 positions: calibrated, never served, at most the 4 served positions' price
+    assert [cost.verify_s(1, p) for p in (2, 3)] == pytest.approx([VERIFY[4]] * 2)
+    assert cost.calibration_unserved()

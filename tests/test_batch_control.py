@@ -474,9 +474,9 @@ def test_a_decision_prices_each_forward_once():
         calls["draft"] += 1
         return draft_s(rows)
 
-    def counting_verify(rows, positions):
+    def counting_verify(rows, positions, **kwargs):
         calls["verify"] += 1
-        return verify_s(rows, positions)
+        return verify_s(rows, positions, **kwargs)
 
     cost.draft_s, cost.verify_s = counting_draft, counting_verify
     loads = {t: TenantLoad(sessions=4, alpha=a, k_min=0, k_max=4) for t, a in (("code", 0.9), ("creative", 0.5))}

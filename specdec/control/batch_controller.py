@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from specdec.control.acceptance import AcceptanceEstimator
@@ -30,6 +30,8 @@ class _ProbeState:
     left: int = 0  # steps left in the probe in progress
     k: int = 0  # the probe's K
     probed: bool = False  # a probe of it started once
+    #: its session counts at which a probe ran for shapes never measured in service
+    explored: set = field(default_factory=set)
 
 
 class BatchKController:
@@ -63,6 +65,18 @@ class BatchKController:
     48-token request at K = 0 with α̂ at the 0.52 prior (served, w8a8 pair). (The same idea as the per-request
     :class:`specdec.control.controller.KController`'s step-limited probes, counted in steps
     because here K is chosen per step.)
+
+    **Probes of shapes never measured in service.** A probe's K is the batch optimum at
+    ``probe_alpha`` on the measured prices, or, when those give K = 0, on
+    :meth:`BatchCostModel.optimistic` prices (verify forwards of positions counts never measured
+    in service priced on the service's forwards alone, when the start-up calibration measured
+    counts that service has not). Such a probe runs at once, at a tenant's first held
+    step, once per count of its sessions (not after ``probe_every`` held steps): the prices that
+    hold it came from the start-up calibration or from no measurement, and one probe measures
+    what they cost in service. Served (w7a8 pair, 2-core EPYC, ``clients-s19-guard``), the
+    calibration priced 3-5 positions 1.4x what they cost in service and the lone client of a
+    32-token request ran K = 0 on all its steps, its held steps never reaching ``probe_every``
+    (tests/test_batch_calibrated.py).
 
     **Optimism** (``optimism`` z > 0): a tenant's K is priced at the upper confidence bound of
     its acceptance, :meth:`AcceptanceEstimator.upper_alpha` (the larger of α̂ and the Beta
@@ -139,9 +153,9 @@ class BatchKController:
         self.probe_step_count = 0
         self._probe: dict[str, _ProbeState] = {}
         self._loads: dict[str, TenantLoad] = {}  # the loads of the last decision
-        # (tenant, cap, cost version, probe_alpha, budget, catchup_horizon) -> probe_k's answer
-        # for the last decision's loads (emptied by :meth:`decide`)
-        self._probe_memo: dict[tuple, int] = {}
+        # (tenant, cap, cost version, probe_alpha, budget, catchup_horizon) -> (probe_k's answer,
+        # from the optimistic prices alone) for the last decision's loads (emptied by :meth:`decide`)
+        self._probe_memo: dict[tuple, tuple[int, bool]] = {}
         self._proposer: dict[str, str] = {}  # tenant -> its adaptive proposer at the last decision
         #: (tenant, proposer, trials) of every evidence cap a probe applied (for a shared pool)
         self.caps: list[tuple[str, str, float]] = []
@@ -237,6 +251,8 @@ class BatchKController:
         """The K a probe of ``tenant`` runs at: its K in the batch optimum of the last
         decision's load (its catch-up charged) if its acceptance were ``probe_alpha``, at most
         ``cap`` (0: a probe would not pay even then, or the tenant was not in the last decision).
+        When the measured prices give K = 0, the optimum on :meth:`BatchCostModel.optimistic`
+        prices (class docstring, "Probes of shapes never measured in service").
 
         The answer is remembered until the next :meth:`decide` or cost observation
         (``cost.version``): a tenant of never measured acceptance whose probe does not pay asks
@@ -245,16 +261,30 @@ class BatchKController:
         load = self._loads.get(tenant)
         if load is None or cap < 1:
             return 0
-        key = (tenant, cap, getattr(self.cost, "version", None), self.probe_alpha, self.budget, self.catchup_horizon)
-        k = self._probe_memo.get(key)
-        if k is None:
+        key = self._probe_key(tenant, cap)
+        got = self._probe_memo.get(key)
+        if got is None:
             what_if = dict(self._loads)
             what_if[tenant] = TenantLoad(load.sessions, self.probe_alpha, load.weight, min(load.k_min, cap),
                                          min(load.k_max, cap), load.drafted, load.fixed_k, load.catchup_s,
                                          load.tokens_left)
             k = choose_batch_ks(what_if, self.cost, self.budget, self.catchup_horizon).ks.get(tenant, 0)
-            self._probe_memo[key] = k
-        return k
+            got = (k, False)
+            if k == 0 and hasattr(self.cost, "optimistic") and self.cost.calibration_unserved():
+                k = choose_batch_ks(what_if, self.cost.optimistic(), self.budget, self.catchup_horizon).ks.get(tenant, 0)
+                got = (k, k > 0)
+            self._probe_memo[key] = got
+        return got[0]
+
+    def _probe_unmeasured(self, tenant: str, cap: int) -> bool:
+        """Whether :meth:`probe_k`'s K > 0 comes from the optimistic prices alone (the measured
+        ones give K = 0: the shapes it would run were never measured in service)."""
+        if self.probe_k(tenant, cap) <= 0:
+            return False
+        return self._probe_memo.get(self._probe_key(tenant, cap), (0, False))[1]
+
+    def _probe_key(self, tenant: str, cap: int) -> tuple:
+        return tenant, cap, getattr(self.cost, "version", None), self.probe_alpha, self.budget, self.catchup_horizon
 
     def step_k(self, tenant: str, cap: int, k_min: int = 0) -> int:
         """The K of ``tenant``'s next step: its K under the last decision within
@@ -275,13 +305,19 @@ class BatchKController:
         proposer = self._proposer.get(tenant)
         unknown = (not ps.probed and proposer is not None
                    and self.estimator.evidence((tenant, proposer)) < self.probe_memory)
-        if not self.probe_every or (ps.held < ps.interval and not unknown):
+        load = self._loads.get(tenant)
+        sessions = load.sessions if load is not None else 0
+        unmeasured = (bool(self.probe_every) and proposer is not None and sessions not in ps.explored
+                      and self._probe_unmeasured(tenant, cap))
+        if not self.probe_every or (ps.held < ps.interval and not unknown and not unmeasured):
             ps.held += 1
             return 0
         ps.held = 0
         kp = self.probe_k(tenant, cap)
         if kp <= 0:
             return 0
+        if self._probe_unmeasured(tenant, cap):
+            ps.explored.add(sessions)
         ps.k, ps.left, ps.probed = kp, self.probe_steps - 1, True
         ps.interval = min(ps.interval * 2, self.probe_every * self.probe_backoff)
         if proposer is not None:

@@ -120,6 +120,27 @@ class BatchCostModel:
     11; the unbatched path never measures its forwards and stays on the priors). A lasting
     change (sustained load) moves the median after about half the window.
 
+    **Calibration is a prior of the shapes.** A replica's start-up calibration measures one
+    session's verify forwards at every K (:meth:`observe_verify` ``calibration``) so that its first
+    request is not priced on the priors. Its few forwards run while the process, and often the
+    replica started beside it, are still warming: served on the 2-core EPYC (w7a8 pair, session
+    19, ``clients-s19-guard``), it priced 3 and 5 positions at 0.184 and 0.195 s beside one at
+    0.139 s, where 3-5 positions cost ~0.13 s in service, so K = 4 at acceptance 0.9 looked worse
+    than K = 0 (7.1 against 7.8 tokens/s) and the lone client ran K = 0 on every step (0.80x the
+    unbatched path speculating on the same forwards). A tenant held at K = 0 never runs the
+    shapes that would correct it. So: (1) the first forward of a count measured in service
+    replaces the calibration's samples of that count (window and curve); (2) a count the
+    calibration measured and service never did costs at most what the fewest positions above it
+    measured in service cost (the curve never decreases: a calibrated 5 at 0.195 s is not dearer
+    than a served 9 at 0.15 s); (3) :meth:`optimistic` prices a count never measured in service
+    at most at its price on the curve of the forwards measured in service alone (interpolated
+    and extrapolated as the full curve is, the calibration's samples left out): a probe
+    (:meth:`BatchKController.probe_k`) is chosen at those prices when the measured ones give it
+    K = 0, so it runs the unmeasured shapes once and the decisions after it use what they cost
+    in service. (Not the least a count can cost, a flat curve: on the CPU a verify grows about
+    linearly in its positions, and an int4-like model so priced probed 8 sessions at K = 8,
+    72 positions at 8x the cost of 8: tests/test_batch_goodput.py.)
+
     Args:
         max_positions: largest positions count recorded (the positions budget, or more).
         prior_verify_s, prior_draft_s: priors of a 1-position verify and a 1-row draft forward
@@ -133,6 +154,10 @@ class BatchCostModel:
                  verify_extrapolation: str = "monotone"):
         self.verify = CostModel(prior_verify_s=prior_verify_s, prior_verify_slope=0.05, max_positions=max_positions,
                                 extrapolation=verify_extrapolation)
+        #: the verify curve of forwards measured in service alone (no calibration): the
+        #: optimistic prices (:meth:`verify_s` ``optimistic``)
+        self._served_curve = CostModel(prior_verify_s=prior_verify_s, prior_verify_slope=0.05,
+                                       max_positions=max_positions, extrapolation=verify_extrapolation)
         self.draft = CostModel(prior_verify_s=prior_draft_s, prior_verify_slope=0.05, max_positions=max_positions)
         self._row_s = 0.0
         self._row_n = 0
@@ -144,6 +169,11 @@ class BatchCostModel:
         #: the fewest seconds per position of any verify forward of >= 16 positions (inf before any)
         self._cheapest_per_position = float("inf")
         self._prefill_n = 0  # prefill forwards seen (kept off the verify curve)
+        #: positions -> decode forwards of that count measured in service (not start-up
+        #: calibration; class docstring, "Calibration is a prior of the shapes")
+        self._served: dict[int, int] = {}
+        #: positions counts the start-up calibration measured
+        self._calibrated: set[int] = set()
         #: ("verify", rows, positions) or ("draft", rows) -> seconds of its recent forwards
         self._recent: dict[tuple, collections.deque] = {}
         #: observations made so far (:meth:`observe_verify`, :meth:`observe_draft`,
@@ -193,7 +223,18 @@ class BatchCostModel:
         if prefill:
             self._prefill_n += 1
             return
+        if calibration:
+            self._calibrated.add(positions)
+        else:
+            if positions not in self._served and positions in self._calibrated:
+                # the first forward of this count measured in service supersedes the calibration's
+                # (class docstring, "Calibration is a prior of the shapes")
+                self._recent.pop(("verify", 1, positions), None)
+                self.verify._verify.pop(positions, None)
+            self._served[positions] = self._served.get(positions, 0) + 1
         seconds = self._median_recent(("verify", rows, positions), seconds)
+        if not calibration:
+            self._served_curve.observe_verify(positions, seconds)
         if rows > 1 and positions in self.verify._verify:
             residual = (seconds - self.verify.verify_s(positions)) / (rows - 1)
             self._row_n += 1
@@ -210,8 +251,14 @@ class BatchCostModel:
     #: line fitted to the well-measured counts (:meth:`verify_s`).
     THIN_SAMPLES = 3
 
-    def verify_s(self, rows: int, positions: int) -> float:
+    def verify_s(self, rows: int, positions: int, *, optimistic: bool = False) -> float:
         """One batched verify forward of ``rows`` sessions and ``positions`` positions (s).
+
+        A positions count measured by the start-up calibration and never in service costs at most
+        what the fewest positions above it measured in service cost (the curve never decreases),
+        and with ``optimistic`` a count never measured in service costs at most its price on the
+        curve of the forwards measured in service alone: the price a probe of unmeasured shapes
+        is chosen at (class docstring, "Calibration is a prior of the shapes").
 
         A positions count measured fewer than :attr:`THIN_SAMPLES` times is priced at most at the
         least-squares line (weighted by samples) through the counts measured at least that often,
@@ -250,7 +297,29 @@ class BatchCostModel:
             line = self._well_measured_line()
             if line is not None:
                 t = min(t, max(line[0] + line[1] * positions, self._well_measured_floor(positions)))
+        if positions not in self._served and self._served:
+            above = [p for p in self._served if p > positions]
+            if above and positions in self._calibrated:
+                t = min(t, self.verify.verify_s(min(above)))
+            if optimistic:
+                t = min(t, self._served_curve.verify_s(positions))
         return t + self._row_s * max(0, rows - 1)
+
+    def served(self, positions: int) -> bool:
+        """Whether a decode forward of ``positions`` positions was measured in service (not
+        only by the start-up calibration)."""
+        return positions in self._served
+
+    def calibration_unserved(self) -> bool:
+        """Whether a positions count measured by the start-up calibration was never measured in
+        service (else the optimistic prices are the measured ones)."""
+        return bool(self._calibrated - self._served.keys())
+
+    def optimistic(self) -> "OptimisticPrices":
+        """This model's prices with every positions count never measured in service priced at
+        most on the curve of the service's forwards alone (:meth:`verify_s` ``optimistic``):
+        what a probe is chosen at."""
+        return OptimisticPrices(self)
 
     def measured_verify_s(self, positions: int) -> float | None:
         """The curve's seconds at ``positions`` when that count was measured at least
@@ -333,7 +402,8 @@ class BatchCostModel:
             return int(tokens) * self._cheapest_per_position * ratio
         return self.verify.verify_s(int(tokens)) * ratio
 
-    def step_s(self, ks: Sequence[int], drafted: Sequence[bool], memo: dict | None = None) -> float:
+    def step_s(self, ks: Sequence[int], drafted: Sequence[bool], memo: dict | None = None, *,
+               optimistic: bool = False) -> float:
         """Seconds of one batched step where session s drafts ``ks[s]`` tokens (0: plain decoding).
 
         Args:
@@ -341,7 +411,9 @@ class BatchCostModel:
             drafted: whether session s's drafts need draft forwards (False for prompt lookup).
             memo: a dict kept for the step times of one decision (no observation in between):
                 each forward's price is computed once in it (:func:`specdec.control.batch_choice.choose_batch_ks`
-                prices up to 17³ steps from the same few draft and verify forwards).
+                prices up to 17³ steps from the same few draft and verify forwards); one memo
+                per ``optimistic``.
+            optimistic: verify forwards at :meth:`verify_s`'s ``optimistic`` price.
         """
         memo = {} if memo is None else memo
         drafting = [k for k, d in zip(ks, drafted) if d and k > 0]
@@ -353,10 +425,27 @@ class BatchCostModel:
             t += memo[("d", rows)]
         key = ("v", len(ks), sum(k + 1 for k in ks))
         if key not in memo:
-            memo[key] = self.verify_s(key[1], key[2])
+            memo[key] = self.verify_s(key[1], key[2], optimistic=optimistic)
         return t + memo[key]
 
     def snapshot(self) -> dict:
         return {"verify_s_by_positions": self.verify.snapshot()["verify_s"], "verify_row_s": self._row_s,
                 "draft_s_by_rows": self.draft.snapshot()["verify_s"], "catchup_s_per_token": self._catchup_rate,
-                "prefill_forwards": self._prefill_n}
+                "prefill_forwards": self._prefill_n,
+                "verify_positions_served": sorted(self._served)}
+
+
+class OptimisticPrices:
+    """A :class:`BatchCostModel`'s step prices with the verify forwards of positions counts never
+    measured in service priced on the service's forwards alone (:meth:`BatchCostModel.optimistic`); what
+    :func:`specdec.control.batch_choice.choose_batch_ks` needs of a cost model (``step_s``)."""
+
+    def __init__(self, cost: BatchCostModel):
+        self.cost = cost
+
+    @property
+    def version(self) -> int:
+        return self.cost.version
+
+    def step_s(self, ks: Sequence[int], drafted: Sequence[bool], memo: dict | None = None) -> float:
+        return self.cost.step_s(ks, drafted, memo, optimistic=True)
