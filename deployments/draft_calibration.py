@@ -23,7 +23,10 @@ measured last, right (0.17 s against 0.163 s); one replica then held its client 
 one). The measured pass's verify forwards (1 to k_max + 1 positions, one row), draft forwards
 (one row) and catch-up feed the cost model
 (:meth:`specdec.control.batch_sessions.BatchKSessions.join` with ``calibration``), nothing else:
-no acceptance estimate, goodput guard or tenant statistics see it.
+no acceptance estimate, goodput guard or tenant statistics see it. What it measured is a prior of
+the shapes: a count's first forward measured in service replaces the calibration's samples, and a
+tenant held at K = 0 by calibrated prices is probed at once on the service's own curve
+(:class:`specdec.control.batch_cost.BatchCostModel`, "Calibration is a prior of the shapes").
 """
 
 from __future__ import annotations
