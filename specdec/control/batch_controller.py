@@ -308,7 +308,7 @@ class BatchKController:
         load = self._loads.get(tenant)
         sessions = load.sessions if load is not None else 0
         unmeasured = (bool(self.probe_every) and proposer is not None and sessions not in ps.explored
-                      and self._probe_unmeasured(tenant, cap))
+                      and getattr(self.cost, "calibration_unserved", bool)() and self._probe_unmeasured(tenant, cap))
         if not self.probe_every or (ps.held < ps.interval and not unknown and not unmeasured):
             ps.held += 1
             return 0
