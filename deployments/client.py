@@ -259,8 +259,10 @@ class SpecDecClient:
         sid = session_id or self.session_id
         if sid:
             md.append(("session_id", sid))
-        if timeout is not None:
-            md.append((TIMEOUT_KEY, f"{timeout:.3f}"))
+        if timeout is not None and 0 < timeout < float("inf"):
+            # full precision: 0.0004 s was sent as "0.000", which the server refuses (only more than
+            # 0 is a deadline); 0 or negative is left to gRPC's own deadline, which fires at once
+            md.append((TIMEOUT_KEY, repr(float(timeout))))
         return md
 
     def wait_ready(self, timeout: float = 120.0) -> None:

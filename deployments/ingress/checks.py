@@ -12,7 +12,6 @@ from typing import Any, Mapping
 
 from deployments.metadata import APPLICATION_KEY, MAX_SESSION_ID_CHARS, SESSION_KEY, TIMEOUT_KEY
 from specdec.errors import (
-    DeadlineExceededError,
     InvalidRequestError,
     ModelNotFoundError,
     PromptTooLongError,
@@ -119,25 +118,30 @@ def refuse_surely_too_long(req: GenerationRequest, max_positions: int, max_token
 
 def deadline_from_metadata(metadata: Mapping[str, str], request_timeout_s: float) -> float:
     """Unix time by which the request must end: the client's ``specdec-timeout-s`` seconds from
-    now, capped by the server's ``request_timeout_s``.
+    now (gRPC metadata, or the HTTP header of the same name), capped by the server's
+    ``request_timeout_s``; without it, ``request_timeout_s`` from now.
+
+    Accepted: a number of seconds greater than 0 and finite (``0.5``, ``30``, ``1e3``); a value
+    above ``request_timeout_s`` is capped to it. Refused, with one message naming the key and
+    the range: 0, negatives, ``nan``, ``inf`` (and a number too large for a double, e.g.
+    ``1e400``, which reads as ``inf``), an empty value and anything that is not a number. A 0 or
+    negative was a 504 "deadline had passed" before: a caller's mistake, not a slow server.
 
     Raises:
-        InvalidRequestError: the metadata is not a finite number.
-        DeadlineExceededError: it is 0 or negative (no time at all: not admitted).
+        InvalidRequestError: (INVALID_ARGUMENT, HTTP 400) the value is outside that range.
     """
-    budget = request_timeout_s
     raw = metadata.get(TIMEOUT_KEY)
-    if raw:
-        try:
-            seconds = float(raw)
-        except ValueError:
-            seconds = math.nan
-        if not math.isfinite(seconds):
-            raise InvalidRequestError(f"metadata {TIMEOUT_KEY} must be a finite number of seconds, got {raw!r}")
-        if seconds <= 0:  # no time at all: not admitted, nothing generated
-            raise DeadlineExceededError(f"the request's deadline had passed before it started ({TIMEOUT_KEY} {raw})")
-        budget = min(budget, seconds)
-    return time.time() + budget
+    if raw is None:
+        return time.time() + request_timeout_s
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (0 < seconds < math.inf):  # NaN fails both comparisons
+        raise InvalidRequestError(
+            f"{TIMEOUT_KEY} (gRPC metadata or HTTP header) must be a number of seconds greater than 0 and finite, "
+            f"got {raw!r} (a value above this server's request_timeout_s of {request_timeout_s:g} s is capped to it)")
+    return time.time() + min(request_timeout_s, seconds)
 
 
 def with_default_max_tokens(data: Mapping[str, Any], tenant: Any, default: int | None) -> Mapping[str, Any]:

@@ -11,7 +11,9 @@ import openai
 import pytest
 
 from deployments.grpc_status import StreamAborted
-from deployments.metadata import MAX_SESSION_ID_CHARS
+from deployments.client import SpecDecClient
+from deployments.ingress.checks import deadline_from_metadata
+from deployments.metadata import MAX_SESSION_ID_CHARS, TIMEOUT_KEY
 from deployments.openai_responses import error_param
 from protos.specdec.v1 import specdec_pb2 as pb
 from specdec.errors import InvalidRequestError, ResourceExhaustedError
@@ -71,7 +73,9 @@ def test_error_param_is_null_off_a_bad_request():
     """OpenAI's 401/404/429 carry no param; a 400 whose message starts with no body field
     (a header's value) neither."""
     assert error_param(ResourceExhaustedError("max_tokens=9 over tokens_per_minute", "tokens_per_minute")) is None
-    assert error_param(InvalidRequestError("metadata specdec-timeout-s must be a finite number of seconds")) is None
+    with pytest.raises(InvalidRequestError) as info:
+        deadline_from_metadata({TIMEOUT_KEY: "-1"}, 300)
+    assert error_param(info.value) is None
     assert error_param(InvalidRequestError("invalid request: sampling.top_k: Input should be ...")) == "top_k"
 
 
@@ -92,6 +96,59 @@ def test_an_over_long_session_id_is_refused_on_both_apis(stack):
     target = stack["target"]
     assert resp.status_code == 200
     assert resp.json()["choices"][0]["token_ids"] == target_greedy(target, target.tokenizer.encode(PROMPT), 2)
+
+
+def _timeout_message(raw: str, request_timeout_s: float = 300) -> str:
+    return (f"specdec-timeout-s (gRPC metadata or HTTP header) must be a number of seconds greater than 0 and "
+            f"finite, got {raw!r} (a value above this server's request_timeout_s of {request_timeout_s:g} s is "
+            "capped to it)")
+
+
+BAD_TIMEOUTS = ["-1", "0", "-0", "-0.5", "nan", "inf", "-inf", "1e400", "abc", "", " ", "1s"]
+
+
+@pytest.mark.parametrize("raw", BAD_TIMEOUTS)
+def test_a_timeout_outside_its_range_is_refused_naming_the_key_and_range(raw):
+    """``specdec-timeout-s: -1`` (or 0) was a 504 / DEADLINE_EXCEEDED "the request's deadline had
+    passed before it started", as if the server were slow; ``abc`` was a 400. Every value outside
+    0 < seconds < inf is now the caller's mistake: INVALID_ARGUMENT / 400 naming the key and the
+    range (1e400 reads as inf; an empty value is no number)."""
+    with pytest.raises(InvalidRequestError) as info:
+        deadline_from_metadata({TIMEOUT_KEY: raw}, 300)
+    assert str(info.value) == _timeout_message(raw)
+
+
+def test_a_timeout_in_range_is_capped_by_the_servers():
+    """Absent: the server's request_timeout_s; more than it (a huge value included): capped to it."""
+    import time
+
+    for md, budget in (({}, 300), ({TIMEOUT_KEY: "30"}, 30), ({TIMEOUT_KEY: " 2.5 "}, 2.5),
+                       ({TIMEOUT_KEY: "1e-6"}, 1e-6), ({TIMEOUT_KEY: "1e300"}, 300), ({TIMEOUT_KEY: "301"}, 300)):
+        before = time.time()
+        deadline = deadline_from_metadata(md, 300)
+        assert before + budget <= deadline <= time.time() + budget, (md, deadline - before)
+
+
+@pytest.mark.parametrize("raw", ["-1", "0", "abc", "1e400"])
+def test_a_bad_timeout_is_refused_alike_on_both_apis(stack, raw):
+    """The HTTP header and the gRPC metadata ``specdec-timeout-s``: one rule, one message (the
+    server's request_timeout_s is AppConfig's default, 300 s)."""
+    message = _timeout_message(raw, stack["cfg"].request_timeout_s)
+    resp = _run(_raw(stack["app"], "POST", "/v1/completions", json.dumps(COMPLETION), headers={TIMEOUT_KEY: raw}))
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"] == {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    ctx = RecordingContext((("authorization", f"Bearer {KEY}"), (TIMEOUT_KEY, raw)))
+    _run(stack["router"].Generate(pb.GenerateRequest(prompt=PROMPT, max_tokens=2), ctx))
+    assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT and ctx.details == message
+
+
+def test_the_client_library_sends_its_timeout_at_full_precision():
+    """A timeout of 0.0004 s was sent as "0.000", which the server now refuses; 0, negatives and
+    inf are left to gRPC's own deadline (not sent)."""
+    client = SpecDecClient("unused:1", channel=grpc.insecure_channel("unused:1"))
+    timeouts = {t: dict(client.metadata(t)).get(TIMEOUT_KEY) for t in (0.0004, 30, 2.5, 0, -1, float("inf"), None)}
+    assert timeouts == {0.0004: "0.0004", 30: "30.0", 2.5: "2.5", 0: None, -1: None, float("inf"): None, None: None}
+    client.close()
 
 
 @pytest.mark.parametrize("method, request_msg, response_type", [

@@ -230,14 +230,17 @@ def test_deadline_exceeded_and_caches_freed(served, where):
     assert wait_no_sessions() == ([], [])
 
 
-@pytest.mark.parametrize("raw", ["nan", "inf", "1e400", "soon"])
-def test_deadline_metadata_must_be_finite_seconds(served, raw):
-    _, channel, _ = served
+@pytest.mark.parametrize("raw", ["nan", "inf", "1e400", "soon", "-1", "0"])
+def test_deadline_metadata_must_be_positive_finite_seconds(served, raw):
+    """-1 and 0 were DEADLINE_EXCEEDED ("passed before it started"): a caller's mistake, as nan."""
+    cfg, channel, _ = served
     with pytest.raises(grpc.RpcError) as info:
         pb_grpc.SpecDecStub(channel).Generate(pb.GenerateRequest(prompt="x", max_tokens=2),
                                               metadata=MD + (("specdec-timeout-s", raw),), timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert info.value.details() == f"metadata specdec-timeout-s must be a finite number of seconds, got {raw!r}"
+    assert info.value.details() == (
+        f"specdec-timeout-s (gRPC metadata or HTTP header) must be a number of seconds greater than 0 and finite, "
+        f"got {raw!r} (a value above this server's request_timeout_s of {cfg.request_timeout_s:g} s is capped to it)")
 
 
 def test_client_library_maps_deadline(served):
