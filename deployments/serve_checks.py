@@ -98,10 +98,7 @@ def check_model_specs(cfg) -> None:
     from specdec.models.formats import env_format
     from specdec.models.spec import parse_model_spec
 
-    try:
-        env_format()
-    except ValueError as e:
-        raise SpecDecError(str(e)) from None
+    env_format(SpecDecError)  # set but invalid: refused even when both dtypes are given
 
     for flag, spec in (("--target", cfg.target_model), ("--draft", cfg.draft_model)):
         if spec is None:

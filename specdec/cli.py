@@ -212,10 +212,12 @@ def check_fits_before_loading(target_spec, weight_format: str, request):
 
 def run_generate(args) -> int:
     from specdec.engine.engine import SpeculativeEngine
+    from specdec.models.formats import env_format
     from specdec.models.loader import load_model, load_pair, resolve_format
     from specdec.models.spec import ModelPairSpec, parse_model_spec
     from specdec.request import parse_request
 
+    env_format(SpecDecError)  # a set but invalid $SPECDEC_WEIGHT_FORMAT: refused even with both --*-format
     args.proposer = _proposer(args)
     if args.proposer == "draft" and args.draft == "none":  # before loading the target (minutes)
         raise SpecDecError("--proposer draft needs a draft model; --draft none loads none (use --proposer ngram or none)")
@@ -292,10 +294,7 @@ def run_prefetch(args) -> int:
     bad = [r for r in args.roles if r not in ("target", "draft")]
     if bad:
         raise SpecDecError(f"prefetch: unknown role {bad[0]!r}; choose from 'target', 'draft'")
-    try:
-        env_format()  # a bad $SPECDEC_WEIGHT_FORMAT: one line, not default_format's ValueError traceback
-    except ValueError as e:
-        raise SpecDecError(f"prefetch: {e}") from None
+    env_format(SpecDecError)  # a bad $SPECDEC_WEIGHT_FORMAT: one line, even with --format
     for role in args.roles or ["target", "draft"]:
         # the format the role loads when none is named (the draft's own default: int4 on a VNNI CPU)
         fmt = getattr(args, "weight_format", None) or (default_draft_format if role == "draft" else default_format)("cpu")

@@ -96,21 +96,41 @@ def test_prefetch_builds_each_roles_own_default_format(tmp_path, monkeypatch, ca
     assert loads[-1] == ("draft", "w8a8")
 
 
-def test_prefetch_and_serve_refuse_a_bad_environment_format_in_one_line(monkeypatch, capsys):
+def test_every_entry_point_refuses_a_bad_environment_format_in_one_line(monkeypatch, capsys, tmp_path):
     """``SPECDEC_WEIGHT_FORMAT=int3 specdec prefetch`` was default_format's ValueError traceback;
-    now exit 2 and one line naming the variable, its value and the known formats (``specdec serve``
-    checks it with its model specs, before Ray starts)."""
-    from specdec import cli
-    from specdec.errors import SpecDecError
-
-    monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", "int3")
-    known = "known formats: float32, bfloat16, float16, int8, int4, w8a8, w7a8"
-    assert cli.main(["prefetch"]) == 2
-    assert capsys.readouterr().err == (
-        f"specdec: error: prefetch: SPECDEC_WEIGHT_FORMAT='int3' is not a weight format; {known}\n")
+    ``specdec generate --target-format X --draft-format Y`` ignored the bad variable (it was read only
+    for a default) while ``specdec serve`` refused it even with both dtypes set. Every entry point
+    now refuses a set-but-invalid variable with one line naming it, its value and the known formats,
+    whether or not a format is named (``specdec serve`` checks it with its model specs, before Ray
+    starts; the loader before loading anything)."""
     from deployments.config import AppConfig
     from deployments.serve_checks import check_model_specs
+    from specdec import cli
+    from specdec.errors import ModelLoadError, SpecDecError
+    from specdec.models.loader import load_model, resolve_format
 
-    with pytest.raises(SpecDecError) as e:
-        check_model_specs(AppConfig(draft_model=None))
-    assert str(e.value) == f"SPECDEC_WEIGHT_FORMAT='int3' is not a weight format; {known}"
+    monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", "int3")
+    message = ("SPECDEC_WEIGHT_FORMAT='int3' is not a weight format; "
+               "known formats: float32, bfloat16, float16, int8, int4, w8a8, w7a8")
+    target, draft = str(tmp_path / "no-target"), str(tmp_path / "no-draft")  # refused before either is read
+    for argv in (["prefetch"], ["prefetch", "--format", "float32"],
+                 ["generate", "--target", target, "--draft", draft, "hi"],
+                 ["generate", "--target", target, "--draft", draft, "--target-format", "float32",
+                  "--draft-format", "bfloat16", "hi"],
+                 ["generate", "--target", target, "--draft", "none", "--target-format", "float32", "hi"]):
+        assert cli.main(argv) == 2, argv
+        assert capsys.readouterr().err == f"specdec: error: {message}\n", argv
+    for cfg in (AppConfig(draft_model=None), AppConfig(target_dtype="float32", draft_dtype="int4")):
+        with pytest.raises(SpecDecError) as e:
+            check_model_specs(cfg)
+        assert str(e.value) == message
+    spec = HFModelSpec(path=str(tmp_path), format="float32")
+    for call in (lambda: resolve_format(spec, "float32"), lambda: load_model(spec, weight_format="float32"),
+                 lambda: load_pair(ModelPairSpec(target=spec, draft=spec), weight_format="float32",
+                                   draft_format="float32")):
+        with pytest.raises(ModelLoadError) as e:
+            call()
+        assert str(e.value) == message
+    with pytest.raises(ValueError) as e:  # the one reader: ValueError unless told its caller's error type
+        formats.env_format()
+    assert type(e.value) is ValueError and str(e.value) == message

@@ -79,7 +79,7 @@ width), so TP=2 is not bitwise TP=1 in these formats.
 from __future__ import annotations
 
 import os
-from typing import get_args
+from typing import Callable, get_args
 
 import torch
 from torch import nn
@@ -113,24 +113,34 @@ def check_format(fmt: str) -> str:
 FORMAT_ENV = "SPECDEC_WEIGHT_FORMAT"
 
 
-def env_format() -> str | None:
-    """``$SPECDEC_WEIGHT_FORMAT`` as a weight format, or None when unset or blank.
+def env_format(error: Callable[[str], Exception] = ValueError) -> str | None:
+    """``$SPECDEC_WEIGHT_FORMAT`` as a weight format, or None when unset or blank: the one place
+    that reads and checks the variable.
 
     Read case-insensitively, surrounding spaces dropped (``W7A8`` and `` w7a8 `` are ``w7a8``): the
     variable is typed by hand in shells and manifests. Every other place that takes a format name
     (``--target-format``, a spec's ``format``, ``AppConfig.target_dtype``, ``weight_format=``) takes
     the lower-case name exactly, and refuses another with the list of known formats.
 
+    Every entry point (``specdec generate`` and ``prefetch``, ``specdec serve``'s checks,
+    :func:`specdec.models.loader.load_model` / ``load_pair``) calls this first, whether or not a
+    format is named for each model, so a set-but-invalid variable is refused the same way
+    everywhere, not only where a default happens to be needed.
+
+    Args:
+        error: the exception type (or factory) raised with the message: each entry point's own
+            error type, e.g. :class:`specdec.errors.SpecDecError` or ``ModelLoadError``.
+
     Raises:
-        ValueError: the variable names no weight format; the message names the variable, its value
-            and the known formats.
+        ValueError: (or ``error``) the variable names no weight format; the message names the
+            variable, its value and the known formats.
     """
     raw = os.environ.get(FORMAT_ENV)
     if raw is None or not raw.strip():
         return None
     fmt = raw.strip().lower()
     if fmt not in WEIGHT_FORMATS:
-        raise ValueError(f"{FORMAT_ENV}={raw!r} is not a weight format; known formats: {', '.join(WEIGHT_FORMATS)}")
+        raise error(f"{FORMAT_ENV}={raw!r} is not a weight format; known formats: {', '.join(WEIGHT_FORMATS)}")
     return fmt
 
 

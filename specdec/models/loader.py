@@ -164,8 +164,11 @@ def resolve_format(spec: ModelSpec | None, weight_format: str | None = None, dty
     ``$SPECDEC_WEIGHT_FORMAT``, else the device default.
 
     Raises:
-        ModelLoadError: an unknown format or an unsupported dtype.
+        ModelLoadError: an unknown format or an unsupported dtype; a set ``$SPECDEC_WEIGHT_FORMAT``
+            that names no format, even when a format is given (as every entry point:
+            :func:`specdec.models.formats.env_format`).
     """
+    formats.env_format(ModelLoadError)
     fmt = weight_format
     if fmt is None and dtype is not None:
         fmt = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype)
@@ -204,19 +207,19 @@ def load_pair(
     already read (:func:`read_model_facts`), instead of reading it again.
 
     Raises:
-        ModelLoadError: either model cannot be loaded.
+        ModelLoadError: either model cannot be loaded; a set ``$SPECDEC_WEIGHT_FORMAT`` names no
+            format (before loading either, even when both formats are given).
         ModelCompatibilityError: the draft's vocabulary or special ids differ from the target's.
     """
+    formats.env_format(ModelLoadError)
     target = load_model(pair.target, weight_format=weight_format, dtype=dtype, device=device,
                         tokenizer=target_tokenizer)
     if pair.draft is None:
         return target, None
     draft_fmt = draft_format or weight_format
     if draft_fmt is None and dtype is None and getattr(pair.draft, "format", None) is None:
-        try:  # int4 where the target's default is w8a8 on VNNI; $SPECDEC_WEIGHT_FORMAT when set
-            draft_fmt = formats.default_draft_format(device)
-        except ValueError as e:  # an unknown $SPECDEC_WEIGHT_FORMAT: as resolve_format reports it
-            raise ModelLoadError(str(e)) from None
+        # int4 where the target's default is w8a8 on VNNI; $SPECDEC_WEIGHT_FORMAT when set (checked above)
+        draft_fmt = formats.default_draft_format(device)
     draft = load_model(pair.draft, weight_format=draft_fmt, dtype=dtype, device=device,
                        vocab_subset=draft_vocab_subset, vocab_table=draft_vocab_table)
     check_pair_compatible(draft, target)
