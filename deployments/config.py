@@ -13,9 +13,10 @@ without a config file gives the same placement.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specdec.models.spec import WeightFormat
 from specdec.request import MAX_SPECULATION_LENGTH
@@ -250,6 +251,25 @@ class AppConfig(BaseModel):
         description="custom Ray resources of each target replica's placement group (in its first bundle; "
                     "STRICT_PACK keeps the TP ranks on the same node)",
     )
+
+    @field_validator("omp_spin_count", mode="before")
+    @classmethod
+    def _spin_count_is_an_integer(cls, value: Any) -> Any:
+        """Refuse a string or a float as ``omp_spin_count`` with a message that says why: YAML 1.1
+        (PyYAML) reads ``3e4`` as the string ``'3e4'`` (its floats need a dot: ``3.0e+4``, a float),
+        and pydantic's strict "Input should be a valid integer" did not say so.
+
+        Raises:
+            ValueError: the value is a string or a float.
+        """
+        if isinstance(value, str):
+            hint = ""
+            if re.fullmatch(r"[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+", value.strip()):
+                hint = f": YAML reads {value.strip()} as a string, not a number; write the digits"
+            raise ValueError(f"Input should be an integer like 30000, got the string {value!r}{hint}")
+        if isinstance(value, float):
+            raise ValueError(f"Input should be an integer like 30000, got the float {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> "AppConfig":

@@ -53,6 +53,14 @@ def test_plain_appconfig_yaml(tmp_path):
     (["--config", "{dir}/a.yaml"], {"a.yaml": "target_tp: -3\nnonsense: 1\n"},
      "target_tp in {dir}/a.yaml: Input should be greater than or equal to 1; "
      "nonsense in {dir}/a.yaml: Extra inputs are not permitted"),
+    # YAML 1.1 reads 3e4 as a string: pydantic's strict "Input should be a valid integer" said not why
+    (["--config", "{dir}/a.yaml"], {"a.yaml": "omp_spin_count: 3e4\n"},
+     "omp_spin_count in {dir}/a.yaml: Input should be an integer like 30000, got the string '3e4': YAML reads "
+     "3e4 as a string, not a number; write the digits"),
+    (["--config", "{dir}/a.yaml"], {"a.yaml": "omp_spin_count: 3.0e+4\n"},
+     "omp_spin_count in {dir}/a.yaml: Input should be an integer like 30000, got the float 30000.0"),
+    (["--config", "{dir}/a.yaml"], {"a.yaml": "omp_spin_count: '30000'\n"},
+     "omp_spin_count in {dir}/a.yaml: Input should be an integer like 30000, got the string '30000'"),
     (["--config", "{dir}/a.yaml"], {"a.yaml": "- 1\n"},
      "--config {dir}/a.yaml must hold a mapping of AppConfig fields, got list"),
     (["--config", "{dir}/a.yaml"], {"a.yaml": "applications: []\n"},
@@ -74,7 +82,7 @@ def test_plain_appconfig_yaml(tmp_path):
     (["--demo-request", "--max-tokens", "1000001"], {}, "--max-tokens: Input should be less than or equal to 1000000"),
 ], ids=["tp-negative", "tp-zero", "grpc-port", "http-port", "num-cpus", "metrics-port", "grace-negative", "grace-nan",
         "config-missing", "config-yaml",
-        "config-fields", "config-list", "config-serve-empty", "grpc-is-http", "grpc-is-http-flags",
+        "config-fields", "config-spin-3e4", "config-spin-float", "config-spin-quoted", "config-list", "config-serve-empty", "grpc-is-http", "grpc-is-http-flags",
         "metrics-is-grpc", "config-grpc-is-http", "demo-max-tokens-0", "demo-max-tokens-huge"])
 def test_bad_serve_flags_and_config_files_are_one_line_naming_them(tmp_path, argv, files, message):
     from specdec.errors import SpecDecError
