@@ -44,6 +44,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="token frequency table of the draft vocabulary subset (default: the config's)")
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default: the config's, 9000)")
     parser.add_argument("--http-port", type=int, help="HTTP port (default: the config's, 8000)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="interface the HTTP API listens on (default: 127.0.0.1, this machine only; 0.0.0.0: "
+                             "every interface). Ray Serve's gRPC proxy listens on every interface whatever this "
+                             "says: without --tenants (open mode, no API keys) firewall its port")
     parser.add_argument("--tenants", metavar="FILE", help="tenants YAML (API key hashes, limits, speculation "
                         "policy; see README 'Tenants'); default: the config's tenants_file (without one: "
                         "open mode, no API keys)")
@@ -250,6 +254,9 @@ def run_serve(args) -> int:
     check_model_specs(cfg)
     num_cpus = args.num_cpus or os.cpu_count() or 2  # load_config refused --num-cpus < 1
     _log(start_line(cfg, num_cpus))
+    if not cfg.tenants_file:
+        _log(f"open mode (no --tenants): no API keys; HTTP on {getattr(args, 'host', None) or '127.0.0.1'}, "
+             f"gRPC port {cfg.grpc_port} on every interface (Ray Serve's gRPC proxy): firewall it or use --tenants")
     if cfg.target_model.startswith("demo") or (cfg.draft_model or "").startswith("demo"):
         from specdec.models.demo import ensure_demo_folder
 
@@ -272,7 +279,7 @@ def run_serve(args) -> int:
     try:
         try:
             serve.start(
-                http_options=HTTPOptions(host="0.0.0.0", port=cfg.http_port),
+                http_options=HTTPOptions(host=getattr(args, "host", None) or "127.0.0.1", port=cfg.http_port),
                 grpc_options=gRPCOptions(port=cfg.grpc_port, grpc_servicer_functions=[SPECDEC_SERVICER, HEALTH_SERVICER],
                                          request_timeout_s=cfg.request_timeout_s),
             )
@@ -422,8 +429,6 @@ def shutdown_serve(timeout_s: float = 30.0) -> None:
 
 def run_client(args) -> int:
     """Call a running server; print the answer (or JSON), errors as ``CODE: details`` (exit 1)."""
-    from google.protobuf import json_format
-
     from deployments.client import SpecDecClient, SpecDecError, build_request
     from deployments.client_flags import flag_problem, timeout_problem
 
@@ -435,7 +440,7 @@ def run_client(args) -> int:
         try:
             if args.tenant_stats:
                 timeout = 30.0 if args.timeout is None else args.timeout
-                print(json_format.MessageToJson(client.tenant_stats(args.proposer, timeout=timeout)))
+                print(tenant_stats_json(client.tenant_stats(args.proposer, timeout=timeout)))
                 return 0
             try:
                 kwargs = request_kwargs(args)
@@ -495,6 +500,17 @@ def run_client(args) -> int:
         except KeyboardInterrupt:  # leaving the `with` closes the channel: the server cancels
             print("\nspecdec client: cancelled", file=sys.stderr)
             return 130
+
+
+def tenant_stats_json(msg) -> str:
+    """``specdec client --tenant-stats``' output: a ``GetTenantStatsResponse`` as JSON with every
+    field without presence printed at its value, zeros included (protobuf's JSON leaves a field
+    at its default out, so ``currentK`` 0, speculation off, the state an operator most needs to
+    see, was missing); an ``optional`` field unset (``acceptanceRate`` before any evidence,
+    ``predictedSpeedup`` under K under load) stays absent: unknown, not 0."""
+    from google.protobuf import json_format
+
+    return json_format.MessageToJson(msg, always_print_fields_with_no_presence=True)
 
 
 def request_kwargs(args) -> dict:

@@ -631,3 +631,52 @@ def test_serve_caps_the_grpc_message_size_of_serves_proxy(monkeypatch, env, cap)
     assert seen_env == cap
     assert kwargs["runtime_env"]["env_vars"] == {"TOKENIZERS_PARALLELISM": "false", "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": cap}
     assert cli.GRPC_MAX_MESSAGE_BYTES == 64 * 2**20
+
+
+def test_tenant_stats_json_prints_current_k_zero_and_leaves_unknowns_out():
+    """`specdec client --tenant-stats`: a tenant held at K = 0 showed no ``currentK`` at all
+    (protobuf's JSON leaves defaults out), hiding "speculation is off"; an unset ``optional``
+    field (acceptance before any evidence) stays absent: unknown, not 0."""
+    import json
+
+    from protos.specdec.v1 import specdec_pb2 as pb
+
+    msg = pb.GetTenantStatsResponse(tenant_id="team-b", proposer=1, current_k=0)
+    msg.usage.requests = 3
+    out = json.loads(cli.tenant_stats_json(msg))
+    assert out["currentK"] == 0 and out["tenantId"] == "team-b" and out["proposer"] == "PROPOSER_DRAFT"
+    assert out["usage"]["requests"] == "3" and out["usage"]["completionTokens"] == "0"
+    assert "acceptanceRate" not in out and "predictedSpeedup" not in out
+    msg.acceptance_rate = 0.0
+    assert json.loads(cli.tenant_stats_json(msg))["acceptanceRate"] == 0.0
+
+
+@pytest.mark.parametrize("argv, host", [((), "127.0.0.1"), (("--host", "0.0.0.0"), "0.0.0.0")])
+def test_serve_http_listens_on_localhost_unless_told_and_open_mode_says_so(monkeypatch, capsys, argv, host):
+    """A fresh-eyes user found `specdec serve` (open mode: no API keys) listening on 0.0.0.0:8000.
+    HTTP now listens on 127.0.0.1 unless --host says otherwise; Ray Serve's gRPC proxy binds every
+    interface (it has no host option), which the open-mode start line says."""
+    import ray
+    from ray import serve
+
+    import deployments.app
+
+    seen = {}
+
+    def start(*a, **k):
+        seen["host"] = k["http_options"].host
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: None)
+    monkeypatch.setattr(ray, "shutdown", lambda *a, **k: None)
+    monkeypatch.setattr(serve, "start", start)
+    monkeypatch.setattr(cli, "shutdown_serve", lambda *a, **k: None)
+    monkeypatch.setattr(cli, "ensure_ports_free", lambda cfg: None)
+    monkeypatch.setattr(cli, "check_model_specs", lambda cfg: None)
+    monkeypatch.setattr(deployments.app, "build_app", lambda cfg: None)
+    monkeypatch.setattr(cli, "_stop_on_sigterm", lambda: None)
+    assert cli.run_serve(_args("--target", "/m/t.gguf", "--draft", "none", *argv)) == 1
+    assert seen == {"host": host}
+    err = capsys.readouterr().err
+    assert (f"[specdec serve] open mode (no --tenants): no API keys; HTTP on {host}, gRPC port 9000 on every "
+            "interface (Ray Serve's gRPC proxy): firewall it or use --tenants\n") in err
