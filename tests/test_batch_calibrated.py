@@ -117,7 +117,9 @@ def test_a_calibration_dearer_than_service_holds_no_client_at_k0_past_one_probe(
     probe switched off): K = 0 on all 32 steps of both requests, 0.92x plain decoding. Now: the
     first held step after a one-position forward was measured in service probes at the K the
     service's own curve gives (K = 3), the probe's forwards replace the calibration's samples
-    of their count, and the client speculates from then on: 1.06x the before."""
+    of their count, and the client speculates from then on: 1.06x the before. The same with the
+    tenant's acceptance already measured (40 steps at 0.75, as pooled from another replica), so
+    that its first held step is no acceptance probe: the shape probe runs instead (no evidence cap)."""
     from specdec.control.batch_cost import BatchCostModel
 
     real = BatchCostModel.calibration_unserved
@@ -128,8 +130,9 @@ def test_a_calibration_dearer_than_service_holds_no_client_at_k0_past_one_probe(
     monkeypatch.setattr(BatchCostModel, "calibration_unserved", real)
     (first, second), after, live = _fresh_server(calibrated=True, dear=1.45, max_tokens=32)
     assert first == "00" + "3" * 10 and second == "3" * 11
-    # two probe steps: after the second, the decision (on the measured 4-position forwards) gives K = 3
-    assert live.controller.probes == 1 and live.controller.probe_step_count == 2
+    # two probe steps: after the second, the decision (on the measured 4-position forwards) gives K = 3;
+    # the first held step's probe (its acceptance unmeasured) at the K the service's curve gives
+    assert live.controller.probes == 1 and live.controller.shape_probes == 0 and live.controller.probe_step_count == 2
     assert [round(t / PLAIN_TOKENS_PER_S, 2) for t in after] == [0.98, 0.97]
     assert round(sum(after) / sum(before), 2) == 1.06
     cost = live.controller.cost
@@ -143,3 +146,57 @@ def test_a_calibration_dearer_than_service_holds_no_client_at_k0_past_one_probe(
     # 2 and 3 positions: calibrated, never served, at most the 4 served positions' price
     assert [cost.verify_s(1, p) for p in (2, 3)] == pytest.approx([VERIFY[4]] * 2)
     assert cost.calibration_unserved()
+
+    for shape_probes, ks in ((False, ("0" * 32, "0" * 32)), (True, ("00" + "3" * 10, "3" * 11))):
+        if not shape_probes:
+            monkeypatch.setattr(BatchCostModel, "calibration_unserved", lambda self: False)
+        else:
+            monkeypatch.setattr(BatchCostModel, "calibration_unserved", real)
+        clock = _Clock()
+        live = BatchKSessions(BatchKController(budget=64, clock=clock), guard=GoodputGuard())
+        _calibrate(live, dear=1.45)
+        for i in range(40):
+            live.controller.estimator.record(("default", "draft"), 4, (4, 2)[i % 2])
+        out, step = [], 0
+        for key in ("first", "second"):
+            got, _, step = _request(live, clock, key, step, 32)
+            out.append(got)
+        assert tuple(out) == ks
+        assert (live.controller.probes, live.controller.shape_probes, live.controller.caps) == (
+            (1, 1, []) if shape_probes else (0, 0, []))
+
+
+def test_a_held_tenant_asks_for_a_shape_probe_once_per_new_shape_not_every_tick(monkeypatch):
+    """A tenant held at K = 0 by its acceptance (drafts never agree) while calibrated counts stay
+    unserved: the shape-probe check prices its batch optima (measured and optimistic) once per
+    session count and new shape, not on every tick (a reviewer counted 97 extra optima in 100
+    ticks before); its acceptance probes run as before and the shape check never caps evidence."""
+    from specdec.control import batch_controller
+
+    calls = []
+    choose = batch_controller.choose_batch_ks
+    monkeypatch.setattr(batch_controller, "choose_batch_ks", lambda *a, **k: calls.append(1) or choose(*a, **k))
+    ctl = BatchKController(budget=64)
+    for _ in range(3):
+        for k in range(4, -1, -1):
+            ctl.cost.observe_verify(1, k + 1, VERIFY[k + 1] * (1.45 if k else 1), calibration=True)
+        ctl.cost.observe_draft(1, DRAFT)
+    for _ in range(40):
+        ctl.observe_row("default", "draft", 4, 0)
+    per_tick = []
+    for tick in range(100):
+        before = len(calls)
+        ctl.decide({("default", "draft"): 4})
+        after_decide = len(calls)
+        for _ in range(4):
+            ctl.step_k("default", 4)
+        per_tick.append(len(calls) - after_decide)
+        assert after_decide - before == 1
+        ctl.observe_tick(4, 4, VERIFY[4] + 0.01)
+    assert ctl.cost.calibration_unserved() and ctl.shape_probes == 0 and ctl.probes == 4
+    # the shape check at the first two ticks (before and after 4 positions were first served),
+    # then only the acceptance probes' asks (measured optimum K = 0, then the optimistic one),
+    # after 32, 64, 128, 128 held steps
+    assert [(i, n) for i, n in enumerate(per_tick) if n] == [(0, 2), (1, 1), (8, 2), (25, 2), (58, 2), (91, 2)]
+    # the acceptance probes still cap the evidence, once each
+    assert len(ctl.caps) == 4

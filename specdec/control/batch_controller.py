@@ -32,6 +32,8 @@ class _ProbeState:
     probed: bool = False  # a probe of it started once
     #: its session counts at which a probe ran for shapes never measured in service
     explored: set = field(default_factory=set)
+    #: session count -> the cost model's ``shapes_version`` when a shape probe was last considered
+    checked: dict = field(default_factory=dict)
 
 
 class BatchKController:
@@ -72,8 +74,9 @@ class BatchKController:
     in service priced on the service's forwards alone, when the start-up calibration measured
     counts that service has not). Such a probe runs at once, at a tenant's first held
     step, once per count of its sessions (not after ``probe_every`` held steps): the prices that
-    hold it came from the start-up calibration or from no measurement, and one probe measures
-    what they cost in service. Served (w7a8 pair, 2-core EPYC, ``clients-s19-guard``), the
+    hold it came from the start-up calibration, and one probe measures what they cost in
+    service. It probes prices, not acceptance: the tenant's acceptance evidence is not capped,
+    the interval between its acceptance probes does not grow, and its held count goes on. Served (w7a8 pair, 2-core EPYC, ``clients-s19-guard``), the
     calibration priced 3-5 positions 1.4x what they cost in service and the lone client of a
     32-token request ran K = 0 on all its steps, its held steps never reaching ``probe_every``
     (tests/test_batch_calibrated.py).
@@ -151,6 +154,8 @@ class BatchKController:
         #: probes started (all tenants) and steps run as probes
         self.probes = 0
         self.probe_step_count = 0
+        #: of :attr:`probes`, those of shapes never measured in service (class docstring)
+        self.shape_probes = 0
         self._probe: dict[str, _ProbeState] = {}
         self._loads: dict[str, TenantLoad] = {}  # the loads of the last decision
         # (tenant, cap, cost version, probe_alpha, budget, catchup_horizon) -> (probe_k's answer,
@@ -283,6 +288,27 @@ class BatchKController:
             return False
         return self._probe_memo.get(self._probe_key(tenant, cap), (0, False))[1]
 
+    def _shape_probe_due(self, tenant: str, cap: int, ps: _ProbeState) -> bool:
+        """Whether ``tenant``, held at K = 0, gets a probe of shapes never measured in service now:
+        its session count not probed so yet, and :meth:`probe_k`'s K > 0 from the optimistic prices
+        alone. Asked once per session count and :attr:`BatchCostModel.shapes_version` (a
+        positions count first served or calibrated), not on every step: each ask prices up to
+        two batch optima (~3 ms at 8 sessions of two tenants), and the prices drift between ticks
+        without changing which shapes were never measured."""
+        load = self._loads.get(tenant)
+        sessions = load.sessions if load is not None else 0
+        cost = self.cost
+        if sessions in ps.explored or not getattr(cost, "calibration_unserved", bool)():
+            return False
+        version = getattr(cost, "shapes_version", None)
+        if ps.checked.get(sessions, -1) == version:
+            return False
+        ps.checked[sessions] = version
+        if not self._probe_unmeasured(tenant, cap):
+            return False
+        ps.explored.add(sessions)
+        return True
+
     def _probe_key(self, tenant: str, cap: int) -> tuple:
         return tenant, cap, getattr(self.cost, "version", None), self.probe_alpha, self.budget, self.catchup_horizon
 
@@ -305,19 +331,22 @@ class BatchKController:
         proposer = self._proposer.get(tenant)
         unknown = (not ps.probed and proposer is not None
                    and self.estimator.evidence((tenant, proposer)) < self.probe_memory)
-        load = self._loads.get(tenant)
-        sessions = load.sessions if load is not None else 0
-        unmeasured = (bool(self.probe_every) and proposer is not None and sessions not in ps.explored
-                      and getattr(self.cost, "calibration_unserved", bool)() and self._probe_unmeasured(tenant, cap))
-        if not self.probe_every or (ps.held < ps.interval and not unknown and not unmeasured):
+        due = bool(self.probe_every) and (ps.held >= ps.interval or unknown)
+        if not due and self.probe_every and proposer is not None and self._shape_probe_due(tenant, cap, ps):
+            # a probe of the prices, not of the acceptance (class docstring, "Probes of shapes never
+            # measured in service"): no evidence cap, no backoff, the held count goes on
+            ps.k, ps.left = self.probe_k(tenant, cap), self.probe_steps - 1
+            self.probes += 1
+            self.shape_probes += 1
+            self.probe_step_count += 1
+            return ps.k
+        if not due:
             ps.held += 1
             return 0
         ps.held = 0
         kp = self.probe_k(tenant, cap)
         if kp <= 0:
             return 0
-        if self._probe_unmeasured(tenant, cap):
-            ps.explored.add(sessions)
         ps.k, ps.left, ps.probed = kp, self.probe_steps - 1, True
         ps.interval = min(ps.interval * 2, self.probe_every * self.probe_backoff)
         if proposer is not None:

@@ -129,7 +129,8 @@ class BatchCostModel:
     than K = 0 (7.1 against 7.8 tokens/s) and the lone client ran K = 0 on every step (0.80x the
     unbatched path speculating on the same forwards). A tenant held at K = 0 never runs the
     shapes that would correct it. So: (1) the first forward of a count measured in service
-    replaces the calibration's samples of that count (window and curve); (2) a count the
+    replaces the calibration's samples of that count (window and curve; the first one-row
+    forward: a forward of more rows prices its row term against the point); (2) a count the
     calibration measured and service never did costs at most what the fewest positions above it
     measured in service cost (the curve never decreases: a calibrated 5 at 0.195 s is not dearer
     than a served 9 at 0.15 s); (3) :meth:`optimistic` prices a count never measured in service
@@ -137,7 +138,9 @@ class BatchCostModel:
     and extrapolated as the full curve is, the calibration's samples left out): a probe
     (:meth:`BatchKController.probe_k`) is chosen at those prices when the measured ones give it
     K = 0, so it runs the unmeasured shapes once and the decisions after it use what they cost
-    in service. (Not the least a count can cost, a flat curve: on the CPU a verify grows about
+    in service. With one count served, that curve extrapolates on the prior's slope (5 % of the
+    one-position price per position), flatter than a CPU's verify: a probe may then run a K
+    that its measured forwards stop at once. (Not the least a count can cost, a flat curve: on the CPU a verify grows about
     linearly in its positions, and an int4-like model so priced probed 8 sessions at K = 8,
     72 positions at 8x the cost of 8: tests/test_batch_goodput.py.)
 
@@ -174,6 +177,9 @@ class BatchCostModel:
         self._served: dict[int, int] = {}
         #: positions counts the start-up calibration measured
         self._calibrated: set[int] = set()
+        self._superseded: set[int] = set()  # calibrated counts whose calibration samples were dropped
+        #: counts once a positions count is first measured in service or by the calibration
+        self.shapes_version = 0
         #: ("verify", rows, positions) or ("draft", rows) -> seconds of its recent forwards
         self._recent: dict[tuple, collections.deque] = {}
         #: observations made so far (:meth:`observe_verify`, :meth:`observe_draft`,
@@ -224,13 +230,19 @@ class BatchCostModel:
             self._prefill_n += 1
             return
         if calibration:
-            self._calibrated.add(positions)
+            if positions not in self._calibrated:
+                self._calibrated.add(positions)
+                self.shapes_version += 1
         else:
-            if positions not in self._served and positions in self._calibrated:
-                # the first forward of this count measured in service supersedes the calibration's
-                # (class docstring, "Calibration is a prior of the shapes")
+            if rows == 1 and positions in self._calibrated and positions not in self._superseded:
+                # the first one-row forward of this count measured in service supersedes the
+                # calibration's (one row too; class docstring, "Calibration is a prior of the
+                # shapes"); a forward of more rows first keeps the curve point its row term needs
+                self._superseded.add(positions)
                 self._recent.pop(("verify", 1, positions), None)
                 self.verify._verify.pop(positions, None)
+            if positions not in self._served:
+                self.shapes_version += 1
             self._served[positions] = self._served.get(positions, 0) + 1
         seconds = self._median_recent(("verify", rows, positions), seconds)
         if not calibration:
