@@ -86,6 +86,7 @@ def trace_controller(controller, path: str) -> None:
                               "tokens_per_s": d.tokens_per_s, "k0_step_s": zero_step, "k0_tokens_per_s": zero_tps,
                               "rows": d.rows, "positions": d.positions, "priced": priced,
                               "loads": {t: vars(l) for t, l in loads.items()}, "cost": controller.cost.snapshot(),
+                              "verify_observations": controller.cost.verify.snapshot()["verify_observations"],
                               "probes": controller.probes}, default=str) + "\n")
         return d
 

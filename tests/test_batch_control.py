@@ -64,16 +64,14 @@ def test_one_contended_forward_at_a_thinly_measured_count_does_not_price_it_for_
     assert c.verify_s(1, 3) == pytest.approx(0.204)
 
 
-def test_a_thin_count_is_never_capped_below_the_well_measured_curve():
+def test_a_thin_count_below_every_well_measured_count_keeps_its_own_price():
     """The int4 main job with one contended forward (tests/test_batch_one_client.py): 3 and 4
     positions measured 3-4 times at 0.256 / 0.289 s, 5 positions 3 times (0.25 and two slowed
     to 2.14 s: the medians of the recent forwards fed to the curve, 0.25, 1.195 and 2.14, mean
-    1.195; one slow forward alone no longer moves it), 1 position once at 0.19 s. The line
-    through the well-measured counts (slope 0.47 s per position) crosses zero below 3 positions: capped on
-    it, the 1-position forward cost 0 s and the decision divided by zero. Capped no lower than
-    the curve through the origin below the smallest well-measured count, K = 0 costs
-    0.256 / 3 s and the decision stands (K = 0 here: the cap underprices the thin count, which
-    it then measures)."""
+    1.195), 1 position once at 0.19 s. The line through the well-measured counts (slope 0.47 s
+    per position) crosses zero below 3 positions; a count below every well-measured one is not
+    capped on it (nor, as before, on the line through the origin at 0.256 / 3 s): it costs what
+    it measured, and K = 3 (6.8 tokens/s at α 0.95) beats K = 0 (1 / 0.19 = 5.3)."""
     c = BatchCostModel()
     c.observe_verify(1, 1, 0.19)
     for _ in range(3):
@@ -85,13 +83,46 @@ def test_a_thin_count_is_never_capped_below_the_well_measured_curve():
     c.observe_draft(1, 0.085)
     line = c._well_measured_line()
     assert line == pytest.approx((-1.3271, 0.4695)) and line[0] + line[1] < 0
-    assert c.verify_s(1, 1) == pytest.approx(0.256 / 3)
+    assert c.verify_s(1, 1) == pytest.approx(0.19)
     assert c.verify_s(1, 2) == pytest.approx((0.19 + 0.256) / 2)  # never measured: interpolated, no cap
     d = choose_batch_ks({"default": TenantLoad(sessions=1, alpha=0.95, k_max=4)}, c, budget=64)
-    assert d.ks == {"default": 0} and d.tokens_per_s == pytest.approx(3 / 0.256)
-    c.observe_verify(1, 1, 0.19)
-    c.observe_verify(1, 1, 0.19)  # measured 3 times: its own price
-    assert c.verify_s(1, 1) == pytest.approx(0.19)
+    assert d.ks == {"default": 3}
+    assert d.tokens_per_s == pytest.approx(expected_tokens_per_step(0.95, 3) / (3 * 0.085 + 0.289))
+
+
+def test_a_lone_clients_k0_forward_is_not_priced_on_the_line_of_other_shapes():
+    """In process on the 2-core Zen 3 (w7a8 pair, docs/bench/batching/inprocess-s20-bg2/): the
+    controller had measured a lone client's K = 4 forwards (5 positions) and eight clients' K = 0
+    forwards (8 positions at 8 rows) often, its K = 0 forward (1 position) once. On the line
+    through the well-measured counts that forward cost 0.065 s where it measured 0.077 s, K = 0
+    looked faster than K = 4 with the draft's 0.21 s catch-up spread over 32 tokens, and once at
+    K = 0 the growing catch-up held the client there for all 32 steps (0.80x fixed K = 4). A
+    count below every well-measured count keeps its own price."""
+    def model(one_position_s: float) -> BatchCostModel:
+        c = BatchCostModel(max_positions=512)
+        c.observe_verify(1, 2, 0.11)
+        for _ in range(6):
+            c.observe_verify(1, 5, 0.125)
+        for _ in range(20):
+            c.observe_verify(8, 8, 0.17)
+        for _ in range(10):
+            c.observe_draft(1, 0.035)
+        c.observe_verify(1, 1, one_position_s)
+        return c
+
+    c = model(0.077)
+    line = c._well_measured_line()
+    assert line == pytest.approx((0.05, 0.015))  # through (5, 0.125) x 6 and (8, 0.17) x 20
+    assert c.verify_s(1, 1) == pytest.approx(0.077) and c.verify_s(1, 2) == pytest.approx(0.11)
+    assert c.verify_s(1, 3) == pytest.approx(0.115)  # thin counts above the least well-measured: still capped
+    load = {"code": TenantLoad(sessions=1, alpha=0.9, k_max=4, catchup_s=0.21, tokens_left=32)}
+    d = choose_batch_ks(load, c, budget=128)
+    steps = 32 / expected_tokens_per_step(0.9, 4)
+    assert d.ks == {"code": 4}
+    assert d.tokens_per_s == pytest.approx(expected_tokens_per_step(0.9, 4) / (4 * 0.035 + 0.125 + 0.21 / steps))
+    # priced on the line (the model before), K = 0 won at 1 / 0.065 tokens/s
+    at_line = choose_batch_ks(load, model(line[0] + line[1]), budget=128)
+    assert at_line.ks == {"code": 0} and at_line.tokens_per_s == pytest.approx(1 / 0.065)
 
 
 def test_expensive_positions_drop_the_low_acceptance_tenant_to_k0():

@@ -283,11 +283,20 @@ class BatchCostModel:
         cap corrects itself after a few forwards (the asymmetry of :meth:`catchup_s`).
 
         The cap is no lower than the curve can be: the dearest well-measured count at or below
-        ``positions`` (the curve never decreases), or below them all the line through the origin
-        from the smallest (``t_lo · positions / p_lo``). Without that floor a line bent by one
-        contended forward (0.26, 0.29 and 0.88 s at 3, 4, 5 positions, the last one slowed to
-        2 s once) crossed zero at 1 position and priced K = 0 at 0 s: a division by zero in
-        the decision (tests/test_batch_one_client.py).
+        ``positions`` (the curve never decreases). **A thin count below every well-measured count
+        is not capped**: there the line is extrapolated downwards from forwards that are not its
+        shape (a lone client's 1-position K = 0 forward against the 5 positions of its K = 4 steps
+        and the 8 of eight clients' K = 0 forwards, measured at 8 rows), and it underpriced the
+        smallest counts, which are K = 0's: in process on the 2-core Zen 3 (w7a8 pair,
+        ``inprocess-s20-bg2``) the line priced a lone client's 1-position forward at 0.056 s where
+        it measured 0.077 s, K = 0 at 17.9 tokens/s against 16.7 for K = 3, and once at K = 0 the
+        draft's growing catch-up over the request's shrinking rest held it there: 32 of 32 steps
+        at K = 0 in three rounds, 0.80x fixed K = 4. Earlier the cap was floored there on the line
+        through the origin from the smallest well-measured count (``t_lo · positions / p_lo``),
+        which priced an int4 1-position forward measured at 0.19 s at 0.085 s (a line bent by one
+        contended forward, 0.26, 0.29 and 0.88 s at 3, 4, 5 positions, crossed zero at 1
+        position). An overpriced small count is not stuck: it is K = 0's (or K = 1's) forward,
+        and the goodput guard's explorations run K = 0 and measure it (:mod:`specdec.control.goodput_guard`).
 
         A shape of several rows measured at least :attr:`THIN_SAMPLES` times as it is (``rows``
         and ``positions``) is priced at the median of its recent forwards (class docstring,
@@ -305,7 +314,8 @@ class BatchCostModel:
                 return statistics.median(window)
         t = self.verify.verify_s(positions)
         e = self.verify._verify.get(positions)
-        if e is not None and e.value is not None and e.n < self.THIN_SAMPLES:
+        if (e is not None and e.value is not None and e.n < self.THIN_SAMPLES
+                and positions > self._least_well_measured()):
             line = self._well_measured_line()
             if line is not None:
                 t = min(t, max(line[0] + line[1] * positions, self._well_measured_floor(positions)))
@@ -339,18 +349,17 @@ class BatchCostModel:
         e = self.verify._verify.get(positions)
         return e.value if e is not None and e.value is not None and e.n >= self.THIN_SAMPLES else None
 
+    def _least_well_measured(self) -> float:
+        """The smallest positions count measured at least :attr:`THIN_SAMPLES` times (inf: none)."""
+        return min((p for p, e in self.verify._verify.items() if e.value is not None and e.n >= self.THIN_SAMPLES),
+                   default=float("inf"))
+
     def _well_measured_floor(self, positions: int) -> float:
         """The least a forward of ``positions`` positions can cost on a never-decreasing curve
-        through the well-measured counts (:meth:`verify_s`); 0 when there are none."""
-        pts = [(p, e.value) for p, e in self.verify._verify.items()
-               if e.value is not None and e.n >= self.THIN_SAMPLES]
-        below = [t for p, t in pts if p <= positions]
-        if below:
-            return max(below)
-        if not pts:
-            return 0.0
-        p_lo, t_lo = min(pts)
-        return t_lo * positions / p_lo
+        through the well-measured counts (:meth:`verify_s`): the dearest of them at or below
+        ``positions``; 0 when there is none."""
+        return max((e.value for p, e in self.verify._verify.items()
+                    if e.value is not None and e.n >= self.THIN_SAMPLES and p <= positions), default=0.0)
 
     def _well_measured_line(self) -> tuple[float, float] | None:
         """(intercept, slope) of the sample-weighted least-squares line through the verify counts
