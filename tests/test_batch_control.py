@@ -67,8 +67,8 @@ def test_one_contended_forward_at_a_thinly_measured_count_does_not_price_it_for_
 def test_a_thin_count_below_every_well_measured_count_keeps_its_own_price():
     """The int4 main job with one contended forward (tests/test_batch_one_client.py): 3 and 4
     positions measured 3-4 times at 0.256 / 0.289 s, 5 positions 3 times (0.25 and two slowed
-    to 2.14 s: the medians of the recent forwards fed to the curve, 0.25, 1.195 and 2.14, mean
-    1.195), 1 position once at 0.19 s. The line through the well-measured counts (slope 0.47 s
+    to 2.14 s: once measured 3 times a count's point is the median of its recent forwards,
+    2.14), 1 position once at 0.19 s. The line through the well-measured counts (slope 0.94 s
     per position) crosses zero below 3 positions; a count below every well-measured one is not
     capped on it (nor, as before, on the line through the origin at 0.256 / 3 s): it costs what
     it measured, and K = 3 (6.8 tokens/s at α 0.95) beats K = 0 (1 / 0.19 = 5.3)."""
@@ -82,7 +82,7 @@ def test_a_thin_count_below_every_well_measured_count_keeps_its_own_price():
         c.observe_verify(1, 5, s)
     c.observe_draft(1, 0.085)
     line = c._well_measured_line()
-    assert line == pytest.approx((-1.3271, 0.4695)) and line[0] + line[1] < 0
+    assert line == pytest.approx((-2.9336, 0.942)) and line[0] + line[1] < 0
     assert c.verify_s(1, 1) == pytest.approx(0.19)
     assert c.verify_s(1, 2) == pytest.approx((0.19 + 0.256) / 2)  # never measured: interpolated, no cap
     d = choose_batch_ks({"default": TenantLoad(sessions=1, alpha=0.95, k_max=4)}, c, budget=64)
@@ -114,7 +114,9 @@ def test_a_lone_clients_k0_forward_is_not_priced_on_the_line_of_other_shapes():
     line = c._well_measured_line()
     assert line == pytest.approx((0.05, 0.015))  # through (5, 0.125) x 6 and (8, 0.17) x 20
     assert c.verify_s(1, 1) == pytest.approx(0.077) and c.verify_s(1, 2) == pytest.approx(0.11)
-    assert c.verify_s(1, 3) == pytest.approx(0.115)  # thin counts above the least well-measured: still capped
+    assert c.verify_s(1, 3) == pytest.approx(0.115)  # never measured: interpolated between 2 and 5
+    c.observe_verify(1, 6, 0.5)  # a thin count above the least well-measured one: capped on the line
+    assert c.verify_s(1, 6) == pytest.approx(0.05 + 0.015 * 6)
     load = {"code": TenantLoad(sessions=1, alpha=0.9, k_max=4, catchup_s=0.21, tokens_left=32)}
     d = choose_batch_ks(load, c, budget=128)
     steps = 32 / expected_tokens_per_step(0.9, 4)
@@ -123,6 +125,37 @@ def test_a_lone_clients_k0_forward_is_not_priced_on_the_line_of_other_shapes():
     # priced on the line (the model before), K = 0 won at 1 / 0.065 tokens/s
     at_line = choose_batch_ks(load, model(line[0] + line[1]), budget=128)
     assert at_line.ks == {"code": 0} and at_line.tokens_per_s == pytest.approx(1 / 0.065)
+
+
+def test_a_contended_small_count_costs_no_more_than_the_least_well_measured_one():
+    """Below every well-measured count a thin count keeps its own price, but no more than the
+    least well-measured count's (the curve never decreases): the 1-position forward measured once
+    at 0.40 s in a contended moment (it costs 0.077 s) is priced 0.125 s, the 5 positions measured
+    six times, and so are the never-measured 2 to 4 between it and them. At α 0.2 K = 0 (8 tokens/s
+    at that price) beats K = 1 (7.5), runs, and measures what it costs; priced at 0.40 s it never
+    ran in process, where no goodput guard explores K = 0 by default (K = 4 was chosen)."""
+    c = BatchCostModel(max_positions=512)
+    for _ in range(6):
+        c.observe_verify(1, 5, 0.125)
+    for _ in range(20):
+        c.observe_verify(8, 8, 0.17)
+    for _ in range(10):
+        c.observe_draft(1, 0.035)
+    c.observe_verify(1, 1, 0.40)
+    assert c.verify_s(1, 1) == pytest.approx(0.125) and c.verify_s(1, 3) == pytest.approx(0.125)
+    d = choose_batch_ks({"code": TenantLoad(sessions=1, alpha=0.2, k_max=4)}, c, budget=128)
+    assert d.ks == {"code": 0} and d.tokens_per_s == pytest.approx(1 / 0.125)
+    c_old = BatchCostModel(max_positions=512)  # the 0.40 s forward at its own price: K = 0 never chosen
+    c_old.verify, c_old.draft = c.verify, c.draft
+    c_old.THIN_SAMPLES = 1
+    assert c_old.verify_s(1, 1) == pytest.approx(0.40)
+    assert choose_batch_ks({"code": TenantLoad(sessions=1, alpha=0.2, k_max=4)}, c_old, budget=128).ks == {"code": 4}
+    for _ in range(3):  # K = 0 runs: its own forwards take over the price (median of the recent ones)
+        c.observe_verify(1, 1, 0.077)
+    assert c.verify_s(1, 1) < 0.125
+    for _ in range(20):
+        c.observe_verify(1, 1, 0.077)
+    assert c.verify_s(1, 1) == pytest.approx(0.077, rel=0.01)
 
 
 def test_expensive_positions_drop_the_low_acceptance_tenant_to_k0():

@@ -51,10 +51,23 @@ def test_flat_verify_cost_and_high_acceptance_pick_k_above_0():
 
 
 class _CurveWithPrefills(BatchCostModel):
-    """The batch cost model before prefill forwards were kept off its verify curve."""
+    """The batch cost model before prefill forwards were kept off its verify curve (and before a
+    thin count below every well-measured count kept its own price: capped on the line, floored on
+    the line through the origin from the least well-measured count)."""
 
     def observe_verify(self, rows: int, positions: int, seconds: float, *, prefill: bool = False) -> None:
         super().observe_verify(rows, positions, seconds)
+
+    def _least_well_measured(self) -> float:
+        return float("-inf")
+
+    def _well_measured_floor(self, positions: int) -> float:
+        pts = [(p, e.value) for p, e in self.verify._verify.items() if e.value is not None and e.n >= self.THIN_SAMPLES]
+        below = [t for p, t in pts if p <= positions]
+        if below or not pts:
+            return max(below, default=0.0)
+        p_lo, t_lo = min(pts)
+        return t_lo * positions / p_lo
 
 
 def _simulate(extrapolation: str, verify, draft, prefill: list[BatchShape], rounds: int = 30):

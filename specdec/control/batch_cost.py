@@ -252,6 +252,12 @@ class BatchCostModel:
             self._row_n += 1
             self._row_s += max(0.2, 1.0 / self._row_n) * (max(residual, 0.0) - self._row_s)
         self.verify.observe_verify(positions, seconds)
+        point = self.verify._verify[positions]
+        if point.n == self.THIN_SAMPLES:
+            # measured often enough to stand for itself (verify_s): from here on at the median of its
+            # forwards, not at an EWMA that started on its first one (a contended 0.40 s where the
+            # next two took 0.077 s left the point at 0.198 s, above the line it is no longer capped on)
+            point.value = seconds
 
     def observe_draft(self, rows: int, seconds: float) -> None:
         """One batched draft forward (one draft position) of ``rows`` sessions took ``seconds``
@@ -260,7 +266,8 @@ class BatchCostModel:
         self.draft.observe_verify(rows, self._median_recent(("draft", rows), seconds))
 
     #: A positions count measured fewer times than this is "thin": priced at no more than the
-    #: line fitted to the well-measured counts (:meth:`verify_s`).
+    #: line fitted to the well-measured counts, or below all of them at no more than the least
+    #: of them (:meth:`verify_s`).
     THIN_SAMPLES = 3
 
     def verify_s(self, rows: int, positions: int, *, optimistic: bool = False) -> float:
@@ -284,7 +291,7 @@ class BatchCostModel:
 
         The cap is no lower than the curve can be: the dearest well-measured count at or below
         ``positions`` (the curve never decreases). **A thin count below every well-measured count
-        is not capped**: there the line is extrapolated downwards from forwards that are not its
+        is not capped on the line**: there the line is extrapolated downwards from forwards that are not its
         shape (a lone client's 1-position K = 0 forward against the 5 positions of its K = 4 steps
         and the 8 of eight clients' K = 0 forwards, measured at 8 rows), and it underpriced the
         smallest counts, which are K = 0's: in process on the 2-core Zen 3 (w7a8 pair,
@@ -295,8 +302,11 @@ class BatchCostModel:
         through the origin from the smallest well-measured count (``t_lo · positions / p_lo``),
         which priced an int4 1-position forward measured at 0.19 s at 0.085 s (a line bent by one
         contended forward, 0.26, 0.29 and 0.88 s at 3, 4, 5 positions, crossed zero at 1
-        position). An overpriced small count is not stuck: it is K = 0's (or K = 1's) forward,
-        and the goodput guard's explorations run K = 0 and measure it (:mod:`specdec.control.goodput_guard`).
+        position). It costs at most what the least well-measured count costs (the curve never
+        decreases), and so does every count below that one: a small count measured once in a
+        contended forward (0.40 s where it costs 0.077) is not priced above the 0.125 s of the
+        5 positions measured often, so K = 0 can still be chosen and run, which measures it
+        (nothing else would in process, where no goodput guard explores K = 0 by default).
 
         A shape of several rows measured at least :attr:`THIN_SAMPLES` times as it is (``rows``
         and ``positions``) is priced at the median of its recent forwards (class docstring,
@@ -314,8 +324,10 @@ class BatchCostModel:
                 return statistics.median(window)
         t = self.verify.verify_s(positions)
         e = self.verify._verify.get(positions)
-        if (e is not None and e.value is not None and e.n < self.THIN_SAMPLES
-                and positions > self._least_well_measured()):
+        lo = self._least_well_measured()
+        if positions < lo < float("inf"):  # below every well-measured count: no dearer than the least of them
+            t = min(t, self.verify._verify[lo].value)
+        elif e is not None and e.value is not None and e.n < self.THIN_SAMPLES:
             line = self._well_measured_line()
             if line is not None:
                 t = min(t, max(line[0] + line[1] * positions, self._well_measured_floor(positions)))
@@ -357,7 +369,7 @@ class BatchCostModel:
     def _well_measured_floor(self, positions: int) -> float:
         """The least a forward of ``positions`` positions can cost on a never-decreasing curve
         through the well-measured counts (:meth:`verify_s`): the dearest of them at or below
-        ``positions``; 0 when there is none."""
+        ``positions`` (0 when there is none; :meth:`verify_s` asks only above the least)."""
         return max((e.value for p, e in self.verify._verify.items()
                     if e.value is not None and e.n >= self.THIN_SAMPLES and p <= positions), default=0.0)
 
