@@ -90,6 +90,22 @@ def test_a_thin_count_below_every_well_measured_count_keeps_its_own_price():
     assert d.tokens_per_s == pytest.approx(expected_tokens_per_step(0.95, 3) / (3 * 0.085 + 0.289))
 
 
+def _lone_client_model(one_position_s: float, two_positions_s: float | None = None) -> BatchCostModel:
+    """A lone client's K = 4 forwards (5 positions, 0.125 s) and eight clients' K = 0 forwards (8
+    positions at 8 rows, 0.17 s) measured often, its 1-position forward once (and 2 positions once)."""
+    c = BatchCostModel(max_positions=512)
+    if two_positions_s is not None:
+        c.observe_verify(1, 2, two_positions_s)
+    for _ in range(6):
+        c.observe_verify(1, 5, 0.125)
+    for _ in range(20):
+        c.observe_verify(8, 8, 0.17)
+    for _ in range(10):
+        c.observe_draft(1, 0.035)
+    c.observe_verify(1, 1, one_position_s)
+    return c
+
+
 def test_a_lone_clients_k0_forward_is_not_priced_on_the_line_of_other_shapes():
     """In process on the 2-core Zen 3 (w7a8 pair, docs/bench/batching/inprocess-s20-bg2/): the
     controller had measured a lone client's K = 4 forwards (5 positions) and eight clients' K = 0
@@ -98,19 +114,7 @@ def test_a_lone_clients_k0_forward_is_not_priced_on_the_line_of_other_shapes():
     looked faster than K = 4 with the draft's 0.21 s catch-up spread over 32 tokens, and once at
     K = 0 the growing catch-up held the client there for all 32 steps (0.80x fixed K = 4). A
     count below every well-measured count keeps its own price."""
-    def model(one_position_s: float) -> BatchCostModel:
-        c = BatchCostModel(max_positions=512)
-        c.observe_verify(1, 2, 0.11)
-        for _ in range(6):
-            c.observe_verify(1, 5, 0.125)
-        for _ in range(20):
-            c.observe_verify(8, 8, 0.17)
-        for _ in range(10):
-            c.observe_draft(1, 0.035)
-        c.observe_verify(1, 1, one_position_s)
-        return c
-
-    c = model(0.077)
+    c = _lone_client_model(0.077, two_positions_s=0.11)
     line = c._well_measured_line()
     assert line == pytest.approx((0.05, 0.015))  # through (5, 0.125) x 6 and (8, 0.17) x 20
     assert c.verify_s(1, 1) == pytest.approx(0.077) and c.verify_s(1, 2) == pytest.approx(0.11)
@@ -123,7 +127,7 @@ def test_a_lone_clients_k0_forward_is_not_priced_on_the_line_of_other_shapes():
     assert d.ks == {"code": 4}
     assert d.tokens_per_s == pytest.approx(expected_tokens_per_step(0.9, 4) / (4 * 0.035 + 0.125 + 0.21 / steps))
     # priced on the line (the model before), K = 0 won at 1 / 0.065 tokens/s
-    at_line = choose_batch_ks(load, model(line[0] + line[1]), budget=128)
+    at_line = choose_batch_ks(load, _lone_client_model(line[0] + line[1], two_positions_s=0.11), budget=128)
     assert at_line.ks == {"code": 0} and at_line.tokens_per_s == pytest.approx(1 / 0.065)
 
 
@@ -134,14 +138,7 @@ def test_a_contended_small_count_costs_no_more_than_the_least_well_measured_one(
     six times, and so are the never-measured 2 to 4 between it and them. At α 0.2 K = 0 (8 tokens/s
     at that price) beats K = 1 (7.5), runs, and measures what it costs; priced at 0.40 s it never
     ran in process, where no goodput guard explores K = 0 by default (K = 4 was chosen)."""
-    c = BatchCostModel(max_positions=512)
-    for _ in range(6):
-        c.observe_verify(1, 5, 0.125)
-    for _ in range(20):
-        c.observe_verify(8, 8, 0.17)
-    for _ in range(10):
-        c.observe_draft(1, 0.035)
-    c.observe_verify(1, 1, 0.40)
+    c = _lone_client_model(0.40)
     assert c.verify_s(1, 1) == pytest.approx(0.125) and c.verify_s(1, 3) == pytest.approx(0.125)
     d = choose_batch_ks({"code": TenantLoad(sessions=1, alpha=0.2, k_max=4)}, c, budget=128)
     assert d.ks == {"code": 0} and d.tokens_per_s == pytest.approx(1 / 0.125)
