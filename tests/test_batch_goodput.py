@@ -62,7 +62,7 @@ class _CurveWithPrefills(BatchCostModel):
         return float("-inf")
 
     def _well_measured_floor(self, positions: int) -> float:
-        pts = [(p, e.value) for p, e in self.verify._verify.items() if e.value is not None and e.n >= self.THIN_SAMPLES]
+        pts = [(p, t) for p, t, _ in self._well_measured()]
         below = [t for p, t in pts if p <= positions]
         if below or not pts:
             return max(below, default=0.0)

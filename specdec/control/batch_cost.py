@@ -302,10 +302,10 @@ class BatchCostModel:
         through the origin from the smallest well-measured count (``t_lo · positions / p_lo``),
         which priced an int4 1-position forward measured at 0.19 s at 0.085 s (a line bent by one
         contended forward, 0.26, 0.29 and 0.88 s at 3, 4, 5 positions, crossed zero at 1
-        position). It costs at most what the least well-measured count costs (the curve never
-        decreases), and so does every count below that one: a small count measured once in a
-        contended forward (0.40 s where it costs 0.077) is not priced above the 0.125 s of the
-        5 positions measured often, so K = 0 can still be chosen and run, which measures it
+        position). Such a count, and every count below the least well-measured one, costs at most
+        what that least count costs (the curve never decreases): a small count measured once in
+        a contended forward (0.40 s where it costs 0.077) is priced no higher than the 0.125 s of
+        the 5 positions measured often, so K = 0 can still be chosen and run, which measures it
         (nothing else would in process, where no goodput guard explores K = 0 by default).
 
         A shape of several rows measured at least :attr:`THIN_SAMPLES` times as it is (``rows``
@@ -361,23 +361,25 @@ class BatchCostModel:
         e = self.verify._verify.get(positions)
         return e.value if e is not None and e.value is not None and e.n >= self.THIN_SAMPLES else None
 
+    def _well_measured(self) -> list[tuple[int, float, int]]:
+        """(positions, seconds, forwards) of every verify count measured at least :attr:`THIN_SAMPLES` times."""
+        return [(p, e.value, e.n) for p, e in self.verify._verify.items()
+                if e.value is not None and e.n >= self.THIN_SAMPLES]
+
     def _least_well_measured(self) -> float:
         """The smallest positions count measured at least :attr:`THIN_SAMPLES` times (inf: none)."""
-        return min((p for p, e in self.verify._verify.items() if e.value is not None and e.n >= self.THIN_SAMPLES),
-                   default=float("inf"))
+        return min((p for p, _, _ in self._well_measured()), default=float("inf"))
 
     def _well_measured_floor(self, positions: int) -> float:
         """The least a forward of ``positions`` positions can cost on a never-decreasing curve
         through the well-measured counts (:meth:`verify_s`): the dearest of them at or below
         ``positions`` (0 when there is none; :meth:`verify_s` asks only above the least)."""
-        return max((e.value for p, e in self.verify._verify.items()
-                    if e.value is not None and e.n >= self.THIN_SAMPLES and p <= positions), default=0.0)
+        return max((t for p, t, _ in self._well_measured() if p <= positions), default=0.0)
 
     def _well_measured_line(self) -> tuple[float, float] | None:
         """(intercept, slope) of the sample-weighted least-squares line through the verify counts
         measured at least :attr:`THIN_SAMPLES` times; None with fewer than two such counts."""
-        pts = [(p, e.value, e.n) for p, e in self.verify._verify.items()
-               if e.value is not None and e.n >= self.THIN_SAMPLES]
+        pts = self._well_measured()
         if len(pts) < 2:
             return None
         w = sum(n for _, _, n in pts)
