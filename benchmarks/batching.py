@@ -304,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma list of formats measured in this one run, each TARGET or TARGET/DRAFT (e.g. "
                         "int4,bfloat16,w8a8/int4): every pair is loaded once, and for each client count the formats "
                         "run one after another (the arms alternating within each); overrides --format/--draft-format")
+    p.add_argument("--device", default="cpu",
+                   help="device of both models, e.g. cuda (default cpu; --threads sets the CPU threads)")
     a = p.parse_args(argv)
     a.lengths, a.max_tokens = a.max_tokens, a.max_tokens[0]  # the two-tenant comparison runs the first length
     torch.set_num_threads(a.threads)
@@ -318,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     for tf, df in wanted:
         t0 = time.perf_counter()
         target, draft = load_pair(ModelPairSpec(target=parse_model_spec(a.target), draft=parse_model_spec(a.draft)),
-                                  weight_format=tf, draft_format=df)
+                                  weight_format=tf, draft_format=df, device=a.device)
         engine = SpeculativeEngine(target, draft)
         if a.prefix_cache:
             from specdec.engine.prefix_cache import enable_prefix_cache

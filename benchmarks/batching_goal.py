@@ -250,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="run every arm this many times, the order reversed every other round; an arm is "
                    "reported by its median round (the arms of one round run one after another)")
     p.add_argument("--out", default=None, help="folder for goal.json / goal.md")
+    p.add_argument("--device", default="cpu",
+                   help="device of both models, e.g. cuda (default cpu; --threads sets the CPU threads)")
     a = p.parse_args(argv)
     if a.clients < 2 or a.k < 1 or a.rounds < 1:
         p.error(f"--clients must be >= 2, --k >= 1 and --rounds >= 1, got {a.clients}, {a.k}, {a.rounds}")
@@ -260,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     target, draft = load_pair(ModelPairSpec(target=parse_model_spec(a.target), draft=parse_model_spec(a.draft)),
-                              weight_format=a.format, draft_format=a.draft_format or a.format)
+                              weight_format=a.format, draft_format=a.draft_format or a.format,
+                              device=a.device)
     engine = SpeculativeEngine(target, draft)
     if a.prefix_cache and not (target.invariant and draft.invariant):
         # a float32 forward (the default on a CPU without AVX2 or AVX-512 kernels, or asked for) is not made

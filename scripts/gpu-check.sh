@@ -4,11 +4,14 @@
 #      pyproject's range >=2.13,<2.15), the project with its demo extra, and pytest;
 #   2. runs the tests marked `gpu` (tests/test_gpu.py: the demo pair greedy on CUDA equal to the
 #      target alone, a seeded sampled request giving the same output twice, the served path at
-#      TP=1 on one GPU), plus the CPU-side device checks (tests/test_devices.py and the TP=1 worker);
-#   3. prints tokens/s of the target alone and with speculation (`specdec bench --device cuda`,
-#      short settings: 2 prompts, 64 tokens, K = 2, 4, 8, 3 repeats);
+#      TP=1 on one GPU; tests/test_gpu_batch.py: continuous batching on CUDA with tiny models in
+#      float32 and bfloat16), the engine and batching tests again with every tiny model on the GPU
+#      (SPECDEC_TEST_DEVICE=cuda), and the CPU-side device checks (tests/test_devices.py, the TP=1 worker);
+#   3. times the verify forward by rows and positions (benchmarks.forward_costs), tokens/s of the
+#      target alone and with speculation (`specdec bench --device cuda`, short settings: 2 prompts,
+#      64 tokens, K = 2, 4, 8, 2 repeats) and batched against unbatched clients (benchmarks.batching);
 # and writes everything it prints to docs/bench/gpu/ (gpu-check.log, environment.txt, the
-# bench's bench.json / table.md), ready to commit. Exit status: that of the tests.
+# benchmarks' json / md), ready to commit. Exit status: that of the tests.
 #
 #   bash scripts/gpu-check.sh                   # PyPI's torch==2.13.0 (the CUDA build on Linux x86_64)
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 bash scripts/gpu-check.sh   # another CUDA build
@@ -16,6 +19,15 @@
 #   PIP_NO_INDEX=1 PIP_FIND_LINKS=/path/to/wheels bash scripts/gpu-check.sh   # a machine without network
 #     (pip reads these itself; the wheel folder needs torch==2.13.0 for CUDA, the demo-pair wheels
 #      and the project's dependencies, e.g. from `pip download` on a machine of the same platform)
+#
+# A machine that has a CUDA torch already and cannot receive the demo pair (no network, small
+# uploads: this project's lent GPU machines) runs the same checks on a pair of the demo pair's
+# shapes with random weights (benchmarks/random_pair.py; the demo-pair tests are then skipped):
+#   GPU_CHECK_SYSTEM_PYTHON=1 GPU_CHECK_WHEELS=.gpu/whl GPU_CHECK_MODELS=random \
+#     GPU_CHECK_META=.gpu/demo-meta bash scripts/gpu-check.sh
+#   (python3 as it is, the wheels in GPU_CHECK_WHEELS installed over it into /tmp/specdec-site:
+#    transformers and pydantic at the project's versions; GPU_CHECK_META from
+#    `python -m benchmarks.random_pair --meta .gpu/demo-meta --export-meta` on a machine with the demo cache)
 #
 # Needs: NVIDIA driver (nvidia-smi), Python >= 3.11, the package registry (or a wheel folder),
 # about 25 GB of disk (venv, demo pair cache) and 20 GB of GPU memory.
@@ -34,6 +46,23 @@ if ! command -v nvidia-smi >/dev/null; then
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 
+MODELS=${GPU_CHECK_MODELS:-demo}
+if [ -n "${GPU_CHECK_SYSTEM_PYTHON:-}" ]; then
+  step "python3 as it is, the project from the working tree"
+  if [ -n "${GPU_CHECK_WHEELS:-}" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/specdec-site "$GPU_CHECK_WHEELS"/*.whl
+    export PYTHONPATH=/tmp/specdec-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+  else
+    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  # `python` and `specdec` as commands (timeout runs commands, not shell functions)
+  mkdir -p /tmp/specdec-bin
+  ln -sf "$(command -v python3)" /tmp/specdec-bin/python
+  printf '#!/bin/sh\nexec python3 -m specdec.cli "$@"\n' >/tmp/specdec-bin/specdec
+  chmod +x /tmp/specdec-bin/specdec
+  export PATH=/tmp/specdec-bin:$PATH
+else
 step "venv .venv-gpu"
 PY=${PYTHON:-python3}
 if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
@@ -50,6 +79,7 @@ if [ -z "${GPU_CHECK_SKIP_INSTALL:-}" ]; then
   python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
   # the demo extra and the test runner only: the dev extra's other tools are not needed here
   python -m pip install -q -e ".[demo]" "pytest>=8" "pytest-timeout>=2.3"
+fi
 fi
 python - <<'EOF'
 import sys, torch
@@ -70,27 +100,44 @@ step "environment"
   echo "cpus: $(nproc)"
 } | tee "$OUT/environment.txt"
 
-step "demo pair (assembled once into the cache)"
-# `specdec prefetch` alone builds this host CPU's default format (w8a8 on a Xeon with AMX: minutes
-# of quantizing nothing here loads). Build what this script loads instead: bfloat16, the default
-# on CUDA (`specdec bench --device cuda`), and float32, what the tests load unless they name a
-# format (tests/conftest.py sets SPECDEC_WEIGHT_FORMAT=float32).
-specdec prefetch --format bfloat16
-specdec prefetch --format float32
+if [ "$MODELS" = random ]; then
+  step "a pair of the demo pair's shapes with random weights (benchmarks/random_pair.py)"
+  PAIR=/tmp/specdec-random-pair
+  python -m benchmarks.random_pair --meta "${GPU_CHECK_META:-.gpu/demo-meta}" --out "$PAIR" --device cuda \
+    --damp "${GPU_CHECK_DAMP:-0.02}"
+  TARGET=$PAIR/target DRAFT=$PAIR/draft-prefix FAR_DRAFT=$PAIR/draft
+else
+  step "demo pair (assembled once into the cache)"
+  # `specdec prefetch` alone builds this host CPU's default format (w8a8 on a Xeon with AMX: minutes
+  # of quantizing nothing here loads). Build what this script loads instead: bfloat16, the default
+  # on CUDA (`specdec bench --device cuda`), and float32, what the tests load unless they name a
+  # format (tests/conftest.py sets SPECDEC_WEIGHT_FORMAT=float32).
+  specdec prefetch --format bfloat16
+  specdec prefetch --format float32
+
+  TARGET=demo:target DRAFT=demo:draft FAR_DRAFT=
+fi
 
 step "tests marked gpu, and the device checks"
 set +e
-python -m pytest -p no:cacheprovider -rs -v -m gpu tests/test_gpu.py
+T=${GPU_CHECK_TEST_TIMEOUT:-900}
+if [ "$MODELS" = random ]; then MARK="gpu and not demo"; else MARK=gpu; fi
+timeout "$T" python -m pytest -p no:cacheprovider -rs -v -m "$MARK" tests/test_gpu.py tests/test_gpu_batch.py
 TESTS_RC=$?
-python -m pytest -p no:cacheprovider -q tests/test_devices.py tests/deployments/test_tp_worker_device.py
+timeout "$T" python -m pytest -p no:cacheprovider -q tests/test_devices.py tests/deployments/test_tp_worker_device.py
 DEVICE_RC=$?
 set -e
 [ "$TESTS_RC" -eq 0 ] && TESTS_RC=$DEVICE_RC
 
+step "one verify forward by rows and positions (benchmarks.forward_costs --device cuda)"
+timeout "$T" python -m benchmarks.forward_costs --target "$TARGET" --draft "$DRAFT" --device cuda \
+  --out "$OUT/forward" || echo "forward_costs failed: rc=$?"
+
 step "tokens/s: target alone vs speculation (specdec bench --device cuda)"
-specdec bench --device cuda --prompts code-prime,poem-sea --tokens 64 --ks 2,4,8 --proposers draft,none \
-  --hf assisted --repeats 3 --no-plot --out "$OUT/bench"
-python - "$OUT/bench/bench.json" <<'EOF'
+timeout "$T" specdec bench --device cuda --target "$TARGET" --draft "$DRAFT" --prompts code-prime,poem-sea \
+  --tokens 64 --ks 2,4,8 --proposers draft,none --adaptive 0 --hf assisted --repeats 2 --no-plot --out "$OUT/bench" \
+  || echo "bench failed: rc=$?"
+[ -f "$OUT/bench/bench.json" ] && python - "$OUT/bench/bench.json" <<'EOF' || true
 import json, sys
 report = json.load(open(sys.argv[1]))
 meta = report["meta"]
@@ -100,6 +147,25 @@ for r in report["rows"]:
     print(f"  {r['prompt']:12s} {r['method']:18s} {r['tokens_per_s']:8.1f} tok/s  {r['speedup']:5.2f}x{same}")
 EOF
 echo "table: $OUT/bench/table.md"
+step "batched against unbatched clients, in process (benchmarks.batching --device cuda)"
+timeout "$T" python -m benchmarks.batching --device cuda --target "$TARGET" --draft "$DRAFT" --clients 1,2,4,8 \
+  --k 4 --max-tokens 64 --adaptive --out "$OUT/batching" || echo "batching failed: rc=$?"
+
+if [ -n "$FAR_DRAFT" ]; then
+  step "speculation with an unrelated draft (acceptance about 0): what adaptive K must turn off"
+  timeout "$T" specdec bench --device cuda --target "$TARGET" --draft "$FAR_DRAFT" --prompts code-prime \
+    --tokens 64 --ks 4 --proposers draft,none --adaptive 0 --skip-hf --repeats 2 --no-plot --out "$OUT/bench-far" \
+    || echo "bench (unrelated draft) failed: rc=$?"
+fi
+
+step "the engine and batching tests again, every tiny model on the GPU (SPECDEC_TEST_DEVICE=cuda)"
+set +e
+SPECDEC_TEST_DEVICE=cuda timeout "$T" python -m pytest -p no:cacheprovider -q -rfE \
+  tests/test_batch.py tests/test_engine.py tests/test_greedy_identity.py tests/test_verifier.py \
+  tests/test_batch_forward.py tests/test_block_validation.py tests/test_incremental.py tests/test_stopping.py
+SWEEP_RC=$?
+set -e
+[ "$TESTS_RC" -eq 0 ] && TESTS_RC=$SWEEP_RC
 
 step "done: tests rc=$TESTS_RC; output in $OUT/"
 exit "$TESTS_RC"

@@ -53,12 +53,18 @@ def demo_pair(demo_pair_folders):
 # --- tiny target/draft pairs (engine tests) ------------------------------------------------
 
 
-def load_tiny(folder: Path):
-    """Load a tiny model folder through the same code path as a real model."""
+#: Device of the tiny models (``SPECDEC_TEST_DEVICE``, default ``cpu``): ``scripts/gpu-check.sh``
+#: runs the engine and batching tests again with ``cuda``, every tiny model on the GPU.
+TEST_DEVICE = os.environ.get("SPECDEC_TEST_DEVICE", "cpu")
+
+
+def load_tiny(folder: Path, **kw):
+    """Load a tiny model folder through the same code path as a real model, on :data:`TEST_DEVICE`."""
     from specdec.models.loader import load_model
     from specdec.models.spec import HFModelSpec
 
-    return load_model(HFModelSpec(kind="hf", path=folder))
+    kw.setdefault("device", TEST_DEVICE)
+    return load_model(HFModelSpec(kind="hf", path=folder), **kw)
 
 
 @pytest.fixture(scope="session")
@@ -89,7 +95,7 @@ def target_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int
     import torch
 
     out = model.model.generate(
-        torch.tensor([prompt_ids]),
+        torch.tensor([prompt_ids], device=model.device),
         max_new_tokens=max_new_tokens,
         do_sample=False,
         eos_token_id=model.eos_token_ids,

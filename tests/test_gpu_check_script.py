@@ -30,6 +30,17 @@ def _command_lines() -> list[str]:
     return [line for line in lines if line]
 
 
+def _argv(line: str, tmp_path: Path) -> list[str]:
+    """A command line's words without a leading ``timeout "$T"`` or a trailing ``|| echo ...``,
+    the script's variables replaced (the demo pair's specs, ``$OUT`` by ``tmp_path``)."""
+    line = line.split(" || ")[0]
+    for var, value in (("$OUT", str(tmp_path)), ("$TARGET", "demo:target"), ("$FAR_DRAFT", "demo:draft"),
+                       ("$DRAFT", "demo:draft")):
+        line = line.replace(var, value)
+    argv = shlex.split(line)
+    return argv[2:] if argv[0] == "timeout" else argv
+
+
 def test_gpu_check_is_valid_bash():
     done = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -49,26 +60,55 @@ def test_every_specdec_command_of_gpu_check_parses(monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "registered_commands", lambda: {
         name: cli.Command(c.help, c.add_arguments, lambda args, name=name: calls.append((name, args)) or 0)
         for name, c in real.items()})
-    specdec_lines = [line for line in _command_lines() if line.startswith("specdec ")]
-    assert len(specdec_lines) >= 2, specdec_lines  # prefetch and the bench
-    for line in specdec_lines:
-        argv = shlex.split(line.replace("$OUT", str(tmp_path)))[1:]
-        assert cli.main(argv) == 0, line
+    specdec_lines = [_argv(line, tmp_path) for line in _command_lines()
+                     if line.startswith(("specdec ", 'timeout "$T" specdec '))]
+    assert len(specdec_lines) == 4, specdec_lines  # two prefetches, the bench, the unrelated draft's bench
+    for argv in specdec_lines:
+        assert cli.main(argv[1:]) == 0, argv
     prefetched = {args.weight_format for name, args in calls if name == "prefetch"}
     assert prefetched == {default_format("cuda"), tests_format} == {"bfloat16", "float32"}
     benches = [args for name, args in calls if name == "bench"]
-    assert len(benches) == 1
+    assert len(benches) == 2
     bench = resolve_args(benches[0])
     assert bench.device == "cuda" and bench.prompts and select_prompts(bench.prompts)
     assert bench.tokens == 64 and bench.ks == [2, 4, 8] and bench.hf == ["assisted"]
 
 
-def test_gpu_check_test_paths_and_marker_exist():
-    runs = [shlex.split(line) for line in _command_lines() if "-m pytest" in line]
-    assert len(runs) == 2
+def test_gpu_check_test_paths_and_marker_exist(tmp_path):
+    runs = [_argv(line, tmp_path) for line in _command_lines() if "-m pytest" in line]
+    assert len(runs) == 3
     paths = [a for argv in runs for a in argv if a.startswith("tests/")]
-    assert paths == ["tests/test_gpu.py", "tests/test_devices.py", "tests/deployments/test_tp_worker_device.py"]
+    assert paths[:4] == ["tests/test_gpu.py", "tests/test_gpu_batch.py", "tests/test_devices.py",
+                         "tests/deployments/test_tp_worker_device.py"]
+    assert "tests/test_batch.py" in paths[4:] and runs[2][0] == "SPECDEC_TEST_DEVICE=cuda"
     assert all((ROOT / p).is_file() for p in paths)
     assert '"gpu: needs a CUDA GPU' in (ROOT / "pyproject.toml").read_text()  # the marker -m gpu selects
-    assert runs[0][runs[0].index("pytest") + 1:][-3:] == ["-m", "gpu", "tests/test_gpu.py"]
+    assert runs[0][-4:] == ["-m", "$MARK", "tests/test_gpu.py", "tests/test_gpu_batch.py"]
     assert "pytestmark = [pytest.mark.gpu" in (ROOT / "tests" / "test_gpu.py").read_text()
+    assert "pytestmark = pytest.mark.gpu" in (ROOT / "tests" / "test_gpu_batch.py").read_text()
+
+
+def test_gpu_check_benchmark_commands_parse(tmp_path, monkeypatch):
+    """Every ``python -m benchmarks.X`` line of the script parses with that module's own parser."""
+    import argparse
+    import importlib
+
+    lines = [_argv(line, tmp_path) for line in _command_lines() if line.split(" || ")[0].find("-m benchmarks.") >= 0]
+    assert [argv[2] for argv in lines] == ["benchmarks.random_pair", "benchmarks.forward_costs", "benchmarks.batching"]
+    for argv in lines:
+        parsed = {}
+
+        def stop(self, args=None, namespace=None):
+            parsed["args"] = argparse.ArgumentParser.parse_known_args(self, args, namespace)
+            raise SystemExit(0)
+
+        monkeypatch.setattr(argparse.ArgumentParser, "parse_args", stop)
+        words = [w.replace("${GPU_CHECK_META:-.gpu/demo-meta}", ".gpu/demo-meta")
+                 .replace("${GPU_CHECK_DAMP:-0.02}", "0.02").replace("$PAIR", str(tmp_path)) for w in argv[3:]]
+        try:
+            importlib.import_module(argv[2]).main(words)
+        except SystemExit:
+            pass
+        args, unknown = parsed["args"]
+        assert unknown == [], (argv[2], unknown)
+        assert getattr(args, "device", None) == "cuda", argv

@@ -129,7 +129,7 @@ def build_tiny_model(
         for name, p in model.named_parameters():
             if base is not None:
                 src = dict(base.named_parameters())[name]
-                p.copy_(src + noise * torch.randn(p.shape, generator=gen))
+                p.copy_(src.detach().cpu() + noise * torch.randn(p.shape, generator=gen))  # base may be on a GPU
             elif "norm" in name:
                 p.fill_(1.0)
             else:
