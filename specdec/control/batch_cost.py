@@ -17,6 +17,13 @@ from specdec.control.cost_model import CostModel
 #: (:class:`BatchCostModel`, "Outliers").
 RECENT_FORWARDS = 9
 
+#: Verify forwards (of any shape) after which a shape's or a positions count's samples are stale:
+#: priced at most at a fresh count of more positions (:class:`BatchCostModel`, "Stale points").
+#: One window: the s21 trace's 8-position samples were 10-12 forwards old when the controller left
+#: K = 0 on them, so two or three windows would not have caught it; shorter, a count that really
+#: is dearer than a larger one (4 against 5 positions, served) would be re-run more often.
+STALE_FORWARDS = RECENT_FORWARDS
+
 
 class BatchCostModel:
     """Measured seconds of batched forwards, as functions of what the batch holds.
@@ -120,6 +127,26 @@ class BatchCostModel:
     11; the unbatched path never measures its forwards and stays on the priors). A lasting
     change (sustained load) moves the median after about half the window.
 
+    **Stale points.** A shape's recent forwards and a count's curve point keep what it cost when
+    it last ran, however long ago: the controller re-measures only the shapes it runs. In process
+    at 8 clients (w8a8 pair, 2-core Zen 4 beside a test run, docs/bench/batching/inprocess-s21-trace/),
+    the K = 0 forward (8 rows, 8 positions) kept the 0.39 s median of its six cold warm-up
+    forwards while 10 and 12 positions, measured in the arm's first ticks, cost 0.14-0.18 s: K = 0
+    looked dearer than K = 1, and the controller left it (the old median would have held until
+    five new 8-position forwards ran). So a shape priced from samples last observed more than
+    :data:`STALE_FORWARDS` verify forwards ago (of any shape, prefills included) costs at most the
+    cheapest count of more positions at the same rows priced from samples observed since (a verify
+    of fewer positions does not cost more than one of more under current conditions), and the
+    first forward of it run so priced replaces its samples (its window and its curve point,
+    which is then thin, :meth:`verify_s`), as a served forward replaces the calibration's ("Calibration
+    is a prior of the shapes"): fed to the old window it would leave the price where it was.
+    Fresh against fresh stays as measured: served (w8a8 pair, tests/test_batch_cost_outliers.py)
+    4 positions cost 0.138 s and 5 cost 0.123, and a floor over all counts (each at least the
+    dearest count below it) priced K = 4 above K = 2 there and held the client at K = 2. A count
+    that really is dearer is re-run, priced below what it costs, once in about
+    :data:`STALE_FORWARDS` forwards, and its measured price then holds again: the error corrects
+    itself, where a stale overprice of a shape the controller stopped running never did.
+
     **Calibration is a prior of the shapes.** A replica's start-up calibration measures one
     session's verify forwards at every K (:meth:`observe_verify` ``calibration``) so that its first
     request is not priced on the priors. Its few forwards run while the process, and often the
@@ -185,6 +212,11 @@ class BatchCostModel:
         #: observations made so far (:meth:`observe_verify`, :meth:`observe_draft`,
         #: :meth:`observe_catchup`): a price computed at one version holds until the next
         self.version = 0
+        #: verify forwards observed so far (prefill and calibration ones too): the clock of "Stale points"
+        self._forwards = 0
+        #: ("verify", rows, positions) (a shape's window) or ("point", positions) (the curve's point)
+        #: -> :attr:`_forwards` at its last observation
+        self._seen: dict[tuple, int] = {}
 
     def _median_recent(self, shape: tuple, seconds: float) -> float:
         """Record ``seconds`` for ``shape``; the median of its last :data:`RECENT_FORWARDS` (class
@@ -222,6 +254,10 @@ class BatchCostModel:
         if not 0 <= seconds < float("inf"):
             raise ValueError(f"seconds must be finite and >= 0, got {seconds}")
         self.version += 1
+        # a stale price above a fresher forward of more positions: this forward replaces its samples
+        # (class docstring, "Stale points")
+        replace = not prefill and self._fresh_cap(rows, positions) < self._price(rows, positions)
+        self._forwards += 1
         if not calibration:
             self.min_positions_per_row = min(self.min_positions_per_row, positions / rows)
         if positions >= 16:
@@ -244,6 +280,10 @@ class BatchCostModel:
             if positions not in self._served:
                 self.shapes_version += 1
             self._served[positions] = self._served.get(positions, 0) + 1
+        if replace:
+            self._recent.pop(("verify", rows, positions), None)
+            self.verify._verify.pop(positions, None)
+        self._seen[("verify", rows, positions)] = self._seen[("point", positions)] = self._forwards
         seconds = self._median_recent(("verify", rows, positions), seconds)
         if not calibration:
             self._served_curve.observe_verify(positions, seconds)
@@ -317,7 +357,14 @@ class BatchCostModel:
         forward, and the 8 x 1 forward of K = 0, measured at 0.18-0.19 s, was priced 0.229 s;
         the model then found K = 4 for the code tenant 1.1-1.3x K = 0 and ran it (and K = 1) on
         33 + 13 steps: 0.78x the K = 0 arm's tokens/s.
+
+        A price from stale samples costs at most a fresh count of more positions at the same rows
+        (class docstring, "Stale points").
         """
+        return min(self._price(rows, positions, optimistic), self._fresh_cap(rows, positions, optimistic))
+
+    def _price(self, rows: int, positions: int, optimistic: bool = False) -> float:
+        """:meth:`verify_s` before "Stale points" (class docstring)."""
         if rows > 1:
             window = self._recent.get(("verify", rows, positions))
             if window is not None and len(window) >= self.THIN_SAMPLES:
@@ -338,6 +385,32 @@ class BatchCostModel:
             if optimistic:
                 t = min(t, self._served_curve.verify_s(positions))
         return t + self._row_s * max(0, rows - 1)
+
+    def _source(self, rows: int, positions: int) -> tuple | None:
+        """The key in :attr:`_seen` of the samples :meth:`_price` prices ``(rows, positions)`` from: the
+        shape's recent forwards (several rows, measured :attr:`THIN_SAMPLES` times as it is) or the
+        curve's point; None for a count never measured (priced between or beside measured ones)."""
+        shape = ("verify", rows, positions)
+        if rows > 1 and len(self._recent.get(shape, ())) >= self.THIN_SAMPLES:
+            return shape
+        return ("point", positions) if positions in self.verify._verify else None
+
+    def _age(self, rows: int, positions: int) -> int | None:
+        """Verify forwards since the samples ``(rows, positions)`` is priced from were last
+        observed (None: priced from no samples of its own)."""
+        seen = self._seen.get(self._source(rows, positions))
+        return None if seen is None else self._forwards - seen
+
+    def _fresh_cap(self, rows: int, positions: int, optimistic: bool = False) -> float:
+        """When ``(rows, positions)`` is priced from stale samples (more than :data:`STALE_FORWARDS`
+        verify forwards old), the least :meth:`_price` at ``rows`` of a count of more positions priced
+        from fresh ones; inf otherwise (class docstring, "Stale points")."""
+        age = self._age(rows, positions)
+        if age is None or age <= STALE_FORWARDS:
+            return float("inf")
+        ages = {p: self._age(rows, p) for p in self.verify._verify if p > positions}
+        return min((self._price(rows, p, optimistic) for p, a in ages.items() if a is not None and a <= STALE_FORWARDS),
+                   default=float("inf"))
 
     def served(self, positions: int) -> bool:
         """Whether a decode forward of ``positions`` positions was measured in service (not
