@@ -36,8 +36,30 @@ def cuda_pair(request, tmp_path_factory):
     return target, draft
 
 
+def test_cuda_attention_mode_is_the_probes_decision(cuda_pair):
+    """bfloat16 (shape-invariant): each model's attention is one call per sequence exactly when the
+    load-time probe on this GPU finds it bitwise equal to one call per row
+    (:func:`specdec.engine.invariant.probe_sequence_attention`); float32 (not invariant): per row.
+    The batched and greedy tests here then check the exactness of the mode chosen."""
+    from specdec.engine.invariant import attention_mode, probe_sequence_attention
+
+    for loaded in cuda_pair:
+        model = loaded.model
+        if not loaded.invariant:
+            assert attention_mode(model) == "row"
+            continue
+        cfg = model.config
+        probed = probe_sequence_attention(cfg.num_attention_heads, cfg.num_key_value_heads,
+                                          cfg.hidden_size // cfg.num_attention_heads, torch.bfloat16, "cuda",
+                                          scaling=model.model.layers[0].self_attn.scaling)
+        assert attention_mode(model) == ("sequence" if probed else "row")
+        assert model.model.layers[0].self_attn._specdec_attention == attention_mode(model)
+        print(f"attention on {torch.cuda.get_device_name()}, bfloat16: one call per {attention_mode(model)}")
+
+
 def test_batched_rows_on_cuda_equal_each_request_alone(cuda_pair):
-    """Prompts 1..500 tokens, K 0/1/4/8, draft/ngram/none, greedy and seeded sampled, two tenants."""
+    """Prompts 1..500 tokens, K 0/1/4/8, draft/ngram/none, greedy and seeded sampled, two tenants
+    (bfloat16: in the attention mode the probe chose, test_cuda_attention_mode_is_the_probes_decision)."""
     engine = SpeculativeEngine(*cuda_pair)
     alone = [engine.generate(req).token_ids for req, _ in _requests()]
     sched = BatchScheduler(engine, max_batch_positions=64)

@@ -26,7 +26,11 @@ rows:
    ``forward``, no chunking wrapper).
 2. **Attention**: :func:`rowwise_attention` runs one scaled-dot-product call per query row over
    exactly the keys that row may see (on a CPU, bfloat16/float16 rows in float32), so neither the number of
-   query rows nor left padding of a batch changes a row's result.
+   query rows nor left padding of a batch changes a row's result. On an accelerator, where one call
+   per row is bound by launching kernels (H200, bfloat16: 8 sessions x 5 positions 74 ms against
+   34 ms plain; docs/bench/gpu-s22/NOTES.md), a model may instead get one masked call per sequence
+   (:data:`SEQUENCE_ATTENTION`), only where a probe at load time (:func:`probe_sequence_attention`)
+   found every row of such calls bitwise equal to that row's own one-row call.
 
 Everything else in a decoder layer (embedding, RMSNorm, rotary embedding, activations, residual
 adds) works row by row. Tests check the property end to end: logits of every position equal
@@ -36,7 +40,9 @@ weight format (tests/test_formats.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import types
 from dataclasses import dataclass
 
@@ -98,6 +104,35 @@ CPU_ROW_DTYPE: torch.dtype | None = torch.float32
 #: jobs, 8-row forwards of the demo target were no faster with it, 101 vs 100 ms at best;
 #: docs/bench/batching/PROFILE-s11.md).
 ROW_WORKER_MIN_ROWS = 0
+#: How attention computes a forward's query rows, decided per model by :func:`make_invariant`:
+#:
+#: - ``"auto"``: one call per row (:func:`rowwise_attention`) on a CPU, unconditionally (the CPU
+#:   path is tuned and measured, and the probe fails there: torch 2.13 on the 2-core session-22 VM,
+#:   float32, bfloat16, float16 and float64, flash and math backends, 4/2 and 12/2 heads: row 1 of
+#:   a 2- or 5-row call already differs from its one-row call); on any other device one call per sequence
+#:   (:func:`_sequence_call`) when :func:`probe_sequence_attention` finds it exact on the model's
+#:   device, dtype and head shape, else one call per row. Why: on the H200 one attention call per
+#:   query row and layer made a packed forward of 8 sessions x 5 positions cost 74 ms against 34 ms
+#:   plain, and 79 % of a batching run's busy samples (docs/bench/gpu-s22/NOTES.md, prof-top.txt).
+#: - ``"probe"``: probe on every device, the CPU included (tests); ``"sequence"``: one call per
+#:   sequence without probing (tests; exact only where the probe would pass); ``"row"``: never.
+SEQUENCE_ATTENTION = "auto"
+#: The scaled-dot-product backends (``torch.nn.attention.SDPBackend`` names) one-call-per-sequence
+#: attention is pinned to, by device type; absent: torch's own choice. CUDA: the memory-efficient
+#: kernel, the one kernel that takes an arbitrary mask whatever the number of query rows (flash
+#: takes no mask; unpinned, a shape it refuses would fall back to the math kernel, whose matmuls
+#: pick their blocking by shape). The probe checks the pinned calls; a call the backend refuses
+#: raises there, and the model keeps one call per row. Not yet measured on a GPU.
+SEQUENCE_BACKENDS: dict[str, tuple[str, ...]] = {"cuda": ("EFFICIENT_ATTENTION",)}
+#: ``(cached keys L, new rows n)`` shapes :func:`probe_sequence_attention` checks, every row of
+#: each: decode rows (n = 1), verify blocks (K + 1 <= 33), packed rows, prefill chunks (n = 65,
+#: 257), key counts across tile boundaries of 16..512.
+SEQUENCE_PROBE_SHAPES = tuple((L, n) for L in (0, 1, 37, 200, 513) for n in (1, 2, 5, 9, 17, 32, 65)) + ((0, 257),)
+#: One-call-per-sequence attention masks kept for reuse (a forward's layers share them; each
+#: decode step adds one), at most this many and bytes; the oldest are dropped first, the newest
+#: always kept.
+SEQUENCE_MASKS_KEPT = 64
+SEQUENCE_MASK_BYTES = 1 << 28
 
 
 @dataclass(frozen=True)
@@ -242,7 +277,12 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     kernel reduces a masked tail differently from a shorter key range. The rows' key ranges are
     computed once per forward (:func:`_row_ranges`).
 
+    A model whose probe passed (``module._specdec_attention == "sequence"``, set by
+    :func:`make_invariant`; :data:`SEQUENCE_ATTENTION`) gets one call per sequence instead
+    (:func:`_sequence_rows`): the same rows and results, in the call form the probe checked.
+
     Args:
+        module: the attention module (None: one call per row).
         query: ``[B, H, q, d]``; key, value: ``[B, Hkv, L, d]`` (cache included), or for a
             packed forward (B = 1) :func:`specdec.engine.kv_store.packed_parts` placeholders whose
             parts (each sequence's own cache, possibly stored in float32) hold the keys.
@@ -275,6 +315,10 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     if parts_k is not None and b_size != 1:
         raise ValueError("rowwise attention: packed key parts need a batch of one packed row")
     ranges = _row_ranges(attention_mask, b_size, q_len, kv_len)
+    if getattr(module, "_specdec_attention", None) == "sequence":
+        with _pinned(query.device):
+            rows = _sequence_rows(query, key, value, parts_k, parts_v, ranges, q_len, scaling)
+        return rows.to(out_dtype).view(b_size, q_len, heads, -1), None
     threads = torch.get_num_threads()
     # Short per-row calls, a decode step's single row included: one intra-op thread each
     # (ROWS_ON_ONE_THREAD; a parallel region per row costs more than the row's work on a loaded or
@@ -351,6 +395,220 @@ def _run_one_thread(run, calls):
     return run(calls)
 
 
+def _pinned(device: torch.device):
+    """Context pinning scaled-dot-product attention to :data:`SEQUENCE_BACKENDS` on ``device``."""
+    names = SEQUENCE_BACKENDS.get(device.type)
+    if not names:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, name) for name in names])
+
+
+_masks: dict[tuple, torch.Tensor] = {}
+_mask_bytes = 0
+_masks_lock = threading.Lock()
+
+
+def _sequence_mask(seen: tuple[int, ...], length: int, groups: int, dtype: torch.dtype,
+                   device: torch.device) -> torch.Tensor:
+    """Additive mask ``[1, 1, groups * n, length]`` of :func:`_sequence_call` (0 visible, -inf not):
+    row ``g * n + j`` sees keys ``0 .. seen[j] - 1``. Its rows are 16-element aligned (a view of a
+    wider tensor: the memory-efficient kernel would otherwise pad a copy per call). Kept for reuse
+    (a forward's layers share their masks): at most :data:`SEQUENCE_MASKS_KEPT` masks and
+    :data:`SEQUENCE_MASK_BYTES` bytes, the oldest dropped first."""
+    global _mask_bytes
+    key = (seen, length, groups, dtype, device)
+    mask = _masks.get(key)
+    if mask is None:
+        width, n = -(-length // 16) * 16, len(seen)
+        if seen == tuple(range(seen[0], seen[0] + n)):  # causal rows (every forward's): no copy from the host
+            ends = torch.arange(seen[0], seen[0] + n, device=device)
+        else:
+            ends = torch.tensor(seen).to(device)
+        visible = torch.arange(width, device=device)[None, :] < ends[:, None]  # [n, width]
+        full = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, float("-inf"))
+        mask = full.repeat(groups, 1)[None, None, :, :length]  # [1, 1, groups * n, length] of [.., width]
+        size = mask.untyped_storage().nbytes()
+        with _masks_lock:  # models may run in several threads
+            while _masks and (len(_masks) >= SEQUENCE_MASKS_KEPT or _mask_bytes + size > SEQUENCE_MASK_BYTES):
+                _mask_bytes -= _masks.pop(next(iter(_masks))).untyped_storage().nbytes()
+            if key not in _masks:
+                _masks[key] = mask
+                _mask_bytes += size
+    return mask
+
+
+def _sequence_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: tuple[int, ...],
+                   scaling: float | None) -> torch.Tensor:
+    """One sequence's query rows in one masked scaled-dot-product call (the per-sequence call form).
+
+    The ``G = H / Hkv`` query heads that share a key head are folded into the rows (``[1, Hkv,
+    G * n, d]``: one copy of the queries, none of the keys), so the call needs no grouped-query
+    support (the memory-efficient CUDA kernel has none) and a one-row decode call has the form of
+    a block's. The caller pins the backend (:func:`_pinned`).
+
+    Args:
+        q: ``[1, H, n, d]``; k, v: ``[1, Hkv, length, d]`` / ``[1, Hkv, length, dv]``, q's dtype,
+            the sequence's keys from its first.
+        seen: per row, how many keys (from key 0) it sees, each in ``1..length``.
+        scaling: the softmax scale (None: ``d ** -0.5``).
+
+    Returns:
+        ``[n, Hkv, G, dv]`` (a view): row j, key head, query head within the group.
+    """
+    _, heads, n, d = q.shape
+    kv_heads, length = k.shape[1], k.shape[2]
+    groups = heads // kv_heads
+    mask = _sequence_mask(seen, length, groups, q.dtype, q.device)
+    out = F.scaled_dot_product_attention(q.reshape(1, kv_heads, groups * n, d), k, v, attn_mask=mask, scale=scaling)
+    return out[0].view(kv_heads, groups, n, -1).permute(2, 0, 1, 3)
+
+
+def _sequence_rows(query, key, value, parts_k, parts_v, ranges, q_len, scaling) -> torch.Tensor:
+    """:func:`rowwise_attention`'s rows with one :func:`_sequence_call` per sequence.
+
+    Consecutive rows of one batch row that see keys from the same first key form one call over the
+    keys from that one to the last any of them sees (a packed part: that sequence's own cache from
+    its first key, the layout its decode calls see); consecutive rows that see nothing are zeros.
+
+    Returns:
+        ``[B * q, Hkv, G, dv]`` in ``query``'s dtype (contiguous).
+
+    Raises:
+        ValueError: (parts) a sequence's rows span two packed sequences.
+    """
+    heads, kv_heads, dv = query.shape[1], key.shape[1], value.shape[-1]
+    groups = heads // kv_heads
+    pieces = []
+    part, off, end, pk, pv = -1, 0, 0, None, None  # the key part of the current call (parts only)
+    r, total = 0, len(ranges)
+    while r < total:
+        b, start, (lo, top) = r // q_len, r, ranges[r]
+        empty = top == lo
+        r += 1
+        while r < total and r // q_len == b and ((ranges[r][1] == ranges[r][0]) if empty
+                                                 else (ranges[r][0] == lo and ranges[r][1] > lo)):
+            top = max(top, ranges[r][1])
+            r += 1
+        if empty:  # padding query rows see nothing: their output is unused
+            pieces.append(query.new_zeros(r - start, kv_heads, groups, dv))
+            continue
+        if parts_k is None:
+            k, v = key[b:b + 1, :, lo:top], value[b:b + 1, :, lo:top]
+        else:
+            if lo < off:  # not part after part: search from the first
+                part, off, end = -1, 0, 0
+            while not off <= lo < end:
+                part += 1
+                off, pk = parts_k[part]
+                pv = parts_v[part][1]
+                end = off + pk.shape[2]
+                if pk.dtype != query.dtype or pv.dtype != query.dtype:
+                    pk, pv = pk.to(query.dtype), pv.to(query.dtype)
+            if top > end:
+                raise ValueError("rowwise attention: a row's keys span two packed sequences")
+            k, v = (pk, pv) if lo == off and top == end else (pk[:, :, lo - off:top - off], pv[:, :, lo - off:top - off])
+        i = start - b * q_len
+        seen = tuple(hi - lo for _, hi in ranges[start:r])
+        pieces.append(_sequence_call(query[b:b + 1, :, i:i + r - start], k, v, seen, scaling))
+    return pieces[0].contiguous() if len(pieces) == 1 else torch.cat(pieces)
+
+
+def probe_sequence_attention(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device,
+                             scaling: float | None = None, shapes=SEQUENCE_PROBE_SHAPES, call=None,
+                             seed: int = 0) -> bool:
+    """Whether one call per sequence gives every row the bits of that row's own one-row call.
+
+    For each ``(L, n)`` of ``shapes``: random ``q [1, heads, n, head_dim]`` and keys/values
+    ``[1, kv_heads, L + n, head_dim]``; row j of the n-row call (seeing the first ``L + j + 1``
+    keys, the rest masked) must equal bitwise the one-row call over exactly those ``L + j + 1``
+    keys, the call a decode step of that position makes (as :func:`rowwise_attention` makes one
+    call per row over exactly its keys), so that a position's result does not depend on how many
+    rows (block, prefill chunk, packed sequences) its forward holds. Both calls take the
+    per-sequence call form (``call``, pinned by :func:`_pinned`), the form every row of a model in
+    that mode takes, decode rows included: comparing against today's unmasked per-row call would
+    compare two kernels (on CUDA flash against memory-efficient), not the property.
+
+    Args:
+        heads, kv_heads, head_dim: the model's attention shape.
+        dtype, device: of the rows as the model computes them.
+        scaling: the model's softmax scale (None: ``head_dim ** -0.5``).
+        shapes: ``(L, n)`` pairs (:data:`SEQUENCE_PROBE_SHAPES`).
+        call: the per-sequence call (None: :func:`_sequence_call`; tests inject a perturbed one).
+        seed: of the random probe tensors.
+
+    Returns:
+        True when every probed row is bitwise equal; False at the first that is not, or when a
+        call raises (a backend that refuses the shape); a False is logged at INFO.
+    """
+    call = call or _sequence_call
+    device = torch.device(device)
+    g = torch.Generator().manual_seed(seed)
+    n_max, l_max = max(n for _, n in shapes), max(L + n for L, n in shapes)
+    q_all = torch.randn(1, heads, n_max, head_dim, generator=g).to(dtype=dtype, device=device)
+    k_all = torch.randn(1, kv_heads, l_max, head_dim, generator=g).to(dtype=dtype, device=device)
+    v_all = torch.randn(1, kv_heads, l_max, head_dim, generator=g).to(dtype=dtype, device=device)
+    try:
+        with torch.inference_mode(), _pinned(device):
+            for L, n in shapes:
+                q, k, v = q_all[:, :, :n], k_all[:, :, :L + n], v_all[:, :, :L + n]
+                rows = call(q, k, v, tuple(range(L + 1, L + n + 1)), scaling)
+                for j in range(n):
+                    one = call(q[:, :, j:j + 1], k[:, :, :L + j + 1], v[:, :, :L + j + 1], (L + j + 1,), scaling)
+                    if not torch.equal(rows[j], one[0]):
+                        log.info("per-sequence attention probe: row %d of L=%d, n=%d differs (%s, %s)",
+                                 j, L, n, dtype, device)
+                        return False
+    except RuntimeError as e:
+        log.info("per-sequence attention probe: the call failed (%s, %s): %s", dtype, device, e)
+        return False
+    return True
+
+
+def _attention_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype a model's attention rows are computed in: its embedding's (on a CPU,
+    bfloat16/float16 as :data:`CPU_ROW_DTYPE`)."""
+    emb = model.get_input_embeddings().weight
+    if CPU_ROW_DTYPE is not None and emb.device.type == "cpu" and emb.dtype in (torch.bfloat16, torch.float16):
+        return CPU_ROW_DTYPE
+    return emb.dtype
+
+
+def choose_attention(model: nn.Module, how: str | None = None) -> str:
+    """``"sequence"`` or ``"row"``: how ``model``'s attention computes rows (:data:`SEQUENCE_ATTENTION`).
+
+    Args:
+        model: a transformers causal LM (its config's ``num_attention_heads``,
+            ``num_key_value_heads``, ``head_dim`` or ``hidden_size``).
+        how: ``"auto"``, ``"probe"``, ``"sequence"`` or ``"row"`` (None: :data:`SEQUENCE_ATTENTION`).
+
+    Raises:
+        ValueError: an unknown ``how``.
+    """
+    how = how or SEQUENCE_ATTENTION
+    if how not in ("auto", "probe", "sequence", "row"):
+        raise ValueError(f"attention mode {how!r}: expected auto, probe, sequence or row")
+    device = model.get_input_embeddings().weight.device
+    if how == "row" or (how == "auto" and device.type == "cpu"):
+        return "row"
+    if how == "sequence":
+        return "sequence"
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    scaling = next((m.scaling for m in model.modules() if hasattr(m, "scaling") and hasattr(m, "head_dim")), None)
+    ok = probe_sequence_attention(heads, kv_heads, head_dim, _attention_dtype(model), device, scaling=scaling)
+    return "sequence" if ok else "row"
+
+
+def attention_mode(model: nn.Module) -> str:
+    """How :func:`make_invariant` made ``model``'s attention compute rows: ``"sequence"`` or
+    ``"row"`` (also for a model it did not make invariant)."""
+    return getattr(model, "_specdec_attention", "row")
+
+
 _registered = False
 
 
@@ -367,12 +625,15 @@ def register_attention() -> str:
     return ATTENTION_NAME
 
 
-def make_invariant(model: nn.Module, need_rows: int = 17) -> dict[tuple, RowPlan]:
+def make_invariant(model: nn.Module, need_rows: int = 17, attention: str | None = None) -> dict[tuple, RowPlan]:
     """Make ``model``'s forward shape-invariant in place (see module docstring).
 
     Args:
         model: a transformers causal LM (any weight format of :mod:`specdec.models.formats`).
         need_rows: rows one chunk must take unpadded (K_max + 1).
+        attention: how attention computes rows (:func:`choose_attention`; None:
+            :data:`SEQUENCE_ATTENTION`); the choice is recorded (:func:`attention_mode`) and
+            logged at INFO.
 
     Returns:
         The row plan per ``(kind, in_features, out_features, dtype)`` of the linear layers.
@@ -400,5 +661,11 @@ def make_invariant(model: nn.Module, need_rows: int = 17) -> dict[tuple, RowPlan
             if plans[key].max_rows < UNCHUNKED_ROWS:  # an unchunked row-exact layer keeps its own forward
                 module.forward = types.MethodType(_invariant_forward, module)
     model.set_attn_implementation(register_attention())
-    log.info("shape-invariant forward: %s", {k[1:3]: (p.min_rows, p.max_rows) for k, p in plans.items()})
+    mode = choose_attention(model, attention)
+    model._specdec_attention = mode
+    for module in model.modules():
+        if hasattr(module, "scaling") and hasattr(module, "head_dim"):  # the attention modules
+            module._specdec_attention = mode
+    log.info("shape-invariant forward: %s; attention: one call per %s",
+             {k[1:3]: (p.min_rows, p.max_rows) for k, p in plans.items()}, mode)
     return plans
