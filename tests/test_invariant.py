@@ -158,3 +158,30 @@ def test_row_attention_on_all_threads_when_switched(monkeypatch):
     """ROWS_ON_ONE_THREAD = False: every row's call splits its heads over the torch threads; the
     thread count is restored (the rows' bits: test_rowwise_attention_does_not_depend_on_intra_op_threads)."""
     assert _threads_of_row_calls(monkeypatch, False) == [2, 2]
+
+
+def test_a_short_row_keeps_its_one_thread_bits_beside_a_long_row():
+    """A row's intra-op threads follow its own key count, not the forward's longest row: a
+    100-key row batched with a 2100-key row gets the bits of its own decode call (one thread).
+    float32, where one and two threads give different bits for the same call (torch 2.13, this
+    2-core CPU: every probed key count from 40 to 2100 differs in the last bits)."""
+    import specdec.engine.invariant as inv
+
+    q, k, v = _qkv(2, 1, 2100, heads=12, kv_heads=2, d=128, dtype=torch.float32, seed=3)
+    mask = torch.ones(2, 1, 1, 2100, dtype=torch.bool)
+    mask[0, :, :, 100:] = False  # batch row 0 sees 100 keys, row 1 all 2100
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        both, _ = rowwise_attention(None, q, k, v, mask)
+        alone, _ = rowwise_attention(None, q[:1], k[:1, :, :100], v[:1, :, :100], None)  # a decode row: one thread
+        torch.set_num_threads(1)
+        one_thread = _row_ref(q[:1], k[:1, :, :100], v[:1, :, :100])
+        torch.set_num_threads(2)
+        two_threads = _row_ref(q[:1], k[:1, :, :100], v[:1, :, :100])
+    finally:
+        torch.set_num_threads(before)
+    assert inv.SINGLE_THREAD_MAX_KEYS < 2100
+    assert not torch.equal(one_thread, two_threads)  # the property is not vacuous here
+    assert torch.equal(alone[0, 0], one_thread[0, :, 0])
+    assert torch.equal(both[0, 0], alone[0, 0])

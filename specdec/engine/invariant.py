@@ -69,8 +69,9 @@ FIXED_ROWS = 8
 MAX_CHUNK_ROWS = 32
 #: ``max_rows`` of a layer that is row-exact by construction (``ROW_EXACT``): never chunked.
 UNCHUNKED_ROWS = 1 << 62
-#: Row-wise attention runs on one intra-op thread (:data:`ROWS_ON_ONE_THREAD`) when no row sees
-#: more keys than this (CPU; measured on the 2-core VM: 16 rows of 96..3000 keys, 12/2 heads,
+#: A row-wise attention call whose row sees at most this many keys runs on one intra-op thread
+#: (:data:`ROWS_ON_ONE_THREAD`), a row over more on all of them, whatever else its forward holds
+#: (the thread count changes a call's bits) (CPU; measured on the 2-core VM: 16 rows of 96..3000 keys, 12/2 heads,
 #: d = 128, were faster on one thread than on two, 1.3-5x, the machine shared with other jobs; one
 #: decode row over 100 keys too).
 SINGLE_THREAD_MAX_KEYS = 2048
@@ -324,10 +325,11 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     # (ROWS_ON_ONE_THREAD; a parallel region per row costs more than the row's work on a loaded or
     # shared CPU: 24 one-row calls of the 0.5B draft over 100 keys took 0.33 ms on one thread and
     # 0.51 ms on two at best, 0.49 vs 48 ms median with the machine shared;
-    # docs/bench/formats/PROFILE.md). Exact either way: the kernel computes every (batch, head)
-    # slice of a call on one thread (tests/test_invariant.py).
-    single = (ROWS_ON_ONE_THREAD and query.device.type == "cpu" and threads > 1
-              and max(hi - lo for lo, hi in ranges) <= SINGLE_THREAD_MAX_KEYS)
+    # docs/bench/formats/PROFILE.md). The thread count is each row's own (its key count), never
+    # the forward's: one and two threads give a float32 call different last bits (torch 2.13,
+    # 12/2 heads, d = 128, 40 to 2100 keys), so a short row beside a long one (a batch, a block
+    # across the bound) must still get its decode call's one thread (tests/test_invariant.py).
+    single = ROWS_ON_ONE_THREAD and query.device.type == "cpu" and threads > 1
     calls = []  # per row (q, k, v) or None (a padding row)
     part, off, end, pk, pv = -1, 0, 0, None, None  # the key part of the current row (parts only)
     # every query row as a view, made in one call (b_size 1, as a packed forward: no batch slice)
@@ -360,19 +362,30 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
         return [zeros if c is None else F.scaled_dot_product_attention(c[0], c[1], c[2], scale=scaling,
                                                                        enable_gqa=gqa) for c in some]
 
-    if single:
+    # rows over more than SINGLE_THREAD_MAX_KEYS keys: on all threads (and none of them one-threaded)
+    long_rows = ([j for j, c in enumerate(calls) if c is not None and c[1].shape[2] > SINGLE_THREAD_MAX_KEYS]
+                 if single else [])
+    outs: list = [None] * len(calls)
+    if long_rows:
+        for j, o in zip(long_rows, run([calls[j] for j in long_rows])):
+            outs[j] = o
+    short_rows = [j for j in range(len(calls)) if outs[j] is None] if long_rows else list(range(len(calls)))
+    some = [calls[j] for j in short_rows]
+    if single and some:
         torch.set_num_threads(1)
     try:
-        split = len(calls) // 2 if single and ROW_WORKER_MIN_ROWS and len(calls) >= ROW_WORKER_MIN_ROWS else 0
+        split = len(some) // 2 if single and ROW_WORKER_MIN_ROWS and len(some) >= ROW_WORKER_MIN_ROWS else 0
         if split:  # the second half on the helper thread (the other core), the first half here
-            later = _row_worker().submit(_run_one_thread, run, calls[split:])
-            outs = run(calls[:split])
-            outs += later.result()
+            later = _row_worker().submit(_run_one_thread, run, some[split:])
+            done = run(some[:split])
+            done += later.result()
         else:
-            outs = run(calls)
+            done = run(some)
     finally:
-        if single:
+        if single and some:
             torch.set_num_threads(threads)
+    for j, o in zip(short_rows, done):
+        outs[j] = o
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [1, H, B*q, d]
     return out.to(out_dtype).view(heads, b_size, q_len, -1).permute(1, 2, 0, 3), None
 
