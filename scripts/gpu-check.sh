@@ -26,8 +26,9 @@
 #   GPU_CHECK_SYSTEM_PYTHON=1 GPU_CHECK_WHEELS=.gpu/whl GPU_CHECK_MODELS=random \
 #     GPU_CHECK_META=.gpu/demo-meta bash scripts/gpu-check.sh
 #   (python3 as it is, the wheels in GPU_CHECK_WHEELS installed over it into /tmp/specdec-site:
-#    transformers and pydantic at the project's versions; GPU_CHECK_META from
-#    `python -m benchmarks.random_pair --meta .gpu/demo-meta --export-meta` on a machine with the demo cache)
+#    transformers and pydantic at the project's versions; `bash scripts/gpu-carry.sh` builds .gpu/
+#    (the wheels and the demo pair's configs and tokenizer) on a machine with the registry and the demo cache;
+#    add GPU_CHECK_SIZE=short to fit one 10-minute call)
 #
 # Needs: NVIDIA driver (nvidia-smi), Python >= 3.11, the package registry (or a wheel folder),
 # about 25 GB of disk (venv, demo pair cache) and 20 GB of GPU memory.
@@ -47,6 +48,15 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 
 MODELS=${GPU_CHECK_MODELS:-demo}
+# GPU_CHECK_SIZE=short: one prompt, fewer tokens and repeats, no unrelated-draft bench and no sweep of the
+# engine tests on the GPU: fits one 10-minute call on a lent machine (session 22's H200 ran these steps
+# in about 6 minutes with the random pair); the default (full) needs about 20.
+if [ "${GPU_CHECK_SIZE:-full}" = short ]; then
+  PROMPTS=code-prime TOKENS=48 KS=2,4 REPEATS=1 CLIENTS=1,4,8 BTOKENS=32 SHORT=1
+  : "${GPU_CHECK_TEST_TIMEOUT:=240}"
+else
+  PROMPTS=code-prime,poem-sea TOKENS=64 KS=2,4,8 REPEATS=2 CLIENTS=1,2,4,8 BTOKENS=64 SHORT=
+fi
 if [ -n "${GPU_CHECK_SYSTEM_PYTHON:-}" ]; then
   step "python3 as it is, the project from the working tree"
   if [ -n "${GPU_CHECK_WHEELS:-}" ]; then
@@ -134,8 +144,8 @@ timeout "$T" python -m benchmarks.forward_costs --target "$TARGET" --draft "$DRA
   --out "$OUT/forward" || echo "forward_costs failed: rc=$?"
 
 step "tokens/s: target alone vs speculation (specdec bench --device cuda)"
-timeout "$T" specdec bench --device cuda --target "$TARGET" --draft "$DRAFT" --prompts code-prime,poem-sea \
-  --tokens 64 --ks 2,4,8 --proposers draft,none --adaptive 0 --hf assisted --repeats 2 --no-plot --out "$OUT/bench" \
+timeout "$T" specdec bench --device cuda --target "$TARGET" --draft "$DRAFT" --prompts "$PROMPTS" \
+  --tokens "$TOKENS" --ks "$KS" --proposers draft,none --adaptive 0 --hf assisted --repeats "$REPEATS" --no-plot --out "$OUT/bench" \
   || echo "bench failed: rc=$?"
 [ -f "$OUT/bench/bench.json" ] && python - "$OUT/bench/bench.json" <<'EOF' || true
 import json, sys
@@ -148,16 +158,18 @@ for r in report["rows"]:
 EOF
 echo "table: $OUT/bench/table.md"
 step "batched against unbatched clients, in process (benchmarks.batching --device cuda)"
-timeout "$T" python -m benchmarks.batching --device cuda --target "$TARGET" --draft "$DRAFT" --clients 1,2,4,8 \
-  --k 4 --max-tokens 64 --adaptive --out "$OUT/batching" || echo "batching failed: rc=$?"
+timeout "$T" python -m benchmarks.batching --device cuda --target "$TARGET" --draft "$DRAFT" --clients "$CLIENTS" \
+  --k 4 --max-tokens "$BTOKENS" --adaptive --out "$OUT/batching" || echo "batching failed: rc=$?"
 
-if [ -n "$FAR_DRAFT" ]; then
+if [ -n "$FAR_DRAFT" ] && [ -z "$SHORT" ]; then
   step "speculation with an unrelated draft (acceptance about 0): what adaptive K must turn off"
   timeout "$T" specdec bench --device cuda --target "$TARGET" --draft "$FAR_DRAFT" --prompts code-prime \
     --tokens 64 --ks 4 --proposers draft,none --adaptive 0 --skip-hf --repeats 2 --no-plot --out "$OUT/bench-far" \
     || echo "bench (unrelated draft) failed: rc=$?"
 fi
 
+SWEEP_RC=0
+if [ -z "$SHORT" ]; then
 step "the engine and batching tests again, every tiny model on the GPU (SPECDEC_TEST_DEVICE=cuda)"
 set +e
 SPECDEC_TEST_DEVICE=cuda timeout "$T" python -m pytest -p no:cacheprovider -q -rfE \
@@ -165,6 +177,7 @@ SPECDEC_TEST_DEVICE=cuda timeout "$T" python -m pytest -p no:cacheprovider -q -r
   tests/test_batch_forward.py tests/test_block_validation.py tests/test_incremental.py tests/test_stopping.py
 SWEEP_RC=$?
 set -e
+fi
 [ "$TESTS_RC" -eq 0 ] && TESTS_RC=$SWEEP_RC
 
 step "done: tests rc=$TESTS_RC; output in $OUT/"

@@ -32,10 +32,11 @@ def _command_lines() -> list[str]:
 
 def _argv(line: str, tmp_path: Path) -> list[str]:
     """A command line's words without a leading ``timeout "$T"`` or a trailing ``|| echo ...``,
-    the script's variables replaced (the demo pair's specs, ``$OUT`` by ``tmp_path``)."""
+    the script's variables replaced (the demo pair's specs, the full size's settings, ``$OUT`` by ``tmp_path``)."""
     line = line.split(" || ")[0]
     for var, value in (("$OUT", str(tmp_path)), ("$TARGET", "demo:target"), ("$FAR_DRAFT", "demo:draft"),
-                       ("$DRAFT", "demo:draft")):
+                       ("$DRAFT", "demo:draft"), ("$PROMPTS", "code-prime,poem-sea"), ("$BTOKENS", "64"),
+                       ("$TOKENS", "64"), ("$KS", "2,4,8"), ("$REPEATS", "2"), ("$CLIENTS", "1,2,4,8")):
         line = line.replace(var, value)
     argv = shlex.split(line)
     return argv[2:] if argv[0] == "timeout" else argv
