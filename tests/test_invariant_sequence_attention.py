@@ -246,3 +246,39 @@ def test_sequence_mode_engine_outputs_equal_row_mode(pairs):
     sched.run_until_idle()
     assert [h.result().token_ids for h in handles] == expected
     assert max(len(t.answered) for t in sched.trace) >= 4  # rows really shared forwards
+
+
+def test_a_long_run_of_rows_is_split_into_calls_of_at_most_sequence_call_rows(exact, monkeypatch):
+    """An unchunked prefill's rows go in calls of at most SEQUENCE_CALL_ROWS rows, each over its
+    sequence's keys from the first (its mask at most that many rows by its keys), with the per-row
+    bits; the calls' row counts and key counts are the split's."""
+    calls = []
+
+    def counting(q, k, v, seen, scaling):
+        calls.append((q.shape[2], k.shape[2], seen))
+        return _exact_call(q, k, v, seen, scaling)
+
+    monkeypatch.setattr(invariant, "_sequence_call", counting)
+    monkeypatch.setattr(invariant, "SEQUENCE_CALL_ROWS", 4)
+    q, k, v = _qkv(1, 10, 13)  # 3 cached keys, 10 new rows
+    seq, _ = rowwise_attention(SEQ, q, k, v, None, scaling=0.2)
+    row, _ = rowwise_attention(None, q, k, v, None, scaling=0.2)
+    assert torch.equal(seq, row)
+    assert calls == [(4, 7, (4, 5, 6, 7)), (4, 11, (8, 9, 10, 11)), (2, 13, (12, 13))]
+
+
+def test_sequence_masks_are_kept_least_recently_used_first_out(monkeypatch):
+    """A mask used again is kept over one used less recently (a forward's layers reuse all of its
+    masks: first-in-first-out rebuilt every mask on every layer once a forward held more sessions
+    than the cache keeps)."""
+    monkeypatch.setattr(invariant, "_masks", {})
+    monkeypatch.setattr(invariant, "_mask_bytes", 0)
+    monkeypatch.setattr(invariant, "SEQUENCE_MASKS_KEPT", 2)
+    cpu = torch.device("cpu")
+    a = invariant._sequence_mask((1,), 1, 2, torch.float32, cpu)
+    b = invariant._sequence_mask((2,), 2, 2, torch.float32, cpu)
+    assert invariant._sequence_mask((1,), 1, 2, torch.float32, cpu) is a  # a hit: a is now the newest
+    invariant._sequence_mask((3,), 3, 2, torch.float32, cpu)  # evicts the least recently used: b
+    assert invariant._sequence_mask((1,), 1, 2, torch.float32, cpu) is a
+    assert invariant._sequence_mask((2,), 2, 2, torch.float32, cpu) is not b
+    assert len(invariant._masks) == 2

@@ -40,7 +40,6 @@ weight format (tests/test_formats.py).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import types
@@ -86,8 +85,9 @@ SINGLE_THREAD_MAX_KEYS = 2048
 #: forward, ~50 us of work each) waits for a descheduled thread every time, and sessions 10-12
 #: measured the same 5-60x per call under load, or where idle threads sleep
 #: (``OMP_WAIT_POLICY=PASSIVE``, the served model processes). So one thread per row stays the
-#: default; docs/bench/batching/batch-s13/README.md. Exact either way: the kernel computes every
-#: (batch, head) slice of a call on one thread (tests/test_invariant.py).
+#: default; docs/bench/batching/batch-s13/README.md. A row's thread count is its own (its key count,
+#: :data:`SINGLE_THREAD_MAX_KEYS`), never its forward's: one and two threads give the same call
+#: different last bits (float32, torch 2.13; tests/test_invariant.py).
 ROWS_ON_ONE_THREAD = True
 #: On a CPU, row-wise attention over bfloat16/float16 tensors computes every row in this dtype and
 #: rounds the row's result back: torch's reduced-precision CPU attention kernel cost 5-6x the
@@ -118,17 +118,25 @@ ROW_WORKER_MIN_ROWS = 0
 #: - ``"probe"``: probe on every device, the CPU included (tests); ``"sequence"``: one call per
 #:   sequence without probing (tests; exact only where the probe would pass); ``"row"``: never.
 SEQUENCE_ATTENTION = "auto"
-#: The scaled-dot-product backends (``torch.nn.attention.SDPBackend`` names) one-call-per-sequence
-#: attention is pinned to, by device type; absent: torch's own choice. CUDA: the memory-efficient
-#: kernel, the one kernel that takes an arbitrary mask whatever the number of query rows (flash
-#: takes no mask; unpinned, a shape it refuses would fall back to the math kernel, whose matmuls
-#: pick their blocking by shape). The probe checks the pinned calls; a call the backend refuses
-#: raises there, and the model keeps one call per row. Not yet measured on a GPU.
-SEQUENCE_BACKENDS: dict[str, tuple[str, ...]] = {"cuda": ("EFFICIENT_ATTENTION",)}
+#: Device types whose one-call-per-sequence calls go straight to the memory-efficient kernel
+#: (``aten._scaled_dot_product_efficient_attention``); elsewhere torch's own choice. CUDA: the one
+#: kernel that takes an arbitrary mask whatever the number of query rows (flash takes no mask; left
+#: to choose, a shape it refuses would fall back to the math kernel, whose matmuls pick their
+#: blocking by shape). Called directly, not through ``torch.nn.attention.sdpa_kernel``, whose
+#: backend flags are process-wide: a pin entered and left by two threads in turn leaves the other
+#: thread's calls unpinned and the process pinned (session 22's review). The probe checks these
+#: calls; a call the kernel refuses raises there, and the model keeps one call per row. Not yet
+#: run on a GPU.
+SEQUENCE_EFFICIENT_KERNEL: tuple[str, ...] = ("cuda",)
+#: Query rows of one per-sequence call at most: a longer run of a sequence's rows (an unchunked
+#: prompt prefilled alone) is split, so that its mask is at most this many rows by its keys (a
+#: 32k-token prompt in one call would need a 12 GiB mask; session 22's review).
+SEQUENCE_CALL_ROWS = 64
 #: ``(cached keys L, new rows n)`` shapes :func:`probe_sequence_attention` checks, every row of
 #: each: decode rows (n = 1), verify blocks (K + 1 <= 33), packed rows, prefill chunks (n = 65,
 #: 257), key counts across tile boundaries of 16..512.
-SEQUENCE_PROBE_SHAPES = tuple((L, n) for L in (0, 1, 37, 200, 513) for n in (1, 2, 5, 9, 17, 32, 65)) + ((0, 257),)
+SEQUENCE_PROBE_SHAPES = (tuple((L, n) for L in (0, 1, 37, 200, 513) for n in (1, 2, 5, 9, 17, 32, 64, 65))
+                         + ((0, 257), (2047, 17), (4095, 5), (8191, 2)))
 #: One-call-per-sequence attention masks kept for reuse (a forward's layers share them; each
 #: decode step adds one), at most this many and bytes; the oldest are dropped first, the newest
 #: always kept.
@@ -317,8 +325,7 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
         raise ValueError("rowwise attention: packed key parts need a batch of one packed row")
     ranges = _row_ranges(attention_mask, b_size, q_len, kv_len)
     if getattr(module, "_specdec_attention", None) == "sequence":
-        with _pinned(query.device):
-            rows = _sequence_rows(query, key, value, parts_k, parts_v, ranges, q_len, scaling)
+        rows = _sequence_rows(query, key, value, parts_k, parts_v, ranges, q_len, scaling)
         return rows.to(out_dtype).view(b_size, q_len, heads, -1), None
     threads = torch.get_num_threads()
     # Short per-row calls, a decode step's single row included: one intra-op thread each
@@ -408,16 +415,6 @@ def _run_one_thread(run, calls):
     return run(calls)
 
 
-def _pinned(device: torch.device):
-    """Context pinning scaled-dot-product attention to :data:`SEQUENCE_BACKENDS` on ``device``."""
-    names = SEQUENCE_BACKENDS.get(device.type)
-    if not names:
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([getattr(SDPBackend, name) for name in names])
-
-
 _masks: dict[tuple, torch.Tensor] = {}
 _mask_bytes = 0
 _masks_lock = threading.Lock()
@@ -429,10 +426,13 @@ def _sequence_mask(seen: tuple[int, ...], length: int, groups: int, dtype: torch
     row ``g * n + j`` sees keys ``0 .. seen[j] - 1``. Its rows are 16-element aligned (a view of a
     wider tensor: the memory-efficient kernel would otherwise pad a copy per call). Kept for reuse
     (a forward's layers share their masks): at most :data:`SEQUENCE_MASKS_KEPT` masks and
-    :data:`SEQUENCE_MASK_BYTES` bytes, the oldest dropped first."""
+    :data:`SEQUENCE_MASK_BYTES` bytes, the least recently used dropped first."""
     global _mask_bytes
     key = (seen, length, groups, dtype, device)
-    mask = _masks.get(key)
+    with _masks_lock:
+        mask = _masks.pop(key, None)
+        if mask is not None:
+            _masks[key] = mask  # most recently used last
     if mask is None:
         width, n = -(-length // 16) * 16, len(seen)
         if seen == tuple(range(seen[0], seen[0] + n)):  # causal rows (every forward's): no copy from the host
@@ -459,7 +459,8 @@ def _sequence_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: tupl
     The ``G = H / Hkv`` query heads that share a key head are folded into the rows (``[1, Hkv,
     G * n, d]``: one copy of the queries, none of the keys), so the call needs no grouped-query
     support (the memory-efficient CUDA kernel has none) and a one-row decode call has the form of
-    a block's. The caller pins the backend (:func:`_pinned`).
+    a block's. On :data:`SEQUENCE_EFFICIENT_KERNEL` devices the memory-efficient kernel is called
+    directly.
 
     Args:
         q: ``[1, H, n, d]``; k, v: ``[1, Hkv, length, d]`` / ``[1, Hkv, length, dv]``, q's dtype,
@@ -474,7 +475,12 @@ def _sequence_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: tupl
     kv_heads, length = k.shape[1], k.shape[2]
     groups = heads // kv_heads
     mask = _sequence_mask(seen, length, groups, q.dtype, q.device)
-    out = F.scaled_dot_product_attention(q.reshape(1, kv_heads, groups * n, d), k, v, attn_mask=mask, scale=scaling)
+    rows = q.reshape(1, kv_heads, groups * n, d)
+    if q.device.type in SEQUENCE_EFFICIENT_KERNEL:
+        out = torch.ops.aten._scaled_dot_product_efficient_attention(
+            rows, k, v, mask.expand(1, kv_heads, groups * n, length), False, scale=scaling)[0]
+    else:
+        out = F.scaled_dot_product_attention(rows, k, v, attn_mask=mask, scale=scaling)
     return out[0].view(kv_heads, groups, n, -1).permute(2, 0, 1, 3)
 
 
@@ -483,7 +489,8 @@ def _sequence_rows(query, key, value, parts_k, parts_v, ranges, q_len, scaling) 
 
     Consecutive rows of one batch row that see keys from the same first key form one call over the
     keys from that one to the last any of them sees (a packed part: that sequence's own cache from
-    its first key, the layout its decode calls see); consecutive rows that see nothing are zeros.
+    its first key, the layout its decode calls see), at most :data:`SEQUENCE_CALL_ROWS` rows a call;
+    consecutive rows that see nothing are zeros.
 
     Returns:
         ``[B * q, Hkv, G, dv]`` in ``query``'s dtype (contiguous).
@@ -522,9 +529,12 @@ def _sequence_rows(query, key, value, parts_k, parts_v, ranges, q_len, scaling) 
             if top > end:
                 raise ValueError("rowwise attention: a row's keys span two packed sequences")
             k, v = (pk, pv) if lo == off and top == end else (pk[:, :, lo - off:top - off], pv[:, :, lo - off:top - off])
-        i = start - b * q_len
-        seen = tuple(hi - lo for _, hi in ranges[start:r])
-        pieces.append(_sequence_call(query[b:b + 1, :, i:i + r - start], k, v, seen, scaling))
+        for c0 in range(start, r, SEQUENCE_CALL_ROWS):  # the run of rows in calls of at most that many
+            c1 = min(r, c0 + SEQUENCE_CALL_ROWS)
+            seen = tuple(hi - lo for _, hi in ranges[c0:c1])
+            i, last = c0 - b * q_len, max(seen)
+            pieces.append(_sequence_call(query[b:b + 1, :, i:i + c1 - c0], k[:, :, :last], v[:, :, :last], seen,
+                                         scaling))
     return pieces[0].contiguous() if len(pieces) == 1 else torch.cat(pieces)
 
 
@@ -539,7 +549,7 @@ def probe_sequence_attention(heads: int, kv_heads: int, head_dim: int, dtype: to
     keys, the call a decode step of that position makes (as :func:`rowwise_attention` makes one
     call per row over exactly its keys), so that a position's result does not depend on how many
     rows (block, prefill chunk, packed sequences) its forward holds. Both calls take the
-    per-sequence call form (``call``, pinned by :func:`_pinned`), the form every row of a model in
+    per-sequence call form (``call``: on CUDA the memory-efficient kernel), the form every row of a model in
     that mode takes, decode rows included: comparing against today's unmasked per-row call would
     compare two kernels (on CUDA flash against memory-efficient), not the property.
 
@@ -563,7 +573,7 @@ def probe_sequence_attention(heads: int, kv_heads: int, head_dim: int, dtype: to
     k_all = torch.randn(1, kv_heads, l_max, head_dim, generator=g).to(dtype=dtype, device=device)
     v_all = torch.randn(1, kv_heads, l_max, head_dim, generator=g).to(dtype=dtype, device=device)
     try:
-        with torch.inference_mode(), _pinned(device):
+        with torch.inference_mode():
             for L, n in shapes:
                 q, k, v = q_all[:, :, :n], k_all[:, :, :L + n], v_all[:, :, :L + n]
                 rows = call(q, k, v, tuple(range(L + 1, L + n + 1)), scaling)
@@ -573,7 +583,7 @@ def probe_sequence_attention(heads: int, kv_heads: int, head_dim: int, dtype: to
                         log.info("per-sequence attention probe: row %d of L=%d, n=%d differs (%s, %s)",
                                  j, L, n, dtype, device)
                         return False
-    except RuntimeError as e:
+    except Exception as e:  # noqa: BLE001 - a kernel that refuses the call, or an op this torch lacks
         log.info("per-sequence attention probe: the call failed (%s, %s): %s", dtype, device, e)
         return False
     return True
