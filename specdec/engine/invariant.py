@@ -338,7 +338,7 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     # across the bound) must still get its decode call's one thread (tests/test_invariant.py).
     single = ROWS_ON_ONE_THREAD and query.device.type == "cpu" and threads > 1
     calls = []  # per row (q, k, v) or None (a padding row)
-    part, off, end, pk, pv = -1, 0, 0, None, None  # the key part of the current row (parts only)
+    keys = _KeyRanges(key, value, parts_k, parts_v, row_dtype)
     # every query row as a view, made in one call (b_size 1, as a packed forward: no batch slice)
     rows_q = query.split(1, dim=2) if b_size == 1 else None
     for r, (lo, hi) in enumerate(ranges):
@@ -346,22 +346,7 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
         if hi == lo:  # a padding query row sees nothing: its output is unused
             calls.append(None)
             continue
-        if parts_k is None:
-            k, v = key[b:b + 1, :, lo:hi], value[b:b + 1, :, lo:hi]
-        else:
-            if lo < off:  # not part after part (never in a packed forward): search from the first
-                part, off, end = -1, 0, 0
-            while not off <= lo < end:  # rows come part after part: move to the part holding lo
-                part += 1
-                off, pk = parts_k[part]
-                pv = parts_v[part][1]
-                end = off + pk.shape[2]
-                if pk.dtype != row_dtype or pv.dtype != row_dtype:
-                    pk, pv = pk.to(row_dtype), pv.to(row_dtype)
-            if hi > end:
-                raise ValueError("rowwise attention: a row's keys span two packed sequences")
-            # a row that sees its whole part (a decode row, a block's last row) takes the part itself
-            k, v = (pk, pv) if lo == off and hi == end else (pk[:, :, lo - off:hi - off], pv[:, :, lo - off:hi - off])
+        k, v = keys.take(b, lo, hi)
         calls.append((rows_q[i] if rows_q is not None else query[b:b + 1, :, i:i + 1], k, v))
     zeros = query.new_zeros(1, heads, 1, value.shape[-1]) if None in calls else None
 
@@ -484,6 +469,42 @@ def _sequence_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: tupl
     return out[0].view(kv_heads, groups, n, -1).permute(2, 0, 1, 3)
 
 
+class _KeyRanges:
+    """The keys and values a row (or a sequence's rows) sees, ``[1, Hkv, hi - lo, d]``, from one
+    tensor (``key[b, :, lo:hi]``) or, in a packed forward, from the sequences' own cache parts
+    (:func:`specdec.engine.kv_store.packed_parts`), converted to ``dtype`` once per part. Rows are
+    asked for part after part (a packed forward's order); an earlier range restarts the search."""
+
+    def __init__(self, key, value, parts_k, parts_v, dtype: torch.dtype):
+        self.key, self.value, self.parts_k, self.parts_v, self.dtype = key, value, parts_k, parts_v, dtype
+        self.part, self.off, self.end, self.pk, self.pv = -1, 0, 0, None, None  # the current part
+
+    def take(self, b: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``lo:hi`` of batch row ``b``.
+
+        Raises:
+            ValueError: (parts) the range spans two packed sequences.
+        """
+        if self.parts_k is None:
+            return self.key[b:b + 1, :, lo:hi], self.value[b:b + 1, :, lo:hi]
+        if lo < self.off:  # not part after part (never in a packed forward): search from the first
+            self.part, self.off, self.end = -1, 0, 0
+        while not self.off <= lo < self.end:  # move to the part holding lo
+            self.part += 1
+            self.off, pk = self.parts_k[self.part]
+            pv = self.parts_v[self.part][1]
+            self.end = self.off + pk.shape[2]
+            if pk.dtype != self.dtype or pv.dtype != self.dtype:
+                pk, pv = pk.to(self.dtype), pv.to(self.dtype)
+            self.pk, self.pv = pk, pv
+        if hi > self.end:
+            raise ValueError("rowwise attention: a row's keys span two packed sequences")
+        # a range that is its whole part (a decode row, a block's last row) takes the part itself
+        if lo == self.off and hi == self.end:
+            return self.pk, self.pv
+        return self.pk[:, :, lo - self.off:hi - self.off], self.pv[:, :, lo - self.off:hi - self.off]
+
+
 def _sequence_rows(query, key, value, parts_k, parts_v, ranges, q_len, scaling) -> torch.Tensor:
     """:func:`rowwise_attention`'s rows with one :func:`_sequence_call` per sequence.
 
@@ -501,7 +522,7 @@ def _sequence_rows(query, key, value, parts_k, parts_v, ranges, q_len, scaling) 
     heads, kv_heads, dv = query.shape[1], key.shape[1], value.shape[-1]
     groups = heads // kv_heads
     pieces = []
-    part, off, end, pk, pv = -1, 0, 0, None, None  # the key part of the current call (parts only)
+    keys = _KeyRanges(key, value, parts_k, parts_v, query.dtype)
     r, total = 0, len(ranges)
     while r < total:
         b, start, (lo, top) = r // q_len, r, ranges[r]
@@ -514,21 +535,7 @@ def _sequence_rows(query, key, value, parts_k, parts_v, ranges, q_len, scaling) 
         if empty:  # padding query rows see nothing: their output is unused
             pieces.append(query.new_zeros(r - start, kv_heads, groups, dv))
             continue
-        if parts_k is None:
-            k, v = key[b:b + 1, :, lo:top], value[b:b + 1, :, lo:top]
-        else:
-            if lo < off:  # not part after part: search from the first
-                part, off, end = -1, 0, 0
-            while not off <= lo < end:
-                part += 1
-                off, pk = parts_k[part]
-                pv = parts_v[part][1]
-                end = off + pk.shape[2]
-                if pk.dtype != query.dtype or pv.dtype != query.dtype:
-                    pk, pv = pk.to(query.dtype), pv.to(query.dtype)
-            if top > end:
-                raise ValueError("rowwise attention: a row's keys span two packed sequences")
-            k, v = (pk, pv) if lo == off and top == end else (pk[:, :, lo - off:top - off], pv[:, :, lo - off:top - off])
+        k, v = keys.take(b, lo, top)
         for c0 in range(start, r, SEQUENCE_CALL_ROWS):  # the run of rows in calls of at most that many
             c1 = min(r, c0 + SEQUENCE_CALL_ROWS)
             seen = tuple(hi - lo for _, hi in ranges[c0:c1])
