@@ -137,8 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.out is None:
         p.error("--out is required")
-    for role, folder in build(a.meta, a.out, device=a.device, seed=a.seed, prefix_layers=a.prefix_layers,
-                              damp=a.damp).items():
+    if not (a.meta / "target" / "config.json").is_file() or not (a.meta / "draft" / "config.json").is_file():
+        p.error(f"--meta {a.meta}: needs target/config.json and draft/config.json (write them with --export-meta)")
+    try:
+        folders = build(a.meta, a.out, device=a.device, seed=a.seed, prefix_layers=a.prefix_layers, damp=a.damp)
+    except ValueError as e:
+        p.error(str(e))
+    for role, folder in folders.items():
         print(f"{role}: {folder}", file=sys.stderr)
     return 0
 

@@ -113,3 +113,27 @@ def test_gpu_check_benchmark_commands_parse(tmp_path, monkeypatch):
         args, unknown = parsed["args"]
         assert unknown == [], (argv[2], unknown)
         assert getattr(args, "device", None) == "cuda", argv
+
+
+def test_random_pair_refuses_a_meta_folder_without_configs_and_a_bad_prefix(tmp_path, capsys):
+    """benchmarks.random_pair's bad input: a --meta without the pair's configs, and a prefix of no
+    layers or of all of them, end in a usage error (exit 2) that names the fix, before any weights."""
+    import json
+
+    import pytest
+
+    from benchmarks import random_pair
+
+    with pytest.raises(SystemExit) as e:
+        random_pair.main(["--meta", str(tmp_path / "none"), "--out", str(tmp_path / "out")])
+    assert e.value.code == 2 and "needs target/config.json and draft/config.json" in capsys.readouterr().err
+    for role in ("target", "draft"):
+        (tmp_path / "meta" / role).mkdir(parents=True)
+        (tmp_path / "meta" / role / "config.json").write_text(json.dumps(
+            {"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 8, "intermediate_size": 16,
+             "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 32}))
+    for bad in ("0", "2"):
+        with pytest.raises(SystemExit) as e:
+            random_pair.main(["--meta", str(tmp_path / "meta"), "--out", str(tmp_path / "out"), "--prefix-layers", bad])
+        assert e.value.code == 2 and f"--prefix-layers {bad} must be in 1..1" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
