@@ -12,9 +12,11 @@ median seconds and its cost over the one-row, one-position decode. The cache is 
 every forward, so every repetition sees the same context.
 
 Both the shape-invariant forward (the engine's default for every reduced-precision format:
-:mod:`specdec.engine.invariant`, row-chunked linear layers and per-row attention) and the plain
-transformers forward of the same weights (``invariant=False``) are timed, so the price of
-exactness on the device is measured side by side.
+:mod:`specdec.engine.invariant`, row-chunked linear layers, attention in the mode its load-time
+probe chose) and the plain transformers forward of the same weights (``invariant=False``) are
+timed, so the price of exactness on the device is measured side by side; where the probe chose
+one attention call per sequence (a GPU that passes it), the invariant forward with one call per
+row is timed too, so what that mode saves shows in the same run.
 """
 
 from __future__ import annotations
@@ -96,12 +98,23 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.models.loader import load_model
     from specdec.models.spec import parse_model_spec
 
+    from specdec.engine import invariant as inv
+
     results = {}
     roles = [("target", a.target)] + ([("draft", a.draft)] if a.draft != "none" else [])
     for role, spec in roles:
-        for invariant in (True, False):
-            m = load_model(parse_model_spec(spec), weight_format=a.format, device=a.device, invariant=invariant)
-            name = f"{role} {m.weight_format} {'invariant' if invariant else 'plain'}"
+        variants = [(True, None), (False, None)]
+        while variants:
+            invariant, attention = variants.pop(0)
+            chosen, inv.SEQUENCE_ATTENTION = inv.SEQUENCE_ATTENTION, attention or inv.SEQUENCE_ATTENTION
+            try:
+                m = load_model(parse_model_spec(spec), weight_format=a.format, device=a.device, invariant=invariant)
+            finally:
+                inv.SEQUENCE_ATTENTION = chosen
+            mode = inv.attention_mode(m.model)
+            if invariant and attention is None and mode == "sequence":  # also time one call per row
+                variants.insert(0, (True, "row"))
+            name = f"{role} {m.weight_format} " + (f"invariant (attention per {mode})" if invariant else "plain")
             rows = time_shapes(m, context=a.context, repeats=a.repeats,
                                positions=POSITIONS if role == "target" else (1,))
             results[name] = rows
