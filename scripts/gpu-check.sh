@@ -68,7 +68,9 @@ if [ -n "${GPU_CHECK_SYSTEM_PYTHON:-}" ]; then
   fi
   # `python` and `specdec` as commands (timeout runs commands, not shell functions)
   mkdir -p /tmp/specdec-bin
-  ln -sf "$(command -v python3)" /tmp/specdec-bin/python
+  # a wrapper, not a link: a link to a venv's python (an image's /opt/torch/.venv) runs outside that venv
+  printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" >/tmp/specdec-bin/python
+  chmod +x /tmp/specdec-bin/python
   printf '#!/bin/sh\nexec python3 -m specdec.cli "$@"\n' >/tmp/specdec-bin/specdec
   chmod +x /tmp/specdec-bin/specdec
   export PATH=/tmp/specdec-bin:$PATH

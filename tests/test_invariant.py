@@ -15,12 +15,35 @@ def _qkv(b, q, length, heads=4, kv_heads=2, d=16, dtype=torch.bfloat16, seed=0):
             torch.randn(b, kv_heads, length, d, generator=g).to(dtype))
 
 
+def _folded(q, k, v, scale=None):
+    """One row's call with its query heads folded into the rows of their key head: ``[1, H, 1, d]``
+    as ``[1, Hkv, H / Hkv, d]`` (row-wise attention's call form, specdec.engine.invariant.row_call)."""
+    h, hkv = q.shape[1], k.shape[1]
+    out = F.scaled_dot_product_attention(q.reshape(1, hkv, h // hkv, q.shape[-1]), k, v, scale=scale)
+    return out.reshape(1, h, 1, v.shape[-1])
+
+
 def _row_ref(q, k, v, scale=None):
     """The call row-wise attention makes for one row on a CPU: bfloat16/float16 in float32, rounded back."""
     dt = q.dtype
     if dt in (torch.bfloat16, torch.float16):
         q, k, v = q.float(), k.float(), v.float()
-    return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True).to(dt)
+    return _folded(q, k, v, scale=scale).to(dt)
+
+
+def test_a_rows_folded_call_is_its_grouped_query_attention():
+    """The folded call (query head h attends with key head h // G) computes the row's grouped-query
+    attention: equal to torch's grouped-query call up to float32 rounding, for 12/2 and 4/2 heads
+    and one key head per query head; a wrong head mapping would differ by O(1)."""
+    from specdec.engine.invariant import row_call
+
+    for heads, kv_heads in ((12, 2), (4, 2), (4, 4)):
+        q, k, v = _qkv(1, 1, 77, heads=heads, kv_heads=kv_heads, d=32, dtype=torch.float32, seed=heads)
+        out = row_call(q, k, v, 0.2)
+        ref = F.scaled_dot_product_attention(q, k, v, scale=0.2, enable_gqa=True)
+        assert out.shape == (1, heads, 1, 32)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+        assert torch.equal(out, _folded(q, k, v, scale=0.2))
 
 
 def test_rowwise_attention_rows_equal_one_call_per_row_over_visible_keys():
@@ -65,8 +88,7 @@ def test_rowwise_attention_computes_bfloat16_rows_in_float32_on_cpu():
         for i in range(3):
             hi = 150 - 3 + i + 1
             args = (q[b:b + 1, :, i:i + 1], k[b:b + 1, :, :hi], v[b:b + 1, :, :hi])
-            in_f32 = F.scaled_dot_product_attention(*(t.float() for t in args), scale=0.088,
-                                                    enable_gqa=True).to(torch.bfloat16)
+            in_f32 = _folded(*(t.float() for t in args), scale=0.088).to(torch.bfloat16)
             assert torch.equal(out[b, i], in_f32[0, :, 0]), (b, i)
             in_bf16 = F.scaled_dot_product_attention(*args, scale=0.088, enable_gqa=True)
             differ += int((in_bf16[0, :, 0] != out[b, i]).sum())
@@ -74,8 +96,7 @@ def test_rowwise_attention_computes_bfloat16_rows_in_float32_on_cpu():
     qf, kf, vf = (t.float() for t in (q, k, v))
     out32, _ = rowwise_attention(None, qf, kf, vf, None, scaling=0.088)
     assert out32.dtype == torch.float32
-    assert torch.equal(out32[1, 2], F.scaled_dot_product_attention(qf[1:, :, 2:3], kf[1:], vf[1:], scale=0.088,
-                                                                   enable_gqa=True)[0, :, 0])
+    assert torch.equal(out32[1, 2], _folded(qf[1:, :, 2:3], kf[1:], vf[1:], scale=0.088)[0, :, 0])
 
 
 def test_row_ranges_are_computed_once_per_mask_and_checked():
@@ -163,25 +184,28 @@ def test_row_attention_on_all_threads_when_switched(monkeypatch):
 def test_a_short_row_keeps_its_one_thread_bits_beside_a_long_row():
     """A row's intra-op threads follow its own key count, not the forward's longest row: a
     100-key row batched with a 2100-key row gets the bits of its own decode call (one thread).
-    float32, where one and two threads give different bits for the same call (torch 2.13, this
-    2-core CPU: every probed key count from 40 to 2100 differs in the last bits)."""
+    The row's folded call (row_call) gives the same bits on one and two threads (its threads
+    split key heads); torch's grouped-query call, which row-wise attention made until session 23,
+    does not (torch 2.13, float32: every probed key count from 40 to 2100 differs)."""
     import specdec.engine.invariant as inv
 
     q, k, v = _qkv(2, 1, 2100, heads=12, kv_heads=2, d=128, dtype=torch.float32, seed=3)
     mask = torch.ones(2, 1, 1, 2100, dtype=torch.bool)
     mask[0, :, :, 100:] = False  # batch row 0 sees 100 keys, row 1 all 2100
+    row = (q[:1], k[:1, :, :100], v[:1, :, :100])
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
         both, _ = rowwise_attention(None, q, k, v, mask)
-        alone, _ = rowwise_attention(None, q[:1], k[:1, :, :100], v[:1, :, :100], None)  # a decode row: one thread
+        alone, _ = rowwise_attention(None, *row, None)  # a decode row: one thread
         torch.set_num_threads(1)
-        one_thread = _row_ref(q[:1], k[:1, :, :100], v[:1, :, :100])
+        one_thread, gqa_one = _row_ref(*row), F.scaled_dot_product_attention(*row, enable_gqa=True)
         torch.set_num_threads(2)
-        two_threads = _row_ref(q[:1], k[:1, :, :100], v[:1, :, :100])
+        two_threads, gqa_two = _row_ref(*row), F.scaled_dot_product_attention(*row, enable_gqa=True)
     finally:
         torch.set_num_threads(before)
     assert inv.SINGLE_THREAD_MAX_KEYS < 2100
-    assert not torch.equal(one_thread, two_threads)  # the property is not vacuous here
+    assert not torch.equal(gqa_one, gqa_two)  # the grouped-query call's bits follow the threads
+    assert torch.equal(one_thread, two_threads)  # the folded call's do not
     assert torch.equal(alone[0, 0], one_thread[0, :, 0])
     assert torch.equal(both[0, 0], alone[0, 0])

@@ -25,6 +25,7 @@ from specdec.engine.invariant import (
     attention_mode,
     make_invariant,
     probe_sequence_attention,
+    row_call,
     rowwise_attention,
 )
 from specdec.engine.kv_cache import CachedSequence, feed_many
@@ -55,7 +56,7 @@ def _one_row(q, k, v, scale):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+        return row_call(q, k, v, scale)
     finally:
         torch.set_num_threads(threads)
 

@@ -86,8 +86,9 @@ SINGLE_THREAD_MAX_KEYS = 2048
 #: measured the same 5-60x per call under load, or where idle threads sleep
 #: (``OMP_WAIT_POLICY=PASSIVE``, the served model processes). So one thread per row stays the
 #: default; docs/bench/batching/batch-s13/README.md. A row's thread count is its own (its key count,
-#: :data:`SINGLE_THREAD_MAX_KEYS`), never its forward's: one and two threads give the same call
-#: different last bits (float32, torch 2.13; tests/test_invariant.py).
+#: :data:`SINGLE_THREAD_MAX_KEYS`), never its forward's: one and two threads gave torch's grouped-query
+#: call different last bits (float32, torch 2.13; tests/test_invariant.py); the folded call
+#: (:func:`row_call`, since session 23) gives the same bits on both, but the rule stays a guard.
 ROWS_ON_ONE_THREAD = True
 #: On a CPU, row-wise attention over bfloat16/float16 tensors computes every row in this dtype and
 #: rounds the row's result back: torch's reduced-precision CPU attention kernel cost 5-6x the
@@ -273,6 +274,32 @@ def _row_ranges(attention_mask: torch.Tensor | None, b_size: int, q_len: int, kv
     return ranges
 
 
+def row_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    """One query row's attention call, as :func:`rowwise_attention` makes it for every row.
+
+    With grouped-query attention the row's ``G = H / Hkv`` query heads that share a key head are
+    folded into G query rows of that head (``[1, H, 1, d]`` -> ``[1, Hkv, G, d]``, a view): one
+    plain call, no grouped-query expansion. Every row of every forward takes this same form, so a
+    row's bits depend only on its query and its keys. Why folded: half the time of the
+    grouped-query call on a CPU (torch 2.13, one thread, 12/2 heads, d = 128: 150 keys 39 vs 75 us,
+    300 keys 69 vs 150 us, 1200 keys 261 vs 548 us; session 23), and a decode step of the demo
+    target makes 28 such calls per row.
+
+    Args:
+        q: ``[1, H, 1, d]``; k, v: ``[1, Hkv, L, d]`` / ``[1, Hkv, L, dv]`` (the row's visible
+            keys), q's dtype; H a multiple of Hkv.
+        scaling: the softmax scale (None: ``d ** -0.5``).
+
+    Returns:
+        ``[1, H, 1, dv]``.
+    """
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads == kv_heads:
+        return F.scaled_dot_product_attention(q, k, v, scale=scaling)
+    out = F.scaled_dot_product_attention(q.view(1, kv_heads, heads // kv_heads, q.shape[-1]), k, v, scale=scaling)
+    return out.view(1, heads, 1, v.shape[-1])
+
+
 def rowwise_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Attention computed one query row at a time (transformers ``AttentionInterface`` signature).
 
@@ -333,9 +360,10 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     # shared CPU: 24 one-row calls of the 0.5B draft over 100 keys took 0.33 ms on one thread and
     # 0.51 ms on two at best, 0.49 vs 48 ms median with the machine shared;
     # docs/bench/formats/PROFILE.md). The thread count is each row's own (its key count), never
-    # the forward's: one and two threads give a float32 call different last bits (torch 2.13,
-    # 12/2 heads, d = 128, 40 to 2100 keys), so a short row beside a long one (a batch, a block
-    # across the bound) must still get its decode call's one thread (tests/test_invariant.py).
+    # the forward's: one and two threads gave torch's grouped-query float32 call different last
+    # bits (torch 2.13, 12/2 heads, d = 128, 40 to 2100 keys; the folded row_call does not), so a
+    # short row beside a long one (a batch, a block across the bound) still gets its decode
+    # call's one thread (tests/test_invariant.py).
     single = ROWS_ON_ONE_THREAD and query.device.type == "cpu" and threads > 1
     calls = []  # per row (q, k, v) or None (a padding row)
     keys = _KeyRanges(key, value, parts_k, parts_v, row_dtype)
@@ -351,8 +379,7 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     zeros = query.new_zeros(1, heads, 1, value.shape[-1]) if None in calls else None
 
     def run(some):
-        return [zeros if c is None else F.scaled_dot_product_attention(c[0], c[1], c[2], scale=scaling,
-                                                                       enable_gqa=gqa) for c in some]
+        return [zeros if c is None else row_call(c[0], c[1], c[2], scaling) for c in some]
 
     # rows over more than SINGLE_THREAD_MAX_KEYS keys: on all threads (and none of them one-threaded)
     long_rows = ([j for j, c in enumerate(calls) if c is not None and c[1].shape[2] > SINGLE_THREAD_MAX_KEYS]
