@@ -93,14 +93,29 @@ if [ -z "${GPU_CHECK_SKIP_INSTALL:-}" ]; then
   python -m pip install -q -e ".[demo]" "pytest>=8" "pytest-timeout>=2.3"
 fi
 fi
-python - <<'EOF'
-import sys, torch
-print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, available: {torch.cuda.is_available()}")
+# time-boxed: session 23's lent machine (torch in /opt/torch/.venv) never finished `import torch`
+# (over 440 s), and the whole call's device time went with it
+IMPORT_S=${GPU_CHECK_IMPORT_TIMEOUT:-120}
+set +e
+timeout "$IMPORT_S" python - <<'EOF'
+import sys, time
+t0 = time.perf_counter()
+import torch
+print(f"torch {torch.__version__} imported in {time.perf_counter() - t0:.1f} s from {torch.__file__}", flush=True)
+print(f"CUDA {torch.version.cuda}, available: {torch.cuda.is_available()}")
 if torch.version.cuda is None or not torch.cuda.is_available():
     sys.exit("gpu-check: this torch cannot use the GPU (a CPU build, or a CUDA build the driver does not "
              "support); set TORCH_INDEX_URL to a CUDA wheel index matching the driver and rerun")
-print("device 0:", torch.cuda.get_device_name(0))
+print("device 0:", torch.cuda.get_device_name(0), f"({time.perf_counter() - t0:.1f} s)")
 EOF
+rc=$?
+set -e
+if [ "$rc" -eq 124 ]; then
+  echo "gpu-check: importing torch and finding the GPU took more than $IMPORT_S s ($(command -v python)); set GPU_CHECK_IMPORT_TIMEOUT to wait longer" >&2
+  exit 3
+elif [ "$rc" -ne 0 ]; then
+  exit "$rc"
+fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 step "environment"
