@@ -181,15 +181,20 @@ def test_row_attention_on_all_threads_when_switched(monkeypatch):
     assert _threads_of_row_calls(monkeypatch, False) == [2, 2]
 
 
-def test_a_short_row_keeps_its_one_thread_bits_beside_a_long_row():
+@pytest.mark.parametrize("heads, kv_heads", [(12, 12), (12, 2)])
+def test_a_short_row_keeps_its_one_thread_bits_beside_a_long_row(monkeypatch, heads, kv_heads):
     """A row's intra-op threads follow its own key count, not the forward's longest row: a
     100-key row batched with a 2100-key row gets the bits of its own decode call (one thread).
-    The row's folded call (row_call) gives the same bits on one and two threads (its threads
-    split key heads); torch's grouped-query call, which row-wise attention made until session 23,
-    does not (torch 2.13, float32: every probed key count from 40 to 2100 differs)."""
+    float32, where one and two threads give the same call different bits (torch 2.13, this 2-core
+    CPU): a model without grouped-query attention (12/12 heads), and for 12/2 heads torch's
+    grouped-query call, put in row_call's place here (the folded call of a grouped-query model
+    happened to give the same bits on both, so with it the test could not tell)."""
     import specdec.engine.invariant as inv
 
-    q, k, v = _qkv(2, 1, 2100, heads=12, kv_heads=2, d=128, dtype=torch.float32, seed=3)
+    if heads != kv_heads:
+        monkeypatch.setattr(inv, "row_call", lambda q, k, v, s: F.scaled_dot_product_attention(
+            q, k, v, scale=s, enable_gqa=True))
+    q, k, v = _qkv(2, 1, 2100, heads=heads, kv_heads=kv_heads, d=128, dtype=torch.float32, seed=3)
     mask = torch.ones(2, 1, 1, 2100, dtype=torch.bool)
     mask[0, :, :, 100:] = False  # batch row 0 sees 100 keys, row 1 all 2100
     row = (q[:1], k[:1, :, :100], v[:1, :, :100])
@@ -199,13 +204,36 @@ def test_a_short_row_keeps_its_one_thread_bits_beside_a_long_row():
         both, _ = rowwise_attention(None, q, k, v, mask)
         alone, _ = rowwise_attention(None, *row, None)  # a decode row: one thread
         torch.set_num_threads(1)
-        one_thread, gqa_one = _row_ref(*row), F.scaled_dot_product_attention(*row, enable_gqa=True)
+        one_thread = inv.row_call(*row, None)
         torch.set_num_threads(2)
-        two_threads, gqa_two = _row_ref(*row), F.scaled_dot_product_attention(*row, enable_gqa=True)
+        two_threads = inv.row_call(*row, None)
     finally:
         torch.set_num_threads(before)
     assert inv.SINGLE_THREAD_MAX_KEYS < 2100
-    assert not torch.equal(gqa_one, gqa_two)  # the grouped-query call's bits follow the threads
-    assert torch.equal(one_thread, two_threads)  # the folded call's do not
+    assert not torch.equal(one_thread, two_threads)  # the property is not vacuous here
     assert torch.equal(alone[0, 0], one_thread[0, :, 0])
     assert torch.equal(both[0, 0], alone[0, 0])
+
+
+def test_row_call_takes_the_models_layouts():
+    """row_call on a query row of transformers' layout (a strided view of ``[B, q, H, d]``), a
+    value head width other than the key's, and a kernel that returns its rows in another layout
+    (as CUDA kernels may): the grouped-query attention of that row each time."""
+    import specdec.engine.invariant as inv
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 7, 12, 32, generator=g).transpose(1, 2)  # [B, H, q, d], not contiguous
+    k, v = torch.randn(1, 2, 40, 32, generator=g), torch.randn(1, 2, 40, 16, generator=g)
+    row = q[1:2, :, 3:4]
+    ref = F.scaled_dot_product_attention(row, k, v, scale=0.3, enable_gqa=True)
+    out = inv.row_call(row, k, v, 0.3)
+    assert out.shape == (1, 12, 1, 16)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    sdpa = F.scaled_dot_product_attention
+
+    def transposed(*a, **kw):  # the same values, laid out as [1, rows, heads, dv] transposed
+        return sdpa(*a, **kw).transpose(1, 2).contiguous().transpose(1, 2)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(inv.F, "scaled_dot_product_attention", transposed)
+        assert torch.equal(inv.row_call(row, k, v, 0.3), out)

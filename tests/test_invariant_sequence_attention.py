@@ -52,7 +52,7 @@ def _qkv(b, q, length, heads=4, kv_heads=2, d=16, dtype=torch.float32, seed=0):
 
 def _one_row(q, k, v, scale):
     """Row-wise attention's own call for one row (CPU, float32): its query over exactly its keys,
-    on one intra-op thread (ROWS_ON_ONE_THREAD; here a float32 row's bits depend on the threads)."""
+    on one intra-op thread (ROWS_ON_ONE_THREAD: a float32 call's bits can depend on the threads)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -86,9 +86,11 @@ SINGLE_THREAD_MAX_KEYS = 2048
 #: measured the same 5-60x per call under load, or where idle threads sleep
 #: (``OMP_WAIT_POLICY=PASSIVE``, the served model processes). So one thread per row stays the
 #: default; docs/bench/batching/batch-s13/README.md. A row's thread count is its own (its key count,
-#: :data:`SINGLE_THREAD_MAX_KEYS`), never its forward's: one and two threads gave torch's grouped-query
-#: call different last bits (float32, torch 2.13; tests/test_invariant.py); the folded call
-#: (:func:`row_call`, since session 23) gives the same bits on both, but the rule stays a guard.
+#: :data:`SINGLE_THREAD_MAX_KEYS`), never its forward's: one and two threads give a call different last
+#: bits (float32, torch 2.13; tests/test_invariant.py): a model without grouped-query attention
+#: (H == Hkv; 16/16 and 12/12 heads measured) and torch's grouped-query call. The folded call of a
+#: grouped-query model (:func:`row_call`, since session 23) gave the same bits on both (12/2, 14/2,
+#: 28/4, 32/8, 8/1 heads), which the code does not rely on: the rule is needed.
 ROWS_ON_ONE_THREAD = True
 #: On a CPU, row-wise attention over bfloat16/float16 tensors computes every row in this dtype and
 #: rounds the row's result back: torch's reduced-precision CPU attention kernel cost 5-6x the
@@ -280,7 +282,8 @@ def row_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float |
     With grouped-query attention the row's ``G = H / Hkv`` query heads that share a key head are
     folded into G query rows of that head (``[1, H, 1, d]`` -> ``[1, Hkv, G, d]``, a view): one
     plain call, no grouped-query expansion. Every row of every forward takes this same form, so a
-    row's bits depend only on its query and its keys. Why folded: half the time of the
+    row's bits depend only on its query, its keys and the intra-op threads of the call
+    (:data:`ROWS_ON_ONE_THREAD`). Why folded: half the time of the
     grouped-query call on a CPU (torch 2.13, one thread, 12/2 heads, d = 128: 150 keys 39 vs 75 us,
     300 keys 69 vs 150 us, 1200 keys 261 vs 548 us; session 23), and a decode step of the demo
     target makes 28 such calls per row.
@@ -297,7 +300,7 @@ def row_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float |
     if heads == kv_heads:
         return F.scaled_dot_product_attention(q, k, v, scale=scaling)
     out = F.scaled_dot_product_attention(q.view(1, kv_heads, heads // kv_heads, q.shape[-1]), k, v, scale=scaling)
-    return out.view(1, heads, 1, v.shape[-1])
+    return out.reshape(1, heads, 1, v.shape[-1])  # a kernel may return its rows in another layout
 
 
 def rowwise_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -335,7 +338,6 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     """
     b_size, heads, q_len, _ = query.shape
     kv_len = key.shape[2]
-    gqa = key.shape[1] != heads
     out_dtype = query.dtype
     # a packed forward's keys as the sequences' own caches (kv_cache.packed_parts), not one tensor
     parts_k, parts_v = getattr(key, "_specdec_parts", None), getattr(value, "_specdec_parts", None)
@@ -360,10 +362,11 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     # shared CPU: 24 one-row calls of the 0.5B draft over 100 keys took 0.33 ms on one thread and
     # 0.51 ms on two at best, 0.49 vs 48 ms median with the machine shared;
     # docs/bench/formats/PROFILE.md). The thread count is each row's own (its key count), never
-    # the forward's: one and two threads gave torch's grouped-query float32 call different last
-    # bits (torch 2.13, 12/2 heads, d = 128, 40 to 2100 keys; the folded row_call does not), so a
-    # short row beside a long one (a batch, a block across the bound) still gets its decode
-    # call's one thread (tests/test_invariant.py).
+    # the forward's: one and two threads give a float32 call different last bits (torch 2.13:
+    # H == Hkv models, and torch's grouped-query call at 12/2 heads, 40 to 2100 keys; not the
+    # folded row_call of a grouped-query model, which nothing relies on), so a short row beside a
+    # long one (a batch, a block across the bound) gets its decode call's one thread
+    # (tests/test_invariant.py).
     single = ROWS_ON_ONE_THREAD and query.device.type == "cpu" and threads > 1
     calls = []  # per row (q, k, v) or None (a padding row)
     keys = _KeyRanges(key, value, parts_k, parts_v, row_dtype)
