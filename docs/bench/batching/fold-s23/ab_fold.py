@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 torch.set_num_threads(2)
 from specdec.engine import invariant as inv
-from specdec.engine.kv_cache import CachedSequence, feed_many
+from sessions import cached_sessions, timed_forward  # this folder's shared setup
 from specdec.models.loader import load_model
 from specdec.models.spec import parse_model_spec
 
@@ -15,16 +15,9 @@ def gqa(q, k, v, scaling):
 target = load_model(parse_model_spec("demo:target"))
 print("target", target.weight_format, flush=True)
 rng = random.Random(0)
-lens = [int(x) for x in os.environ.get("LENS", "170,195,220,240,260,280,300,330").split(",")]
-seqs = []
-for L in lens:
-    ids = [rng.randrange(1000, 30000) for _ in range(L)]
-    s = CachedSequence(target.model, list(ids)); s.feed(ids, keep=1); seqs.append(s)
+seqs = cached_sessions(target.model, rng, [int(x) for x in os.environ.get("LENS", "170,195,220,240,260,280,300,330").split(",")])
 def run(items):
-    before = [len(s.cached) for s, _, _ in items]
-    t = time.perf_counter(); out = feed_many(items); w = time.perf_counter() - t
-    for (s, _, _), b in zip(items, before): s._crop(b)
-    return w, out
+    return timed_forward(items)
 shapes = {"1x1": (1, 1), "1x5": (1, 5), "8x1": (8, 1), "8x5": (8, 5)}
 res = {(n, v): [] for n in shapes for v in ("gqa", "folded")}
 R = int(os.environ.get("REPS", "8"))

@@ -4,7 +4,7 @@ import torch
 torch.set_num_threads(2)
 from specdec.models.quant_linear import W8A8Linear
 W8A8Linear.KEEP_INT8 = True
-from specdec.engine.kv_cache import CachedSequence, feed_many
+from sessions import cached_sessions, timed_forward  # this folder's shared setup
 from specdec.models.loader import load_model
 from specdec.models.spec import parse_model_spec
 target = load_model(parse_model_spec("demo:target"))
@@ -18,15 +18,9 @@ def use(kind):
         elif getattr(m, "_saved", None) is not None:
             m._packed = m._saved
 rng = random.Random(0)
-seqs = []
-for L in (170, 195, 220, 240, 260, 280, 300, 330):
-    ids = [rng.randrange(1000, 30000) for _ in range(L)]
-    s = CachedSequence(target.model, list(ids)); s.feed(ids, keep=1); seqs.append(s)
+seqs = cached_sessions(target.model, rng)
 def run(items):
-    before = [len(s.cached) for s, _, _ in items]
-    t = time.perf_counter(); out = feed_many(items); w = time.perf_counter() - t
-    for (s, _, _), b in zip(items, before): s._crop(b)
-    return w, out
+    return timed_forward(items)
 shapes = {"1x1": (1, 1), "1x5": (1, 5), "2x1": (2, 1), "8x1": (8, 1)}
 res = {(n, v): [] for n in shapes for v in ("qlinear", "int_mm")}
 for r in range(9):

@@ -4,21 +4,14 @@ if sys.argv[1] == "mallopt":
     libc = ctypes.CDLL("libc.so.6"); libc.mallopt(-3, 32 << 20); libc.mallopt(-1, 1 << 30)
 import torch
 torch.set_num_threads(2)
-from specdec.engine.kv_cache import CachedSequence, feed_many
+from sessions import cached_sessions, timed_forward  # this folder's shared setup
 from specdec.models.loader import load_model
 from specdec.models.spec import parse_model_spec
 target = load_model(parse_model_spec("demo:target"))
 rng = random.Random(0)
-lens = [170, 195, 220, 240, 260, 280, 300, 330]
-seqs = []
-for L in lens:
-    ids = [rng.randrange(1000, 30000) for _ in range(L)]
-    s = CachedSequence(target.model, list(ids)); s.feed(ids, keep=1); seqs.append(s)
+seqs = cached_sessions(target.model, rng)
 def run(items):
-    before = [len(s.cached) for s, _, _ in items]
-    t = time.perf_counter(); feed_many(items); w = time.perf_counter() - t
-    for (s, _, _), b in zip(items, before): s._crop(b)
-    return w
+    return timed_forward(items)[0]
 shapes = {"1x1": (1, 1), "8x1": (8, 1), "4x32": (4, 32)}
 res = {n: [] for n in shapes}
 for r in range(13):
