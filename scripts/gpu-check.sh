@@ -29,11 +29,23 @@
 #    transformers and pydantic at the project's versions; `bash scripts/gpu-carry.sh` builds .gpu/
 #    (the wheels and the demo pair's configs and tokenizer) on a machine with the registry and the demo cache;
 #    add GPU_CHECK_SIZE=short to fit one 10-minute call)
+# Time limits: GPU_CHECK_IMPORT_TIMEOUT (importing torch and finding the GPU, default 120 s),
+# GPU_CHECK_TEST_TIMEOUT (each test and benchmark step, default 900 s, 240 s with GPU_CHECK_SIZE=short).
 #
 # Needs: NVIDIA driver (nvidia-smi), Python >= 3.11, the package registry (or a wheel folder),
 # about 25 GB of disk (venv, demo pair cache) and 20 GB of GPU memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# settings checked before anything is written or installed
+for var in GPU_CHECK_IMPORT_TIMEOUT GPU_CHECK_TEST_TIMEOUT; do
+  case ${!var-1} in
+    ''|*[!0-9]*|0) echo "gpu-check: $var=${!var}: expected whole seconds above 0" >&2; exit 2 ;;
+  esac
+done
+case ${GPU_CHECK_SIZE:-full} in
+  short|full) ;;
+  *) echo "gpu-check: GPU_CHECK_SIZE=$GPU_CHECK_SIZE: expected short or full" >&2; exit 2 ;;
+esac
 OUT=docs/bench/gpu
 mkdir -p "$OUT"
 LOG="$OUT/gpu-check.log"

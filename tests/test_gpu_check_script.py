@@ -13,6 +13,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
 
@@ -137,3 +139,25 @@ def test_random_pair_refuses_a_meta_folder_without_configs_and_a_bad_prefix(tmp_
             random_pair.main(["--meta", str(tmp_path / "meta"), "--out", str(tmp_path / "out"), "--prefix-layers", bad])
         assert e.value.code == 2 and f"--prefix-layers {bad} must be in 1..1" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"GPU_CHECK_IMPORT_TIMEOUT": "abc"}, "GPU_CHECK_IMPORT_TIMEOUT=abc: expected whole seconds above 0"),
+    ({"GPU_CHECK_IMPORT_TIMEOUT": "-5"}, "GPU_CHECK_IMPORT_TIMEOUT=-5: expected whole seconds above 0"),
+    ({"GPU_CHECK_TEST_TIMEOUT": ""}, "GPU_CHECK_TEST_TIMEOUT=: expected whole seconds above 0"),
+    ({"GPU_CHECK_TEST_TIMEOUT": "0"}, "GPU_CHECK_TEST_TIMEOUT=0: expected whole seconds above 0"),
+    ({"GPU_CHECK_SIZE": "shrt"}, "GPU_CHECK_SIZE=shrt: expected short or full"),
+])
+def test_gpu_check_refuses_bad_settings_before_doing_anything(env, message, tmp_path):
+    """A bad time limit or size ends the script at once (exit 2, the setting named), before it
+    writes its log or looks for a GPU."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT, repo / "scripts" / "gpu-check.sh")
+    run = subprocess.run(["bash", "scripts/gpu-check.sh"], cwd=repo, capture_output=True, text=True, timeout=30,
+                         env={**os.environ, **env})
+    assert run.returncode == 2
+    assert run.stderr.strip() == f"gpu-check: {message}"
+    assert not (repo / "docs").exists()
