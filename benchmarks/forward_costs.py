@@ -98,20 +98,17 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.models.loader import load_model
     from specdec.models.spec import parse_model_spec
 
-    from specdec.engine import invariant as inv
+    from specdec.engine.invariant import attention_mode
 
     results = {}
     roles = [("target", a.target)] + ([("draft", a.draft)] if a.draft != "none" else [])
     for role, spec in roles:
-        variants = [(True, None), (False, None)]
+        variants = [(True, None), (False, None)]  # (invariant, attention mode); one loaded at a time
         while variants:
             invariant, attention = variants.pop(0)
-            chosen, inv.SEQUENCE_ATTENTION = inv.SEQUENCE_ATTENTION, attention or inv.SEQUENCE_ATTENTION
-            try:
-                m = load_model(parse_model_spec(spec), weight_format=a.format, device=a.device, invariant=invariant)
-            finally:
-                inv.SEQUENCE_ATTENTION = chosen
-            mode = inv.attention_mode(m.model)
+            m = load_model(parse_model_spec(spec), weight_format=a.format, device=a.device, invariant=invariant,
+                           attention=attention)
+            mode = attention_mode(m.model)
             if invariant and attention is None and mode == "sequence":  # also time one call per row
                 variants.insert(0, (True, "row"))
             name = f"{role} {m.weight_format} " + (f"invariant (attention per {mode})" if invariant else "plain")

@@ -192,6 +192,20 @@ def test_cpu_default_is_one_call_per_row_without_probing(tmp_path, monkeypatch):
         make_invariant(loaded.model, attention="rows")
 
 
+def test_load_model_takes_the_attention_mode(tmp_path):
+    """load_model(attention=...) is the mode make_invariant gets (benchmarks.forward_costs times
+    both modes with it): "sequence" one call per sequence; "probe" probes, and the CPU's real call
+    form fails it (test_cpu_default_is_one_call_per_row_without_probing): one call per row; "row"
+    and the CPU default one call per row; an unknown mode make_invariant's ValueError naming it."""
+    folder = build_tiny_model(tmp_path / "t", seed=0)
+    for how, mode in (("sequence", "sequence"), ("probe", "row"), ("row", "row"), (None, "row")):
+        loaded = load_tiny(folder, device="cpu", invariant=True, attention=how)
+        assert attention_mode(loaded.model) == mode, how
+        assert loaded.model.model.layers[0].self_attn._specdec_attention == mode
+    with pytest.raises(ValueError, match="attention mode 'rows': expected auto, probe, sequence or row"):
+        load_tiny(folder, device="cpu", invariant=True, attention="rows")
+
+
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
     """The tiny pair (float32, CPU, shape-invariant) twice: attention per row, and per sequence as

@@ -45,6 +45,7 @@ def load_model(
     device: str | torch.device = "cpu",
     cache_gguf: bool = True,
     invariant: bool | None = None,
+    attention: str | None = None,
     need_rows: int = MAX_SPECULATION_LENGTH + 1,
     vocab_subset: int | None = None,
     vocab_table: "FrequencyTable | str | Path | None" = None,
@@ -68,6 +69,9 @@ def load_model(
             format but float32, where rows differ by about 1e-6 between block sizes (greedy
             flips are rare) and the invariant plan (fixed 8-row calls, MKL) would make plain
             decoding several times slower.
+        attention: with ``invariant``, how attention computes rows: ``"auto"``, ``"probe"``,
+            ``"sequence"`` or ``"row"`` (:func:`specdec.engine.invariant.choose_attention`); None:
+            :data:`specdec.engine.invariant.SEQUENCE_ATTENTION`.
         need_rows: rows one forward must take unchunked (K_max + 1 positions).
         vocab_subset: a draft only: score only this many token ids, the most frequent ones
             (FR-Spec, :mod:`specdec.models.vocab_subset`): the output layer is sliced to those rows
@@ -143,7 +147,7 @@ def load_model(
     if invariant:
         from specdec.engine.invariant import make_invariant
 
-        make_invariant(loaded.model, need_rows=need_rows)
+        make_invariant(loaded.model, need_rows=need_rows, attention=attention)
         loaded.invariant = True
     if fmt in formats.QUANTIZED_FORMATS:
         from specdec.models.release import release_after_load
