@@ -134,7 +134,7 @@ class TPWorker:
                 )
         device = worker_device(num_gpus)
         self.loaded = load_tp_model(model_path, self.rank, self.world_size, dtype, device)
-        # TP = 1: the plain one-position decode steps (K = 0) run specdec.models.lean_decode, as in
+        # TP = 1: the forwards (decode steps, blocks, chunks, packed batches) run specdec.models.lean_decode, as in
         # process (bitwise the same logits and cache); at TP > 1 the ranks' sharded layers keep
         # transformers' forward, whose tensor-parallel hooks lean decode would skip
         verifier = TargetVerifier(self.loaded, lean=self.world_size == 1)

@@ -1,5 +1,6 @@
-"""The draft's lean one-position decode (specdec/models/lean_decode.py): bitwise transformers'
-forward, used only for plain one-position decode calls, and the draft's proposals unchanged."""
+"""The lean forward (specdec/models/lean_decode.py): bitwise transformers' forward for decode steps,
+one sequence's blocks and prefill chunks, and packed forwards of several sequences; used only for
+the calls the engine makes; the draft's proposals unchanged."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from specdec.engine.engine import SpeculativeEngine
+from specdec.engine.kv_cache import CachedSequence, feed_many
 from specdec.engine.proposers.draft_model import DraftModelProposer
 from specdec.models import lean_decode
 from specdec.models.loader import load_model
@@ -70,27 +72,128 @@ def test_lean_decode_from_an_empty_cache_equals_transformers(models):
     assert torch.equal(got, ref)
 
 
-def test_install_routes_only_plain_one_position_calls(models, monkeypatch):
+def _blocks(model, lean: bool):
+    """Prefill PROMPT (all logits), then blocks of 5, 1, 3 and 9 positions with every form of
+    ``logits_to_keep`` (all, the last n, an index tensor), through the model's forward, wrapped by
+    lean decode or not: the logits of every call and the final cache's keys and values."""
+    if lean:
+        lean_decode.install(model)
+    cache = DynamicCache(config=model.config)
+    out = []
+    try:
+        with torch.inference_mode():
+            out.append(model(input_ids=torch.tensor([PROMPT]), cache=cache, use_cache=True).logits)
+            for block, keep in (([17, 200, 3, 3, 99], 0), ([5], 1), ([301, 45, 0], 2),
+                                ([128, 64, 1, 2, 3, 4, 5, 6, 7], torch.tensor([0, 4, 8]))):
+                out.append(model(input_ids=torch.tensor([block]), cache=cache, use_cache=True,
+                                 logits_to_keep=keep).logits)
+    finally:
+        lean_decode.uninstall(model)
+    kv = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    return out, kv
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_lean_blocks_and_prefill_are_bitwise_transformers_forward(models, fmt, monkeypatch):
+    """One sequence's prefill and verify blocks through lean_forward: the logits (every kept
+    position) and the cached keys and values are bitwise transformers' forward."""
+    m = models[fmt].model
+    calls = []
+    real = lean_decode.lean_forward
+    monkeypatch.setattr(lean_decode, "lean_forward", lambda *a, **k: calls.append(a[1].shape[1]) or real(*a, **k))
+    ref, ref_kv = _blocks(m, lean=False)
+    assert calls == []
+    got, got_kv = _blocks(m, lean=True)
+    assert calls == [len(PROMPT), 5, 1, 3, 9]  # the one-position block by decode_one
+    assert [tuple(g.shape) for g in got] == [(1, len(PROMPT), m.config.vocab_size), (1, 5, m.config.vocab_size),
+                                            (1, 1, m.config.vocab_size), (1, 2, m.config.vocab_size),
+                                            (1, 3, m.config.vocab_size)]
+    for a, b in zip(ref, got):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    for (k1, v1), (k2, v2) in zip(ref_kv, got_kv):
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+
+
+def _packed(model, lean: bool):
+    """Three sequences of 12, 30 and 1 cached tokens, then two packed forwards over them with
+    ragged new tokens (1 / 5 / 3, then 9 / 1 / 2) and ragged kept logits (one a prefill chunk
+    keeping none): every returned logits tensor and every sequence's cached keys and values."""
+    if lean:
+        lean_decode.install(model)
+    seqs = []
+    try:
+        for n in (12, 30, 1):
+            ids = [(7 * i + n) % 300 for i in range(n)]
+            s = CachedSequence(model, list(ids))
+            s.feed(ids, keep=1)
+            seqs.append(s)
+        out = feed_many([(seqs[0], [5], 1), (seqs[1], [9, 8, 7, 6, 5], 5), (seqs[2], [1, 2, 3], 0)])
+        out += feed_many([(seqs[0], [4, 3, 2, 1, 0, 11, 12, 13, 14], 3), (seqs[1], [44], 1), (seqs[2], [6, 7], 2)])
+    finally:
+        lean_decode.uninstall(model)
+    kv = [[(layer.keys.clone(), layer.values.clone()) for layer in s.cache.layers] for s in seqs]
+    return out, kv
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_lean_packed_forward_is_bitwise_transformers_forward(models, fmt, monkeypatch):
+    """A packed forward of several sequences (feed_many: ragged caches, ragged new positions, a
+    prefill chunk beside decode rows and blocks) through lean_forward: every row's logits and every
+    sequence's cache bitwise transformers' forward."""
+    m = models[fmt].model
+    packed = []
+    real = lean_decode.lean_forward
+    monkeypatch.setattr(lean_decode, "lean_forward",
+                        lambda *a, **k: packed.append(len(a) > 3 and a[3] is not None) or real(*a, **k))
+    ref, ref_kv = _packed(m, lean=False)
+    assert packed == []
+    got, got_kv = _packed(m, lean=True)
+    assert packed.count(True) == 2  # the two packed forwards (position ids given); the rest: the feeds
+    assert [tuple(g.shape) for g in got] == [(1, m.config.vocab_size), (5, m.config.vocab_size), (0, m.config.vocab_size),
+                                            (3, m.config.vocab_size), (1, m.config.vocab_size), (2, m.config.vocab_size)]
+    for a, b in zip(ref, got):
+        assert torch.equal(a, b)
+    for seq_ref, seq_got in zip(ref_kv, got_kv):
+        for (k1, v1), (k2, v2) in zip(seq_ref, seq_got):
+            assert torch.equal(k1, k2) and torch.equal(v1, v2)
+
+
+def test_install_routes_only_the_engines_calls(models, monkeypatch):
     m = models["w8a8"].model
     assert lean_decode.install(m) and lean_decode.install(m)  # idempotent
     calls = []
-    real = lean_decode.decode_one
-    monkeypatch.setattr(lean_decode, "decode_one", lambda *a: calls.append(1) or real(*a))
+    real_one, real = lean_decode.decode_one, lean_decode.lean_forward
+    monkeypatch.setattr(lean_decode, "decode_one", lambda *a: calls.append("one") or real_one(*a))
+    monkeypatch.setattr(lean_decode, "lean_forward", lambda *a, **k: calls.append(a[1].shape[1]) or real(*a, **k))
     try:
         with torch.inference_mode():
             cache = DynamicCache(config=m.config)
             m(input_ids=torch.tensor([PROMPT]), cache=cache, use_cache=True, logits_to_keep=1)  # prefill
-            assert calls == []
+            assert calls == [len(PROMPT)]
             m(input_ids=torch.tensor([[5]]), cache=cache, use_cache=True, logits_to_keep=1)
-            assert calls == [1]
+            assert calls[1:] == ["one", 1]  # decode_one is lean_forward of one position
             m(input_ids=torch.tensor([[5, 6]]), cache=cache, use_cache=True, logits_to_keep=2)  # a block
-            m(input_ids=torch.tensor([[5]]), cache=cache, use_cache=True,
-              position_ids=torch.tensor([[len(PROMPT) + 3]]))  # position ids given (a packed batch)
             m(input_ids=torch.tensor([[5]]), cache=cache, use_cache=True, logits_to_keep=torch.tensor([0]))
-            assert calls == [1]
+            assert calls[3:] == [2, 1]
+            del calls[:]
+            # transformers' own calls: position ids without the packed cache view, a 2-D mask,
+            # embeddings, a float logits_to_keep, a batch of two rows
+            m(input_ids=torch.tensor([[5]]), cache=cache, use_cache=True,
+              position_ids=torch.tensor([[len(PROMPT) + 5]]))
+            m(input_ids=torch.tensor([[5]]), cache=cache, use_cache=True,
+              attention_mask=torch.ones(1, len(PROMPT) + 7, dtype=torch.long))
+            m(inputs_embeds=m.model.embed_tokens(torch.tensor([[5]])), cache=cache, use_cache=True)
+            m(input_ids=torch.tensor([[5, 6], [7, 8]]), cache=DynamicCache(config=m.config), use_cache=True)
+            assert calls == []
+            lean_decode.MULTI_POSITION = False  # sessions 12-23: plain decode steps only
+            m(input_ids=torch.tensor([[5, 6]]), cache=cache, use_cache=True, logits_to_keep=2)
+            assert calls == []
+            m(input_ids=torch.tensor([[5]]), cache=cache, use_cache=True)
+            assert calls == ["one", 1]
         m(input_ids=torch.tensor([[5]]), cache=DynamicCache(config=m.config), use_cache=True)  # not inference mode
-        assert calls == [1]
+        assert calls == ["one", 1]
     finally:
+        lean_decode.MULTI_POSITION = True
         lean_decode.uninstall(m)
     assert "forward" not in vars(m)
 
@@ -153,8 +256,8 @@ def _hf_greedy(model, prompt: list[int], n: int) -> list[int]:
 def test_lean_target_plain_decode_is_transformers_generate(folder, fmt, monkeypatch):
     """The engine's lean target (the default): K = 0 steps run decode_one (one per step after the
     prefill), transformers' generate on the same wrapped model never does, and both give the
-    unwrapped model's tokens; speculation at K = 1/4/8 (verify blocks through transformers'
-    forward, K = 0 steps lean) gives them too."""
+    unwrapped model's tokens; speculation at K = 1/4/8 (verify blocks through lean_forward too)
+    gives them too."""
     target = load_model(HFModelSpec(path=folder), weight_format=fmt)  # its own copy
     draft = load_model(HFModelSpec(path=folder), weight_format="w8a8")
     n = 40

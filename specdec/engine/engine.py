@@ -34,8 +34,8 @@ class SpeculativeEngine:
             Check the pair with :func:`specdec.models.vocab.check_pair_compatible` first
             (:func:`specdec.models.loader.load_pair` does).
         top_m: support size M of the draft's proposal distribution under sampling.
-        lean_target: run the target's plain one-position decode steps (K = 0) through the lean
-            forward (:class:`specdec.engine.verifier.TargetVerifier`'s ``lean``; bitwise the same
+        lean_target: run the target's forwards (decode steps, verify blocks, prefill chunks, packed
+            batches) through the lean forward (:class:`specdec.engine.verifier.TargetVerifier`'s ``lean``; bitwise the same
             logits, fewer Python calls per step); False: transformers' forward for every call.
 
     Raises:

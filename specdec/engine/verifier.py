@@ -313,23 +313,21 @@ class TargetVerifier:
 
     Args:
         target: the target model (full vocabulary).
-        lean: route the target's plain one-position decode forwards (a K = 0 step of one
-            session: ``input_ids [1, 1]``, no mask or position ids) through
-            :func:`specdec.models.lean_decode.install`: the op sequence of transformers' Qwen2
-            forward without its wrappers and module dispatch, bitwise the same logits and cached
-            keys and values (tests/test_lean_decode.py), so every output stays the target alone's.
-            Prefills, verify blocks (K > 0) and packed batches keep transformers' forward; a model
-            lean decode does not know (not Qwen2, or not shape-invariant, e.g. float32) is left
-            as it is. False (the default here; the in-process
-            :class:`specdec.engine.engine.SpeculativeEngine` and a served TP = 1 target worker
-            turn it on, a sharded TP > 1 rank does not): the model is not touched. The wrapper
-            only takes calls without an attention mask, so transformers' own ``generate`` on the
-            same model (which passes one) keeps transformers' forward.
+        lean: route the target's forwards (decode steps, verify blocks, prefill chunks, packed
+            batches) through :func:`specdec.models.lean_decode.install`: the op sequence of
+            transformers' Qwen2 forward without its wrappers and module dispatch, bitwise the same
+            logits and cached keys and values (tests/test_lean_decode.py), so every output stays
+            the target alone's; a model lean decode does not know (not Qwen2, or not
+            shape-invariant, e.g. float32) is left as it is. False (the default here; the
+            in-process :class:`specdec.engine.engine.SpeculativeEngine` and a served TP = 1 target
+            worker turn it on, a sharded TP > 1 rank does not): the model is not touched.
+            transformers' own ``generate`` on the same model (which passes a 2-D attention mask)
+            keeps transformers' forward.
     """
 
     def __init__(self, target: LoadedModel, lean: bool = False):
         self.target = target
-        #: whether the target's plain one-position decode calls run the lean forward
+        #: whether the target's forwards run the lean forward (specdec.models.lean_decode)
         self.lean = False
         if lean:
             from specdec.models.lean_decode import install

@@ -1,4 +1,4 @@
-"""A lean one-position decode forward for a Qwen2 draft: the same ops as transformers', fewer calls.
+"""A lean forward for a shape-invariant Qwen2 (draft or target): the same ops as transformers', fewer calls.
 
 Why: one drafted token of the demo draft (Qwen2.5-Coder 0.5B, w8a8, one thread, AMD EPYC) costs
 ~28 ms, of which its 97 int8 matmuls called alone take ~20.5 ms; most of the rest is the Python
@@ -7,25 +7,38 @@ and dispatch cost of ~7,400 aten ops and ~370 module calls per forward
 causal-mask builder, output-capturing and keyword-deprecation wrappers, and per layer ~15 module
 calls and five contiguous copies of the fused projections' columns (:class:`FusedSlice`).
 
-What: :func:`install` wraps a loaded model's ``forward``. A call that is a plain decode step of one
-sequence (``input_ids`` ``[1, 1]``, a :class:`transformers.DynamicCache`, no mask, no position
-ids, no embeddings, ``logits_to_keep`` 0 or 1, inference mode) runs :func:`decode_one`; every other
-call (prefill, verify blocks, packed batches of several sessions) runs transformers' forward as
-before. :func:`decode_one` runs the exact op sequence of transformers' Qwen2 decoder for one
-position (RMSNorm, projections, rotary, cache append, attention, residuals, SiLU-gated MLP, final
-norm, output layer), calling the same modules' kernels on the same values, so its logits and the
-keys and values it caches are bitwise those of transformers' forward (tests/test_lean_decode.py,
-every weight format; and the demo draft in the section-12 run). It only skips work that does
-not change a value: wrapper layers, the mask builder, copies of the fused projections' columns
-(it takes views of the one fused product), module dispatch.
+What: :func:`install` wraps a loaded model's ``forward``. The calls the engine makes run
+:func:`lean_forward` (:func:`decode_one` for a plain decode step):
 
-Attention is :func:`specdec.engine.invariant.rowwise_attention` with no mask (one query row sees
-every cached key), the call transformers makes through the registered interface for a model made
-shape-invariant. A model whose attention is not that (float32, not invariant) is not wrapped.
+- one sequence (``input_ids`` ``[1, M]``, a :class:`transformers.DynamicCache`, no mask, no position
+  ids): a decode step (M = 1), a verify block, a prefill chunk;
+- a packed forward of several sequences (:func:`specdec.engine.kv_cache.feed_many`: its cache
+  view, position ids and 4-D mask), since session 24 (:data:`MULTI_POSITION`) with one-sequence
+  blocks and chunks: the demo target (w8a8, 2 threads, Zen 4) 8 sessions x 1 position 0.90-0.95x,
+  8 x 5 0.96x, one block of 5 0.93-0.94x, a 36-token prefill 0.97-0.99x the time of
+  transformers' forward (two A/B runs in one process, same tokens; docs/bench/batching/lean-s24/);
 
-Exactness does not rest on this module: the draft only proposes, and the target verifies. It is
-still kept bitwise, so that a draft's proposals and q do not depend on which code path ran them
-(a one-session step here, a packed batch there, a prefill after a rebuild).
+always without embeddings or labels, in inference mode, ``logits_to_keep`` an int or a 1-D index
+tensor. Every other call (transformers' ``generate``, which passes a 2-D mask; a model in
+training mode) runs transformers' forward as before. :func:`lean_forward` runs the exact op sequence
+of transformers' Qwen2 decoder (RMSNorm, projections, rotary, cache append, attention, residuals,
+SiLU-gated MLP, final norm, output layer over the kept positions), calling the same modules'
+kernels on the same values, so its logits and the keys and values it caches are bitwise those of
+transformers' forward (tests/test_lean_decode.py, every weight format, one sequence and packed;
+and the demo draft in the section-12 run). It only skips work that does not change a value:
+wrapper layers, the mask builder, copies of the fused projections' columns (it takes views of the
+one fused product), module dispatch.
+
+Attention is :func:`specdec.engine.invariant.rowwise_attention` with the mask transformers would
+pass it (none for one sequence: causal rows; the packed mask as given), the call transformers
+makes through the registered interface for a model made shape-invariant; rows get the same key
+ranges and so the same calls. A model whose attention is not that (float32, not invariant) is not
+wrapped.
+
+Exactness does not rest on the draft's use of this module: the draft only proposes, and the target
+verifies. The target's use keeps the target's logits bitwise (the tests above), so every output
+stays the target alone's; the draft's stays bitwise too, so that a draft's proposals and q do not
+depend on which code path ran them.
 """
 
 from __future__ import annotations
@@ -37,6 +50,10 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
+#: :func:`install` also routes multi-position calls to :func:`lean_forward`: one sequence's verify
+#: blocks and prefill chunks, and packed forwards of several sequences; False: plain one-position
+#: decode steps only (sessions 12-23).
+MULTI_POSITION = True
 #: models :func:`install` wraps (transformers class names)
 ARCHITECTURES = ("Qwen2ForCausalLM",)
 
@@ -89,29 +106,57 @@ def decode_one(model: nn.Module, input_ids: torch.Tensor, cache) -> torch.Tensor
     """One decode position of a shape-invariant Qwen2 causal LM: ``[1, 1]`` ids -> ``[1, 1, V]``
     logits in the model's activation dtype; appends the position's keys and values to ``cache``.
 
-    The op sequence of transformers' ``Qwen2ForCausalLM.forward`` for this input (see module doc).
+    :func:`lean_forward` of one position (see module doc).
+    """
+    return lean_forward(model, input_ids, cache)
+
+
+@torch.inference_mode()
+def lean_forward(model: nn.Module, input_ids: torch.Tensor, cache, position_ids: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None, logits_to_keep: int | torch.Tensor = 1) -> torch.Tensor:
+    """transformers' ``Qwen2ForCausalLM.forward`` over one row of M positions, op for op, without
+    its wrappers: a decode step (M = 1), a verify block or prefill chunk of one sequence, or a
+    packed forward of several sequences (:func:`specdec.engine.kv_cache.feed_many`).
+
+    Args:
+        model: a shape-invariant Qwen2 causal LM (:func:`eligible`).
+        input_ids: ``[1, M]`` int64 token ids.
+        cache: the sequence's ``DynamicCache`` (positions ``past .. past + M - 1``), or a packed
+            forward's cache view (then ``position_ids`` and ``attention_mask`` are given).
+        position_ids: ``[1, M]`` int64 positions (None: after the cache's length).
+        attention_mask: None (causal over the cache and the new positions) or the packed
+            forward's 4-D mask ``[1, 1, M, keys]``, passed to row-wise attention as transformers
+            passes it.
+        logits_to_keep: an int n (the last n positions; 0: all) or a 1-D int64 tensor of the
+            positions whose logits are computed, as transformers takes it.
+
+    Returns:
+        ``[1, n, V]`` logits in the model's activation dtype; the new positions' keys and values
+        are appended to ``cache``.
     """
     from specdec.engine.invariant import rowwise_attention
 
     inner = model.model
-    h = inner.embed_tokens(input_ids)  # [1, 1, H]
-    past = cache.get_seq_length()
-    position_ids = (torch.arange(1, device=h.device) + past).unsqueeze(0)
-    cos, sin = inner.rotary_emb(h, position_ids)  # [1, 1, d] each, in h's dtype
+    m = input_ids.shape[1]
+    h = inner.embed_tokens(input_ids)  # [1, M, H]
+    if position_ids is None:
+        past = cache.get_seq_length()
+        position_ids = (torch.arange(m, device=h.device) + past).unsqueeze(0)
+    cos, sin = inner.rotary_emb(h, position_ids)  # [1, M, d] each, in h's dtype
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    for i, layer in enumerate(inner.layers[: model.config.num_hidden_layers]):
+    for layer in inner.layers[: model.config.num_hidden_layers]:
         attn = layer.self_attn
         residual = h
         x = _rms(layer.input_layernorm, h)
         q, k, v = _projections(attn, ("q_proj", "k_proj", "v_proj"), x)
-        q = q.view(1, 1, -1, attn.head_dim).transpose(1, 2)
-        k = k.view(1, 1, -1, attn.head_dim).transpose(1, 2)
-        v = v.view(1, 1, -1, attn.head_dim).transpose(1, 2)
+        q = q.view(1, m, -1, attn.head_dim).transpose(1, 2)
+        k = k.view(1, m, -1, attn.head_dim).transpose(1, 2)
+        v = v.view(1, m, -1, attn.head_dim).transpose(1, 2)
         q = (q * cos) + (_rotate_half(q) * sin)
         k = (k * cos) + (_rotate_half(k) * sin)
         k, v = cache.update(k, v, attn.layer_idx)
-        out, _ = rowwise_attention(attn, q, k, v, None, scaling=attn.scaling, dropout=0.0)
-        out = attn.o_proj(out.reshape(1, 1, -1).contiguous())
+        out, _ = rowwise_attention(attn, q, k, v, attention_mask, scaling=attn.scaling, dropout=0.0)
+        out = attn.o_proj(out.reshape(1, m, -1).contiguous())
         h = residual + out
         residual = h
         x = _rms(layer.post_attention_layernorm, h)
@@ -119,19 +164,30 @@ def decode_one(model: nn.Module, input_ids: torch.Tensor, cache) -> torch.Tensor
         gate, up = _projections(mlp, ("gate_proj", "up_proj"), x)
         h = residual + mlp.down_proj(mlp.act_fn(gate) * up)
     h = _rms(inner.norm, h)
-    return model.lm_head(h)
+    keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+    return model.lm_head(h[:, keep, :])
 
 
-def _plain_decode_call(model, input_ids, attention_mask, position_ids, cache, inputs_embeds, logits_to_keep,
-                       kwargs) -> bool:
+def _lean_call(model, input_ids, attention_mask, position_ids, cache, inputs_embeds, logits_to_keep, kwargs) -> bool:
+    """Whether a forward call is one :func:`lean_forward` takes (see :func:`install`)."""
     from transformers import DynamicCache
 
-    return (
-        input_ids is not None and inputs_embeds is None and attention_mask is None and position_ids is None
-        and not kwargs and input_ids.shape == (1, 1) and type(cache) is DynamicCache
-        and isinstance(logits_to_keep, int) and logits_to_keep in (0, 1)
-        and not model.training and torch.is_inference_mode_enabled()
-    )
+    from specdec.engine.kv_cache import _PackedCacheView
+
+    if (input_ids is None or inputs_embeds is not None or kwargs or input_ids.dim() != 2 or input_ids.shape[0] != 1
+            or model.training or not torch.is_inference_mode_enabled()):
+        return False
+    if isinstance(logits_to_keep, bool) or not (
+            (isinstance(logits_to_keep, int) and logits_to_keep >= 0)
+            or (isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.dim() == 1
+                and not logits_to_keep.is_floating_point())):
+        return False
+    if type(cache) is DynamicCache and attention_mask is None and position_ids is None:
+        return input_ids.shape[1] == 1 or MULTI_POSITION  # one sequence's decode step, block or prefill chunk
+    # a packed forward of several sequences (feed_many): its own position ids and 4-D mask
+    return (MULTI_POSITION and type(cache) is _PackedCacheView and position_ids is not None
+            and tuple(position_ids.shape) == tuple(input_ids.shape) and attention_mask is not None
+            and attention_mask.dim() == 4)
 
 
 def eligible(model: nn.Module) -> str | None:
@@ -165,9 +221,13 @@ def install(model: nn.Module) -> bool:
 
     def forward(input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                 labels=None, use_cache=None, logits_to_keep=0, **kwargs):
-        if labels is None and use_cache is not False and _plain_decode_call(
+        if labels is None and use_cache is not False and _lean_call(
                 model, input_ids, attention_mask, position_ids, cache, inputs_embeds, logits_to_keep, kwargs):
-            return CausalLMOutputWithPast(logits=decode_one(model, input_ids, cache), cache=cache)
+            if input_ids.shape[1] == 1 and position_ids is None and isinstance(logits_to_keep, int) and logits_to_keep in (0, 1):
+                logits = decode_one(model, input_ids, cache)
+            else:
+                logits = lean_forward(model, input_ids, cache, position_ids, attention_mask, logits_to_keep)
+            return CausalLMOutputWithPast(logits=logits, cache=cache)
         return original(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
                         inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
                         logits_to_keep=logits_to_keep, **kwargs)

@@ -208,7 +208,7 @@ class DraftModelProposer:
             :func:`specdec.models.vocab.check_pair_compatible`).
         top_m: support size M of the proposal distribution under sampling.
         eos_ids: ids after which nothing is proposed (defaults to the draft's EOS ids).
-        lean: run the draft's plain one-position decode forwards through
+        lean: run the draft's forwards (decode steps, prefill chunks, packed batches) through
             :func:`specdec.models.lean_decode.install` (bitwise transformers' forward, fewer calls;
             a model it does not know keeps transformers' forward).
     """
