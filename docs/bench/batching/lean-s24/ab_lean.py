@@ -1,11 +1,12 @@
 """A/B: the lean forward (specdec/models/lean_decode.py, MULTI_POSITION) against transformers' forward for
 the demo target's multi-position forwards (one block, packed sessions, a prefill chunk), interleaved in one
 process over the same ragged caches and tokens; asserts bitwise-equal logits. Session 24."""
-import os, random, statistics as st
+import os, random, statistics as st, sys
 import torch
 torch.set_num_threads(2)
 from specdec.models import lean_decode
-from sessions import cached_sessions, timed_forward
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fold-s23"))
+from sessions import cached_sessions, timed_forward  # session 23's shared setup
 from specdec.models.loader import load_model
 from specdec.models.spec import parse_model_spec
 target = load_model(parse_model_spec(os.environ.get("SPEC", "demo:target")))
