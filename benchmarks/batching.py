@@ -240,11 +240,18 @@ def client_rows(engines: dict, controllers: dict, a) -> list[dict]:
     return rows
 
 
+def pair_name(a) -> str:
+    """The models the header names: "demo pair" for the defaults, else ``target TARGET, draft DRAFT``."""
+    if (a.target, a.draft) == ("demo:target", "demo:draft"):
+        return "demo pair"
+    return f"target {a.target}, draft {a.draft}"
+
+
 def clients_table(rows: list[dict], a) -> list[str]:
     """The markdown lines of the client-count comparison."""
     ad = a.adaptive
     lines = [
-        f"In-process, demo pair (target/draft formats: {', '.join(a.formats)}), greedy, {a.proposer} K={a.k}, "
+        f"In-process, {pair_name(a)} (target/draft formats: {', '.join(a.formats)}), greedy, {a.proposer} K={a.k}, "
         f"{', '.join(map(str, a.lengths))} tokens per request, positions budget {a.budget}, {a.threads} torch threads, "
         f"prefix cache {'on' if a.prefix_cache else 'off'}; "
         f"one run: per request length and client count the formats in turn, the arms alternating. 'vs 1 client' = "

@@ -214,6 +214,8 @@ def test_batching_bench_format_and_forward_stats(tiny_pair_folders, tmp_path):
     assert report["rows"][0]["batched_vs_1_client"] == 1.0
     table = (out / "batching.md").read_text()
     assert "(target/draft formats: int8/float32)" in table and "| int8/float32 | 6 | 3 |" in table
+    # the header names the models measured, not the demo pair
+    assert f"In-process, target {target}, draft {draft} (target/draft formats" in table and "demo pair" not in table
 
 
 def test_batching_bench_lengths_and_adaptive_arm_in_one_run(tiny_pair_folders, tmp_path):
