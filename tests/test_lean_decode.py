@@ -330,3 +330,22 @@ def test_k0_first_then_k_later_prefills_the_draft_only_when_it_drafts(folder):
     assert all(step > held for step, _ in fed)  # nothing before the first K > 0 step
     first_step, first_positions = fed[0]
     assert first_step == held + 1 and first_positions == len(PROMPT) + held  # prompt + the K = 0 tokens, one call
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "int4", "w8a8"])
+def test_lean_forward_with_sequence_attention_is_bitwise_transformers_forward(folder, fmt):
+    """The accelerator's attention form (one masked call per sequence, ``attention="sequence"``,
+    forced here on the CPU): transformers passes a verify block after a cached prefix a boolean
+    causal mask where the lean forward passes None, and the packed mask as given; both must give
+    the same rows, logits and caches bitwise (the tests above run one call per row only)."""
+    m = load_model(HFModelSpec(path=folder), weight_format=fmt, attention="sequence").model
+    assert m._specdec_attention == "sequence"
+    ref, ref_kv = _blocks(m, lean=False)
+    got, got_kv = _blocks(m, lean=True)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    assert all(torch.equal(k1, k2) and torch.equal(v1, v2) for (k1, v1), (k2, v2) in zip(ref_kv, got_kv))
+    ref, ref_kv = _packed(m, lean=False)
+    got, got_kv = _packed(m, lean=True)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    for seq_ref, seq_got in zip(ref_kv, got_kv):
+        assert all(torch.equal(k1, k2) and torch.equal(v1, v2) for (k1, v1), (k2, v2) in zip(seq_ref, seq_got))
