@@ -27,13 +27,18 @@ kernels on the same values, so its logits and the keys and values it caches are 
 transformers' forward (tests/test_lean_decode.py, every weight format, one sequence and packed;
 and the demo draft in the section-12 run). It only skips work that does not change a value:
 wrapper layers, the mask builder, copies of the fused projections' columns (it takes views of the
-one fused product), module dispatch.
+one fused product), module dispatch. So hooks registered on the decoder layers, attention, MLP or
+norm modules do not fire for the calls it takes (nothing in specdec registers any).
 
-Attention is :func:`specdec.engine.invariant.rowwise_attention` with the mask transformers would
-pass it (none for one sequence: causal rows; the packed mask as given), the call transformers
-makes through the registered interface for a model made shape-invariant; rows get the same key
-ranges and so the same calls. A model whose attention is not that (float32, not invariant) is not
-wrapped.
+Attention is :func:`specdec.engine.invariant.rowwise_attention`, the call transformers makes
+through the registered interface for a model made shape-invariant. A packed forward passes its
+4-D mask as given (transformers returns a given 4-D mask unchanged). One sequence passes no mask:
+transformers passes none for a decode step or a first prefill, and for a block or chunk after a
+cached prefix the causal boolean mask its sdpa mask builder makes, whose visible key range per
+row is exactly the causal range row-wise attention takes without a mask
+(:func:`specdec.engine.invariant._row_ranges`); so rows get the same key ranges and the same
+calls, in the one-call-per-row and the one-call-per-sequence form alike (tests). A model whose
+attention is not that (float32, not invariant) is not wrapped.
 
 Exactness does not rest on the draft's use of this module: the draft only proposes, and the target
 verifies. The target's use keeps the target's logits bitwise (the tests above), so every output
@@ -204,7 +209,8 @@ def eligible(model: nn.Module) -> str | None:
 
 
 def install(model: nn.Module) -> bool:
-    """Route ``model``'s plain one-position decode calls to :func:`decode_one` (see module doc).
+    """Route ``model``'s forward calls that the engine makes (one sequence's decode steps, blocks and
+    prefill chunks; packed forwards) to :func:`lean_forward` (see module doc and :func:`_lean_call`).
 
     Idempotent. Returns whether the model is wrapped (False, with the reason logged at debug
     level, for a model :func:`eligible` refuses).
