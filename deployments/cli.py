@@ -203,6 +203,21 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+def tenants_line(path: str, shown: int = 8) -> str:
+    """``specdec serve``'s line for a tenants file: how many tenants it holds, the first ``shown`` ids.
+
+    Raises:
+        specdec.control.tenants.TenantConfigError: the file cannot be read or is not a valid tenants
+            file (:func:`deployments.serve_config.load_config` has checked it before).
+    """
+    from specdec.control.tenants import load_tenants_config
+
+    ids = [t.id for t in load_tenants_config(path).tenants]
+    listed = ", ".join(ids[:shown]) + (f", and {len(ids) - shown} more" if len(ids) > shown else "")
+    return (f"tenants from {path}: {len(ids)} ({listed}); every request needs its tenant's API key "
+            "(authorization: Bearer <key>)")
+
+
 def start_line(cfg, num_cpus: int, capability: str | None = None) -> str:
     """``specdec serve``'s first line: the models, their weight formats (the ones the replicas will load), the
     local Ray's CPUs and torch's CPU kernel level (``capability``: default
@@ -257,6 +272,8 @@ def run_serve(args) -> int:
     if not cfg.tenants_file:
         _log(f"open mode (no --tenants): no API keys; HTTP on {getattr(args, 'host', None) or '127.0.0.1'}, "
              f"gRPC port {cfg.grpc_port} on every interface (Ray Serve's gRPC proxy): firewall it or use --tenants")
+    else:
+        _log(tenants_line(cfg.tenants_file))
     if cfg.target_model.startswith("demo") or (cfg.draft_model or "").startswith("demo"):
         from specdec.models.demo import ensure_demo_folder
 

@@ -651,6 +651,35 @@ def test_tenant_stats_json_prints_current_k_zero_and_leaves_unknowns_out():
     assert json.loads(cli.tenant_stats_json(msg))["acceptanceRate"] == 0.0
 
 
+def test_serve_with_tenants_says_how_many_it_loaded(monkeypatch, capsys, tmp_path):
+    """A new user's trial: with --tenants the start-up said nothing about the file (open mode has its
+    own line); now one line names the file, the number of tenants and their ids, and no open-mode line."""
+    import ray
+    from ray import serve
+
+    import deployments.app
+    from specdec.control.tenants import hash_api_key
+
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants:\n" + "".join(f"  - id: team-{i}\n    api_key_hashes: [{hash_api_key(f'sk-{i}')}]\n"
+                                             for i in range(10)))
+    monkeypatch.setattr(ray, "init", lambda *a, **k: None)
+    monkeypatch.setattr(ray, "shutdown", lambda *a, **k: None)
+    monkeypatch.setattr(serve, "start", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop here")))
+    monkeypatch.setattr(cli, "shutdown_serve", lambda *a, **k: None)
+    monkeypatch.setattr(cli, "ensure_ports_free", lambda cfg: None)
+    monkeypatch.setattr(cli, "check_model_specs", lambda cfg: None)
+    monkeypatch.setattr(deployments.app, "build_app", lambda cfg: None)
+    monkeypatch.setattr(cli, "_stop_on_sigterm", lambda: None)
+    assert cli.run_serve(_args("--target", "/m/t.gguf", "--draft", "none", "--tenants", str(path))) == 1
+    err = capsys.readouterr().err
+    assert (f"[specdec serve] tenants from {path}: 10 (team-0, team-1, team-2, team-3, team-4, team-5, team-6, "
+            "team-7, and 2 more); every request needs its tenant's API key (authorization: Bearer <key>)\n") in err
+    assert "open mode" not in err
+    assert cli.tenants_line(str(path), shown=2) == (f"tenants from {path}: 10 (team-0, team-1, and 8 more); every "
+                                                   "request needs its tenant's API key (authorization: Bearer <key>)")
+
+
 @pytest.mark.parametrize("argv, host", [((), "127.0.0.1"), (("--host", "0.0.0.0"), "0.0.0.0")])
 def test_serve_http_listens_on_localhost_unless_told_and_open_mode_says_so(monkeypatch, capsys, argv, host):
     """A fresh-eyes user found `specdec serve` (open mode: no API keys) listening on 0.0.0.0:8000.
