@@ -524,10 +524,24 @@ def tenant_stats_json(msg) -> str:
     field without presence printed at its value, zeros included (protobuf's JSON leaves a field
     at its default out, so ``currentK`` 0, speculation off, the state an operator most needs to
     see, was missing); an ``optional`` field unset (``acceptanceRate`` before any evidence,
-    ``predictedSpeedup`` under K under load) stays absent: unknown, not 0."""
+    ``predictedSpeedup`` under K under load) stays absent: unknown, not 0. ``stats`` shows only the
+    pooled counters GetTenantStats fills (:data:`TENANT_STATS_FIELDS`): the rest of that message's
+    fields are one request's (K counts, draft / verify / round-trip seconds, cost terms) and printed at 0
+    they read as measurements (a new user's trial)."""
+    import json
+
     from google.protobuf import json_format
 
-    return json_format.MessageToJson(msg, always_print_fields_with_no_presence=True)
+    out = json_format.MessageToDict(msg, always_print_fields_with_no_presence=True)
+    if "stats" in out:
+        out["stats"] = {k: v for k, v in out["stats"].items() if k in TENANT_STATS_FIELDS}
+    return json.dumps(out, indent=2)
+
+
+#: ``SpeculationStats`` fields (JSON names) a ``GetTenantStatsResponse``'s ``stats`` holds: the tenant's
+#: pooled counters (:func:`deployments.ingress.tenant_stats.tenant_stats_to_proto`).
+TENANT_STATS_FIELDS = frozenset({"steps", "proposed", "accepted", "rejectedSteps", "acceptanceRate",
+                                 "meanAcceptedLength", "acceptedPerPosition", "proposedPerPosition"})
 
 
 def request_kwargs(args) -> dict:

@@ -649,6 +649,12 @@ def test_tenant_stats_json_prints_current_k_zero_and_leaves_unknowns_out():
     assert "acceptanceRate" not in out and "predictedSpeedup" not in out
     msg.acceptance_rate = 0.0
     assert json.loads(cli.tenant_stats_json(msg))["acceptanceRate"] == 0.0
+    # stats: the pooled counters only; one request's fields (K counts, seconds) are not printed as 0
+    msg.stats.steps, msg.stats.proposed, msg.stats.accepted = 29, 116, 100
+    msg.stats.accepted_per_position.extend([29, 27, 24, 20])
+    stats = json.loads(cli.tenant_stats_json(msg))["stats"]
+    assert stats == {"steps": 29, "proposed": 116, "accepted": 100, "rejectedSteps": 0,
+                     "acceptedPerPosition": [29, 27, 24, 20], "proposedPerPosition": []}
 
 
 def test_serve_with_tenants_says_how_many_it_loaded(monkeypatch, capsys, tmp_path):
