@@ -349,3 +349,30 @@ def test_lean_forward_with_sequence_attention_is_bitwise_transformers_forward(fo
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
     for seq_ref, seq_got in zip(ref_kv, got_kv):
         assert all(torch.equal(k1, k2) and torch.equal(v1, v2) for (k1, v1), (k2, v2) in zip(seq_ref, seq_got))
+
+
+def test_lean_forward_calls_the_registered_attention(models):
+    """lean_forward looks the attention up where transformers does (the AttentionInterface), so a
+    wrapper registered in row-wise attention's place (benchmarks.batching_profile's timer) sees its
+    calls: one per layer of every forward, blocks, decode steps and packed forwards alike."""
+    from transformers import AttentionInterface
+
+    from specdec.engine import invariant
+
+    m = models["w8a8"].model
+    seen = []
+
+    def counting(module, query, *args, **kwargs):
+        seen.append(query.shape[2])
+        return invariant.rowwise_attention(module, query, *args, **kwargs)
+
+    AttentionInterface.register(invariant.ATTENTION_NAME, counting)
+    try:
+        out, _ = _blocks(m, lean=True)
+        layers = m.config.num_hidden_layers
+        assert seen == [n for n in (len(PROMPT), 5, 1, 3, 9) for _ in range(layers)]
+        del seen[:]
+        _packed(m, lean=True)  # three prefills, then two packed forwards of 9 and 12 positions
+        assert seen == [n for n in (12, 30, 1, 9, 12) for _ in range(layers)]
+    finally:
+        AttentionInterface.register(invariant.ATTENTION_NAME, invariant.rowwise_attention)

@@ -31,7 +31,8 @@ one fused product), module dispatch. So hooks registered on the decoder layers, 
 norm modules do not fire for the calls it takes (nothing in specdec registers any).
 
 Attention is :func:`specdec.engine.invariant.rowwise_attention`, the call transformers makes
-through the registered interface for a model made shape-invariant. A packed forward passes its
+through the registered interface for a model made shape-invariant (looked up there as transformers
+does, so a wrapper registered in its place sees these calls too). A packed forward passes its
 4-D mask as given (transformers returns a given 4-D mask unchanged). One sequence passes no mask:
 transformers passes none for a decode step or a first prefill, and for a block or chunk after a
 cached prefix the causal boolean mask its sdpa mask builder makes, whose visible key range per
@@ -139,8 +140,13 @@ def lean_forward(model: nn.Module, input_ids: torch.Tensor, cache, position_ids:
         ``[1, n, V]`` logits in the model's activation dtype; the new positions' keys and values
         are appended to ``cache``.
     """
-    from specdec.engine.invariant import rowwise_attention
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    from specdec.engine.invariant import ATTENTION_NAME
+
+    # the function registered under the model's attention name (row-wise attention, or a wrapper a
+    # profiler registered in its place, e.g. benchmarks.batching_profile), looked up as transformers does
+    attention = ALL_ATTENTION_FUNCTIONS[ATTENTION_NAME]
     inner = model.model
     m = input_ids.shape[1]
     h = inner.embed_tokens(input_ids)  # [1, M, H]
@@ -160,7 +166,7 @@ def lean_forward(model: nn.Module, input_ids: torch.Tensor, cache, position_ids:
         q = (q * cos) + (_rotate_half(q) * sin)
         k = (k * cos) + (_rotate_half(k) * sin)
         k, v = cache.update(k, v, attn.layer_idx)
-        out, _ = rowwise_attention(attn, q, k, v, attention_mask, scaling=attn.scaling, dropout=0.0)
+        out, _ = attention(attn, q, k, v, attention_mask, scaling=attn.scaling, dropout=0.0)
         out = attn.o_proj(out.reshape(1, m, -1).contiguous())
         h = residual + out
         residual = h
