@@ -235,7 +235,8 @@ def install(model: nn.Module) -> bool:
                 labels=None, use_cache=None, logits_to_keep=0, **kwargs):
         if labels is None and use_cache is not False and _lean_call(
                 model, input_ids, attention_mask, position_ids, cache, inputs_embeds, logits_to_keep, kwargs):
-            if input_ids.shape[1] == 1 and position_ids is None and isinstance(logits_to_keep, int) and logits_to_keep in (0, 1):
+            one_step = input_ids.shape[1] == 1 and position_ids is None
+            if one_step and isinstance(logits_to_keep, int) and logits_to_keep in (0, 1):  # a plain decode step
                 logits = decode_one(model, input_ids, cache)
             else:
                 logits = lean_forward(model, input_ids, cache, position_ids, attention_mask, logits_to_keep)
