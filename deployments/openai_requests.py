@@ -27,6 +27,10 @@ content parts of type ``text`` are joined); ``max_tokens`` / ``max_completion_to
 ``speculation: {proposer, max_k, draft_min_confidence}`` -> ``speculation``; vLLM's ``cache_salt``
 (a non-empty string: only requests with the same salt share cached prompt prefixes) as is. ``n`` runs n independent generations (each admitted
 as one request; with a ``seed``, choice i uses ``seed + i``). ``user`` is accepted and ignored.
+Fields whose only honoured value is "nothing asked" are taken with that value alone (and
+their JSON type): chat ``tools: []``, ``tool_choice: "none"``, ``response_format: {"type":
+"text"}``, ``parallel_tool_calls`` (a boolean: there are no tools); completions ``echo: false``,
+``suffix: ""``, ``best_of`` equal to ``n``; any other value is refused.
 """
 
 from __future__ import annotations
@@ -78,9 +82,9 @@ _MESSAGE_FIELDS = {"role", "content", "tool_calls"}
 #: JSON types of the body's scalar fields (checked here: the core's pydantic models convert
 #: loosely, so ``"max_tokens": true`` was 1 token and ``"ignore_eos": "no"`` false; gRPC's proto
 #: types never allow either). ``n``, ``stream`` and ``logprobs`` are checked where they are read.
-_WHOLE = ("max_tokens", "max_completion_tokens", "seed", "top_k", "min_tokens")
+_WHOLE = ("max_tokens", "max_completion_tokens", "seed", "top_k", "min_tokens", "best_of")
 _NUMBER = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "repetition_penalty")
-_BOOL = ("ignore_eos",)
+_BOOL = ("ignore_eos", "echo", "parallel_tool_calls")
 #: Body fields that go into the core request's ``sampling`` as they are.
 _SAMPLING = ("top_p", "seed", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias")
 
@@ -186,7 +190,7 @@ def _check_json_types(body: Mapping[str, Any]) -> None:
     for name in _BOOL:
         if name in body and not isinstance(body[name], bool):
             raise InvalidRequestError(f"{name} must be true or false, got {body[name]!r}")
-    for name in ("user", "cache_salt"):
+    for name in ("user", "cache_salt", "suffix"):
         if name in body and not isinstance(body[name], str):
             raise InvalidRequestError(f"{name} must be a string, got {body[name]!r}")
     ids = body.get("stop_token_ids")
@@ -326,9 +330,11 @@ def translate(body: Any, endpoint: str, model_ids: Sequence[str]) -> OpenAIReque
         if "messages" not in body:
             raise InvalidRequestError("messages is required")
         data["messages"] = _messages(body["messages"])
-        for name in ("tools", "tool_choice"):
-            if body.get(name) not in (None, [], "none"):
-                raise InvalidRequestError(f"{name}: tool calls are not supported")
+        # only the values that ask for no tool call are taken ("tools": "none" or "tool_choice": []
+        # were accepted too: a malformed body answered as if it were well formed)
+        for name, off in (("tools", []), ("tool_choice", "none")):
+            if body.get(name, off) != off:
+                raise InvalidRequestError(f"{name}: tool calls are not supported (only {json.dumps(off)} is accepted)")
         fmt = body.get("response_format")
         if fmt is not None and fmt != {"type": "text"}:
             raise InvalidRequestError("response_format: only {\"type\": \"text\"} is supported")

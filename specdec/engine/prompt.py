@@ -16,7 +16,9 @@ def encode_prompt(tokenizer, request: GenerationRequest, emittable: int) -> list
 
     Raises:
         InvalidRequestError: prompt or stop token ids outside the vocabulary, a tokenizer without
-            a chat template, or a prompt that tokenizes to nothing.
+            a chat template, messages the chat template refuses (its ``raise_exception``: e.g.
+            roles that do not alternate, a system message it has no place for; was an internal
+            error, HTTP 500), or a prompt that tokenizes to nothing.
     """
     bad_stop = [t for t in request.stop_token_ids if not 0 <= t < emittable]
     if bad_stop:  # could never fire: a silent no-op is a wrong answer
@@ -33,9 +35,16 @@ def encode_prompt(tokenizer, request: GenerationRequest, emittable: int) -> list
     if request.messages is not None:
         if not getattr(tokenizer, "chat_template", None):
             raise InvalidRequestError("this target has no chat template; send a prompt instead of messages")
-        text = tokenizer.apply_chat_template(
-            [m.model_dump() for m in request.messages], add_generation_prompt=True, tokenize=False
-        )
+        from jinja2.exceptions import TemplateError, TemplateSyntaxError
+
+        try:
+            text = tokenizer.apply_chat_template(
+                [m.model_dump() for m in request.messages], add_generation_prompt=True, tokenize=False
+            )
+        except TemplateSyntaxError:  # the template itself is broken: the server's fault
+            raise
+        except TemplateError as e:  # the template's raise_exception ("roles must alternate", ...)
+            raise InvalidRequestError(f"messages: the target's chat template refuses them: {e}") from None
         ids = tokenizer.encode(text, add_special_tokens=False)
     else:
         ids = tokenizer.encode(request.prompt)

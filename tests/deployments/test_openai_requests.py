@@ -1,0 +1,121 @@
+"""The OpenAI body -> core request translation (:func:`deployments.openai_requests.translate`)
+and the chat template's own refusals, without Ray, a Router or a model: fields whose only
+honoured value is "nothing asked" are taken with that value alone, any other value (a wrong JSON
+type included) is 400 naming the field; messages the target's chat template refuses are 400, not
+an internal error. The same bodies through the served app: ``test_openai_api.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from deployments.grpc_status import status_for
+from deployments.openai_errors import error_message, error_param, http_status_for
+from deployments.openai_requests import translate
+from specdec.engine.prompt import encode_prompt
+from specdec.errors import InvalidRequestError
+from specdec.request import parse_request
+from specdec.testing.tiny import build_tiny_tokenizer
+
+MODEL = "specdec"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+COMPLETION = {"model": MODEL, "prompt": "hi"}
+
+
+def _refusal(endpoint: str, body: dict) -> tuple[str, str | None]:
+    with pytest.raises(InvalidRequestError) as e:
+        translate(body, endpoint, [MODEL])
+    assert http_status_for(e.value) == 400
+    return error_message(e.value, endpoint, body), error_param(e.value, endpoint, body)
+
+
+@pytest.mark.parametrize("endpoint, extra", [
+    ("chat", {"tools": []}),
+    ("chat", {"tool_choice": "none"}),
+    ("chat", {"tools": [], "tool_choice": "none", "parallel_tool_calls": True}),
+    ("chat", {"parallel_tool_calls": False}),
+    ("chat", {"response_format": {"type": "text"}}),
+    ("completions", {"echo": False}),
+    ("completions", {"suffix": ""}),
+    ("completions", {"best_of": 1}),
+    ("completions", {"n": 3, "best_of": 3}),
+    ("chat", {"tools": None, "echo": None}),  # JSON null: not set
+])
+def test_the_no_op_values_are_accepted_and_change_nothing(endpoint, extra):
+    base = CHAT if endpoint == "chat" else COMPLETION
+    plain = translate(base, endpoint, [MODEL])
+    got = translate({**base, **extra}, endpoint, [MODEL])
+    assert got.data == plain.data and got.n == extra.get("n", 1)
+    parse_request(got.choice_data(0))
+
+
+@pytest.mark.parametrize("endpoint, extra, message, param", [
+    # were accepted and ignored: malformed bodies answered as if well formed
+    ("chat", {"tools": "none"}, "tools: tool calls are not supported (only [] is accepted)", "tools"),
+    ("chat", {"tool_choice": []}, 'tool_choice: tool calls are not supported (only "none" is accepted)',
+     "tool_choice"),
+    ("chat", {"parallel_tool_calls": "yes"}, "parallel_tool_calls must be true or false, got 'yes'",
+     "parallel_tool_calls"),
+    ("completions", {"echo": 0}, "echo must be true or false, got 0", "echo"),
+    ("completions", {"suffix": 0}, "suffix must be a string, got 0", "suffix"),
+    ("completions", {"suffix": []}, "suffix must be a string, got []", "suffix"),
+    ("completions", {"best_of": True}, "best_of must be a whole number, got True", "best_of"),
+    ("completions", {"best_of": 1.0}, "best_of must be a whole number, got 1.0", "best_of"),
+    # refused before too (pinned: a value that asks for something is never ignored)
+    ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tools: tool calls are not supported (only [] is accepted)", "tools"),
+    ("chat", {"tool_choice": "auto"}, 'tool_choice: tool calls are not supported (only "none" is accepted)',
+     "tool_choice"),
+    ("chat", {"response_format": {"type": "json_object"}}, 'response_format: only {"type": "text"} is supported',
+     "response_format"),
+    ("chat", {"functions": [{"name": "f"}]}, "unsupported field(s): functions", "functions"),
+    ("completions", {"echo": True}, "echo is not supported", "echo"),
+    ("completions", {"suffix": "}"}, "suffix is not supported", "suffix"),
+    ("completions", {"best_of": 2}, "best_of other than n is not supported", "best_of"),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.0.content: only text parts are supported", "messages.0.content"),
+    ("completions", {"prompt": ["a", "b"]},
+     "prompt: a batch of several prompts is not supported; send one prompt per request", "prompt"),
+])
+def test_other_values_are_400_naming_the_field(endpoint, extra, message, param):
+    base = CHAT if endpoint == "chat" else COMPLETION
+    assert _refusal(endpoint, {**base, **extra}) == (message, param)
+
+
+ALTERNATING = (
+    "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_messages_the_chat_template_refuses_are_a_bad_request_not_an_internal_error():
+    """A template's ``raise_exception`` (Mistral's and Llama 2's "roles must alternate", Gemma's
+    "System role not supported") escaped as jinja2's TemplateError: HTTP 500 / INTERNAL with
+    "internal error (TemplateError); see the server log", for a request the caller must change."""
+    tok = build_tiny_tokenizer()
+    tok.chat_template = ALTERNATING
+    ok = parse_request({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                     {"role": "user", "content": "c"}]})
+    assert encode_prompt(tok, ok, len(tok)) == tok.encode(tok.apply_chat_template(
+        [m.model_dump() for m in ok.messages], add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+    bad = parse_request({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]})
+    with pytest.raises(InvalidRequestError) as e:
+        encode_prompt(tok, bad, len(tok))
+    message = ("messages: the target's chat template refuses them: "
+               "Conversation roles must alternate user/assistant/user/assistant/...")
+    assert str(e.value) == message
+    assert http_status_for(e.value) == 400 and status_for(e.value).name == "INVALID_ARGUMENT"
+    assert error_message(e.value, "chat") == message and error_param(e.value, "chat") == "messages"
+
+
+def test_a_broken_chat_template_stays_the_servers_error():
+    """A template that does not parse is the server's fault (every chat request fails): not
+    turned into the caller's 400."""
+    from jinja2.exceptions import TemplateSyntaxError
+
+    tok = build_tiny_tokenizer()
+    tok.chat_template = "{% for m in messages %}"
+    req = parse_request({"messages": [{"role": "user", "content": "a"}]})
+    with pytest.raises(TemplateSyntaxError):
+        encode_prompt(tok, req, len(tok))
