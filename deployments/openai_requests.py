@@ -231,6 +231,10 @@ def _prompt(value: Any, data: dict) -> None:
         raise InvalidRequestError("prompt must be a string or a list of token ids")
 
 
+#: what a message's text parts (``content: [{"type": "text", "text": ...}, ...]``) are joined with
+TEXT_PART_SEPARATOR = "\n"
+
+
 def _content(i: int, content: Any) -> str:
     if content is None:  # OpenAI refuses it too (it allows none only beside tool_calls, refused here)
         raise InvalidRequestError(f"messages.{i}.content is required (a string or a list of text parts)")
@@ -242,7 +246,9 @@ def _content(i: int, content: Any) -> str:
             if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise InvalidRequestError(f"messages.{i}.content: only text parts are supported")
             texts.append(part["text"])
-        return "".join(texts)
+        # one newline between parts, as vLLM joins them (its "string" content format): the same
+        # parts give the same prompt, and so the same answer, as there
+        return TEXT_PART_SEPARATOR.join(texts)
     raise InvalidRequestError(f"messages.{i}.content must be a string or a list of text parts")
 
 

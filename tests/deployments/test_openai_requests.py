@@ -119,3 +119,15 @@ def test_a_broken_chat_template_stays_the_servers_error():
     req = parse_request({"messages": [{"role": "user", "content": "a"}]})
     with pytest.raises(TemplateSyntaxError):
         encode_prompt(tok, req, len(tok))
+
+
+def test_text_parts_are_joined_with_a_newline_as_vllm_does():
+    """A message's text parts become one content string, one newline between parts (vLLM's
+    "string" content format), so a client sees the prompt, and the answer, it gets there; a
+    one-part list is that part's text."""
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "World"}, {"type": "text", "text": ""}]
+    got = translate({"model": MODEL, "messages": [{"role": "system", "content": [parts[0]]},
+                                                    {"role": "user", "content": parts}]}, "chat", [MODEL])
+    assert got.data["messages"] == [{"role": "system", "content": "Hello"}, {"role": "user", "content": "Hello\nWorld\n"}]
+    plain = translate({"model": MODEL, "messages": [{"role": "user", "content": "Hello\nWorld\n"}]}, "chat", [MODEL])
+    assert plain.data["messages"][0] == got.data["messages"][1]
