@@ -180,15 +180,19 @@ def completion_logprobs(ids: Sequence[int], logprobs: Sequence[float], text: Tok
     dict token text -> logprob, or None when N = ``top_n`` = 0; ids that decode to the same text
     share one key, with the most likely one's logprob), text_offset (``offsets``, from
     :class:`TextOffsets`). With N > 0 ``top_logprobs`` is a list also when ``ids`` is empty (a
-    streamed chunk, an answer cut by a stop string)."""
+    streamed chunk, an answer cut by a stop string), and each position's dict also holds the token
+    chosen there when it is not among the N most likely (up to N + 1 entries, as OpenAI's legacy
+    completions and vLLM give them), so ``top_logprobs[j][tokens[j]]`` is always its logprob."""
     tokens = [text(t) for t in ids]
     tops = None
     if top or top_n:  # several ids may decode to the same text: the most likely one's logprob is kept
         tops = []
-        for m in top:
+        for j, m in enumerate(top):
             d: dict[str, float] = {}
             for i, v in zip(m.ids, m.logprobs):
                 d.setdefault(text(i), float(v))
+            if j < len(tokens) and j < len(logprobs):
+                d.setdefault(tokens[j], float(logprobs[j]))
             tops.append(d)
     return {"tokens": tokens, "token_logprobs": [float(x) for x in logprobs], "top_logprobs": tops,
             "text_offset": list(offsets)}

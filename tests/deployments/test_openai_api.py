@@ -776,12 +776,16 @@ def test_sampling_surface_over_http_equals_grpc(stack):
                                                                       for t in g.top_logprobs]
     assert cmpl.choices[0].model_extra["token_ids"] == list(g.token_ids)
     tops = cmpl.choices[0].logprobs.top_logprobs
-    assert [set(d) for d in tops] == [{tok.decode([i]) for i in t.ids} for t in g.top_logprobs]
-    for d, t in zip(tops, g.top_logprobs):  # ids decoding alike share a key: the most likely one's logprob
-        first = {}
+    # the top 3 and the sampled token (up to 4 entries, as OpenAI's legacy completions and vLLM)
+    assert [set(d) for d in tops] == [{tok.decode([i]) for i in t.ids} | {tok.decode([s])}
+                                      for t, s in zip(g.top_logprobs, g.token_ids)]
+    for d, t, s, v_s in zip(tops, g.top_logprobs, g.token_ids, g.logprobs):
+        first = {}  # ids decoding alike share a key: the most likely one's logprob
         for i, v in zip(t.ids, t.logprobs):
             first.setdefault(tok.decode([i]), v)
+        first.setdefault(tok.decode([s]), v_s)
         assert d == pytest.approx(first, abs=1e-5)
+    assert any(s not in t.ids for t, s in zip(g.top_logprobs, g.token_ids))  # temperature 0.8: one sampled outside
 
 
 def test_bad_sampling_values_have_the_grpc_message_with_the_body_field(stack):
@@ -911,7 +915,7 @@ def test_openais_bounds_themselves_are_answered_and_grpc_keeps_its_wider_ranges(
     assert cmpl.choices[0].model_extra["token_ids"] == list(g.token_ids)
     assert cmpl.choices[0].text == g.text
     assert [set(d) for d in cmpl.choices[0].logprobs.top_logprobs] == [
-        {tok.decode([i]) for i in t.ids} for t in g.top_logprobs]
+        {tok.decode([i]) for i in t.ids} | {tok.decode([s])} for t, s in zip(g.top_logprobs, g.token_ids)]
     wide, ctx = _grpc(router, pb.GenerateRequest(prompt=PROMPT, max_tokens=4, stop=FIVE_STOPS,
                                                  sampling=pb.SamplingParams(temperature=3.0, seed=1)))
     assert ctx.code is None and len(wide.token_ids) >= 1, ctx.details

@@ -131,3 +131,20 @@ def test_text_parts_are_joined_with_a_newline_as_vllm_does():
     assert got.data["messages"] == [{"role": "system", "content": "Hello"}, {"role": "user", "content": "Hello\nWorld\n"}]
     plain = translate({"model": MODEL, "messages": [{"role": "user", "content": "Hello\nWorld\n"}]}, "chat", [MODEL])
     assert plain.data["messages"][0] == got.data["messages"][1]
+
+
+def test_completion_top_logprobs_hold_the_chosen_token_too():
+    """Completions' ``top_logprobs[j]`` holds the N most likely tokens and, when it is not among
+    them, the token chosen at j with its logprob (up to N + 1 entries, as OpenAI's legacy
+    completions and vLLM), so ``top_logprobs[j][tokens[j]]`` never raises KeyError."""
+    from deployments.openai_responses import TokenText, completion_logprobs
+    from protos.specdec.v1 import specdec_pb2 as pb
+
+    text = TokenText(build_tiny_tokenizer())
+    top = [pb.TopLogprobs(ids=[5, 6], logprobs=[-0.125, -2.5]), pb.TopLogprobs(ids=[7, 8], logprobs=[-0.25, -1.875])]
+    got = completion_logprobs([5, 9], [-0.125, -4.25], text, [0, 1], top, 2)
+    assert got["tokens"] == [text(5), text(9)]
+    assert got["top_logprobs"] == [{text(5): -0.125, text(6): -2.5}, {text(7): -0.25, text(8): -1.875, text(9): -4.25}]
+    assert [d[t] for d, t in zip(got["top_logprobs"], got["tokens"])] == [-0.125, -4.25]  # float32 on the wire: values exact in binary
+    assert completion_logprobs([], [], text, [], [], 2)["top_logprobs"] == []
+    assert completion_logprobs([5], [-0.1], text, [0])["top_logprobs"] is None  # logprobs 0: no alternatives
