@@ -284,7 +284,10 @@ def stream_chunk(req: OpenAIRequest, index: int, chunk: pb.GenerateStreamChunk, 
     if last:
         choice["finish_detail"] = _FINISH.get(chunk.finish_reason, ("stop", "unknown"))[1]
         choice["speculation_stats"] = stats_dict(chunk.stats, chunk.elapsed_s)
-    return chunk_envelope(req, [choice])
+    out = chunk_envelope(req, [choice])
+    if req.include_usage:  # OpenAI: with include_usage every other chunk has "usage": null, the last one the counts
+        out["usage"] = None
+    return out
 
 
 def sse(data: Any) -> bytes:

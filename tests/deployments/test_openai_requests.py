@@ -148,3 +148,20 @@ def test_completion_top_logprobs_hold_the_chosen_token_too():
     assert [d[t] for d, t in zip(got["top_logprobs"], got["tokens"])] == [-0.125, -4.25]  # float32 on the wire: values exact in binary
     assert completion_logprobs([], [], text, [], [], 2)["top_logprobs"] == []
     assert completion_logprobs([5], [-0.1], text, [0])["top_logprobs"] is None  # logprobs 0: no alternatives
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_streamed_chunks_carry_usage_null_with_include_usage(endpoint):
+    """With ``stream_options.include_usage`` every chunk before the usage chunk has ``"usage": null``
+    (OpenAI's streaming spec); without it no chunk has the key."""
+    from deployments.openai_responses import TextOffsets, TokenText, stream_chunk
+    from protos.specdec.v1 import specdec_pb2 as pb
+
+    text = TokenText(build_tiny_tokenizer())
+    base = CHAT if endpoint == "chat" else COMPLETION
+    chunk = pb.GenerateStreamChunk(text="ab", token_ids=[5, 6])
+    for include, expected in ((True, {"usage": None}), (False, {})):
+        req = translate({**base, "stream": True, "stream_options": {"include_usage": include}}, endpoint, [MODEL])
+        got = stream_chunk(req, 0, chunk, text, TextOffsets(text), first=True)
+        assert {k: got[k] for k in ("usage",) if k in got} == expected
+        assert got["choices"][0]["token_ids"] == [5, 6]
