@@ -17,7 +17,8 @@ refused here too, while gRPC keeps the core's wider ranges (temperature 0..100, 
 
 Field mapping (OpenAI -> core request): ``prompt`` (string, or a list of token ids) ->
 ``prompt`` / ``prompt_token_ids``; ``messages`` -> ``messages`` (``developer`` is ``system``;
-content parts of type ``text`` are joined); ``max_tokens`` / ``max_completion_tokens`` ->
+content parts of type ``text`` are joined with a newline, empty parts skipped, as vLLM);
+``max_tokens`` / ``max_completion_tokens`` ->
 ``max_tokens`` (completions default 16 as OpenAI's, chat the server's 128, either at most the tenant's limit); ``temperature``
 (default 1.0, as OpenAI: send 0 for greedy), ``top_p``, ``seed`` and the non-OpenAI ``top_k``
 (``-1`` = off, as vLLM) -> ``sampling``; ``stop`` (a string or a list) -> ``stop``;
@@ -246,9 +247,9 @@ def _content(i: int, content: Any) -> str:
             if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise InvalidRequestError(f"messages.{i}.content: only text parts are supported")
             texts.append(part["text"])
-        # one newline between parts, as vLLM joins them (its "string" content format): the same
-        # parts give the same prompt, and so the same answer, as there
-        return TEXT_PART_SEPARATOR.join(texts)
+        # one newline between non-empty parts, as vLLM joins them (its "string" content format,
+        # empty parts skipped): the same parts give the same prompt, and so the same answer, as there
+        return TEXT_PART_SEPARATOR.join(t for t in texts if t)
     raise InvalidRequestError(f"messages.{i}.content must be a string or a list of text parts")
 
 

@@ -182,7 +182,8 @@ def completion_logprobs(ids: Sequence[int], logprobs: Sequence[float], text: Tok
     :class:`TextOffsets`). With N > 0 ``top_logprobs`` is a list also when ``ids`` is empty (a
     streamed chunk, an answer cut by a stop string), and each position's dict also holds the token
     chosen there when it is not among the N most likely (up to N + 1 entries, as OpenAI's legacy
-    completions and vLLM give them), so ``top_logprobs[j][tokens[j]]`` is always its logprob."""
+    completions and vLLM give them): ``top_logprobs[j]`` always has the key ``tokens[j]``, whose
+    value is the chosen token's logprob unless a more likely id decodes to the same text."""
     tokens = [text(t) for t in ids]
     tops = None
     if top or top_n:  # several ids may decode to the same text: the most likely one's logprob is kept

@@ -43,7 +43,12 @@ def encode_prompt(tokenizer, request: GenerationRequest, emittable: int) -> list
             )
         except TemplateSyntaxError:  # the template itself is broken: the server's fault
             raise
-        except TemplateError as e:  # the template's raise_exception ("roles must alternate", ...)
+        except TemplateError as e:
+            # only the template's raise_exception (transformers raises exactly TemplateError: "roles
+            # must alternate", ...) is the caller's; its subclasses (an undefined variable, the
+            # sandbox's SecurityError, a missing include) are the template's bugs: the server's fault
+            if type(e) is not TemplateError:
+                raise
             raise InvalidRequestError(f"messages: the target's chat template refuses them: {e}") from None
         ids = tokenizer.encode(text, add_special_tokens=False)
     else:

@@ -121,15 +121,32 @@ def test_a_broken_chat_template_stays_the_servers_error():
         encode_prompt(tok, req, len(tok))
 
 
+def test_a_template_bug_stays_the_servers_error():
+    """Only the template's own ``raise_exception`` (exactly jinja's TemplateError) is the caller's
+    400; an undefined variable's error (a TemplateError subclass) is the template's bug: raised as
+    is, a server error."""
+    from jinja2.exceptions import UndefinedError
+
+    tok = build_tiny_tokenizer()
+    tok.chat_template = "{{ no_such_variable.field }}"
+    req = parse_request({"messages": [{"role": "user", "content": "a"}]})
+    with pytest.raises(UndefinedError):
+        encode_prompt(tok, req, len(tok))
+
+
 def test_text_parts_are_joined_with_a_newline_as_vllm_does():
-    """A message's text parts become one content string, one newline between parts (vLLM's
-    "string" content format), so a client sees the prompt, and the answer, it gets there; a
-    one-part list is that part's text."""
-    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "World"}, {"type": "text", "text": ""}]
-    got = translate({"model": MODEL, "messages": [{"role": "system", "content": [parts[0]]},
-                                                    {"role": "user", "content": parts}]}, "chat", [MODEL])
-    assert got.data["messages"] == [{"role": "system", "content": "Hello"}, {"role": "user", "content": "Hello\nWorld\n"}]
-    plain = translate({"model": MODEL, "messages": [{"role": "user", "content": "Hello\nWorld\n"}]}, "chat", [MODEL])
+    """A message's text parts become one content string, one newline between non-empty parts (vLLM's
+    "string" content format skips empty parts), so a client sees the prompt, and the answer, it
+    gets there; a one-part list is that part's text, an empty list or only empty parts ""."""
+    def part(t):
+        return {"type": "text", "text": t}
+
+    got = translate({"model": MODEL, "messages": [
+        {"role": "system", "content": [part("Hello")]},
+        {"role": "user", "content": [part("Hello"), part(""), part("World"), part("")]},
+        {"role": "assistant", "content": []}, {"role": "user", "content": [part("")]}]}, "chat", [MODEL])
+    assert [m["content"] for m in got.data["messages"]] == ["Hello", "Hello\nWorld", "", ""]
+    plain = translate({"model": MODEL, "messages": [{"role": "user", "content": "Hello\nWorld"}]}, "chat", [MODEL])
     assert plain.data["messages"][0] == got.data["messages"][1]
 
 
@@ -145,8 +162,15 @@ def test_completion_top_logprobs_hold_the_chosen_token_too():
     got = completion_logprobs([5, 9], [-0.125, -4.25], text, [0, 1], top, 2)
     assert got["tokens"] == [text(5), text(9)]
     assert got["top_logprobs"] == [{text(5): -0.125, text(6): -2.5}, {text(7): -0.25, text(8): -1.875, text(9): -4.25}]
-    assert [d[t] for d, t in zip(got["top_logprobs"], got["tokens"])] == [-0.125, -4.25]  # float32 on the wire: values exact in binary
+    # float32 on the wire: values exact in binary
+    assert [d[t] for d, t in zip(got["top_logprobs"], got["tokens"])] == [-0.125, -4.25]
     assert completion_logprobs([], [], text, [], [], 2)["top_logprobs"] == []
+    # the chosen id decodes like a more likely one (two lone bytes >= 0x80: both U+FFFD): one key,
+    # the more likely id's logprob, as for alternatives alike
+    hi = [i for i in range(len(text.tokenizer)) if text(i) == "\ufffd"][:2]
+    assert len(hi) == 2
+    same = completion_logprobs([hi[1]], [-3.0], text, [0], [pb.TopLogprobs(ids=[hi[0]], logprobs=[-0.5])], 1)
+    assert same["top_logprobs"] == [{"\ufffd": -0.5}] and same["tokens"] == ["\ufffd"]
     assert completion_logprobs([5], [-0.1], text, [0])["top_logprobs"] is None  # logprobs 0: no alternatives
 
 
