@@ -249,6 +249,34 @@ def start_line(cfg, num_cpus: int, capability: str | None = None) -> str:
     return line
 
 
+#: what each attention mode of the target's TP ranks (their ``Info``'s ``"attention"``) means, for the start-up line
+ATTENTION_MODES = {
+    "row": "one attention call per query row",
+    "sequence": "one attention call per sequence (its load-time probe passed)",
+    "transformers": "transformers' attention (a forward not made shape-invariant)",
+}
+
+
+def target_line(infos: list[dict]) -> str:
+    """``specdec serve``'s line on the running target replica, from its TP ranks' ``Info`` facts:
+    ranks, device, weight format, torch threads and how attention computes rows (on a GPU one
+    call per row is launch-bound: session 22 measured the batched path 10x slower than the
+    unbatched one there; README, "What has not run on a GPU yet").
+
+    Args:
+        infos: one dict per rank (:meth:`deployments.tp_worker.TPWorker.setup`'s facts), rank 0 first.
+
+    Returns:
+        e.g. ``"target replica: TP=1 on cpu, w8a8, 2 torch threads, one attention call per query row"``.
+    """
+    if not infos:
+        return "target replica: no TP rank reported"
+    first = infos[0]
+    mode = first.get("attention")
+    return (f"target replica: TP={len(infos)} on {first.get('device')}, {first.get('weight_format')}, "
+            f"{first.get('torch_threads')} torch threads, {ATTENTION_MODES.get(mode, f'attention {mode}')}")
+
+
 def run_serve(args) -> int:
     """Start a local Ray, deploy, wait until ready; optionally send the demo request; shut down.
 
@@ -321,6 +349,11 @@ def run_serve(args) -> int:
         except Exception as e:  # noqa: BLE001 - requests say what is wrong; serving goes on
             _log(f"the draft replica is not ready yet: {type(e).__name__}: {e}")
         _log(f"ready in {time.perf_counter() - t0:.1f} s")
+        try:  # the replica's own facts (how its attention computes rows, above all on a GPU)
+            _log(target_line(serve.get_deployment_handle("Target", app_name=cfg.app_name).Info.remote().result(
+                timeout_s=10)))
+        except Exception as e:  # noqa: BLE001 - a line for the operator only; serving goes on
+            _log(f"target replica: its facts are not available ({type(e).__name__})")
         for line in endpoint_lines(cfg):
             _log(line)
         _log(metrics_line())

@@ -107,6 +107,7 @@ class TPWorker:
         import torch
         import torch.distributed as dist
 
+        from specdec.engine.invariant import attention_mode
         from specdec.engine.verifier import TargetVerifier
         from specdec.models.fused import FusedLinear, FusedSlice
 
@@ -164,6 +165,10 @@ class TPWorker:
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "prefix_cache_entries": prefix.entries if prefix is not None else 0,
             "lean_decode": verifier.lean,
+            # how attention computes rows: "row" / "sequence" (the shape-invariant forward; "sequence" only
+            # where the load-time probe on this device proved one call per sequence bitwise equal to one per
+            # row), "transformers" (a float32 forward, not made shape-invariant)
+            "attention": attention_mode(self.loaded.model) if self.loaded.invariant else "transformers",
         }
 
     def forward(self, token_ids: Sequence[int], every_rank: bool = False) -> torch.Tensor | None:

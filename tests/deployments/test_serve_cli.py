@@ -122,6 +122,22 @@ def test_serve_first_line_names_weight_formats_and_the_cpu_kernel_level():
         "target demo:target (TP=1, float32), draft demo:draft (float32); local Ray with 4 CPUs, CPU kernels AVX2")
 
 
+def test_serve_prints_the_target_replicas_attention_mode():
+    """After "ready", ``specdec serve`` says how the target replica's attention computes rows (its
+    TP ranks' facts): what a GPU user checks first (one call per row is launch-bound there)."""
+    rank = {"device": "cpu", "weight_format": "w8a8", "torch_threads": 2, "attention": "row"}
+    assert cli.target_line([rank]) == (
+        "target replica: TP=1 on cpu, w8a8, 2 torch threads, one attention call per query row")
+    gpu = {**rank, "device": "cuda:0", "weight_format": "bfloat16", "attention": "sequence"}
+    assert cli.target_line([gpu, {**gpu, "rank": 1}]) == (
+        "target replica: TP=2 on cuda:0, bfloat16, 2 torch threads, "
+        "one attention call per sequence (its load-time probe passed)")
+    assert cli.target_line([{**rank, "weight_format": "float32", "attention": "transformers"}]).endswith(
+        "float32, 2 torch threads, transformers' attention (a forward not made shape-invariant)")
+    assert cli.target_line([{**rank, "attention": "other"}]).endswith("2 torch threads, attention other")
+    assert cli.target_line([]) == "target replica: no TP rank reported"
+
+
 def test_serve_prints_both_endpoints():
     lines = cli.endpoint_lines(cli.load_config(_args("--grpc-port", "9100", "--http-port", "8100")))
     assert lines == [

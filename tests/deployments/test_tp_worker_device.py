@@ -66,10 +66,12 @@ def test_tp1_worker_runs_plain_steps_through_lean_decode(tiny_model_folder, monk
     from specdec.models import lean_decode
     from tests.conftest import target_greedy
 
-    assert TPWorker(0, 1).setup(str(tiny_model_folder), "127.0.0.1", 0)["lean_decode"] is False  # float32
+    plain = TPWorker(0, 1).setup(str(tiny_model_folder), "127.0.0.1", 0)  # float32
+    assert plain["lean_decode"] is False and plain["attention"] == "transformers"
     worker = TPWorker(0, 1)
     info = worker.setup(str(tiny_model_folder), "127.0.0.1", 0, dtype="bfloat16")
     assert info["lean_decode"] is True
+    assert info["attention"] == "row"  # a CPU: one call per query row (SEQUENCE_ATTENTION "auto")
     lean_calls = []
     real = lean_decode.decode_one
     monkeypatch.setattr(lean_decode, "decode_one", lambda *a: lean_calls.append(1) or real(*a))
