@@ -109,28 +109,20 @@ def test_messages_the_chat_template_refuses_are_a_bad_request_not_an_internal_er
     assert error_message(e.value, "chat") == message and error_param(e.value, "chat") == "messages"
 
 
-def test_a_broken_chat_template_stays_the_servers_error():
-    """A template that does not parse is the server's fault (every chat request fails): not
-    turned into the caller's 400."""
-    from jinja2.exceptions import TemplateSyntaxError
-
-    tok = build_tiny_tokenizer()
-    tok.chat_template = "{% for m in messages %}"
-    req = parse_request({"messages": [{"role": "user", "content": "a"}]})
-    with pytest.raises(TemplateSyntaxError):
-        encode_prompt(tok, req, len(tok))
-
-
-def test_a_template_bug_stays_the_servers_error():
+@pytest.mark.parametrize("template, error", [
+    ("{% for m in messages %}", "TemplateSyntaxError"),  # does not parse: every chat request fails
+    ("{{ no_such_variable.field }}", "UndefinedError"),  # a TemplateError subclass: the template's bug
+])
+def test_a_broken_chat_template_stays_the_servers_error(template, error):
     """Only the template's own ``raise_exception`` (exactly jinja's TemplateError) is the caller's
-    400; an undefined variable's error (a TemplateError subclass) is the template's bug: raised as
-    is, a server error."""
-    from jinja2.exceptions import UndefinedError
+    400; a template that does not parse, or fails on its own bug (an undefined variable: a
+    TemplateError subclass), is the server's fault: raised as is, not turned into the caller's 400."""
+    import jinja2.exceptions
 
     tok = build_tiny_tokenizer()
-    tok.chat_template = "{{ no_such_variable.field }}"
+    tok.chat_template = template
     req = parse_request({"messages": [{"role": "user", "content": "a"}]})
-    with pytest.raises(UndefinedError):
+    with pytest.raises(getattr(jinja2.exceptions, error)):
         encode_prompt(tok, req, len(tok))
 
 
