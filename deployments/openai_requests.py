@@ -201,6 +201,16 @@ def _check_json_types(body: Mapping[str, Any]) -> None:
     if bias is not None and not (isinstance(bias, Mapping) and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in bias.values())):
         raise InvalidRequestError(f"logit_bias must be an object of token id -> number, got {bias!r}")
+    if bias is not None:  # JSON keys are strings: "7" and "07" are one id, and the core's dict would keep one bias
+        seen: dict[int, str] = {}
+        for key in bias:
+            try:
+                tid = int(key)
+            except (TypeError, ValueError):
+                continue  # no id: the core names the key
+            if tid in seen:
+                raise InvalidRequestError(f"logit_bias: token id {tid} is given twice ({seen[tid]!r} and {key!r})")
+            seen[tid] = key
     spec = body.get("speculation")
     if isinstance(spec, Mapping):
         extra = sorted(k for k, v in spec.items() if k not in _SPECULATION_FIELDS and v is not None)

@@ -181,3 +181,12 @@ def test_streamed_chunks_carry_usage_null_with_include_usage(endpoint):
         got = stream_chunk(req, 0, chunk, text, TextOffsets(text), first=True)
         assert {k: got[k] for k in ("usage",) if k in got} == expected
         assert got["choices"][0]["token_ids"] == [5, 6]
+
+
+def test_a_logit_bias_id_given_twice_is_400_not_one_bias_dropped():
+    """JSON object keys are strings: ``{"7": 5, "07": -5}`` names token 7 twice, and the core's
+    ``dict[int, float]`` kept one of the two biases silently; it is 400 naming both keys."""
+    body = {**CHAT, "logit_bias": {"7": 5, "07": -5}}
+    assert _refusal("chat", body) == ("logit_bias: token id 7 is given twice ('7' and '07')", "logit_bias")
+    ok = translate({**COMPLETION, "logit_bias": {"7": 5, "8": -5}}, "completions", [MODEL])
+    assert parse_request(ok.choice_data(0)).sampling.logit_bias == {7: 5.0, 8: -5.0}
