@@ -58,13 +58,16 @@ def http_status_for(exc: BaseException) -> int:
 
 def error_code(exc: BaseException) -> str | None:
     """OpenAI's ``code`` of ``exc``: ``context_length_exceeded`` for a prompt that leaves no room
-    (OpenAI's own code), the tenant limit's name for a tenant limit (``tokens_per_minute``, ...),
+    (OpenAI's own code), ``model_not_found`` for a ``model`` this server does not serve (OpenAI's
+    own code of that 404), the tenant limit's name for a tenant limit (``tokens_per_minute``, ...),
     else None. Always a string or None, as OpenAI's clients expect. A prompt plus an explicit
     ``max_tokens`` over the context is ``context_length_exceeded`` too (OpenAI's, vLLM's)."""
-    from specdec.errors import ContextLengthExceededError, PromptTooLongError
+    from specdec.errors import ContextLengthExceededError, ModelNotFoundError, PromptTooLongError
 
     if isinstance(exc, (PromptTooLongError, ContextLengthExceededError)):
         return "context_length_exceeded"
+    if isinstance(exc, ModelNotFoundError):
+        return "model_not_found"
     limit = getattr(exc, "limit", None)
     return limit if isinstance(limit, str) else None
 

@@ -494,6 +494,7 @@ def test_errors_through_the_openai_client(stack):
     assert e.status_code == 401 and e.body["message"] == "unknown API key"
     e = _status_of(_client(app).chat.completions.create(**{**chat, "model": "gpt-4"}))
     assert isinstance(e, openai.NotFoundError) and e.body["type"] == "not_found_error"
+    assert e.body["code"] == "model_not_found"  # OpenAI's code of this 404
     assert e.body["message"] == "the model 'gpt-4' does not exist; this server serves 'specdec'"
     e = _status_of(_client(app).chat.completions.create(**{**chat, "messages": [{"role": "robot", "content": "x"}]}))
     assert isinstance(e, openai.BadRequestError) and "messages.0.role" in e.body["message"]

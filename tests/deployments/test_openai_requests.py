@@ -190,3 +190,16 @@ def test_a_logit_bias_id_given_twice_is_400_not_one_bias_dropped():
     assert _refusal("chat", body) == ("logit_bias: token id 7 is given twice ('7' and '07')", "logit_bias")
     ok = translate({**COMPLETION, "logit_bias": {"7": 5, "8": -5}}, "completions", [MODEL])
     assert parse_request(ok.choice_data(0)).sampling.logit_bias == {7: 5.0, 8: -5.0}
+
+
+def test_an_unknown_model_is_404_with_openais_code():
+    """A ``model`` this server does not serve is 404 with ``code: model_not_found`` (OpenAI's code
+    for it), the message naming the served one."""
+    from deployments.openai_errors import error_code
+    from specdec.errors import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError) as e:
+        translate({**CHAT, "model": "gpt-4o"}, "chat", [MODEL])
+    assert http_status_for(e.value) == 404 and error_code(e.value) == "model_not_found"
+    assert str(e.value) == "the model 'gpt-4o' does not exist; this server serves 'specdec'"
+    assert error_code(InvalidRequestError("top_p: bad")) is None

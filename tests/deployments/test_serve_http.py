@@ -122,7 +122,7 @@ def test_every_error_status_from_a_real_bad_request(served):
     assert e401.value.body["message"] == "unknown API key"
     with pytest.raises(openai.NotFoundError) as e404:
         _client(served).chat.completions.create(**{**chat, "model": "gpt-4o"})
-    assert e404.value.body["type"] == "not_found_error"
+    assert e404.value.body["type"] == "not_found_error" and e404.value.body["code"] == "model_not_found"
     # tenant small: 40 tokens per minute, 1 + 8 reserved per request
     small = _client(served, KEYS["small"])
     with pytest.raises(openai.RateLimitError) as e429:
@@ -224,6 +224,7 @@ def test_every_http_path_answers(served):
     assert root.status_code == 200 and root.json()["openai_base_url"] == f"/{APP}/v1"
     nope = httpx2.get(_base(cfg) + "/v2/whatever", timeout=30)
     assert nope.status_code == 404 and nope.json()["error"]["type"] == "not_found_error"
+    assert nope.json()["error"]["code"] is None  # no such route: not a model
     assert [m.id for m in _client(served).models.list()] == [APP]
 
 
