@@ -197,20 +197,8 @@ def _check_json_types(body: Mapping[str, Any]) -> None:
     ids = body.get("stop_token_ids")
     if ids is not None and not (isinstance(ids, list) and all(_is_int(t) for t in ids)):
         raise InvalidRequestError(f"stop_token_ids must be a list of token ids, got {ids!r}")
-    bias = body.get("logit_bias")
-    if bias is not None and not (isinstance(bias, Mapping) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in bias.values())):
-        raise InvalidRequestError(f"logit_bias must be an object of token id -> number, got {bias!r}")
-    if bias is not None:  # JSON keys are strings: "7" and "07" are one id, and the core's dict would keep one bias
-        seen: dict[int, str] = {}
-        for key in bias:
-            try:
-                tid = int(key)
-            except (TypeError, ValueError):
-                continue  # no id: the core names the key
-            if tid in seen:
-                raise InvalidRequestError(f"logit_bias: token id {tid} is given twice ({seen[tid]!r} and {key!r})")
-            seen[tid] = key
+    if body.get("logit_bias") is not None:
+        _check_logit_bias(body["logit_bias"])
     spec = body.get("speculation")
     if isinstance(spec, Mapping):
         extra = sorted(k for k, v in spec.items() if k not in _SPECULATION_FIELDS and v is not None)
@@ -225,6 +213,24 @@ def _check_json_types(body: Mapping[str, Any]) -> None:
     stop = body.get("stop")
     if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(x, str) for x in stop))):
         raise InvalidRequestError(f"stop must be a string or a list of strings, got {stop!r}")
+
+
+def _check_logit_bias(bias: Any) -> None:
+    """An object of token id -> number whose keys name each id once: JSON keys are strings, so
+    ``"7"`` and ``"07"`` are one id, of which the core's ``dict[int, float]`` would keep one bias.
+    A key that is no id is left to the core, which names it."""
+    if not (isinstance(bias, Mapping) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                              for v in bias.values())):
+        raise InvalidRequestError(f"logit_bias must be an object of token id -> number, got {bias!r}")
+    seen: dict[int, str] = {}
+    for key in bias:
+        try:
+            tid = int(key)
+        except (TypeError, ValueError):
+            continue
+        if tid in seen:
+            raise InvalidRequestError(f"logit_bias: token id {tid} is given twice ({seen[tid]!r} and {key!r})")
+        seen[tid] = key
 
 
 def _prompt(value: Any, data: dict) -> None:

@@ -35,18 +35,17 @@ def encode_prompt(tokenizer, request: GenerationRequest, emittable: int) -> list
     if request.messages is not None:
         if not getattr(tokenizer, "chat_template", None):
             raise InvalidRequestError("this target has no chat template; send a prompt instead of messages")
-        from jinja2.exceptions import TemplateError, TemplateSyntaxError
+        from jinja2.exceptions import TemplateError
 
         try:
             text = tokenizer.apply_chat_template(
                 [m.model_dump() for m in request.messages], add_generation_prompt=True, tokenize=False
             )
-        except TemplateSyntaxError:  # the template itself is broken: the server's fault
-            raise
         except TemplateError as e:
             # only the template's raise_exception (transformers raises exactly TemplateError: "roles
-            # must alternate", ...) is the caller's; its subclasses (an undefined variable, the
-            # sandbox's SecurityError, a missing include) are the template's bugs: the server's fault
+            # must alternate", ...) is the caller's; its subclasses (a syntax error, an undefined
+            # variable, the sandbox's SecurityError, a missing include) are the template's bugs: the
+            # server's fault
             if type(e) is not TemplateError:
                 raise
             raise InvalidRequestError(f"messages: the target's chat template refuses them: {e}") from None
