@@ -449,6 +449,8 @@ def verify_result_to_proto(result: VerifyResult, target_time_s: float = 0.0,
     if batch is not None:
         msg.batch_forward, msg.batch_rows = batch.forward, batch.rows
         msg.batch_positions, msg.batch_forward_s = batch.positions, batch.seconds
+        if batch.context is not None:
+            msg.batch_context = batch.context
     return msg
 
 
@@ -468,5 +470,6 @@ def verify_result_from_proto(msg: xpb.VerificationResult, want_logprobs: bool) -
         committed_len=msg.committed_len,
         top_logprobs=top_logprobs_from_proto(msg.top_logprobs) if msg.top_logprobs else None,
         batch=BatchShape(int(msg.batch_forward), int(msg.batch_rows), int(msg.batch_positions),
-                         float(msg.batch_forward_s)) if msg.batch_rows else None,
+                         float(msg.batch_forward_s),
+                         float(msg.batch_context) if msg.HasField("batch_context") else None) if msg.batch_rows else None,
     )

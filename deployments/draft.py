@@ -222,7 +222,8 @@ class Draft:
             self.batch_k.join(gen, tenant, req.speculation.proposer if req.speculation.k > 0 else "none",
                               adaptive=adaptive, weight=job.tenant_weight or 1.0,
                               k_range=(min(job.k_min, req.speculation.k), req.speculation.k),
-                              prompt_tokens=len(prompt) if resume is None else 0, max_tokens=req.max_tokens)
+                              prompt_tokens=len(prompt) if resume is None else 0, max_tokens=req.max_tokens,
+                              context_tokens=len(prompt) + (len(resume.token_ids) if resume is not None else 0))
         return gen, gen.target
 
     # --- the streaming method ----------------------------------------------------------------

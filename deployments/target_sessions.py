@@ -222,7 +222,8 @@ class TargetSessionTable:
         from specdec.types import BatchShape
 
         shape = BatchShape(self._steps, getattr(self.verifier, "last_rows", len(items)),
-                           getattr(self.verifier, "last_positions", 0), now - t_fwd) if items else None
+                           getattr(self.verifier, "last_positions", 0), now - t_fwd,
+                           getattr(self.verifier, "last_context", None)) if items else None
         for t, res in zip(tickets, results):
             if res is None:
                 continue

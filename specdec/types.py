@@ -86,12 +86,14 @@ class BatchShape:
         rows: sessions the forward fed (prefill chunks included).
         positions: positions it fed (Σ (K_i + 1) plus prefill chunks).
         seconds: its duration (scoring and deciding every row).
+        context: mean tokens in the target's KV cache per row it fed, before it (None: unknown).
     """
 
     forward: int
     rows: int
     positions: int
     seconds: float
+    context: float | None = None
 
 
 @dataclass(frozen=True)

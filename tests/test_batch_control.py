@@ -487,8 +487,8 @@ class _Recording(BatchKController):
         super().__init__(**kw)
         self.told: list[tuple[dict, dict, float]] = []
 
-    def decide(self, sessions, fixed=None, behind=None, tokens_left=None):
-        d = super().decide(sessions, fixed, behind, tokens_left)
+    def decide(self, sessions, fixed=None, behind=None, tokens_left=None, context=None):
+        d = super().decide(sessions, fixed, behind, tokens_left, context)
         self.told.append((dict(behind or {}), dict(tokens_left or {}), self._loads["t"].catchup_s))
         return d
 

@@ -55,8 +55,9 @@ class _CurveWithPrefills(BatchCostModel):
     thin count below every well-measured count kept its own price: capped on the line, floored on
     the line through the origin from the least well-measured count)."""
 
-    def observe_verify(self, rows: int, positions: int, seconds: float, *, prefill: bool = False) -> None:
-        super().observe_verify(rows, positions, seconds)
+    def observe_verify(self, rows: int, positions: int, seconds: float, *, prefill: bool = False,
+                       context: float | None = None) -> None:
+        super().observe_verify(rows, positions, seconds)  # context-blind, as it was
 
     def _least_well_measured(self) -> float:
         return float("-inf")

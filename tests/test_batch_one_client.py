@@ -109,8 +109,8 @@ class _Before(BatchCostModel):
     """The batch cost model as it was: prefill forwards on its verify curve, a catch-up priced at
     no less than the model's price however cheap the measured ones."""
 
-    def observe_verify(self, rows, positions, seconds, *, prefill=False):
-        super().observe_verify(rows, positions, seconds)
+    def observe_verify(self, rows, positions, seconds, *, prefill=False, context=None):
+        super().observe_verify(rows, positions, seconds)  # context-blind, as it was
 
     def catchup_s(self, tokens):
         measured = 0.0 if self._catchup_rate is None else self._catchup_rate * tokens

@@ -187,10 +187,14 @@ class BatchKController:
     def observe_row(self, tenant: str, proposer: str, k: int, accepted: int) -> None:
         self.estimator.record((tenant, proposer), k, accepted)
 
-    def observe_tick(self, rows: int, positions: int, verify_s: float, draft_forwards: Sequence[tuple[int, float]] = ()) -> None:
-        """A tick's verify forward (rows, positions fed, seconds) and its draft forwards (rows, seconds)."""
+    def observe_tick(self, rows: int, positions: int, verify_s: float, draft_forwards: Sequence[tuple[int, float]] = (),
+                     *, context: float | None = None) -> None:
+        """A tick's verify forward (rows, positions fed, seconds) and its draft forwards (rows, seconds);
+        ``context``: the mean tokens per row in the target's KV cache before the forward (None: unknown;
+        :meth:`BatchCostModel.observe_verify`)."""
         if rows >= 1 and positions >= rows:
-            self.cost.observe_verify(rows, positions, verify_s, prefill=positions > rows * (self.k_top() + 1))
+            self.cost.observe_verify(rows, positions, verify_s, prefill=positions > rows * (self.k_top() + 1),
+                                     context=context)
             self.batches.append((rows, positions))
         for r, s in draft_forwards:
             if r >= 1:
@@ -199,7 +203,7 @@ class BatchKController:
     def decide(self, sessions: dict[tuple[str, str], int],
                fixed: dict[tuple[str, str, int], int] | None = None,
                behind: dict[str, int] | None = None,
-               tokens_left: dict[str, float] | None = None) -> BatchKDecision:
+               tokens_left: dict[str, float] | None = None, context: float | None = None) -> BatchKDecision:
         """K per tenant for the running sessions ``{(tenant, proposer): count}`` (one proposer per tenant used).
 
         Args:
@@ -211,7 +215,11 @@ class BatchKController:
                 (charged as a catch-up if it gets K > 0; class docstring). None: none behind.
             tokens_left: tenant -> the tokens its adaptive sessions have left, on average (the
                 catch-up is spread over the steps that leaves); absent: unknown.
+            context: the mean tokens in the target's KV cache per session of the batch (forwards
+                are priced there: :meth:`BatchCostModel.set_context`); None: the last forward's.
         """
+        if context is not None and hasattr(self.cost, "set_context"):
+            self.cost.set_context(context)
         loads: dict[str, TenantLoad] = {}
         for (tenant, proposer, k), n in (fixed or {}).items():
             if n > 0:

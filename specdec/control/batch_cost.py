@@ -24,6 +24,28 @@ RECENT_FORWARDS = 9
 #: is dearer than a larger one (4 against 5 positions, served) would be re-run more often.
 STALE_FORWARDS = RECENT_FORWARDS
 
+#: Decode forwards per shape (rows, positions) whose (context, seconds) the context rates are fitted
+#: over (:class:`BatchCostModel`, "Context").
+CONTEXT_SAMPLES = 48
+#: Least spread (pooled standard deviation within shapes, tokens) of the rows' mean context over
+#: the fitted forwards before the context rates are used: over a narrower range noise, not the
+#: context, decides the fit (:class:`BatchCostModel`, "Context").
+CONTEXT_MIN_SD = 12.0
+#: Fewest forwards in the fit (shapes of at least 4 forwards each).
+CONTEXT_MIN_FORWARDS = 16
+#: Decode forwards with a context between two fits of the rates.
+CONTEXT_REFIT = 8
+#: Shapes whose forwards the rates are fitted over: the most recently observed (a fit's work bounded).
+CONTEXT_SHAPES = 32
+#: The two rates are fitted apart only where the shapes' positions per row differ enough: the
+#: fit's normal matrix has ``det > CONTEXT_SEPARABLE · s11 · s22`` (the two regressors' squared
+#: correlation below 1 - this); else one rate over ``rows + CONTEXT_QUERY_SHARE · positions``.
+CONTEXT_SEPARABLE = 0.05
+#: Per cached token, a query position's cost relative to a row's, where the rates are not
+#: separable: the 2-core Zen 4 measured ~8e-6 s per row and ~4e-6 s per query position
+#: (docs/bench/batching/context-s26/: 8 x 1 positions 1.2e-5 s per row and token, 8 x 5 2.7e-5).
+CONTEXT_QUERY_SHARE = 0.5
+
 
 class BatchCostModel:
     """Measured seconds of batched forwards, as functions of what the batch holds.
@@ -147,6 +169,38 @@ class BatchCostModel:
     :data:`STALE_FORWARDS` forwards, and its measured price then holds again: the error corrects
     itself, where a stale overprice of a shape the controller stopped running never did.
 
+    **Context.** A forward's seconds also grow with the tokens already in its rows' KV caches:
+    each row's cache is read per layer, and each query position attends to its row's cached
+    tokens (on the CPU one attention call per query row,
+    :func:`specdec.engine.invariant.rowwise_attention`). In process on the 2-core Zen 4 (w8a8
+    pair, ``docs/bench/batching/context-s26/``), 8 rows x 1 position cost 0.116 s over 43-token
+    contexts and 0.162 s over 491 (1.2e-5 s per row and cached token), 8 rows x 5 positions 0.291
+    and 0.391 s (2.7e-5): about 8e-6 s per row and 4e-6 per query position, per cached token. A
+    shape's price is the median of its recent forwards, so after a 128-token group of 8 clients
+    the K = 0 forward was priced at its long contexts' 0.151 s where the next group, at short
+    contexts, ran it in 0.12: K = 0 at 53.0 tokens/s against 59.2 for K = 4 priced from forwards
+    measured at shorter contexts, the controller ran K = 3-4 for two ticks and paid both tenants'
+    draft catch-up (1.19 s; that round 0.89x K = 0, ``docs/bench/batching/inprocess-s25-quiet/``).
+    So a forward observed with its rows' mean context ``c`` (``observe_verify(..., context=c)``)
+    is kept on the curves and in its shape's window as its seconds at context 0, ``seconds -
+    (row_s · rows + query_s · positions) · c``, and priced at the batch's context
+    (:meth:`set_context`: the running sessions' mean cached tokens; before it, the last
+    forward's) by adding the same term. ``row_s`` and ``query_s`` (>= 0) are the least-squares
+    rates of seconds against ``rows · c`` and ``positions · c`` pooled within shapes (each
+    shape's forwards centred on their own means, so no shape's level enters them), over the last
+    :data:`CONTEXT_SAMPLES` decode forwards of each of the :data:`CONTEXT_SHAPES` shapes observed
+    last, refitted every :data:`CONTEXT_REFIT` and once more without the forwards more than 3
+    robust standard deviations off the first fit (a preempted forward). The two are told apart
+    only by shapes of different positions per row (:data:`CONTEXT_SEPARABLE`); before such shapes
+    spread in context, one rate over ``rows + CONTEXT_QUERY_SHARE · positions``. Both are 0
+    (today's context-blind prices) until the fitted forwards' contexts spread over at least
+    :data:`CONTEXT_MIN_SD` tokens (pooled standard deviation within shapes). A refit
+    re-expresses the shapes' windows from their raw seconds and shifts each curve point by the
+    change of rates times the mean units of its samples. Device-agnostic: the rates are measured,
+    so where context costs little (a GPU's forward bound by reading the weights) they are small
+    and the prices nearly context-blind. Forwards without a context (the start-up calibration, a
+    target that does not report one) are taken as at the pricing context.
+
     **Calibration is a prior of the shapes.** A replica's start-up calibration measures one
     session's verify forwards at every K (:meth:`observe_verify` ``calibration``) so that its first
     request is not priced on the priors. Its few forwards run while the process, and often the
@@ -217,10 +271,140 @@ class BatchCostModel:
         #: ("verify", rows, positions) (a shape's window) or ("point", positions) (the curve's point)
         #: -> :attr:`_forwards` at its last observation
         self._seen: dict[tuple, int] = {}
+        #: seconds a cached token adds per row of a forward, and per query position of it (its
+        #: attention's query-key pairs; class docstring, "Context")
+        self.context_row_s = 0.0
+        self.context_query_s = 0.0
+        #: (rows, positions) -> (mean context, seconds) of its last decode forwards with a context,
+        #: for the :data:`CONTEXT_SHAPES` shapes observed last
+        self._context_samples: collections.OrderedDict[tuple[int, int], collections.deque] = collections.OrderedDict()
+        self._context_new = 0  # forwards with a context since the last fit
+        #: the rows' mean context prices are read at (:meth:`set_context`; before it the last
+        #: forward's; None: none known)
+        self.context: float | None = None
+        self._context_set = False
+        #: ("verify", rows, positions) -> (seconds, rows · context, positions · context) of the
+        #: forwards in its window
+        self._recent_raw: dict[tuple, collections.deque] = {}
+        #: positions -> EWMA of (rows · context, positions · context) of what fed its curve point
+        #: (and the served curve's point)
+        self._point_units: dict[int, tuple[float, float]] = {}
+        self._served_units: dict[int, tuple[float, float]] = {}
 
-    def _median_recent(self, shape: tuple, seconds: float) -> float:
+    def set_context(self, context: float | None) -> None:
+        """Price forwards at rows holding ``context`` cached tokens on average (class docstring,
+        "Context"); None leaves the context as it is.
+
+        Raises:
+            ValueError: ``context`` negative or not finite.
+        """
+        if context is None:
+            return
+        if not 0 <= context < float("inf"):
+            raise ValueError(f"context must be finite and >= 0, got {context}")
+        self._context_set = True
+        if context != self.context:
+            self.context = float(context)
+            if self.context_row_s or self.context_query_s:
+                self.version += 1
+
+    def _units(self, rows: int, positions: int, context: float | None) -> tuple[float, float]:
+        """(rows · context, positions · context) of a forward (the pricing context when None; 0
+        before any)."""
+        c = (self.context if context is None else context) or 0.0
+        return rows * c, positions * c
+
+    def _context_s(self, units: tuple[float, float]) -> float:
+        """Seconds the context of a forward of these units adds (class docstring, "Context")."""
+        return self.context_row_s * units[0] + self.context_query_s * units[1]
+
+    def _context_term(self, rows: int, positions: int) -> float:
+        """What the pricing context adds to a forward of ``rows`` rows and ``positions`` positions (s)."""
+        return self._context_s(self._units(rows, positions, None))
+
+    def _drop_window(self, shape: tuple) -> None:
+        self._recent.pop(shape, None)
+        self._recent_raw.pop(shape, None)
+
+    def _drop_point(self, positions: int) -> None:
+        self.verify._verify.pop(positions, None)
+        self._point_units.pop(positions, None)
+
+    def _observe_context(self, rows: int, positions: int, context: float, seconds: float) -> None:
+        """Keep a decode forward's (context, seconds); refit every :data:`CONTEXT_REFIT` of them."""
+        shape = (rows, positions)
+        self._context_samples.setdefault(shape, collections.deque(maxlen=CONTEXT_SAMPLES)).append(
+            (float(context), float(seconds)))
+        self._context_samples.move_to_end(shape)
+        if len(self._context_samples) > CONTEXT_SHAPES:
+            self._context_samples.popitem(last=False)
+        self._context_new += 1
+        if self._context_new >= CONTEXT_REFIT:
+            self._context_new = 0
+            self._set_context_rates(*self.fit_context())
+
+    def fit_context(self) -> tuple[float, float]:
+        """(seconds per cached token per row, per query-key pair) fitted to the kept forwards
+        (class docstring, "Context"); (0, 0) while they do not spread enough."""
+        pts = []  # (rows · dc, positions · dc, dt, dc): centred on the shape's own means
+        for (rows, positions), window in self._context_samples.items():
+            if len(window) >= 4:
+                mc = sum(c for c, _ in window) / len(window)
+                mt = sum(t for _, t in window) / len(window)
+                pts += [(rows * (c - mc), positions * (c - mc), t - mt, c - mc) for c, t in window]
+        if len(pts) < CONTEXT_MIN_FORWARDS or (sum(p[3] ** 2 for p in pts) / len(pts)) ** 0.5 < CONTEXT_MIN_SD:
+            return 0.0, 0.0
+
+        def fit(sample) -> tuple[float, float]:
+            s11 = sum(x1 * x1 for x1, _, _, _ in sample)
+            s22 = sum(x2 * x2 for _, x2, _, _ in sample)
+            s12 = sum(x1 * x2 for x1, x2, _, _ in sample)
+            s1y = sum(x1 * y for x1, _, y, _ in sample)
+            s2y = sum(x2 * y for _, x2, y, _ in sample)
+            det = s11 * s22 - s12 * s12
+            if det > CONTEXT_SEPARABLE * s11 * s22:  # shapes of different positions per row: both rates
+                a, b = (s22 * s1y - s12 * s2y) / det, (s11 * s2y - s12 * s1y) / det
+                if a >= 0 and b >= 0:
+                    return a, b
+                if a < 0:
+                    return 0.0, max(0.0, s2y / s22)
+                return max(0.0, s1y / s11), 0.0
+            # one combined rate: rows + CONTEXT_QUERY_SHARE · positions per cached token
+            sxx = s11 + 2 * CONTEXT_QUERY_SHARE * s12 + CONTEXT_QUERY_SHARE ** 2 * s22
+            a = max(0.0, (s1y + CONTEXT_QUERY_SHARE * s2y) / sxx) if sxx > 0 else 0.0
+            return a, CONTEXT_QUERY_SHARE * a
+
+        a, b = fit(pts)
+        resid = sorted(abs(y - a * x1 - b * x2) for x1, x2, y, _ in pts)
+        mad = resid[len(resid) // 2]
+        if mad > 0:
+            kept = [p for p in pts if abs(p[2] - a * p[0] - b * p[1]) <= 3 * 1.4826 * mad]
+            if len(kept) >= CONTEXT_MIN_FORWARDS:
+                a, b = fit(kept)
+        return a, b
+
+    def _set_context_rates(self, row_s: float, query_s: float) -> None:
+        """Re-express what is kept at context 0 under new rates (class docstring, "Context")."""
+        d_row, d_query = row_s - self.context_row_s, query_s - self.context_query_s
+        if d_row == 0 and d_query == 0:
+            return
+        self.version += 1
+        self.context_row_s, self.context_query_s = row_s, query_s
+        for shape, raw in self._recent_raw.items():
+            window = self._recent.get(shape)
+            if window is not None:
+                window.clear()
+                window.extend(t - self._context_s((u1, u2)) for t, u1, u2 in raw)
+        for curve, units in ((self.verify, self._point_units), (self._served_curve, self._served_units)):
+            for positions, (u1, u2) in units.items():
+                e = curve._verify.get(positions)
+                if e is not None and e.value is not None:
+                    e.value = max(0.0, e.value - d_row * u1 - d_query * u2)
+
+    def _median_recent(self, shape: tuple, seconds: float, units: tuple[float, float] | None = None) -> float:
         """Record ``seconds`` for ``shape``; the median of its last :data:`RECENT_FORWARDS` (class
-        docstring, "Outliers").
+        docstring, "Outliers"). ``units``: a verify forward's (rows · context, positions · context);
+        it is kept at context 0 (class docstring, "Context").
 
         Raises:
             ValueError: ``seconds`` negative or not finite.
@@ -228,11 +412,15 @@ class BatchCostModel:
         if not 0 <= seconds < float("inf"):
             raise ValueError(f"seconds must be finite and >= 0, got {seconds}")
         window = self._recent.setdefault(shape, collections.deque(maxlen=RECENT_FORWARDS))
+        if units is not None:
+            self._recent_raw.setdefault(shape, collections.deque(maxlen=RECENT_FORWARDS)).append(
+                (float(seconds), *units))
+            seconds = seconds - self._context_s(units)
         window.append(float(seconds))
         return statistics.median(window)
 
     def observe_verify(self, rows: int, positions: int, seconds: float, *, prefill: bool = False,
-                       calibration: bool = False) -> None:
+                       calibration: bool = False, context: float | None = None) -> None:
         """One batched verify forward of ``rows`` sessions and ``positions`` positions took ``seconds``.
 
         ``prefill``: the forward fed more positions than its rows' blocks can hold (a prompt's
@@ -240,6 +428,10 @@ class BatchCostModel:
         (largest k_max + 1)). Such a forward prices catch-ups (:meth:`catchup_s`) and counts in
         :attr:`min_positions_per_row`, but is not put on the verify curve that prices decode
         steps (class docstring, "Prefill forwards are not decode forwards").
+
+        ``context``: the mean tokens its rows held in the target's KV cache before it (None:
+        unknown, taken as the pricing context): it is kept at context 0 and fits the context slope
+        (class docstring, "Context").
 
         ``calibration``: a start-up calibration forward (one session on a dummy sequence,
         :meth:`specdec.control.batch_sessions.BatchKSessions.join`): on the curve, but not in
@@ -253,15 +445,23 @@ class BatchCostModel:
             raise ValueError(f"need 1 <= rows <= positions, got rows={rows}, positions={positions}")
         if not 0 <= seconds < float("inf"):
             raise ValueError(f"seconds must be finite and >= 0, got {seconds}")
+        if context is not None and not 0 <= context < float("inf"):
+            raise ValueError(f"context must be finite and >= 0, got {context}")
         self.version += 1
+        raw = seconds
+        if context is not None and not prefill and not calibration:
+            if not self._context_set:
+                self.context = float(context)
+            self._observe_context(rows, positions, context, seconds)
+        units = self._units(rows, positions, context)
         # a stale price above a fresher forward of more positions: this forward replaces its samples
         # (class docstring, "Stale points")
-        replace = not prefill and self._fresh_cap(rows, positions) < self._price(rows, positions)
+        replace = not prefill and self._fresh_cap(rows, positions) < self._price_at(rows, positions)
         self._forwards += 1
         if not calibration:
             self.min_positions_per_row = min(self.min_positions_per_row, positions / rows)
         if positions >= 16:
-            self._cheapest_per_position = min(self._cheapest_per_position, seconds / positions)
+            self._cheapest_per_position = min(self._cheapest_per_position, raw / positions)
         if prefill:
             self._prefill_n += 1
             return
@@ -275,29 +475,45 @@ class BatchCostModel:
                 # calibration's (one row too; class docstring, "Calibration is a prior of the
                 # shapes"); a forward of more rows first keeps the curve point its row term needs
                 self._superseded.add(positions)
-                self._recent.pop(("verify", 1, positions), None)
-                self.verify._verify.pop(positions, None)
+                self._drop_window(("verify", 1, positions))
+                self._drop_point(positions)
             if positions not in self._served:
                 self.shapes_version += 1
             self._served[positions] = self._served.get(positions, 0) + 1
         if replace:
-            self._recent.pop(("verify", rows, positions), None)
-            self.verify._verify.pop(positions, None)
+            self._drop_window(("verify", rows, positions))
+            self._drop_point(positions)
         self._seen[("verify", rows, positions)] = self._seen[("point", positions)] = self._forwards
-        seconds = self._median_recent(("verify", rows, positions), seconds)
+        seconds = self._median_recent(("verify", rows, positions), seconds, units)
         if not calibration:
             self._served_curve.observe_verify(positions, seconds)
+            self._track_units(self._served_units, self._served_curve, positions, units)
         if rows > 1 and positions in self.verify._verify:
             residual = (seconds - self.verify.verify_s(positions)) / (rows - 1)
             self._row_n += 1
             self._row_s += max(0.2, 1.0 / self._row_n) * (max(residual, 0.0) - self._row_s)
         self.verify.observe_verify(positions, seconds)
+        self._track_units(self._point_units, self.verify, positions, units)
         point = self.verify._verify[positions]
         if point.n == self.THIN_SAMPLES:
             # measured often enough to stand for itself (verify_s): from here on at the median of its
             # forwards, not at an EWMA that started on its first one (a contended 0.40 s where the
             # next two took 0.077 s left the point at 0.198 s, above the line it is no longer capped on)
             point.value = seconds
+            raw_window = self._recent_raw.get(("verify", rows, positions))
+            if raw_window:
+                self._point_units[positions] = (sum(u[1] for u in raw_window) / len(raw_window),
+                                                sum(u[2] for u in raw_window) / len(raw_window))
+
+    @staticmethod
+    def _track_units(kept: dict[int, tuple[float, float]], curve: CostModel, positions: int,
+                     units: tuple[float, float]) -> None:
+        """Follow the context units of what fed ``curve``'s point at ``positions`` with its own EWMA
+        weights (a refit shifts the point by them; class docstring, "Context")."""
+        e = curve._verify[positions]
+        old = kept.get(positions)
+        w = 1.0 if old is None or e.n == 1 else max(e.weight, 1.0 / e.n)
+        kept[positions] = units if w == 1.0 else (old[0] + w * (units[0] - old[0]), old[1] + w * (units[1] - old[1]))
 
     def observe_draft(self, rows: int, seconds: float) -> None:
         """One batched draft forward (one draft position) of ``rows`` sessions took ``seconds``
@@ -361,10 +577,14 @@ class BatchCostModel:
         A price from stale samples costs at most a fresh count of more positions at the same rows
         (class docstring, "Stale points").
         """
-        return min(self._price(rows, positions, optimistic), self._fresh_cap(rows, positions, optimistic))
+        return min(self._price_at(rows, positions, optimistic), self._fresh_cap(rows, positions, optimistic))
+
+    def _price_at(self, rows: int, positions: int, optimistic: bool = False) -> float:
+        """:meth:`_price` at the pricing context (class docstring, "Context")."""
+        return self._price(rows, positions, optimistic) + self._context_term(rows, positions)
 
     def _price(self, rows: int, positions: int, optimistic: bool = False) -> float:
-        """:meth:`verify_s` before "Stale points" (class docstring)."""
+        """:meth:`verify_s` before "Stale points" and at context 0 (class docstring)."""
         if rows > 1:
             window = self._recent.get(("verify", rows, positions))
             if window is not None and len(window) >= self.THIN_SAMPLES:
@@ -409,8 +629,8 @@ class BatchCostModel:
         if age is None or age <= STALE_FORWARDS:
             return float("inf")
         ages = {p: self._age(rows, p) for p in self.verify._verify if p > positions}
-        return min((self._price(rows, p, optimistic) for p, a in ages.items() if a is not None and a <= STALE_FORWARDS),
-                   default=float("inf"))
+        return min((self._price_at(rows, p, optimistic) for p, a in ages.items()
+                    if a is not None and a <= STALE_FORWARDS), default=float("inf"))
 
     def served(self, positions: int) -> bool:
         """Whether a decode forward of ``positions`` positions was measured in service (not
@@ -429,10 +649,11 @@ class BatchCostModel:
         return OptimisticPrices(self)
 
     def measured_verify_s(self, positions: int) -> float | None:
-        """The curve's seconds at ``positions`` when that count was measured at least
-        :attr:`THIN_SAMPLES` times (no interpolation, no prior); None otherwise."""
+        """The curve's seconds at ``positions`` (at the pricing context) when that count was measured
+        at least :attr:`THIN_SAMPLES` times (no interpolation, no prior); None otherwise."""
         e = self.verify._verify.get(positions)
-        return e.value if e is not None and e.value is not None and e.n >= self.THIN_SAMPLES else None
+        return (e.value + self._context_term(1, positions) if e is not None and e.value is not None
+                and e.n >= self.THIN_SAMPLES else None)
 
     def _well_measured(self) -> list[tuple[int, float, int]]:
         """(positions, seconds, forwards) of every verify count measured at least :attr:`THIN_SAMPLES` times."""
@@ -539,7 +760,8 @@ class BatchCostModel:
     def snapshot(self) -> dict:
         return {"verify_s_by_positions": self.verify.snapshot()["verify_s"], "verify_row_s": self._row_s,
                 "draft_s_by_rows": self.draft.snapshot()["verify_s"], "catchup_s_per_token": self._catchup_rate,
-                "prefill_forwards": self._prefill_n,
+                "prefill_forwards": self._prefill_n, "context_row_s": self.context_row_s,
+                "context_query_s": self.context_query_s, "context": self.context,
                 "verify_positions_served": sorted(self._served)}
 
 

@@ -28,6 +28,7 @@ class _Joined:
     k_min: int = 0  # an adaptive session's K while its tenant's guard forces K = 0
     behind: int = 0  # tokens its draft has not fed yet: the prompt, then those decoded at K = 0
     left: int | None = None  # tokens it has left to generate (None: unknown)
+    context: int = 0  # tokens in its target KV cache about now: its prompt, then + each step's tokens
     #: a start-up calibration run (:meth:`BatchKSessions.join`): None (a request), "warmup"
     #: (its steps measure nothing) or "measure" (its forwards feed the cost model, nothing else)
     calibration: str | None = None
@@ -101,7 +102,7 @@ class BatchKSessions(AcceptanceExchange):
 
     def join(self, key: Any, tenant: str, proposer: str, *, adaptive: bool = True, weight: float = 1.0,
              k_range: tuple[int, int] = (0, 8), prompt_tokens: int = 0, max_tokens: int | None = None,
-             calibration: str | None = None) -> None:
+             calibration: str | None = None, context_tokens: int | None = None) -> None:
         """A generation starts (``key``: any hashable id). Adaptive ones get their K from the
         decision; the others count in it at their own K (``k_range[1]``).
 
@@ -121,23 +122,30 @@ class BatchKSessions(AcceptanceExchange):
             weight: the tenant's fair-share weight (policy ``batch_weight``).
             k_range: the tenant's (k_min, k_max); for a non-adaptive generation (k, k) with its K.
             prompt_tokens: its prompt's length (the draft prefills it on the first drafting step).
+            context_tokens: the tokens its target session starts with (a resumed one's whole
+                history; None: ``prompt_tokens``): with the tokens of each step, what its target
+                forwards attend to (forwards are priced at the sessions' mean,
+                :meth:`BatchCostModel.set_context`).
             max_tokens: the most tokens it generates (None: unknown): what it has left spreads
                 the cost of its draft's catch-up (:meth:`BatchKController.decide`).
 
         Raises:
-            ValueError: ``weight <= 0``, an empty K range, ``prompt_tokens < 0`` or ``max_tokens < 1``.
+            ValueError: ``weight <= 0``, an empty K range, ``prompt_tokens`` or ``context_tokens`` < 0, or
+                ``max_tokens < 1``.
         """
         if not weight > 0:
             raise ValueError(f"weight must be > 0, got {weight}")
         if not 0 <= k_range[0] <= k_range[1]:
             raise ValueError(f"bad K range {k_range}")
-        if prompt_tokens < 0 or (max_tokens is not None and max_tokens < 1):
-            raise ValueError(f"need prompt_tokens >= 0 and max_tokens >= 1, got {prompt_tokens}, {max_tokens}")
+        if prompt_tokens < 0 or (max_tokens is not None and max_tokens < 1) or (context_tokens or 0) < 0:
+            raise ValueError(f"need prompt_tokens >= 0, context_tokens >= 0 and max_tokens >= 1, got {prompt_tokens}, "
+                             f"{context_tokens}, {max_tokens}")
         if calibration not in (None, "warmup", "measure"):
             raise ValueError(f"calibration must be None, 'warmup' or 'measure', got {calibration!r}")
         with self._lock:
             self._joined[key] = _Joined(tenant, proposer, adaptive, int(k_range[1]), k_min=int(k_range[0]),
                                         behind=int(prompt_tokens), left=None if max_tokens is None else int(max_tokens),
+                                        context=int(prompt_tokens if context_tokens is None else context_tokens),
                                         calibration=calibration)
             if calibration is not None:
                 return
@@ -177,9 +185,11 @@ class BatchKSessions(AcceptanceExchange):
         fixed: dict[tuple[str, str, int], int] = {}
         behind: dict[str, int] = {}
         left: dict[str, list[int]] = {}
+        contexts: list[int] = []
         for j in self._joined.values():
             if j.calibration is not None:
                 continue
+            contexts.append(j.context)
             if j.adaptive and j.proposer != "none" and self._forced_locked(j.tenant):
                 key = (j.tenant, j.proposer, j.k_min)  # held at k_min by its guard: decided for the others
                 fixed[key] = fixed.get(key, 0) + 1
@@ -192,7 +202,8 @@ class BatchKSessions(AcceptanceExchange):
                 key = (j.tenant, j.proposer, j.k if j.proposer != "none" else 0)
                 fixed[key] = fixed.get(key, 0) + 1
         if counts:
-            d = self.controller.decide(counts, fixed, behind, {t: max(1.0, sum(v) / len(v)) for t, v in left.items()})
+            d = self.controller.decide(counts, fixed, behind, {t: max(1.0, sum(v) / len(v)) for t, v in left.items()},
+                                       context=sum(contexts) / len(contexts) if contexts else None)
             self.decisions += 1
             if self._trace is not None:
                 self._write_trace({"decision": d.ks, "step_s": d.step_s, "tokens_per_s": d.tokens_per_s,
@@ -293,6 +304,7 @@ class BatchKSessions(AcceptanceExchange):
                 j.behind = 0 if k > 0 else j.behind + int(accepted) + 1
                 if j.left is not None:
                     j.left = max(0, j.left - int(accepted) - 1)
+                j.context += int(accepted) + 1
                 self.k_steps[j.tenant].append(int(k))
                 if k > 0 and j.proposer != "none":
                     self.controller.observe_row(j.tenant, j.proposer, int(k), int(accepted))
@@ -312,7 +324,8 @@ class BatchKSessions(AcceptanceExchange):
             if new_forward or draft_forwards:
                 self.controller.observe_tick(
                     batch.rows if new_forward else 0, max(batch.positions, batch.rows) if new_forward else 0,
-                    batch.seconds if new_forward else 0.0, list(draft_forwards))
+                    batch.seconds if new_forward else 0.0, list(draft_forwards),
+                    context=getattr(batch, "context", None) if new_forward else None)
                 self._dirty = True
 
     def _observe_calibration_locked(self, j: _Joined, k: int, accepted: int, batch: Any,

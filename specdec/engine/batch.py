@@ -318,10 +318,11 @@ class BatchScheduler:
         # unbatched: every row was its own forward over all of its positions (no budget)
         fed = (getattr(getattr(self._verify, "__self__", None), "last_positions", positions) if self.batched
                else positions)
-        rec = TickRecord([r.id for r in order], answered, positions, fed, t1 - t0, t3 - t2)
+        context = getattr(getattr(self._verify, "__self__", None), "last_context", None) if self.batched else None
+        rec = TickRecord([r.id for r in order], answered, positions, fed, t1 - t0, t3 - t2, context)
         if self.controller is not None and self.batched:
             fed_rows = sum(1 for res in results if res is not None) or 1
-            self.controller.observe_tick(fed_rows, max(fed, fed_rows), t3 - t2, self._draft_timings)
+            self.controller.observe_tick(fed_rows, max(fed, fed_rows), t3 - t2, self._draft_timings, context=context)
         if self.guards is not None and self.batched:
             self.guards.record_tick(self.controller, guarded, t3 - t0)
         self._draft_timings = []

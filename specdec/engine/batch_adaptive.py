@@ -20,17 +20,23 @@ def decide_under_load(controller: Any, running: Sequence[Any]) -> None:
     """One decision of ``controller`` for the ``running`` rows (each a
     :class:`specdec.engine.batch_request.BatchedRequest`), as served
     (:class:`specdec.control.batch_sessions.BatchKSessions`): a tenant leaving K = 0 pays its
-    drafts' catch-up, spread over the tokens its sessions have left (their mean, at least 1)."""
+    drafts' catch-up, spread over the tokens its sessions have left (their mean, at least 1); forwards
+    are priced at the rows' mean tokens in the target's KV cache (``decide(..., context=)``)."""
     counts: dict[tuple[str, str], int] = {}
     behind: dict[str, int] = {}
     left: dict[str, list[int]] = {}
+    cached: list[int] = []
     for r in running:
+        seq = getattr(r.generation.target, "seq", None)
+        if seq is not None:
+            cached.append(len(seq.cached))
         counts[(r.tenant, r.proposer)] = counts.get((r.tenant, r.proposer), 0) + 1
         p = r.generation.proposer
         behind[r.tenant] = behind.get(r.tenant, 0) + (p.behind() if isinstance(p, DraftModelSession) else 0)
         a = r.generation.assembler
         left.setdefault(r.tenant, []).append(max(0, a.max_tokens - len(a.token_ids)))
-    controller.decide(counts, behind=behind, tokens_left={t: max(1.0, sum(v) / len(v)) for t, v in left.items()})
+    controller.decide(counts, behind=behind, tokens_left={t: max(1.0, sum(v) / len(v)) for t, v in left.items()},
+                      context=sum(cached) / len(cached) if cached else None)
 
 
 def adaptive_k(controller: Any, tenant: str, cap: int) -> Callable[[], int]:

@@ -27,6 +27,8 @@ class TickRecord:
         positions_fed: positions the target forward fed (≤ the budget unless one row alone);
             unbatched, the sum over the rows' separate forwards.
         draft_s, verify_s: seconds spent drafting and in the target forward.
+        context: mean tokens in the target's KV cache per row the forward fed, before it (the keys
+            each of its query positions attends to besides its row's own; batched only, else None).
     """
 
     rows: list[int]
@@ -35,6 +37,7 @@ class TickRecord:
     positions_fed: int
     draft_s: float
     verify_s: float
+    context: float | None = None
 
 
 @dataclass

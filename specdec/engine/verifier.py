@@ -337,6 +337,9 @@ class TargetVerifier:
         self.last_positions = 0
         #: sessions fed by the last :meth:`verify_batch` forward (prefill chunks included)
         self.last_rows = 0
+        #: mean tokens in the KV cache of the sessions fed by the last :meth:`verify_batch` forward,
+        #: before it (what its query positions attend to besides their own; None: nothing fed)
+        self.last_context: float | None = None
 
     def open_session(
         self, token_ids: Sequence[int], sampling: SamplingParams, seed: int, logprobs: bool = False,
@@ -434,6 +437,7 @@ class TargetVerifier:
                 chunk = int(min(room, len(tokens) - last))
                 feeds.append((session.seq, tokens[:chunk], 0))
                 budget -= chunk
+        self.last_context = sum(len(seq.cached) for seq, _, _ in feeds) / len(feeds) if feeds else None
         logits = feed_many(feeds)
         self.last_positions = sum(len(tokens) for _, tokens, _ in feeds)
         self.last_rows = len(feeds)

@@ -155,6 +155,18 @@ def test_verify_result_round_trips():
         convert.verify_result_from_proto(xpb.VerificationResult(status=xpb.VERIFY_STATUS_SESSION_MISSING), False)
 
 
+def test_the_batch_forward_of_a_verify_result_round_trips_with_and_without_its_context():
+    """The target's batched forward (BatchShape) travels with each reply; its rows' mean context
+    is optional on the wire (a target that does not report it: None, not 0)."""
+    from specdec.types import BatchShape
+
+    for shape in (BatchShape(7, 8, 40, 0.25, 131.5), BatchShape(7, 8, 40, 0.25)):
+        r = VerifyResult(accepted=1, token_ids=[7, 8], logprobs=None, committed_len=40)
+        msg = convert.verify_result_to_proto(r, target_time_s=0.3, batch=shape)
+        assert msg.HasField("batch_context") is (shape.context is not None)
+        assert convert.verify_result_from_proto(msg, False).batch == shape  # 0.25 and 131.5: exact in float32
+
+
 def _stats() -> SpeculationStats:
     s = SpeculationStats()
     s.record_step(4, 4, 0.01, 0.02)

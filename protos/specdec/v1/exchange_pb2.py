@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from protos.specdec.v1 import specdec_pb2 as protos_dot_specdec_dot_v1_dot_specdec__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n protos/specdec/v1/exchange.proto\x12\nspecdec.v1\x1a\x1fprotos/specdec/v1/specdec.proto\"\x85\x02\n\x0bSessionOpen\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12,\n\x08sampling\x18\x02 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x10\n\x08logprobs\x18\x04 \x01(\x08\x12\x12\n\nprompt_len\x18\x05 \x01(\r\x12\x12\n\nmin_tokens\x18\x06 \x01(\r\x12\x1a\n\x12suppress_token_ids\x18\x07 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x08 \x01(\r\x12\x0e\n\x06tenant\x18\t \x01(\t\x12\x15\n\rtenant_weight\x18\n \x01(\x02\x12\x14\n\x0cprefix_scope\x18\x0b \x01(\t\"?\n\x12SparseDistribution\x12\r\n\x05width\x18\x01 \x01(\r\x12\x0b\n\x03ids\x18\x02 \x03(\r\x12\r\n\x05probs\x18\x03 \x03(\x02\"\x9b\x01\n\x0e\x43\x61ndidateBlock\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12)\n\x01q\x18\x04 \x01(\x0b\x32\x1e.specdec.v1.SparseDistribution\x12%\n\x04open\x18\x05 \x01(\x0b\x32\x17.specdec.v1.SessionOpen\"\xc8\x02\n\x12VerificationResult\x12(\n\x06status\x18\x01 \x01(\x0e\x32\x18.specdec.v1.VerifyStatus\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x15\n\rcommitted_len\x18\x05 \x01(\r\x12\x17\n\x0ftarget_position\x18\x06 \x01(\r\x12\x15\n\rtarget_time_s\x18\x07 \x01(\x02\x12-\n\x0ctop_logprobs\x18\x08 \x03(\x0b\x32\x17.specdec.v1.TopLogprobs\x12\x15\n\rbatch_forward\x18\t \x01(\x04\x12\x12\n\nbatch_rows\x18\n \x01(\r\x12\x17\n\x0f\x62\x61tch_positions\x18\x0b \x01(\r\x12\x17\n\x0f\x62\x61tch_forward_s\x18\x0c \x01(\x02\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\'\n\x14\x43loseSessionResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"\x8b\x03\n\x08\x44raftJob\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12,\n\x07request\x18\x02 \x01(\x0b\x32\x1b.specdec.v1.GenerateRequest\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x03 \x01(\x01\x12\x18\n\x10resume_token_ids\x18\x04 \x03(\r\x12\x19\n\x11resume_text_chars\x18\x05 \x01(\r\x12\x13\n\x0bprobe_steps\x18\x06 \x01(\r\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\x15\n\rtenant_weight\x18\x08 \x01(\x02\x12\x1d\n\x15resume_held_token_ids\x18\t \x03(\r\x12\x1c\n\x14resume_held_logprobs\x18\n \x03(\x02\x12\x39\n\x18resume_held_top_logprobs\x18\x0b \x03(\x0b\x32\x17.specdec.v1.TopLogprobs\x12\x14\n\x0cresume_steps\x18\x0c \x01(\r\x12\x16\n\x0e\x62\x61tch_adaptive\x18\r \x01(\x08\x12\r\n\x05k_min\x18\x0e \x01(\r\"\x89\x01\n\x11\x44raftChunkTrailer\x12\x17\n\x0eheld_token_ids\x18\xe9\x07 \x03(\r\x12\x16\n\rheld_logprobs\x18\xea\x07 \x03(\x02\x12\x33\n\x11held_top_logprobs\x18\xeb\x07 \x03(\x0b\x32\x17.specdec.v1.TopLogprobs\x12\x0e\n\x05steps\x18\xec\x07 \x01(\r*\x8b\x01\n\x0cVerifyStatus\x12\x1d\n\x19VERIFY_STATUS_UNSPECIFIED\x10\x00\x12\x14\n\x10VERIFY_STATUS_OK\x10\x01\x12!\n\x1dVERIFY_STATUS_SESSION_MISSING\x10\x02\x12#\n\x1fVERIFY_STATUS_POSITION_MISMATCH\x10\x03\x32\xa3\x01\n\x08Verifier\x12\x44\n\x06Verify\x12\x1a.specdec.v1.CandidateBlock\x1a\x1e.specdec.v1.VerificationResult\x12Q\n\x0c\x43loseSession\x12\x1f.specdec.v1.CloseSessionRequest\x1a .specdec.v1.CloseSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n protos/specdec/v1/exchange.proto\x12\nspecdec.v1\x1a\x1fprotos/specdec/v1/specdec.proto\"\x85\x02\n\x0bSessionOpen\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12,\n\x08sampling\x18\x02 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x10\n\x08logprobs\x18\x04 \x01(\x08\x12\x12\n\nprompt_len\x18\x05 \x01(\r\x12\x12\n\nmin_tokens\x18\x06 \x01(\r\x12\x1a\n\x12suppress_token_ids\x18\x07 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x08 \x01(\r\x12\x0e\n\x06tenant\x18\t \x01(\t\x12\x15\n\rtenant_weight\x18\n \x01(\x02\x12\x14\n\x0cprefix_scope\x18\x0b \x01(\t\"?\n\x12SparseDistribution\x12\r\n\x05width\x18\x01 \x01(\r\x12\x0b\n\x03ids\x18\x02 \x03(\r\x12\r\n\x05probs\x18\x03 \x03(\x02\"\x9b\x01\n\x0e\x43\x61ndidateBlock\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12)\n\x01q\x18\x04 \x01(\x0b\x32\x1e.specdec.v1.SparseDistribution\x12%\n\x04open\x18\x05 \x01(\x0b\x32\x17.specdec.v1.SessionOpen\"\xf6\x02\n\x12VerificationResult\x12(\n\x06status\x18\x01 \x01(\x0e\x32\x18.specdec.v1.VerifyStatus\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x15\n\rcommitted_len\x18\x05 \x01(\r\x12\x17\n\x0ftarget_position\x18\x06 \x01(\r\x12\x15\n\rtarget_time_s\x18\x07 \x01(\x02\x12-\n\x0ctop_logprobs\x18\x08 \x03(\x0b\x32\x17.specdec.v1.TopLogprobs\x12\x15\n\rbatch_forward\x18\t \x01(\x04\x12\x12\n\nbatch_rows\x18\n \x01(\r\x12\x17\n\x0f\x62\x61tch_positions\x18\x0b \x01(\r\x12\x17\n\x0f\x62\x61tch_forward_s\x18\x0c \x01(\x02\x12\x1a\n\rbatch_context\x18\r \x01(\x02H\x00\x88\x01\x01\x42\x10\n\x0e_batch_context\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\'\n\x14\x43loseSessionResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"\x8b\x03\n\x08\x44raftJob\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12,\n\x07request\x18\x02 \x01(\x0b\x32\x1b.specdec.v1.GenerateRequest\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x03 \x01(\x01\x12\x18\n\x10resume_token_ids\x18\x04 \x03(\r\x12\x19\n\x11resume_text_chars\x18\x05 \x01(\r\x12\x13\n\x0bprobe_steps\x18\x06 \x01(\r\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\x15\n\rtenant_weight\x18\x08 \x01(\x02\x12\x1d\n\x15resume_held_token_ids\x18\t \x03(\r\x12\x1c\n\x14resume_held_logprobs\x18\n \x03(\x02\x12\x39\n\x18resume_held_top_logprobs\x18\x0b \x03(\x0b\x32\x17.specdec.v1.TopLogprobs\x12\x14\n\x0cresume_steps\x18\x0c \x01(\r\x12\x16\n\x0e\x62\x61tch_adaptive\x18\r \x01(\x08\x12\r\n\x05k_min\x18\x0e \x01(\r\"\x89\x01\n\x11\x44raftChunkTrailer\x12\x17\n\x0eheld_token_ids\x18\xe9\x07 \x03(\r\x12\x16\n\rheld_logprobs\x18\xea\x07 \x03(\x02\x12\x33\n\x11held_top_logprobs\x18\xeb\x07 \x03(\x0b\x32\x17.specdec.v1.TopLogprobs\x12\x0e\n\x05steps\x18\xec\x07 \x01(\r*\x8b\x01\n\x0cVerifyStatus\x12\x1d\n\x19VERIFY_STATUS_UNSPECIFIED\x10\x00\x12\x14\n\x10VERIFY_STATUS_OK\x10\x01\x12!\n\x1dVERIFY_STATUS_SESSION_MISSING\x10\x02\x12#\n\x1fVERIFY_STATUS_POSITION_MISMATCH\x10\x03\x32\xa3\x01\n\x08Verifier\x12\x44\n\x06Verify\x12\x1a.specdec.v1.CandidateBlock\x1a\x1e.specdec.v1.VerificationResult\x12Q\n\x0c\x43loseSession\x12\x1f.specdec.v1.CloseSessionRequest\x1a .specdec.v1.CloseSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.specdec.v1.exchange_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VERIFYSTATUS']._serialized_start=1522
-  _globals['_VERIFYSTATUS']._serialized_end=1661
+  _globals['_VERIFYSTATUS']._serialized_start=1568
+  _globals['_VERIFYSTATUS']._serialized_end=1707
   _globals['_SESSIONOPEN']._serialized_start=82
   _globals['_SESSIONOPEN']._serialized_end=343
   _globals['_SPARSEDISTRIBUTION']._serialized_start=345
@@ -41,15 +41,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANDIDATEBLOCK']._serialized_start=411
   _globals['_CANDIDATEBLOCK']._serialized_end=566
   _globals['_VERIFICATIONRESULT']._serialized_start=569
-  _globals['_VERIFICATIONRESULT']._serialized_end=897
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=899
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=940
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=942
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=981
-  _globals['_DRAFTJOB']._serialized_start=984
-  _globals['_DRAFTJOB']._serialized_end=1379
-  _globals['_DRAFTCHUNKTRAILER']._serialized_start=1382
-  _globals['_DRAFTCHUNKTRAILER']._serialized_end=1519
-  _globals['_VERIFIER']._serialized_start=1664
-  _globals['_VERIFIER']._serialized_end=1827
+  _globals['_VERIFICATIONRESULT']._serialized_end=943
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=945
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=986
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=988
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1027
+  _globals['_DRAFTJOB']._serialized_start=1030
+  _globals['_DRAFTJOB']._serialized_end=1425
+  _globals['_DRAFTCHUNKTRAILER']._serialized_start=1428
+  _globals['_DRAFTCHUNKTRAILER']._serialized_end=1565
+  _globals['_VERIFIER']._serialized_start=1710
+  _globals['_VERIFIER']._serialized_end=1873
 # @@protoc_insertion_point(module_scope)

@@ -70,7 +70,7 @@ class CandidateBlock(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., position: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., q: _Optional[_Union[SparseDistribution, _Mapping]] = ..., open: _Optional[_Union[SessionOpen, _Mapping]] = ...) -> None: ...
 
 class VerificationResult(_message.Message):
-    __slots__ = ("status", "accepted", "token_ids", "logprobs", "committed_len", "target_position", "target_time_s", "top_logprobs", "batch_forward", "batch_rows", "batch_positions", "batch_forward_s")
+    __slots__ = ("status", "accepted", "token_ids", "logprobs", "committed_len", "target_position", "target_time_s", "top_logprobs", "batch_forward", "batch_rows", "batch_positions", "batch_forward_s", "batch_context")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +83,7 @@ class VerificationResult(_message.Message):
     BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
     BATCH_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     BATCH_FORWARD_S_FIELD_NUMBER: _ClassVar[int]
+    BATCH_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     status: VerifyStatus
     accepted: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -95,7 +96,8 @@ class VerificationResult(_message.Message):
     batch_rows: int
     batch_positions: int
     batch_forward_s: float
-    def __init__(self, status: _Optional[_Union[VerifyStatus, str]] = ..., accepted: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., committed_len: _Optional[int] = ..., target_position: _Optional[int] = ..., target_time_s: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[_specdec_pb2.TopLogprobs, _Mapping]]] = ..., batch_forward: _Optional[int] = ..., batch_rows: _Optional[int] = ..., batch_positions: _Optional[int] = ..., batch_forward_s: _Optional[float] = ...) -> None: ...
+    batch_context: float
+    def __init__(self, status: _Optional[_Union[VerifyStatus, str]] = ..., accepted: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., committed_len: _Optional[int] = ..., target_position: _Optional[int] = ..., target_time_s: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[_specdec_pb2.TopLogprobs, _Mapping]]] = ..., batch_forward: _Optional[int] = ..., batch_rows: _Optional[int] = ..., batch_positions: _Optional[int] = ..., batch_forward_s: _Optional[float] = ..., batch_context: _Optional[float] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)
