@@ -74,8 +74,8 @@ def trace_controller(controller, path: str) -> None:
     out = open(path, "a", buffering=1)
     decide, observe_tick = controller.decide, controller.observe_tick
 
-    def traced_decide(sessions, fixed=None, behind=None, tokens_left=None):
-        d = decide(sessions, fixed=fixed, behind=behind, tokens_left=tokens_left)
+    def traced_decide(sessions, fixed=None, behind=None, tokens_left=None, context=None):
+        d = decide(sessions, fixed=fixed, behind=behind, tokens_left=tokens_left, context=context)
         loads = {t: l for t, l in controller._loads.items() if l.sessions > 0}
         zero_tps, zero_step = _evaluate(loads, {t: (l.fixed_k if l.fixed_k is not None else 0) for t, l in loads.items()},
                                         controller.cost, controller.catchup_horizon)
@@ -90,10 +90,10 @@ def trace_controller(controller, path: str) -> None:
                               "probes": controller.probes}, default=str) + "\n")
         return d
 
-    def traced_tick(rows, positions, verify_s, draft_forwards=()):
-        out.write(json.dumps({"arm": _ARM["label"], "tick": [rows, positions, verify_s],
+    def traced_tick(rows, positions, verify_s, draft_forwards=(), *, context=None):
+        out.write(json.dumps({"arm": _ARM["label"], "tick": [rows, positions, verify_s, context],
                               "drafts": [list(x) for x in draft_forwards]}) + "\n")
-        return observe_tick(rows, positions, verify_s, draft_forwards)
+        return observe_tick(rows, positions, verify_s, draft_forwards, context=context)
 
     controller.decide, controller.observe_tick = traced_decide, traced_tick
 

@@ -14,6 +14,7 @@ row-major, so a K=4, M=64 block is about 1.8 KB.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from protos.specdec.v1 import exchange_pb2 as xpb
@@ -471,5 +472,7 @@ def verify_result_from_proto(msg: xpb.VerificationResult, want_logprobs: bool) -
         top_logprobs=top_logprobs_from_proto(msg.top_logprobs) if msg.top_logprobs else None,
         batch=BatchShape(int(msg.batch_forward), int(msg.batch_rows), int(msg.batch_positions),
                          float(msg.batch_forward_s),
-                         float(msg.batch_context) if msg.HasField("batch_context") else None) if msg.batch_rows else None,
+                         float(msg.batch_context) if msg.HasField("batch_context")
+                         and math.isfinite(msg.batch_context) and msg.batch_context >= 0 else None)
+        if msg.batch_rows else None,
     )

@@ -21,7 +21,7 @@ DRAFT = 0.0375
 class _Ewma(BatchCostModel):
     """The model before: every forward's own seconds fed to the EWMAs."""
 
-    def _median_recent(self, shape, seconds, qk=None):
+    def _median_recent(self, shape, seconds, units=None):
         return float(seconds)
 
 

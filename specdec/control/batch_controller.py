@@ -216,7 +216,8 @@ class BatchKController:
             tokens_left: tenant -> the tokens its adaptive sessions have left, on average (the
                 catch-up is spread over the steps that leaves); absent: unknown.
             context: the mean tokens in the target's KV cache per session of the batch (forwards
-                are priced there: :meth:`BatchCostModel.set_context`); None: the last forward's.
+                are priced there: :meth:`BatchCostModel.set_context`); None: the context last set
+                (before any, the last forward's).
         """
         if context is not None and hasattr(self.cost, "set_context"):
             self.cost.set_context(context)

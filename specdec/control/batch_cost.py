@@ -193,8 +193,9 @@ class BatchCostModel:
     robust standard deviations off the first fit (a preempted forward). The two are told apart
     only by shapes of different positions per row (:data:`CONTEXT_SEPARABLE`); before such shapes
     spread in context, one rate over ``rows + CONTEXT_QUERY_SHARE · positions``. Both are 0
-    (today's context-blind prices) until the fitted forwards' contexts spread over at least
-    :data:`CONTEXT_MIN_SD` tokens (pooled standard deviation within shapes). A refit
+    (context-blind prices) until the fitted forwards' contexts first spread over at least
+    :data:`CONTEXT_MIN_SD` tokens (pooled standard deviation within shapes); a later refit over
+    forwards that spread less keeps the rates it has. A refit
     re-expresses the shapes' windows from their raw seconds and shifts each curve point by the
     change of rates times the mean units of its samples. Device-agnostic: the rates are measured,
     so where context costs little (a GPU's forward bound by reading the weights) they are small
@@ -341,11 +342,14 @@ class BatchCostModel:
         self._context_new += 1
         if self._context_new >= CONTEXT_REFIT:
             self._context_new = 0
-            self._set_context_rates(*self.fit_context())
+            rates = self.fit_context()
+            if rates is not None:
+                self._set_context_rates(*rates)
 
-    def fit_context(self) -> tuple[float, float]:
+    def fit_context(self) -> tuple[float, float] | None:
         """(seconds per cached token per row, per query-key pair) fitted to the kept forwards
-        (class docstring, "Context"); (0, 0) while they do not spread enough."""
+        (class docstring, "Context"); None while they do not spread enough (the rates in use
+        stay: 0 before any fit, the last fit's after one)."""
         pts = []  # (rows · dc, positions · dc, dt, dc): centred on the shape's own means
         for (rows, positions), window in self._context_samples.items():
             if len(window) >= 4:
@@ -353,7 +357,7 @@ class BatchCostModel:
                 mt = sum(t for _, t in window) / len(window)
                 pts += [(rows * (c - mc), positions * (c - mc), t - mt, c - mc) for c, t in window]
         if len(pts) < CONTEXT_MIN_FORWARDS or (sum(p[3] ** 2 for p in pts) / len(pts)) ** 0.5 < CONTEXT_MIN_SD:
-            return 0.0, 0.0
+            return None
 
         def fit(sample) -> tuple[float, float]:
             s11 = sum(x1 * x1 for x1, _, _, _ in sample)
@@ -623,8 +627,8 @@ class BatchCostModel:
 
     def _fresh_cap(self, rows: int, positions: int, optimistic: bool = False) -> float:
         """When ``(rows, positions)`` is priced from stale samples (more than :data:`STALE_FORWARDS`
-        verify forwards old), the least :meth:`_price` at ``rows`` of a count of more positions priced
-        from fresh ones; inf otherwise (class docstring, "Stale points")."""
+        verify forwards old), the least price at ``rows`` (at the pricing context, :meth:`_price_at`) of a
+        count of more positions priced from fresh ones; inf otherwise (class docstring, "Stale points")."""
         age = self._age(rows, positions)
         if age is None or age <= STALE_FORWARDS:
             return float("inf")
@@ -758,6 +762,10 @@ class BatchCostModel:
         return t + memo[key]
 
     def snapshot(self) -> dict:
+        """The model's state for traces and statistics: the curves' points (verify seconds at context 0,
+        class docstring "Context"; add ``(context_row_s · rows + context_query_s · positions) · context``
+        for a price), the row term, the draft's points, the catch-up rate, the context rates and the
+        pricing context."""
         return {"verify_s_by_positions": self.verify.snapshot()["verify_s"], "verify_row_s": self._row_s,
                 "draft_s_by_rows": self.draft.snapshot()["verify_s"], "catchup_s_per_token": self._catchup_rate,
                 "prefill_forwards": self._prefill_n, "context_row_s": self.context_row_s,

@@ -28,7 +28,9 @@ class _Joined:
     k_min: int = 0  # an adaptive session's K while its tenant's guard forces K = 0
     behind: int = 0  # tokens its draft has not fed yet: the prompt, then those decoded at K = 0
     left: int | None = None  # tokens it has left to generate (None: unknown)
-    context: int = 0  # tokens in its target KV cache about now: its prompt, then + each step's tokens
+    #: tokens its target session holds (committed): its prompt (a resumed one's history), then + each
+    #: step's; its KV cache holds one fewer (the last token is fed with the next block)
+    context: int = 0
     #: a start-up calibration run (:meth:`BatchKSessions.join`): None (a request), "warmup"
     #: (its steps measure nothing) or "measure" (its forwards feed the cost model, nothing else)
     calibration: str | None = None
@@ -189,7 +191,7 @@ class BatchKSessions(AcceptanceExchange):
         for j in self._joined.values():
             if j.calibration is not None:
                 continue
-            contexts.append(j.context)
+            contexts.append(max(0, j.context - 1))
             if j.adaptive and j.proposer != "none" and self._forced_locked(j.tenant):
                 key = (j.tenant, j.proposer, j.k_min)  # held at k_min by its guard: decided for the others
                 fixed[key] = fixed.get(key, 0) + 1
@@ -350,7 +352,7 @@ class BatchKSessions(AcceptanceExchange):
         if batch is not None and batch.rows >= 1:
             cost.observe_verify(batch.rows, max(batch.positions, batch.rows), batch.seconds,
                                 prefill=batch.positions > batch.rows * (self.controller.k_top() + 1),
-                                calibration=True)
+                                calibration=True, context=getattr(batch, "context", None))
         for r, s in draft_forwards:
             if r >= 1:
                 cost.observe_draft(r, s)
