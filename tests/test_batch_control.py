@@ -628,11 +628,14 @@ def test_a_shape_measured_as_it_is_is_priced_at_its_own_median_not_the_curve_plu
     ran it, 0.78x K = 0 measured (session 13); this model chose code K = 4, creative K = 1 before.
     Priced at its median, K = 0 wins; unmeasured or thin shapes keep the curve."""
     c = _s13_cost()
-    assert c._row_s > 0.003
-    assert c.verify.verify_s(8) + 7 * c._row_s == pytest.approx(0.214, abs=1e-3)  # the old price
+    # the row term, from the one 4-row forward against the one-row 4-position point; the 8-row
+    # forwards teach it nothing, their count's point being measured at 8 rows (BatchCostModel,
+    # "Rows a point was measured at")
+    assert c._row_s == pytest.approx((0.198 - 0.125) / 3)
     assert c.verify_s(8, 8) == pytest.approx(0.1865)  # the median of its six forwards
     assert c.verify_s(1, 4) == c.verify.verify_s(4)  # one row: the curve, as before
-    assert c.verify_s(4, 4) == pytest.approx(c.verify.verify_s(4) + 3 * c._row_s)  # measured once: thin
+    assert c._point_rows[4] == pytest.approx(1.75)  # 1, 1, 1 then 4 at weight 1/4
+    assert c.verify_s(4, 4) == pytest.approx(c.verify.verify_s(4) + 2.25 * c._row_s)  # measured once: thin
     assert c.verify_s(8, 32) == pytest.approx(c.verify.verify_s(32) + 7 * c._row_s)  # never measured
     loads = {"code": TenantLoad(4, 0.9993, k_max=4), "creative": TenantLoad(4, 0.818, k_max=4)}
     assert choose_batch_ks(loads, c, budget=128).ks == {"code": 0, "creative": 0}

@@ -58,13 +58,14 @@ def test_a_stale_k0_shape_costs_at_most_a_fresh_shape_of_more_positions():
 
 def test_the_first_forward_of_a_stale_shape_replaces_its_samples():
     """Run again, the K = 0 shape's first forward (0.135 s) replaces its old window and curve
-    point: a thin count then (curve + row term), its own median after THIN_SAMPLES forwards.
+    point: a thin count then, priced on its curve point with no row term (the point was measured
+    at these 8 rows: "Rows a point was measured at"), its own median after THIN_SAMPLES forwards.
     Fed to the old window, the median stayed 0.39 (0.371 after three new forwards) and the
     controller would leave K = 0 again as soon as the shape was fresh."""
     c, before = _arm_start(), _arm_start(_Before)
     for m in (c, before):
         m.observe_verify(8, 8, 0.135)
-    assert c.verify_s(8, 8) == pytest.approx(0.135 + 7 * c._row_s) and 0 < c._row_s < 0.001
+    assert c.verify_s(8, 8) == pytest.approx(0.135) and c._point_rows[8] == 8.0
     assert c.verify._verify[8].n == 1 and before.verify_s(8, 8) == pytest.approx(0.3907)
     for m in (c, before):
         m.observe_verify(8, 8, 0.135)

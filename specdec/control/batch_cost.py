@@ -202,6 +202,17 @@ class BatchCostModel:
     and the prices nearly context-blind. Forwards without a context (the start-up calibration, a
     target that does not report one) are taken as at the pricing context.
 
+    **Rows a point was measured at.** A positions count's curve point is fed by forwards of some
+    rows (tracked, with the point's own EWMA weights), so a shape priced on the curve adds the row
+    term only for the rows beyond those: ``row_s · (rows - rows of the point)`` (before: ``rows -
+    1``), and a forward teaches the row term only where it has at least one row more than its
+    count's point. In the session-26 quiet goal run (``docs/bench/batching/inprocess-s26-quiet/``),
+    the 8 x 1 K = 0 forward, stale after a one-client group, was re-measured once (its window and
+    point replaced: "Stale points"), priced on its 1-sample point (0.143 s, measured at 8 rows)
+    plus ``row_s`` for 7 more rows: 0.193 s, ``row_s`` itself grown to 0.0096 s from 8-row forwards
+    compared with points measured at 8 rows; K = 1 for one tenant looked 1.1x K = 0 and ran for 30
+    ticks (that round 0.82x K = 0).
+
     **Calibration is a prior of the shapes.** A replica's start-up calibration measures one
     session's verify forwards at every K (:meth:`observe_verify` ``calibration``) so that its first
     request is not priced on the priors. Its few forwards run while the process, and often the
@@ -291,6 +302,9 @@ class BatchCostModel:
         #: (and the served curve's point)
         self._point_units: dict[int, tuple[float, float]] = {}
         self._served_units: dict[int, tuple[float, float]] = {}
+        #: positions -> EWMA of the rows of the forwards that fed its curve point (class docstring,
+        #: "Rows a point was measured at")
+        self._point_rows: dict[int, float] = {}
 
     def set_context(self, context: float | None) -> None:
         """Price forwards at rows holding ``context`` cached tokens on average (class docstring,
@@ -330,6 +344,7 @@ class BatchCostModel:
     def _drop_point(self, positions: int) -> None:
         self.verify._verify.pop(positions, None)
         self._point_units.pop(positions, None)
+        self._point_rows.pop(positions, None)
 
     def _observe_context(self, rows: int, positions: int, context: float, seconds: float) -> None:
         """Keep a decode forward's (context, seconds); refit every :data:`CONTEXT_REFIT` of them."""
@@ -492,32 +507,40 @@ class BatchCostModel:
         if not calibration:
             self._served_curve.observe_verify(positions, seconds)
             self._track_units(self._served_units, self._served_curve, positions, units)
-        if rows > 1 and positions in self.verify._verify:
-            residual = (seconds - self.verify.verify_s(positions)) / (rows - 1)
+        base = self._point_rows.get(positions, 1.0)
+        if rows - base >= 1 and positions in self.verify._verify:
+            residual = (seconds - self.verify.verify_s(positions)) / (rows - base)
             self._row_n += 1
             self._row_s += max(0.2, 1.0 / self._row_n) * (max(residual, 0.0) - self._row_s)
         self.verify.observe_verify(positions, seconds)
         self._track_units(self._point_units, self.verify, positions, units)
+        self._track_units(self._point_rows, self.verify, positions, float(rows))
         point = self.verify._verify[positions]
         if point.n == self.THIN_SAMPLES:
             # measured often enough to stand for itself (verify_s): from here on at the median of its
             # forwards, not at an EWMA that started on its first one (a contended 0.40 s where the
             # next two took 0.077 s left the point at 0.198 s, above the line it is no longer capped on)
             point.value = seconds
+            self._point_rows[positions] = float(rows)
             raw_window = self._recent_raw.get(("verify", rows, positions))
             if raw_window:
                 self._point_units[positions] = (sum(u[1] for u in raw_window) / len(raw_window),
                                                 sum(u[2] for u in raw_window) / len(raw_window))
 
     @staticmethod
-    def _track_units(kept: dict[int, tuple[float, float]], curve: CostModel, positions: int,
-                     units: tuple[float, float]) -> None:
-        """Follow the context units of what fed ``curve``'s point at ``positions`` with its own EWMA
-        weights (a refit shifts the point by them; class docstring, "Context")."""
+    def _track_units(kept: dict, curve: CostModel, positions: int, units) -> None:
+        """Follow what fed ``curve``'s point at ``positions`` (its context units, a tuple, or its rows, a
+        float) with the point's own EWMA weights (class docstring, "Context" and "Rows a point was
+        measured at")."""
         e = curve._verify[positions]
         old = kept.get(positions)
         w = 1.0 if old is None or e.n == 1 else max(e.weight, 1.0 / e.n)
-        kept[positions] = units if w == 1.0 else (old[0] + w * (units[0] - old[0]), old[1] + w * (units[1] - old[1]))
+        if w == 1.0:
+            kept[positions] = units
+        elif isinstance(units, tuple):
+            kept[positions] = (old[0] + w * (units[0] - old[0]), old[1] + w * (units[1] - old[1]))
+        else:
+            kept[positions] = old + w * (units - old)
 
     def observe_draft(self, rows: int, seconds: float) -> None:
         """One batched draft forward (one draft position) of ``rows`` sessions took ``seconds``
@@ -608,7 +631,7 @@ class BatchCostModel:
                 t = min(t, self.verify.verify_s(min(above)))
             if optimistic:
                 t = min(t, self._served_curve.verify_s(positions))
-        return t + self._row_s * max(0, rows - 1)
+        return t + self._row_s * max(0.0, rows - (self._point_rows.get(positions, 1.0) if e is not None else 1.0))
 
     def _source(self, rows: int, positions: int) -> tuple | None:
         """The key in :attr:`_seen` of the samples :meth:`_price` prices ``(rows, positions)`` from: the
