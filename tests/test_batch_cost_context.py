@@ -153,16 +153,22 @@ def test_bad_contexts_are_refused():
 
 def test_the_scheduler_reports_each_forwards_mean_cached_tokens_and_prices_at_its_rows(tiny_target, tiny_draft_close):
     """Two sessions of 10- and 30-token prompts at K = 0: the first forward prefills both (0
-    cached), the next feeds one position each over 10 + 30 cached tokens, then one more each."""
+    cached), the next feeds one position each over 10 + 30 cached tokens, then one more each; the
+    decisions price at what the decode forwards attend to, the prompts before they are prefilled."""
     engine = SpeculativeEngine(tiny_target, tiny_draft_close)
     ctl = BatchKController(budget=64)
+    priced_at = []
+    decide = ctl.decide
+    ctl.decide = lambda *a, **kw: (priced_at.append(kw.get("context")), decide(*a, **kw))[1]
     sched = BatchScheduler(engine, max_batch_positions=64, controller=ctl)
     for n in (10, 30):
         sched.submit(GenerationRequest(prompt_token_ids=list(range(3, 3 + n)), max_tokens=4, ignore_eos=True,
                                        speculation={"proposer": "draft", "k": 0}), tenant="code", adaptive=True)
     sched.run_until_idle()
     assert [(t.positions_fed, t.context) for t in sched.trace] == [(40, 0.0), (2, 20.0), (2, 21.0), (2, 22.0)]
-    assert ctl.cost.context == 22.0  # the decision before the last forward: (12 + 32) / 2 cached
+    # each decision prices at the rows' committed tokens less the last one (fed with the next block):
+    # before the prefill, the prompts the decode forwards will attend to, (9 + 29) / 2
+    assert priced_at == [19.0, 20.0, 21.0, 22.0] and ctl.cost.context == 22.0
 
 
 def test_the_served_sessions_price_at_their_mean_context_and_feed_the_targets():

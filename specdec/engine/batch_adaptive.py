@@ -21,15 +21,18 @@ def decide_under_load(controller: Any, running: Sequence[Any]) -> None:
     :class:`specdec.engine.batch_request.BatchedRequest`), as served
     (:class:`specdec.control.batch_sessions.BatchKSessions`): a tenant leaving K = 0 pays its
     drafts' catch-up, spread over the tokens its sessions have left (their mean, at least 1); forwards
-    are priced at the rows' mean tokens in the target's KV cache (``decide(..., context=)``)."""
+    are priced at the rows' mean tokens in the target's KV cache once their committed tokens are fed
+    (``decide(..., context=)``: the committed length less the last token, which the next block feeds;
+    a row whose prompt is not prefilled yet counts its prompt, which its decode forwards will attend
+    to)."""
     counts: dict[tuple[str, str], int] = {}
     behind: dict[str, int] = {}
     left: dict[str, list[int]] = {}
     cached: list[int] = []
     for r in running:
-        seq = getattr(r.generation.target, "seq", None)
-        if seq is not None:
-            cached.append(len(seq.cached))
+        committed = getattr(r.generation.target, "committed_len", None)
+        if committed is not None:  # what its decode forwards attend to (a row not yet prefilled: its prompt)
+            cached.append(max(0, committed - 1))
         counts[(r.tenant, r.proposer)] = counts.get((r.tenant, r.proposer), 0) + 1
         p = r.generation.proposer
         behind[r.tenant] = behind.get(r.tenant, 0) + (p.behind() if isinstance(p, DraftModelSession) else 0)
