@@ -636,6 +636,25 @@ def test_a_shape_measured_as_it_is_is_priced_at_its_own_median_not_the_curve_plu
     assert c.verify_s(1, 4) == c.verify.verify_s(4)  # one row: the curve, as before
     assert c._point_rows[4] == pytest.approx(1.75)  # 1, 1, 1 then 4 at weight 1/4
     assert c.verify_s(4, 4) == pytest.approx(c.verify.verify_s(4) + 2.25 * c._row_s)  # measured once: thin
-    assert c.verify_s(8, 32) == pytest.approx(c.verify.verify_s(32) + 7 * c._row_s)  # never measured
+    # never measured: extrapolated from the dearest point, the 8-row one at 8 positions, so no row term
+    assert c.verify_s(8, 32) == pytest.approx(c.verify.verify_s(32))
     loads = {"code": TenantLoad(4, 0.9993, k_max=4), "creative": TenantLoad(4, 0.818, k_max=4)}
     assert choose_batch_ks(loads, c, budget=128).ks == {"code": 0, "creative": 0}
+
+
+def test_a_count_priced_between_points_measured_at_its_rows_adds_no_row_term():
+    """Points at 8 and 16 positions measured at 8 rows, a row term learned from a 4-row forward
+    against a one-row point: an 8-row forward of 12 positions (never measured) is priced between
+    the two (their rows), not 7 row terms above both (prices stay monotone in positions)."""
+    c = BatchCostModel(max_positions=128)
+    for _ in range(3):
+        c.observe_verify(1, 4, 0.10)
+    c.observe_verify(4, 4, 0.16)  # teaches the row term: (0.16 - 0.10) / 3 per row
+    for t8, t16 in ((0.12, 0.16), (0.121, 0.161), (0.119, 0.159)):
+        c.observe_verify(8, 8, t8)
+        c.observe_verify(8, 16, t16)
+    assert c._row_s == pytest.approx(0.02)
+    assert c._point_rows[8] == c._point_rows[16] == 8.0
+    assert c.verify_s(8, 12) == pytest.approx((0.12 + 0.16) / 2)
+    assert c.verify_s(8, 8) < c.verify_s(8, 12) < c.verify_s(8, 16)
+    assert c.verify_s(8, 20) == pytest.approx(c.verify.verify_s(20))  # above: the dearest point's 8 rows

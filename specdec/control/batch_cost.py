@@ -51,7 +51,8 @@ class BatchCostModel:
     """Measured seconds of batched forwards, as functions of what the batch holds.
 
     - ``verify_s(rows, positions)``: one batched target forward of ``positions`` positions over
-      ``rows`` sessions = a per-positions curve + ``row_s`` per row beyond the first (cache
+      ``rows`` sessions = a per-positions curve + ``row_s`` per row beyond those its points were
+      measured at ("Rows a point was measured at"; cache
       gathering, per-row decisions; an EWMA of the residuals against the curve). The curve is
       an EWMA of the measured seconds per positions count, linear between measured counts,
       above the largest on the least-squares slope of the measured points (never decreasing),
@@ -206,12 +207,15 @@ class BatchCostModel:
     rows (tracked, with the point's own EWMA weights), so a shape priced on the curve adds the row
     term only for the rows beyond those: ``row_s · (rows - rows of the point)`` (before: ``rows -
     1``), and a forward teaches the row term only where it has at least one row more than its
-    count's point. In the session-26 quiet goal run (``docs/bench/batching/inprocess-s26-quiet/``),
+    count's point. A price taken from other points (interpolated, extrapolated, a cap from the
+    well-measured line, a served or calibrated count) is based on those points' rows; a count's
+    rows restart with its window when it is measured :attr:`THIN_SAMPLES` times (its point then is
+    that shape's median). Before (the session-26 quiet goal run, ``docs/bench/batching/inprocess-s26-quiet/``):
     the 8 x 1 K = 0 forward, stale after a one-client group, was re-measured once (its window and
     point replaced: "Stale points"), priced on its 1-sample point (0.143 s, measured at 8 rows)
     plus ``row_s`` for 7 more rows: 0.193 s, ``row_s`` itself grown to 0.0096 s from 8-row forwards
     compared with points measured at 8 rows; K = 1 for one tenant looked 1.1x K = 0 and ran for 30
-    ticks (that round 0.82x K = 0).
+    ticks (that round 0.82x K = 0)).
 
     **Calibration is a prior of the shapes.** A replica's start-up calibration measures one
     session's verify forwards at every K (:meth:`observe_verify` ``calibration``) so that its first
@@ -302,9 +306,10 @@ class BatchCostModel:
         #: (and the served curve's point)
         self._point_units: dict[int, tuple[float, float]] = {}
         self._served_units: dict[int, tuple[float, float]] = {}
-        #: positions -> EWMA of the rows of the forwards that fed its curve point (class docstring,
-        #: "Rows a point was measured at")
+        #: positions -> EWMA of the rows of the forwards that fed its curve point, and the served
+        #: curve's (class docstring, "Rows a point was measured at")
         self._point_rows: dict[int, float] = {}
+        self._served_rows: dict[int, float] = {}
 
     def set_context(self, context: float | None) -> None:
         """Price forwards at rows holding ``context`` cached tokens on average (class docstring,
@@ -507,6 +512,7 @@ class BatchCostModel:
         if not calibration:
             self._served_curve.observe_verify(positions, seconds)
             self._track_units(self._served_units, self._served_curve, positions, units)
+            self._track_units(self._served_rows, self._served_curve, positions, float(rows))
         base = self._point_rows.get(positions, 1.0)
         if rows - base >= 1 and positions in self.verify._verify:
             residual = (seconds - self.verify.verify_s(positions)) / (rows - base)
@@ -616,22 +622,46 @@ class BatchCostModel:
             window = self._recent.get(("verify", rows, positions))
             if window is not None and len(window) >= self.THIN_SAMPLES:
                 return statistics.median(window)
-        t = self.verify.verify_s(positions)
+        # (seconds, rows they were measured at) of each price this count may take; the row term is
+        # added per candidate, for the rows beyond its own (class docstring, "Rows a point was measured at")
+        cands = [(self.verify.verify_s(positions), self._curve_rows(self._point_rows, self.verify, positions))]
         e = self.verify._verify.get(positions)
         lo = self._least_well_measured()
         if positions < lo < float("inf"):  # below every well-measured count: no dearer than the least of them
-            t = min(t, self.verify._verify[lo].value)
+            cands.append((self.verify._verify[lo].value, self._point_rows.get(lo, 1.0)))
         elif e is not None and e.value is not None and e.n < self.THIN_SAMPLES:
             line = self._well_measured_line()
             if line is not None:
-                t = min(t, max(line[0] + line[1] * positions, self._well_measured_floor(positions)))
+                wm = self._well_measured()
+                base = sum(self._point_rows.get(p, 1.0) * n for p, _, n in wm) / sum(n for _, _, n in wm)
+                cands.append((max(line[0] + line[1] * positions, self._well_measured_floor(positions)), base))
         if positions not in self._served and self._served:
             above = [p for p in self._served if p > positions]
             if above and positions in self._calibrated:
-                t = min(t, self.verify.verify_s(min(above)))
+                cands.append((self.verify.verify_s(min(above)),
+                              self._curve_rows(self._point_rows, self.verify, min(above))))
             if optimistic:
-                t = min(t, self._served_curve.verify_s(positions))
-        return t + self._row_s * max(0.0, rows - (self._point_rows.get(positions, 1.0) if e is not None else 1.0))
+                cands.append((self._served_curve.verify_s(positions),
+                              self._curve_rows(self._served_rows, self._served_curve, positions)))
+        return min(t + self._row_s * max(0.0, rows - base) for t, base in cands)
+
+    @staticmethod
+    def _curve_rows(rows_by_p: dict[int, float], curve: CostModel, positions: int) -> float:
+        """The rows behind ``curve``'s price at ``positions``, from the points that price uses
+        (:meth:`CostModel.verify_s`): its own, the smallest's below them, interpolated between two,
+        the dearest's above them (1 with no point; class docstring, "Rows a point was measured at")."""
+        pts = sorted((p, e.value) for p, e in curve._verify.items() if e.value is not None)
+        if not pts:
+            return 1.0
+        rows = {p: rows_by_p.get(p, 1.0) for p, _ in pts}
+        if positions in rows:
+            return rows[positions]
+        if positions < pts[0][0] or len(pts) == 1:
+            return rows[pts[0][0]]
+        for (p0, _), (p1, _) in zip(pts, pts[1:]):
+            if p0 < positions < p1:
+                return rows[p0] + (rows[p1] - rows[p0]) * (positions - p0) / (p1 - p0)
+        return rows[max(pts, key=lambda pt: pt[1])[0]] if curve.extrapolation == "monotone" else rows[pts[-1][0]]
 
     def _source(self, rows: int, positions: int) -> tuple | None:
         """The key in :attr:`_seen` of the samples :meth:`_price` prices ``(rows, positions)`` from: the
@@ -791,7 +821,8 @@ class BatchCostModel:
         pricing context."""
         return {"verify_s_by_positions": self.verify.snapshot()["verify_s"], "verify_row_s": self._row_s,
                 "draft_s_by_rows": self.draft.snapshot()["verify_s"], "catchup_s_per_token": self._catchup_rate,
-                "prefill_forwards": self._prefill_n, "context_row_s": self.context_row_s,
+                "prefill_forwards": self._prefill_n, "verify_rows_by_positions": dict(self._point_rows),
+                "context_row_s": self.context_row_s,
                 "context_query_s": self.context_query_s, "context": self.context,
                 "verify_positions_served": sorted(self._served)}
 
