@@ -27,6 +27,17 @@ from specdec.models.loader import load_pair  # noqa: E402
 from specdec.models.spec import ModelPairSpec, parse_model_spec  # noqa: E402
 
 
+def _engine() -> SpeculativeEngine:
+    """The demo pair with prefix caching, warmed by a group of 2 at K = 4 (as ``benchmarks.batching_goal``)."""
+    target, draft = load_pair(ModelPairSpec(target=parse_model_spec("demo:target"),
+                                            draft=parse_model_spec("demo:draft")), device="cpu")
+    engine = SpeculativeEngine(target, draft)
+    enable_prefix_cache(target.model, entries=8)
+    enable_prefix_cache(draft.model, entries=8)
+    run_group(engine, _prompts(2), batched=True, k=4, proposer="draft", max_tokens=4, budget=128)
+    return engine
+
+
 class Settings:
     budget, k, guard = 128, 4, True
 
@@ -37,12 +48,7 @@ def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     freeze = len(sys.argv) > 2 and sys.argv[2] == "1"
     a = Settings()
-    target, draft = load_pair(ModelPairSpec(target=parse_model_spec("demo:target"),
-                                            draft=parse_model_spec("demo:draft")), device="cpu")
-    engine = SpeculativeEngine(target, draft)
-    enable_prefix_cache(target.model, entries=8)
-    enable_prefix_cache(draft.model, entries=8)
-    run_group(engine, _prompts(2), batched=True, k=4, proposer="draft", max_tokens=4, budget=128)
+    engine = _engine()
     controller = batch_controller(a)
     scheds = []
     init = batch.BatchScheduler.__init__
@@ -89,12 +95,7 @@ def main() -> None:
 def order_check() -> None:
     """``order``: 8-client K = 0 groups only (no controller), two in a row after a one-client K = 4 group, three
     times: is the first group after a one-client group faster than the second?"""
-    target, draft = load_pair(ModelPairSpec(target=parse_model_spec("demo:target"),
-                                            draft=parse_model_spec("demo:draft")), device="cpu")
-    engine = SpeculativeEngine(target, draft)
-    enable_prefix_cache(target.model, entries=8)
-    enable_prefix_cache(draft.model, entries=8)
-    run_group(engine, _prompts(2), batched=True, k=4, proposer="draft", max_tokens=4, budget=128)
+    engine = _engine()
     for rnd in range(3):
         got = []
         for clients, k in ((1, 4), (8, 0), (8, 0)):
