@@ -217,7 +217,8 @@ def test_table_orders_rows_fairly_by_tenant(target):
 
 def test_target_replica_batches_concurrent_verifies(target):
     """The Target replica's batching loop (TP ranks as in-process tables): blocks of concurrent
-    sessions share one forward, each reply equals the unbatched one, stats and metrics see it."""
+    sessions share one forward, each reply equals the unbatched one, stats and metrics see it, and
+    each reply carries its forward's shape and its rows' mean context (the prefill's, then a decode step's)."""
     import asyncio
 
     from deployments.config import AppConfig
@@ -235,18 +236,30 @@ def test_target_replica_batches_concurrent_verifies(target):
                                          open=convert.session_open_to_proto(p, sp, 3, False))
             for sid, p, sp in sessions]
 
-    async def main():
-        replies = await asyncio.gather(*[replica.Verify(m.SerializeToString()) for m in msgs])
-        return [xpb.VerificationResult.FromString(r) for r in replies], await replica.BatchStats()
+    async def verify_all(blocks):
+        return [xpb.VerificationResult.FromString(r)
+                for r in await asyncio.gather(*[replica.Verify(m.SerializeToString()) for m in blocks])]
 
-    replies, stats = asyncio.run(main())
+    async def main():
+        first = await verify_all(msgs)
+        stats = await replica.BatchStats()
+        steps = [convert.draft_block_to_proto(DraftBlock.empty(), sid, r.committed_len)
+                 for (sid, _, _), r in zip(sessions, first)]
+        return first, stats, await verify_all(steps)
+
+    replies, stats, decoded = asyncio.run(main())
     for got, m in zip(replies, msgs):
         exp = alone.handle(m)
         assert (got.accepted, list(got.token_ids), got.committed_len) == (exp.accepted, list(exp.token_ids), exp.committed_len)
     assert stats["forwards"] == 1 and stats["max_rows"] == 4  # all four in one batched forward
     assert stats["mean_positions"] == sum(len(p) for _, p, _ in sessions)
-    assert metrics.count("specdec_batch_rows") == 1
+    assert metrics.count("specdec_batch_rows") == 2  # one per forward: the prefill's, then the decode step's
     assert [sorted(r.table.sessions) for r in ranks] == [["s0", "s1", "s2", "s3"]] * 2  # ranks in lockstep
+    # each reply carries its forward's rows' mean context (the draft replica's cost model prices by it):
+    # 0 cached before the prompts' prefill, then each prompt, its first token not yet fed
+    assert {(r.batch_rows, r.batch_context) for r in replies} == {(4, 0.0)}
+    mean_prompt = sum(len(p) for _, p, _ in sessions) / len(sessions)
+    assert {(r.batch_rows, r.batch_positions, r.batch_context) for r in decoded} == {(4, 4, mean_prompt)}
 
 
 def test_table_burst_of_one_tenant_does_not_stall_another_prefill(target):
