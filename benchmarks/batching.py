@@ -37,18 +37,21 @@ def _prompts(n: int) -> list[tuple[str, str]]:
 
 
 def run_group(engine, prompts, *, batched: bool, k: int, proposer: str, max_tokens: int, budget: int,
-              controller=None, guard=None) -> dict:
+              controller=None, guard=None, keep=None) -> dict:
     """Run the requests of one group together; wall seconds, tokens, outputs, batch shape.
 
     With a ``controller`` the requests are adaptive (K per tenant under load, at most ``k``);
     with a ``guard`` too (a :class:`specdec.control.goodput_guard.GoodputGuard`), per-tenant
-    goodput guards overrule the controller as served (``BatchScheduler(guard=...)``).
+    goodput guards overrule the controller as served (``BatchScheduler(guard=...)``). ``keep``:
+    a list the group's scheduler is appended to (its ``trace`` has every tick).
     """
     from specdec.engine.batch import BatchScheduler
     from specdec.request import GenerationRequest
 
     prefix_warm(engine, sorted({t for t, _ in prompts}))
     sched = BatchScheduler(engine, batched=batched, max_batch_positions=budget, controller=controller, guard=guard)
+    if keep is not None:
+        keep.append(sched)
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     handles = [
@@ -87,6 +90,23 @@ def run_group(engine, prompts, *, batched: bool, k: int, proposer: str, max_toke
 #: the request that leaves a prefix-cached engine holding only what every prompt shares (the chat
 #: template's opening) before each measured group; not one of the measured prompts
 WARM_PROMPT = "Say hello."
+
+
+def demo_engine():
+    """The demo pair in process (its default formats) with prefix caching, warmed by a group of 2 at K = 4
+    (allocator, kernels) as ``benchmarks.batching_goal`` warms it: what the session check scripts start from."""
+    from specdec.engine.engine import SpeculativeEngine
+    from specdec.engine.prefix_cache import enable_prefix_cache
+    from specdec.models.loader import load_pair
+    from specdec.models.spec import ModelPairSpec, parse_model_spec
+
+    target, draft = load_pair(ModelPairSpec(target=parse_model_spec("demo:target"),
+                                            draft=parse_model_spec("demo:draft")), device="cpu")
+    engine = SpeculativeEngine(target, draft)
+    enable_prefix_cache(target.model, entries=8)
+    enable_prefix_cache(draft.model, entries=8)
+    run_group(engine, _prompts(2), batched=True, k=4, proposer="draft", max_tokens=4, budget=128)
+    return engine
 
 
 def prefix_warm(engine, tenants: Sequence[str] | None = None) -> None:

@@ -52,6 +52,15 @@ def _ks(text: str) -> list[int]:
     return out
 
 
+def warm_controller(engine, controller, a) -> None:
+    """The controller learns costs and acceptance as a running server has, under both loads: ``a.clients``
+    clients (8 tokens each), then one (16 tokens of a code prompt the one-client arms do not run)."""
+    run_group(engine, _prompts(a.clients + 2)[2:], batched=True, k=a.k, proposer=a.proposer, max_tokens=8,
+              budget=a.budget, controller=controller, guard=guard_of(a))
+    run_group(engine, _prompts(3)[2:], batched=True, k=a.k, proposer=a.proposer, max_tokens=16, budget=a.budget,
+              controller=controller, guard=guard_of(a))
+
+
 def guard_of(a):
     """The goodput guard settings of the adaptive arms (``--no-guard``: None, the controller alone)."""
     from specdec.control.goodput_guard import GoodputGuard
@@ -285,10 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     _ARM["label"] = "warm-up"
     if os.environ.get("SPECDEC_BATCH_K_TRACE"):
         trace_controller(controller, os.environ["SPECDEC_BATCH_K_TRACE"])
-    run_group(engine, _prompts(a.clients + 2)[2:], batched=True, k=a.k, proposer=a.proposer, max_tokens=8,
-              budget=a.budget, controller=controller, guard=guard_of(a))
-    run_group(engine, _prompts(3)[2:], batched=True, k=a.k, proposer=a.proposer, max_tokens=16, budget=a.budget,
-              controller=controller, guard=guard_of(a))
+    warm_controller(engine, controller, a)
     rows = []
     for n in a.max_tokens:
         rows.append(run_length(engine, controller, a, n))

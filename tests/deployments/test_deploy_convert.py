@@ -165,6 +165,10 @@ def test_the_batch_forward_of_a_verify_result_round_trips_with_and_without_its_c
         msg = convert.verify_result_to_proto(r, target_time_s=0.3, batch=shape)
         assert msg.HasField("batch_context") is (shape.context is not None)
         assert convert.verify_result_from_proto(msg, False).batch == shape  # 0.25 and 131.5: exact in float32
+    for bad in (float("nan"), float("inf"), -3.0):  # a context no target reports: unknown, never a price
+        msg = convert.verify_result_to_proto(r, target_time_s=0.3, batch=BatchShape(7, 8, 40, 0.25))
+        msg.batch_context = bad
+        assert convert.verify_result_from_proto(msg, False).batch == BatchShape(7, 8, 40, 0.25, None)
 
 
 def _stats() -> SpeculationStats:

@@ -24,14 +24,9 @@ import time
 import torch
 
 torch.set_num_threads(2)
-from benchmarks.batching import _prompts, batch_controller, run_group  # noqa: E402
-from benchmarks.batching_goal import guard_of, trace_controller  # noqa: E402
-import specdec.engine.batch as batch  # noqa: E402
+from benchmarks.batching import _prompts, batch_controller, demo_engine, run_group  # noqa: E402
+from benchmarks.batching_goal import guard_of, trace_controller, warm_controller  # noqa: E402
 import specdec.engine.batch_adaptive as batch_adaptive  # noqa: E402
-from specdec.engine.engine import SpeculativeEngine  # noqa: E402
-from specdec.engine.prefix_cache import enable_prefix_cache  # noqa: E402
-from specdec.models.loader import load_pair  # noqa: E402
-from specdec.models.spec import ModelPairSpec, parse_model_spec  # noqa: E402
 
 SEQUENCES = {
     "controller": [[(1, "K=4"), (1, "adaptive"), (8, "K=0"), (8, "adaptive")][::1 if r % 2 == 0 else -1] for r in range(3)],
@@ -42,20 +37,15 @@ SEQUENCES = {
 }
 
 
-class Settings:  # what benchmarks.batching.batch_controller and batching_goal.guard_of read
-    budget, k, guard = 128, 4, True
+class Settings:  # what benchmarks.batching.batch_controller and batching_goal's helpers read
+    budget, k, guard, clients, proposer = 128, 4, True, 8, "draft"
 
 
 def main() -> None:
     mode = sys.argv[1] if len(sys.argv) > 1 else "controller"
     tokens = int(sys.argv[2]) if len(sys.argv) > 2 else (32 if mode in ("controller", "ticks") else 128)
     a = Settings()
-    target, draft = load_pair(ModelPairSpec(target=parse_model_spec("demo:target"),
-                                            draft=parse_model_spec("demo:draft")), device="cpu")
-    engine = SpeculativeEngine(target, draft)
-    enable_prefix_cache(target.model, entries=8)
-    enable_prefix_cache(draft.model, entries=8)
-    run_group(engine, _prompts(2), batched=True, k=4, proposer="draft", max_tokens=4, budget=128)
+    engine = demo_engine()
     controller = batch_controller(a)
     if os.environ.get("SPECDEC_BATCH_K_TRACE"):
         trace_controller(controller, os.environ["SPECDEC_BATCH_K_TRACE"])
@@ -77,13 +67,6 @@ def main() -> None:
     for name in ("decide", "step_k", "observe_row", "observe_tick"):
         timed(controller, name, name)
     timed(batch_adaptive.TenantGuards, "record_tick", "guard.record_tick")
-    schedulers = []
-    init = batch.BatchScheduler.__init__
-
-    def keep(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        schedulers[:] = [self]
-    batch.BatchScheduler.__init__ = keep
     collections_ = [0, 0, 0]
     gc_s = [0.0]
     started = [0.0]
@@ -95,10 +78,7 @@ def main() -> None:
             collections_[info["generation"]] += 1
             gc_s[0] += time.perf_counter() - started[0]
     gc.callbacks.append(on_gc)
-    run_group(engine, _prompts(10)[2:], batched=True, k=4, proposer="draft", max_tokens=8, budget=128,
-              controller=controller, guard=guard_of(a))
-    run_group(engine, _prompts(3)[2:], batched=True, k=4, proposer="draft", max_tokens=16, budget=128,
-              controller=controller, guard=guard_of(a))
+    warm_controller(engine, controller, a)
     for rnd, arms in enumerate(SEQUENCES[mode]):
         for clients, arm in arms:
             spent.clear()
@@ -109,7 +89,7 @@ def main() -> None:
             k = 4 if adaptive else int(arm[2:])
             r = run_group(engine, _prompts(clients), batched=True, k=k, proposer="draft", max_tokens=tokens,
                           budget=128, controller=controller if adaptive else None,
-                          guard=guard_of(a) if adaptive else None)
+                          guard=guard_of(a) if adaptive else None, keep=(schedulers := []))
             print(f"r{rnd} {clients} {arm:9s} {r['tok_per_s']:6.2f} tok/s wall {r['wall_s']:.3f} verify "
                   f"{r['verify_s_total']:.3f} draft {r['draft_s_total']:.3f} ticks {r['ticks']} K {r['k_counts']} "
                   f"load {os.getloadavg()[0]:.2f} ctl "

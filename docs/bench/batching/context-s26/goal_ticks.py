@@ -18,28 +18,12 @@ import time
 import torch
 
 torch.set_num_threads(2)
-from benchmarks.batching import _prompts, batch_controller, run_group  # noqa: E402
-from benchmarks.batching_goal import guard_of  # noqa: E402
-import specdec.engine.batch as batch  # noqa: E402
-from specdec.engine.engine import SpeculativeEngine  # noqa: E402
-from specdec.engine.prefix_cache import enable_prefix_cache  # noqa: E402
-from specdec.models.loader import load_pair  # noqa: E402
-from specdec.models.spec import ModelPairSpec, parse_model_spec  # noqa: E402
+from benchmarks.batching import _prompts, batch_controller, demo_engine, run_group  # noqa: E402
+from benchmarks.batching_goal import guard_of, warm_controller  # noqa: E402
 
 
-def _engine() -> SpeculativeEngine:
-    """The demo pair with prefix caching, warmed by a group of 2 at K = 4 (as ``benchmarks.batching_goal``)."""
-    target, draft = load_pair(ModelPairSpec(target=parse_model_spec("demo:target"),
-                                            draft=parse_model_spec("demo:draft")), device="cpu")
-    engine = SpeculativeEngine(target, draft)
-    enable_prefix_cache(target.model, entries=8)
-    enable_prefix_cache(draft.model, entries=8)
-    run_group(engine, _prompts(2), batched=True, k=4, proposer="draft", max_tokens=4, budget=128)
-    return engine
-
-
-class Settings:
-    budget, k, guard = 128, 4, True
+class Settings:  # what benchmarks.batching_goal's helpers read
+    budget, k, guard, clients, proposer = 128, 4, True, 8, "draft"
 
 
 def main() -> None:
@@ -48,19 +32,9 @@ def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     freeze = len(sys.argv) > 2 and sys.argv[2] == "1"
     a = Settings()
-    engine = _engine()
+    engine = demo_engine()
     controller = batch_controller(a)
-    scheds = []
-    init = batch.BatchScheduler.__init__
-
-    def keep(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        scheds[:] = [self]
-    batch.BatchScheduler.__init__ = keep
-    run_group(engine, _prompts(10)[2:], batched=True, k=4, proposer="draft", max_tokens=8, budget=128,
-              controller=controller, guard=guard_of(a))
-    run_group(engine, _prompts(3)[2:], batched=True, k=4, proposer="draft", max_tokens=16, budget=128,
-              controller=controller, guard=guard_of(a))
+    warm_controller(engine, controller, a)
     order = [(1, "K=4"), (8, "K=0"), (8, "adaptive"), (1, "adaptive")]
     for rnd in range(rounds):
         ticks = {}
@@ -71,7 +45,7 @@ def main() -> None:
             adaptive = arm == "adaptive"
             r = run_group(engine, _prompts(clients), batched=True, k=4 if adaptive else int(arm[2:]), proposer="draft",
                           max_tokens=128, budget=128, controller=controller if adaptive else None,
-                          guard=guard_of(a) if adaptive else None)
+                          guard=guard_of(a) if adaptive else None, keep=(scheds := []))
             trace = scheds[0].trace
             between = r["wall_s"] - sum(t.verify_s + t.draft_s for t in trace)
             print(f"r{rnd} {clients} {arm:9s} {r['tok_per_s']:6.2f} tok/s verify {r['verify_s_total']:.3f} "
@@ -95,7 +69,7 @@ def main() -> None:
 def order_check() -> None:
     """``order``: 8-client K = 0 groups only (no controller), two in a row after a one-client K = 4 group, three
     times: is the first group after a one-client group faster than the second?"""
-    engine = _engine()
+    engine = demo_engine()
     for rnd in range(3):
         got = []
         for clients, k in ((1, 4), (8, 0), (8, 0)):
