@@ -454,7 +454,7 @@ class BatchCostModel:
         steps (class docstring, "Prefill forwards are not decode forwards").
 
         ``context``: the mean tokens its rows held in the target's KV cache before it (None:
-        unknown, taken as the pricing context): it is kept at context 0 and fits the context slope
+        unknown, taken as the pricing context): it is kept at context 0 and fits the context rates
         (class docstring, "Context").
 
         ``calibration``: a start-up calibration forward (one session on a dummy sequence,
