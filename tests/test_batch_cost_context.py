@@ -185,3 +185,16 @@ def test_the_served_sessions_price_at_their_mean_context_and_feed_the_targets():
     assert list(live.controller.cost._context_samples) == [(2, 6)]
     with pytest.raises(ValueError, match="context_tokens >= 0"):
         live.join("c", "code", "draft", context_tokens=-1)
+
+
+def test_a_forward_below_zero_at_context_0_is_kept_not_refused():
+    """Rates fitted on slow forwards, then a fast one at a long context: at context 0 it is below 0
+    s. It must not raise (served, the draft replica's step failed: HTTP 500 on a 200-token prompt of
+    the tiny test model); the curve keeps 0 and the price at its context is what it measured."""
+    cost = BatchCostModel()
+    _two_groups(cost)
+    assert cost.context_row_s > 0
+    cost.observe_verify(8, 16, 0.001, context=2000.0)
+    assert cost.verify._verify[16].value == 0.0
+    cost.set_context(2000.0)
+    assert cost.verify_s(8, 16) >= 0.0

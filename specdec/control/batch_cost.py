@@ -508,7 +508,9 @@ class BatchCostModel:
             self._drop_window(("verify", rows, positions))
             self._drop_point(positions)
         self._seen[("verify", rows, positions)] = self._seen[("point", positions)] = self._forwards
-        seconds = self._median_recent(("verify", rows, positions), seconds, units)
+        # at context 0 a forward can come out below 0 where the fitted rates overshoot its context (a tiny
+        # model's 3-ms forward at 250 cached tokens); its window keeps the sign, the curves are seconds >= 0
+        seconds = max(0.0, self._median_recent(("verify", rows, positions), seconds, units))
         if not calibration:
             self._served_curve.observe_verify(positions, seconds)
             self._track_units(self._served_units, self._served_curve, positions, units)
