@@ -615,8 +615,9 @@ class BatchCostModel:
         return min(self._price_at(rows, positions, optimistic), self._fresh_cap(rows, positions, optimistic))
 
     def _price_at(self, rows: int, positions: int, optimistic: bool = False) -> float:
-        """:meth:`_price` at the pricing context (class docstring, "Context")."""
-        return self._price(rows, positions, optimistic) + self._context_term(rows, positions)
+        """:meth:`_price` at the pricing context (class docstring, "Context"); never below 0 (a window
+        holding a forward that came out below 0 at context 0, priced at a shorter context)."""
+        return max(0.0, self._price(rows, positions, optimistic) + self._context_term(rows, positions))
 
     def _price(self, rows: int, positions: int, optimistic: bool = False) -> float:
         """:meth:`verify_s` before "Stale points" and at context 0 (class docstring)."""
