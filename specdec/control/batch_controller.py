@@ -19,6 +19,9 @@ from specdec.control.batch_cost import BatchCostModel
 
 #: how many of the latest verify forwards' (rows, positions) a controller keeps for its statistics
 RECENT_BATCHES = 50
+#: decisions before a tenant of unknown acceptance held at K = 0, whose probe did not pay, is
+#: asked again (:meth:`BatchKController.step_k`; each ask is a batch optimum)
+UNKNOWN_RECHECK = 8
 
 
 @dataclass
@@ -34,6 +37,9 @@ class _ProbeState:
     explored: set = field(default_factory=set)
     #: session count -> the cost model's ``shapes_version`` when a shape probe was last considered
     checked: dict = field(default_factory=dict)
+    #: (decisions, shapes_version, its sessions) when its probe as a tenant of unknown acceptance
+    #: was last found not to pay (None: never; :meth:`BatchKController._unknown_recheck_due`)
+    unknown_at: tuple | None = None
 
 
 class BatchKController:
@@ -62,7 +68,11 @@ class BatchKController:
     (4 / 132 ≈ 3 % with the defaults); the interval is back to ``probe_every`` once the
     tenant runs at K > 0 again. A tenant held at K = 0 whose acceptance has less than
     ``probe_memory`` trials of evidence (α̂ is mostly the prior: held from its first steps, it
-    never measured its drafts) and that was never probed is probed at its first held step:
+    never measured its drafts) and that was never probed is probed at its first held step (when
+    even that probe would not pay, asked again after :data:`UNKNOWN_RECHECK` decisions, or as soon
+    as a positions count is first measured or its session count changes, not on every step: each
+    ask is a whole batch optimum, and 32 such tenants asking on every tick cost 27 ms a tick,
+    docs/bench/batching/tenants-s27/):
     one client on code prompts, whose speculation paid 1.8x, spent its first 32 steps of each
     48-token request at K = 0 with α̂ at the 0.52 prior (served, w8a8 pair). (The same idea as the per-request
     :class:`specdec.control.controller.KController`'s step-limited probes, counted in steps
@@ -170,6 +180,8 @@ class BatchKController:
         self.estimator = estimator or AcceptanceEstimator()
         self.cost = cost or BatchCostModel(max_positions=max(4096, budget * 4))
         self.last: BatchKDecision | None = None
+        #: decisions made (:meth:`decide`)
+        self.decisions = 0
         #: tenant -> the K chosen for it at the last decision that included it
         self.k_by_tenant: dict[str, int] = {}
         #: tenant -> ``clock()`` of that decision (Unix seconds by default)
@@ -244,6 +256,7 @@ class BatchKController:
             self._proposer[tenant] = proposer
         self._loads = loads
         self._probe_memo = {}
+        self.decisions += 1
         self.last = choose_batch_ks(loads, self.cost, self.budget, self.catchup_horizon)
         self.k_by_tenant.update({t: k for t, k in self.last.ks.items() if "\x00" not in t})
         now = self.clock()
@@ -318,6 +331,21 @@ class BatchKController:
         ps.explored.add(sessions)
         return True
 
+    def _unknown_key(self, tenant: str) -> tuple[int, int | None, int]:
+        """(decisions, the cost model's ``shapes_version``, the tenant's sessions) now."""
+        load = self._loads.get(tenant)
+        return self.decisions, getattr(self.cost, "shapes_version", None), load.sessions if load is not None else 0
+
+    def _unknown_recheck_due(self, tenant: str, ps: _ProbeState) -> bool:
+        """Whether a tenant of unknown acceptance whose probe was last found not to pay is asked
+        again: :data:`UNKNOWN_RECHECK` decisions later, or at once when a positions count was
+        first measured (``shapes_version``) or its session count changed since."""
+        if ps.unknown_at is None:
+            return True
+        decisions, shapes, sessions = self._unknown_key(tenant)
+        return (decisions - ps.unknown_at[0] >= UNKNOWN_RECHECK or shapes != ps.unknown_at[1]
+                or sessions != ps.unknown_at[2])
+
     def _probe_key(self, tenant: str, cap: int) -> tuple:
         return tenant, cap, getattr(self.cost, "version", None), self.probe_alpha, self.budget, self.catchup_horizon
 
@@ -338,7 +366,7 @@ class BatchKController:
             self.probe_step_count += 1
             return min(cap, ps.k)
         proposer = self._proposer.get(tenant)
-        unknown = (not ps.probed and proposer is not None
+        unknown = (not ps.probed and proposer is not None and self._unknown_recheck_due(tenant, ps)
                    and self.estimator.evidence((tenant, proposer)) < self.probe_memory)
         due = bool(self.probe_every) and (ps.held >= ps.interval or unknown)
         if not due and self.probe_every and proposer is not None and self._shape_probe_due(tenant, cap, ps):
@@ -355,6 +383,8 @@ class BatchKController:
         ps.held = 0
         kp = self.probe_k(tenant, cap)
         if kp <= 0:
+            if unknown:
+                ps.unknown_at = self._unknown_key(tenant)
             return 0
         ps.k, ps.left, ps.probed = kp, self.probe_steps - 1, True
         ps.interval = min(ps.interval * 2, self.probe_every * self.probe_backoff)

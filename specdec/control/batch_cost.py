@@ -282,6 +282,7 @@ class BatchCostModel:
         #: observations made so far (:meth:`observe_verify`, :meth:`observe_draft`,
         #: :meth:`observe_catchup`): a price computed at one version holds until the next
         self.version = 0
+        self._prices: tuple[int, dict[bool, dict]] = (-1, {})  # (version, optimistic -> memo) of :meth:`prices`
         #: verify forwards observed so far (prefill and calibration ones too): the clock of "Stale points"
         self._forwards = 0
         #: ("verify", rows, positions) (a shape's window) or ("point", positions) (the curve's point)
@@ -804,18 +805,39 @@ class BatchCostModel:
                 per ``optimistic``.
             optimistic: verify forwards at :meth:`verify_s`'s ``optimistic`` price.
         """
-        memo = {} if memo is None else memo
         drafting = [k for k, d in zip(ks, drafted) if d and k > 0]
+        draft_rows = [sum(1 for k in drafting if k > j) for j in range(max(drafting, default=0))]
+        return self.shape_s(len(ks), sum(k + 1 for k in ks), draft_rows, memo, optimistic=optimistic)
+
+    def prices(self, optimistic: bool = False) -> dict:
+        """The memo of forward prices (:meth:`shape_s`) shared by every decision made at the current
+        :attr:`version` (a new dict once it moves): the decision of a tick and its probes' what-ifs
+        (:meth:`specdec.control.batch_controller.BatchKController.probe_k`) price the same forwards
+        once; one memo per ``optimistic``."""
+        if self._prices[0] != self.version:
+            self._prices = (self.version, {})
+        return self._prices[1].setdefault(bool(optimistic), {})
+
+    def shape_s(self, rows: int, positions: int, draft_rows: Sequence[int], memo: dict | None = None, *,
+                optimistic: bool = False) -> float:
+        """:meth:`step_s` of a step given by its shape: one verify forward of ``rows`` rows and
+        ``positions`` positions (Σ (K_s + 1)) after one draft forward of ``draft_rows[j]`` rows per
+        draft position j (the sessions drafting more than j tokens; each > 0). The same seconds,
+        summed in the same order, as :meth:`step_s` of any sessions of that shape; what
+        :func:`specdec.control.batch_choice.choose_batch_ks` prices a candidate at from its
+        tenants' counts without listing the sessions."""
+        memo = {} if memo is None else memo
         t = 0.0
-        for j in range(max(drafting, default=0)):
-            rows = sum(1 for k in drafting if k > j)
-            if ("d", rows) not in memo:
-                memo[("d", rows)] = self.draft_s(rows)
-            t += memo[("d", rows)]
-        key = ("v", len(ks), sum(k + 1 for k in ks))
-        if key not in memo:
-            memo[key] = self.verify_s(key[1], key[2], optimistic=optimistic)
-        return t + memo[key]
+        for r in draft_rows:
+            got = memo.get(("d", r))
+            if got is None:
+                got = memo[("d", r)] = self.draft_s(r)
+            t += got
+        key = ("v", rows, positions)
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = self.verify_s(rows, positions, optimistic=optimistic)
+        return t + got
 
     def snapshot(self) -> dict:
         """The model's state for traces and statistics: the curves' points (verify seconds at context 0,
@@ -833,7 +855,7 @@ class BatchCostModel:
 class OptimisticPrices:
     """A :class:`BatchCostModel`'s step prices with the verify forwards of positions counts never
     measured in service priced on the service's forwards alone (:meth:`BatchCostModel.optimistic`); what
-    :func:`specdec.control.batch_choice.choose_batch_ks` needs of a cost model (``step_s``)."""
+    :func:`specdec.control.batch_choice.choose_batch_ks` needs of a cost model (``step_s``, ``shape_s``, ``prices``)."""
 
     def __init__(self, cost: BatchCostModel):
         self.cost = cost
@@ -844,3 +866,9 @@ class OptimisticPrices:
 
     def step_s(self, ks: Sequence[int], drafted: Sequence[bool], memo: dict | None = None) -> float:
         return self.cost.step_s(ks, drafted, memo, optimistic=True)
+
+    def shape_s(self, rows: int, positions: int, draft_rows: Sequence[int], memo: dict | None = None) -> float:
+        return self.cost.shape_s(rows, positions, draft_rows, memo, optimistic=True)
+
+    def prices(self) -> dict:
+        return self.cost.prices(optimistic=True)
