@@ -176,3 +176,26 @@ def test_a_decision_over_many_tenants_matches_its_reported_price(tenants):
     assert (d.tokens_per_s, d.step_s) == _per_session(loads, d.ks, cost)
     assert d.rows == sum(load.sessions for load in loads.values())
     assert d.positions == sum(loads[t].sessions * (k + 1) for t, k in d.ks.items())
+
+
+def test_six_tenants_under_the_batch_controller_keep_every_output_exact(tiny_target, tiny_draft_close):
+    """Six adaptive tenants in one batch (the coordinate-ascent path of every decision): each
+    greedy output equals its request alone, and K per tenant is reported for all six."""
+    from specdec.engine.batch import BatchScheduler
+    from specdec.engine.engine import SpeculativeEngine
+    from specdec.request import GenerationRequest
+
+    engine = SpeculativeEngine(tiny_target, tiny_draft_close)
+    prompts = [[5, 17, 42, 9, 100, 7, 23, 61][: 2 + i] for i in range(6)]
+    reqs = [GenerationRequest(prompt_token_ids=p, max_tokens=20, ignore_eos=True,
+                              speculation={"proposer": "draft", "k": 4}) for p in prompts]
+    alone = [engine.generate(r).token_ids for r in reqs]
+    tenants = [f"tenant-{i}" for i in range(6)]
+    ctl = BatchKController(budget=64, k_ranges={t: (0, 4) for t in tenants})
+    sched = BatchScheduler(engine, max_batch_positions=64, controller=ctl)
+    hs = [sched.submit(r, tenant=t, adaptive=True) for r, t in zip(reqs, tenants)]
+    sched.run_until_idle()
+    assert [h.result().token_ids for h in hs] == alone
+    assert set(ctl.stats()["k_by_tenant"]) == set(tenants)
+    assert all(0 <= k <= 4 for k in ctl.stats()["k_by_tenant"].values())
+    assert ctl.decisions == len(sched.trace)
