@@ -43,7 +43,8 @@ def _random_loads(rng: random.Random, tenants: int) -> dict[str, TenantLoad]:
 
 
 def _per_session(loads: dict[str, TenantLoad], ks: dict[str, int], cost: BatchCostModel, horizon: int = 32):
-    """(tokens/s, step) of a candidate priced session by session, as before session 27."""
+    """(tokens/s, step) of a candidate priced session by session: the code before session 27
+    (``_evaluate`` and ``BatchCostModel.step_s``'s loop), kept here as the reference."""
     per_k, drafted, tokens, catchup = [], [], 0.0, 0.0
     for name, load in loads.items():
         per_k += [ks[name]] * load.sessions
@@ -53,7 +54,11 @@ def _per_session(loads: dict[str, TenantLoad], ks: dict[str, int], cost: BatchCo
         if ks[name] > 0 and load.drafted and load.catchup_s > 0:
             steps = horizon if load.tokens_left is None else load.tokens_left / e
             catchup += load.catchup_s / max(steps, 1.0)
-    step = cost.step_s(per_k, drafted)
+    drafting = [k for k, d in zip(per_k, drafted) if d and k > 0]
+    step = 0.0
+    for j in range(max(drafting, default=0)):
+        step += cost.draft_s(sum(1 for k in drafting if k > j))
+    step += cost.verify_s(len(per_k), sum(k + 1 for k in per_k))
     return tokens / max(step + catchup, 1e-12), step
 
 
@@ -90,23 +95,23 @@ def test_up_to_three_tenants_the_choice_is_the_exhaustive_optimum():
 
 def test_many_tenants_coordinate_ascent_reaches_the_exhaustive_optimum_or_close():
     """300 random loads of 4-6 tenants: the ascent's choice against every candidate priced
-    (``EXHAUSTIVE_TENANTS`` raised). Measured: the optimum in 297, the worst 0.9935 of it."""
+    (``EXHAUSTIVE_TENANTS`` raised). Measured (session 27): the optimum in 297, the worst 0.9935 of it."""
     rng = random.Random(0)
     ratios = []
     for _ in range(300):
         cost = _random_cost(rng)
         loads = _random_loads(rng, rng.randint(4, 6))
         ascent = choose_batch_ks(loads, cost, 128)
-        saved = batch_choice.EXHAUSTIVE_TENANTS
-        batch_choice.EXHAUSTIVE_TENANTS = 99
+        saved = batch_choice.EXHAUSTIVE_TENANTS, batch_choice.EXHAUSTIVE_CANDIDATES
+        batch_choice.EXHAUSTIVE_TENANTS, batch_choice.EXHAUSTIVE_CANDIDATES = 99, 10 ** 9
         try:
             exhaustive = choose_batch_ks(loads, cost, 128)
         finally:
-            batch_choice.EXHAUSTIVE_TENANTS = saved
+            batch_choice.EXHAUSTIVE_TENANTS, batch_choice.EXHAUSTIVE_CANDIDATES = saved
         assert ascent.tokens_per_s == _per_session(loads, ascent.ks, cost)[0]
         ratios.append(ascent.tokens_per_s / exhaustive.tokens_per_s)
     assert max(ratios) <= 1.0 + 1e-12
-    assert sum(r >= 1.0 - 1e-12 for r in ratios) == 297 and min(ratios) > 0.99
+    assert sum(r >= 1.0 - 1e-12 for r in ratios) >= 297 and min(ratios) > 0.99
 
 
 def test_the_decisions_of_one_cost_version_price_each_forward_once():
@@ -141,8 +146,9 @@ def test_the_decisions_of_one_cost_version_price_each_forward_once():
 
 def test_a_tenant_of_unknown_acceptance_whose_probe_does_not_pay_is_asked_again_every_few_decisions():
     """Drafts 100x a verify forward: no probe pays even at acceptance 0.9. The tenant (no evidence)
-    is asked at its first held step, then once per UNKNOWN_RECHECK decisions, not on every one."""
-    ctl = BatchKController(budget=64, k_ranges={"a": (0, 3)})
+    is asked at its first held step, then once per UNKNOWN_RECHECK decisions, not on every one
+    (interval probes out of the way: ``probe_every`` 1000); a change of the batch's sessions asks at once."""
+    ctl = BatchKController(budget=64, k_ranges={"a": (0, 3), "b": (0, 0)}, probe_every=1000)
     for positions in range(4, 17):
         ctl.cost.observe_verify(4, positions, 0.01)
     ctl.cost.observe_draft(4, 1.0)
@@ -159,10 +165,54 @@ def test_a_tenant_of_unknown_acceptance_whose_probe_does_not_pay_is_asked_again_
         assert [ctl.step_k("a", 3) for _ in range(4)] == [0, 0, 0, 0]
     assert asks == [1, 1 + UNKNOWN_RECHECK, 1 + 2 * UNKNOWN_RECHECK]
     assert ctl.probes == 0
-    # a change of its session count asks at once
+    # its own session count changes: asked at once
     ctl.decide({("a", "draft"): 3})
     ctl.step_k("a", 3)
     assert asks[-1] == ctl.decisions == 3 * UNKNOWN_RECHECK + 1
+    # another tenant joins, then leaves: asked at once each time
+    ctl.decide({("a", "draft"): 3, ("b", "draft"): 2})
+    ctl.step_k("a", 3)
+    ctl.decide({("a", "draft"): 3})
+    ctl.step_k("a", 3)
+    assert asks[-2:] == [3 * UNKNOWN_RECHECK + 2, 3 * UNKNOWN_RECHECK + 3]
+
+
+def test_a_probe_that_starts_paying_when_another_tenant_leaves_runs_at_once():
+    """Tenant a (one session, acceptance unknown) beside tenant b's 9 sessions held at K = 0: a's
+    probe does not pay while b's rows make every extra draft position dear; b leaves, and the
+    next step of a is a probe (found by the session-27 review: keyed on a's own sessions alone,
+    the recheck waited 6 more decisions)."""
+    ctl = BatchKController(budget=256, k_ranges={"a": (0, 4), "b": (0, 0)}, probe_every=1000, optimism=0.0)
+    for positions in range(1, 6):  # one row: flat
+        ctl.cost.observe_verify(1, positions, 0.02 + 0.001 * (positions - 1))
+    for positions in range(10, 51):  # ten rows: every extra position dear
+        ctl.cost.observe_verify(10, positions, 0.2 + 0.02 * (positions - 10))
+    for rows in (1, 10):
+        ctl.cost.observe_draft(rows, 0.012)
+    ctl.decide({("a", "draft"): 1, ("b", "draft"): 9})
+    assert ctl.last.ks == {"a": 0, "b": 0}
+    assert ctl.step_k("a", 4) == 0 and ctl.probes == 0
+    ctl.decide({("a", "draft"): 1})
+    assert ctl.last.ks == {"a": 0}  # at its prior acceptance speculation does not pay ...
+    assert ctl.step_k("a", 4) > 0 and ctl.probes == 1  # ... at the probe's 0.9 it does: probed at once
+
+
+def test_plain_and_optimistic_prices_are_memoised_apart_and_a_new_context_prices_afresh():
+    """The shared memo (BatchCostModel.prices) keeps the optimistic prices apart from the plain
+    ones, and a move of the pricing context (with context rates fitted) is a new version."""
+    c = BatchCostModel()
+    for p in (1, 2, 8):
+        c.observe_verify(1, p, 0.1 + 0.01 * p, calibration=True)
+    c.observe_verify(1, 1, 0.05)  # served: 1 position only
+    plain, optimistic = c.prices(), c.optimistic().prices()
+    assert plain is not optimistic
+    a = c.shape_s(1, 4, [], plain)
+    b = c.optimistic().shape_s(1, 4, [], optimistic)
+    assert a == c.verify_s(1, 4) and b == c.verify_s(1, 4, optimistic=True) and a != b
+    assert c.prices() is plain  # same version: the same memo
+    c.context_row_s, c.context_query_s = 1e-4, 0.0
+    c.set_context(100.0)
+    assert c.prices() is not plain and c.prices() == {}
 
 
 @pytest.mark.parametrize("tenants", [4, 32])

@@ -55,8 +55,10 @@ class BatchKDecision:
 
 
 #: Adjustable tenants (more than one K allowed) up to which :func:`choose_batch_ks` prices every
-#: combination of their K (at most 17³ candidates); beyond, coordinate ascent.
+#: combination of their K, when there are at most :data:`EXHAUSTIVE_CANDIDATES` of them (17³: three
+#: tenants of K 0..16, serving's largest); beyond either, coordinate ascent.
 EXHAUSTIVE_TENANTS = 3
+EXHAUSTIVE_CANDIDATES = 17 ** 3
 #: Rounds of coordinate ascent at most (a round that moves no tenant ends it sooner).
 ASCENT_ROUNDS = 8
 
@@ -230,11 +232,13 @@ def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: 
     tokens/s = tokens / (T(K) + Σ_t catch-up_t / H_t) (``step_s`` of the decision is T(K) alone).
 
     Exhaustive over the K ranges for up to :data:`EXHAUSTIVE_TENANTS` adjustable tenants (at most
-    17³ candidates), coordinate ascent beyond (:func:`_ascend`). Each candidate is priced from its
-    tenants' counts (:class:`_Pricer`: O(tenants + K) each, a change of one tenant's K O(K)), so
-    a decision over many tenants stays well under a millisecond where pricing every session of
-    every candidate of an exhaustive search cost 6 ms a tick at 4 tenants and 14 ms at 32, and a
-    probe (one more decision) 30-440 ms (2-core EPYC, docs/bench/batching/tenants-s27/).
+    :data:`EXHAUSTIVE_CANDIDATES` candidates), coordinate ascent beyond (:func:`_ascend`: a local
+    optimum; until session 27 the search was exhaustive up to 5000 candidates, e.g. 4 tenants of K
+    0..4). Each candidate is priced from its tenants' counts (:class:`_Pricer`: O(tenants + K)
+    each, a change of some tenants' K O(K) per tenant), and the forwards' prices are shared by the
+    decisions of one cost version (:meth:`BatchCostModel.prices`). A tick's controller work
+    (decision and probes, 2-core EPYC, docs/bench/batching/tenants-s27/), median / largest: 4
+    tenants 6.3 / 33 ms before, 0.36 / 1.3 after; 32 tenants 14 / 451 ms before, 1.4 / 21 after.
 
     Raises:
         ValueError: ``budget < 1`` or ``horizon < 1``.
@@ -259,7 +263,10 @@ def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: 
         return BatchKDecision({}, 0.0, 0.0, 0, 0, {})
     pricer = _Pricer(active, options, cost, horizon)
     adjustable = [n for n in names if len(options[n]) > 1]
-    if len(adjustable) <= EXHAUSTIVE_TENANTS:
+    combos = 1
+    for n in adjustable:
+        combos *= len(options[n])
+    if len(adjustable) <= EXHAUSTIVE_TENANTS and combos <= EXHAUSTIVE_CANDIDATES:
         best: tuple[float, float, dict[str, int]] | None = None
         for c in itertools.product(*(options[n] for n in names)):
             ks = dict(zip(names, c))

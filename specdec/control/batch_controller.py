@@ -37,8 +37,8 @@ class _ProbeState:
     explored: set = field(default_factory=set)
     #: session count -> the cost model's ``shapes_version`` when a shape probe was last considered
     checked: dict = field(default_factory=dict)
-    #: (decisions, shapes_version, its sessions) when its probe as a tenant of unknown acceptance
-    #: was last found not to pay (None: never; :meth:`BatchKController._unknown_recheck_due`)
+    #: (decisions, shapes_version, the batch's sessions per load) when its probe as a tenant of
+    #: unknown acceptance was last found not to pay (None: never; :meth:`BatchKController._unknown_recheck_due`)
     unknown_at: tuple | None = None
 
 
@@ -70,7 +70,7 @@ class BatchKController:
     ``probe_memory`` trials of evidence (α̂ is mostly the prior: held from its first steps, it
     never measured its drafts) and that was never probed is probed at its first held step (when
     even that probe would not pay, asked again after :data:`UNKNOWN_RECHECK` decisions, or as soon
-    as a positions count is first measured or its session count changes, not on every step: each
+    as a positions count is first measured or the batch's sessions per tenant change, not on every step: each
     ask is a whole batch optimum, and 32 such tenants asking on every tick cost 27 ms a tick,
     docs/bench/batching/tenants-s27/):
     one client on code prompts, whose speculation paid 1.8x, spent its first 32 steps of each
@@ -282,9 +282,11 @@ class BatchKController:
         prices (class docstring, "Probes of shapes never measured in service").
 
         The answer is remembered until the next :meth:`decide` or cost observation
-        (``cost.version``): a tenant of never measured acceptance whose probe does not pay asks
-        on every step of every one of its rows, and each ask is a whole batch optimum
-        (:func:`choose_batch_ks`), a few ms a tick at 8 rows (docs/bench/k0cost-s14/NOTES.md)."""
+        (``cost.version``): each ask is a whole batch optimum (:func:`choose_batch_ks`), and a
+        tenant of never measured acceptance whose probe does not pay asked on every step of every
+        one of its rows, a few ms a tick at 8 rows (docs/bench/k0cost-s14/NOTES.md); since session 27
+        it asks again only after :data:`UNKNOWN_RECHECK` decisions or a change of the load
+        (:meth:`step_k`)."""
         load = self._loads.get(tenant)
         if load is None or cap < 1:
             return 0
@@ -331,20 +333,20 @@ class BatchKController:
         ps.explored.add(sessions)
         return True
 
-    def _unknown_key(self, tenant: str) -> tuple[int, int | None, int]:
-        """(decisions, the cost model's ``shapes_version``, the tenant's sessions) now."""
-        load = self._loads.get(tenant)
-        return self.decisions, getattr(self.cost, "shapes_version", None), load.sessions if load is not None else 0
+    def _unknown_key(self) -> tuple[int, int | None, tuple]:
+        """(decisions, the cost model's ``shapes_version``, the last decision's sessions per load) now."""
+        return (self.decisions, getattr(self.cost, "shapes_version", None),
+                tuple(sorted((name, load.sessions) for name, load in self._loads.items())))
 
-    def _unknown_recheck_due(self, tenant: str, ps: _ProbeState) -> bool:
+    def _unknown_recheck_due(self, ps: _ProbeState) -> bool:
         """Whether a tenant of unknown acceptance whose probe was last found not to pay is asked
         again: :data:`UNKNOWN_RECHECK` decisions later, or at once when a positions count was
-        first measured (``shapes_version``) or its session count changed since."""
+        first measured (``shapes_version``) or the batch's sessions per tenant changed since (the
+        probe's K is a batch optimum: another tenant leaving can make it pay)."""
         if ps.unknown_at is None:
             return True
-        decisions, shapes, sessions = self._unknown_key(tenant)
-        return (decisions - ps.unknown_at[0] >= UNKNOWN_RECHECK or shapes != ps.unknown_at[1]
-                or sessions != ps.unknown_at[2])
+        decisions, shapes, load = self._unknown_key()
+        return decisions - ps.unknown_at[0] >= UNKNOWN_RECHECK or shapes != ps.unknown_at[1] or load != ps.unknown_at[2]
 
     def _probe_key(self, tenant: str, cap: int) -> tuple:
         return tenant, cap, getattr(self.cost, "version", None), self.probe_alpha, self.budget, self.catchup_horizon
@@ -366,7 +368,7 @@ class BatchKController:
             self.probe_step_count += 1
             return min(cap, ps.k)
         proposer = self._proposer.get(tenant)
-        unknown = (not ps.probed and proposer is not None and self._unknown_recheck_due(tenant, ps)
+        unknown = (not ps.probed and proposer is not None and self._unknown_recheck_due(ps)
                    and self.estimator.evidence((tenant, proposer)) < self.probe_memory)
         due = bool(self.probe_every) and (ps.held >= ps.interval or unknown)
         if not due and self.probe_every and proposer is not None and self._shape_probe_due(tenant, cap, ps):
@@ -384,7 +386,7 @@ class BatchKController:
         kp = self.probe_k(tenant, cap)
         if kp <= 0:
             if unknown:
-                ps.unknown_at = self._unknown_key(tenant)
+                ps.unknown_at = self._unknown_key()
             return 0
         ps.k, ps.left, ps.probed = kp, self.probe_steps - 1, True
         ps.interval = min(ps.interval * 2, self.probe_every * self.probe_backoff)

@@ -799,10 +799,9 @@ class BatchCostModel:
         Args:
             ks: K per session.
             drafted: whether session s's drafts need draft forwards (False for prompt lookup).
-            memo: a dict kept for the step times of one decision (no observation in between):
-                each forward's price is computed once in it (:func:`specdec.control.batch_choice.choose_batch_ks`
-                prices up to 17³ steps from the same few draft and verify forwards); one memo
-                per ``optimistic``.
+            memo: a dict of forward prices kept while no observation comes in (as
+                :meth:`prices`): each forward's price is computed once in it; one memo per
+                ``optimistic``.
             optimistic: verify forwards at :meth:`verify_s`'s ``optimistic`` price.
         """
         drafting = [k for k, d in zip(ks, drafted) if d and k > 0]
@@ -855,7 +854,7 @@ class BatchCostModel:
 class OptimisticPrices:
     """A :class:`BatchCostModel`'s step prices with the verify forwards of positions counts never
     measured in service priced on the service's forwards alone (:meth:`BatchCostModel.optimistic`); what
-    :func:`specdec.control.batch_choice.choose_batch_ks` needs of a cost model (``step_s``, ``shape_s``, ``prices``)."""
+    :func:`specdec.control.batch_choice.choose_batch_ks` needs of a cost model (``shape_s``, ``prices``; ``step_s`` as the model's)."""
 
     def __init__(self, cost: BatchCostModel):
         self.cost = cost
