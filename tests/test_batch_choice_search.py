@@ -249,3 +249,39 @@ def test_six_tenants_under_the_batch_controller_keep_every_output_exact(tiny_tar
     assert set(ctl.stats()["k_by_tenant"]) == set(tenants)
     assert all(0 <= k <= 4 for k in ctl.stats()["k_by_tenant"].values())
     assert ctl.decisions == len(sched.trace)
+
+
+def test_the_served_sessions_decide_for_six_tenants_as_the_search_does():
+    """The draft replica's K under load (BatchKSessions) over six tenants of two sessions each:
+    K per tenant is choose_batch_ks's over the loads it holds (the coordinate-ascent path), every
+    tenant's stats carry it, and one forward reported by all rows is measured once."""
+    from specdec.control.batch_k import BatchKSessions
+    from specdec.types import BatchShape
+
+    cost = BatchCostModel()
+    for positions in range(12, 61):  # 12 rows: verifying more positions costs little, a draft forward less
+        cost.observe_verify(12, positions, 0.1 + 0.004 * (positions - 12))
+    for rows in range(1, 13):
+        cost.observe_draft(rows, 0.01 + 0.001 * rows)
+    tenants = [f"tenant-{i}" for i in range(6)]
+    live = BatchKSessions(BatchKController(budget=128, cost=cost, k_ranges={t: (0, 4) for t in tenants}))
+    for t in tenants:
+        for j in range(2):
+            live.join((t, j), t, "draft", k_range=(0, 4))
+    shape = BatchShape(forward=3, rows=12, positions=24, seconds=cost.verify_s(12, 24))
+    n_before = len(live.controller.batches)
+    for step in range(10):
+        for i, t in enumerate(tenants):
+            for j in range(2):
+                live.observe_step((t, j), 1, 1 if i < 3 else step % 2, shape)
+    assert len(live.controller.batches) == n_before + 1
+    ks = {t: live.k_for(t, 4) for t in tenants}
+    est, ctl = live.controller.estimator, live.controller
+    expected = choose_batch_ks({t: TenantLoad(2, ctl.decision_alpha(t, "draft"), k_min=0, k_max=4) for t in tenants},
+                               ctl.cost, budget=128)
+    assert ks == expected.ks
+    assert ks["tenant-0"] > 0 and ks["tenant-0"] > ks["tenant-5"]  # drafts that agree speculate more
+    assert ctl.last.rows == 12 and ctl.last.positions == expected.positions
+    assert all(live.tenant_stats(t)["k_under_load"] == ks[t] and live.tenant_stats(t)["sessions"] == 2
+               for t in tenants)
+    assert est.alpha(("tenant-0", "draft")) > est.alpha(("tenant-5", "draft"))
