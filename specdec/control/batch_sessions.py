@@ -370,14 +370,18 @@ class BatchKSessions(AcceptanceExchange):
         active = {j.tenant for j in self._joined.values() if j.adaptive and j.proposer != "none"}
         bound = self._plain_bound_locked()
         serving = self._serving()
+        # guards exploring now, kept as each records (only a guard's own record changes it): "another
+        # tenant's guard is exploring" in O(1), not O(tenants) per guard
+        exploring = sum(1 for o in self.guards.values() if o.exploring)
         for t in sorted(active):
             g = self.guards.get(t)
             if g is None:
                 continue
-            was = g.forced
+            was, was_exploring = g.forced, g.exploring
             regime = "plain" if was or not (self.controller.k_for(t) or 0) > 0 else "spec"
-            others = any(o.exploring for n, o in self.guards.items() if n != t)
-            g.record(regime, tokens, seconds, may_explore=not others, plain_bound=bound, sessions=serving)
+            g.record(regime, tokens, seconds, may_explore=exploring - was_exploring == 0, plain_bound=bound,
+                     sessions=serving)
+            exploring += g.exploring - was_exploring
             if g.forced != was:
                 self._dirty = True
 

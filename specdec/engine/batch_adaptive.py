@@ -96,16 +96,21 @@ class TenantGuards:
         for _, tenant, _, _ in rows:
             if tenant not in self.guards:
                 self.guards[tenant] = self.template.fresh()
+        names = sorted(self.guards)
+        # guards exploring now, kept as each records (only a guard's own record changes it): "another
+        # tenant's guard is exploring" in O(1), not O(tenants) per row and guard
+        exploring = sum(1 for g in self.guards.values() if g.exploring)
         for rid, tenant, k, accepted in rows:
             first = rid not in self._stepped
             self._stepped.add(rid)
             if first or (k > 0 and (self.forced(tenant) or controller.k_for(tenant) == 0)):
                 continue
-            for t in sorted(self.guards):
+            for t in names:
                 g = self.guards[t]
                 regime = "plain" if g.forced or not (controller.k_for(t) or 0) > 0 else "spec"
-                others = any(o.exploring for name, o in self.guards.items() if name != t)
-                g.record(regime, (accepted + 1) * n, seconds, may_explore=not others)
+                was = g.exploring
+                g.record(regime, (accepted + 1) * n, seconds, may_explore=exploring - was == 0)
+                exploring += g.exploring - was
 
     def snapshot(self) -> dict:
         """tenant -> its guard's :meth:`GoodputGuard.snapshot`."""
