@@ -82,6 +82,9 @@ class BatchKSessions(AcceptanceExchange):
         self._trace = open(trace, "a", buffering=1) if trace else None
         self._lock = threading.Lock()
         self._joined: dict[Any, _Joined] = {}
+        # (generations serving requests, tenants with adaptive sessions stepped by a proposer) of
+        # _joined, recounted after a join or leave (None: to recount), not on every step
+        self._counts: tuple[int, frozenset] | None = None
         self._dirty = True
         self._seen: collections.OrderedDict = collections.OrderedDict()  # forward keys measured
         self._recent = recent
@@ -145,6 +148,7 @@ class BatchKSessions(AcceptanceExchange):
         if calibration not in (None, "warmup", "measure"):
             raise ValueError(f"calibration must be None, 'warmup' or 'measure', got {calibration!r}")
         with self._lock:
+            self._counts = None
             self._joined[key] = _Joined(tenant, proposer, adaptive, int(k_range[1]), k_min=int(k_range[0]),
                                         behind=int(prompt_tokens), left=None if max_tokens is None else int(max_tokens),
                                         context=int(prompt_tokens if context_tokens is None else context_tokens),
@@ -172,15 +176,22 @@ class BatchKSessions(AcceptanceExchange):
                 raise ValueError("not a calibration run")
             j.calibration = mode
 
+    def _recount(self) -> tuple[int, frozenset]:
+        if self._counts is None:
+            self._counts = (sum(1 for j in self._joined.values() if j.calibration is None),
+                            frozenset(j.tenant for j in self._joined.values() if j.adaptive and j.proposer != "none"))
+        return self._counts
+
     def _serving(self) -> int:
         """Generations joined that serve requests (calibration runs left out)."""
-        return sum(1 for j in self._joined.values() if j.calibration is None)
+        return self._recount()[0]
 
     def leave(self, key: Any) -> None:
         """The generation ``key`` ended (idempotent)."""
         with self._lock:
             if self._joined.pop(key, None) is not None:
                 self._dirty = True
+                self._counts = None
 
     def _decide_locked(self) -> None:
         counts: dict[tuple[str, str], int] = {}
@@ -367,7 +378,7 @@ class BatchKSessions(AcceptanceExchange):
         A guard whose forcing starts or ends marks the decision stale."""
         if k > 0 and (self._forced_locked(tenant) or self.controller.k_for(tenant) == 0):
             return
-        active = {j.tenant for j in self._joined.values() if j.adaptive and j.proposer != "none"}
+        active = self._recount()[1]
         bound = self._plain_bound_locked()
         serving = self._serving()
         # guards exploring now, kept as each records (only a guard's own record changes it): "another
