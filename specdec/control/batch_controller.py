@@ -168,6 +168,7 @@ class BatchKController:
         self.shape_probes = 0
         self._probe: dict[str, _ProbeState] = {}
         self._loads: dict[str, TenantLoad] = {}  # the loads of the last decision
+        self._load_key: tuple = ()  # their (name, sessions), sorted (the unknown-probe recheck's key)
         # (tenant, cap, cost version, probe_alpha, budget, catchup_horizon) -> (probe_k's answer,
         # from the optimistic prices alone) for the last decision's loads (emptied by :meth:`decide`)
         self._probe_memo: dict[tuple, tuple[int, bool]] = {}
@@ -255,6 +256,7 @@ class BatchKController:
             )
             self._proposer[tenant] = proposer
         self._loads = loads
+        self._load_key = tuple(sorted((name, load.sessions) for name, load in loads.items()))
         self._probe_memo = {}
         self.decisions += 1
         self.last = choose_batch_ks(loads, self.cost, self.budget, self.catchup_horizon)
@@ -335,8 +337,7 @@ class BatchKController:
 
     def _unknown_key(self) -> tuple[int, int | None, tuple]:
         """(decisions, the cost model's ``shapes_version``, the last decision's sessions per load) now."""
-        return (self.decisions, getattr(self.cost, "shapes_version", None),
-                tuple(sorted((name, load.sessions) for name, load in self._loads.items())))
+        return self.decisions, getattr(self.cost, "shapes_version", None), self._load_key
 
     def _unknown_recheck_due(self, ps: _ProbeState) -> bool:
         """Whether a tenant of unknown acceptance whose probe was last found not to pay is asked
@@ -368,8 +369,8 @@ class BatchKController:
             self.probe_step_count += 1
             return min(cap, ps.k)
         proposer = self._proposer.get(tenant)
-        unknown = (not ps.probed and proposer is not None and self._unknown_recheck_due(ps)
-                   and self.estimator.evidence((tenant, proposer)) < self.probe_memory)
+        unknown = (not ps.probed and proposer is not None
+                   and self.estimator.evidence((tenant, proposer)) < self.probe_memory and self._unknown_recheck_due(ps))
         due = bool(self.probe_every) and (ps.held >= ps.interval or unknown)
         if not due and self.probe_every and proposer is not None and self._shape_probe_due(tenant, cap, ps):
             # a probe of the prices, not of the acceptance (class docstring, "Probes of shapes never

@@ -177,6 +177,8 @@ class BatchKSessions(AcceptanceExchange):
             j.calibration = mode
 
     def _recount(self) -> tuple[int, frozenset]:
+        """(generations serving requests, tenants with adaptive sessions stepped by a proposer), kept
+        until the next join or leave. Call under ``_lock``."""
         if self._counts is None:
             self._counts = (sum(1 for j in self._joined.values() if j.calibration is None),
                             frozenset(j.tenant for j in self._joined.values() if j.adaptive and j.proposer != "none"))
