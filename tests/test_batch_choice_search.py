@@ -343,3 +343,47 @@ def test_served_guards_of_many_tenants_explore_one_at_a_time():
         before = now
     assert most == 1
     assert all(n >= 1 for n in started.values()), started
+
+
+def test_probes_of_many_tenants_due_together_are_priced_a_few_per_decision():
+    """Twelve tenants held at K = 0 from the same tick: their probes come due on the same step.
+    One decision prices at most PROBE_ASKS_PER_DECISION of them (each a batch optimum; 32 tenants'
+    due probes made a 21-ms tick where the others took 1.4 ms); the others wait one or two
+    decisions, and every tenant is probed at the K its what-if gives."""
+    from specdec.control.batch_controller import PROBE_ASKS_PER_DECISION
+
+    tenants = [f"t{i:02d}" for i in range(12)]
+    cost = BatchCostModel()
+    for positions in range(12, 61):  # 12 rows: each extra position costs 3 % of the forward,
+        cost.observe_verify(12, positions, 0.1 + 0.003 * (positions - 12))
+    for rows in range(1, 13):  # a draft forward 3 % per row
+        cost.observe_draft(rows, 0.003 * rows)
+    ctl = BatchKController(budget=256, cost=cost, k_ranges={t: (0, 4) for t in tenants}, probe_every=4,
+                           optimism=0.0)
+    for t in tenants:  # acceptance measured (no probe for unknown acceptance) and low: held at K = 0;
+        for _ in range(10):  # a probe at 0.9 pays (K = 1 for one tenant: 12.9 tokens in 0.106 s
+            ctl.estimator.record((t, "draft"), 4, 1)  # against K = 0's 12 in 0.1)
+    asks: list[tuple[int, str]] = []
+    probe_k = ctl.probe_k
+
+    def counting(tenant, cap):
+        before = len(ctl._asked)
+        got = probe_k(tenant, cap)
+        if len(ctl._asked) > before:
+            asks.append((ctl.decisions, tenant))
+        return got
+
+    ctl.probe_k = counting
+    probed_at: dict[str, int] = {}
+    for _ in range(10):
+        ctl.decide({(t, "draft"): 1 for t in tenants})
+        assert all(k == 0 for k in ctl.last.ks.values())
+        for t in tenants:
+            if ctl.step_k(t, 4) > 0 and t not in probed_at:
+                probed_at[t] = ctl.decisions
+    per_decision = {}
+    for d, _ in asks:
+        per_decision[d] = per_decision.get(d, 0) + 1
+    assert max(per_decision.values()) == PROBE_ASKS_PER_DECISION == 4
+    assert sorted(probed_at) == tenants  # every tenant probed ...
+    assert sorted(set(probed_at.values())) == [5, 6, 7]  # ... four per decision, from its 5th step on

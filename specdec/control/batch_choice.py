@@ -173,9 +173,12 @@ def _evaluate(loads: dict[str, TenantLoad], ks: dict[str, int], cost: BatchCostM
     return pricer.evaluate(ks)
 
 
-def _ascend(pricer: _Pricer, options: dict[str, list[int]], adjustable: list[str]) -> dict[str, int]:
+def _ascend(pricer: _Pricer, options: dict[str, list[int]], adjustable: list[str],
+            start: dict[str, int] | None = None) -> dict[str, int]:
     """Coordinate ascent for many adjustable tenants. Two starts: every tenant at its k_min, and
-    the best candidate that gives all tenants the same K (clipped to each one's range). A round
+    the best candidate that gives all tenants the same K (clipped to each one's range); with
+    ``start`` (a what-if near a decision: :meth:`BatchKController.probe_k`) from that one alone,
+    each K clipped to its tenant's range. A round
     moves each tenant in turn to its best K with the others fixed, then tries the group moves:
     every tenant at K = L to L + 1, or to L - 1, together (the draft forwards are shared, so
     raising one tenant alone can cost a whole draft position that several raised together pay
@@ -183,12 +186,16 @@ def _ascend(pricer: _Pricer, options: dict[str, list[int]], adjustable: list[str
     local optima: on 300 random loads of 4-6 tenants (tests/test_batch_choice_search.py) the
     exhaustive optimum in all but a few, within 2 % of it in every one."""
     top = max((options[n][-1] for n in adjustable), default=0)
-    uniform = []
-    for k in range(top + 1):
-        ks = {n: (min(max(k, o[0]), o[-1])) for n, o in options.items()}
-        uniform.append((pricer.evaluate(ks)[0], k, ks))
+    if start is not None:
+        starts = [{n: min(max(start.get(n, o[0]), o[0]), o[-1]) for n, o in options.items()}]
+    else:
+        uniform = []
+        for k in range(top + 1):
+            ks = {n: (min(max(k, o[0]), o[-1])) for n, o in options.items()}
+            uniform.append((pricer.evaluate(ks)[0], k, ks))
+        starts = [uniform[0][2], max(uniform, key=lambda u: u[0])[2]]
     best: tuple[float, dict[str, int]] | None = None
-    for _, _, ks in (uniform[0], max(uniform, key=lambda u: u[0])):
+    for ks in starts:
         pricer.start(ks)
         tps = pricer.evaluate(pricer.ks)[0]
         for _ in range(ASCENT_ROUNDS):
@@ -223,7 +230,7 @@ def _ascend(pricer: _Pricer, options: dict[str, list[int]], adjustable: list[str
 
 
 def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: int,
-                    horizon: int = 32) -> BatchKDecision:
+                    horizon: int = 32, start: dict[str, int] | None = None) -> BatchKDecision:
     """K per tenant maximising the batch's expected tokens/s under fair shares of ``budget``.
 
     A tenant given K > 0 whose draft is behind (``TenantLoad.catchup_s`` > 0) pays that catch-up
@@ -239,6 +246,9 @@ def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: 
     decisions of one cost version (:meth:`BatchCostModel.prices`). A tick's controller work
     (decision and probes, 2-core EPYC, docs/bench/batching/tenants-s27/), median / largest: 4
     tenants 6.3 / 33 ms before, 0.36 / 1.3 after; 32 tenants 14 / 451 ms before, 1.4 / 21 after.
+
+    ``start``: K per tenant to start the coordinate ascent from, alone (a what-if of one tenant's
+    acceptance next to a decision, whose optimum lies near it); no effect on an exhaustive search.
 
     Raises:
         ValueError: ``budget < 1`` or ``horizon < 1``.
@@ -275,7 +285,7 @@ def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: 
                 best = (tps, step, ks)
         tps, step, ks = best
     else:
-        ks = _ascend(pricer, options, adjustable)
+        ks = _ascend(pricer, options, adjustable, start)
         tps, step = pricer.evaluate(ks)
     return BatchKDecision(
         ks=dict(ks), tokens_per_s=tps, step_s=step,
