@@ -71,7 +71,9 @@ class BatchKController:
     steps, so that a tenant whose drafts do not agree pays at most ``probe_steps /
     (probe_every · probe_backoff + probe_steps)`` of its steps for probes in the long run
     (4 / 132 ≈ 3 % with the defaults); the interval is back to ``probe_every`` once the
-    tenant runs at K > 0 again. A tenant held at K = 0 whose acceptance has less than
+    tenant runs at K > 0 again. One decision prices at most :data:`PROBE_ASKS_PER_DECISION`
+    tenants' probe what-ifs: the probes of tenants held from the same tick come due together, and
+    the others' wait a decision or two. A tenant held at K = 0 whose acceptance has less than
     ``probe_memory`` trials of evidence (α̂ is mostly the prior: held from its first steps, it
     never measured its drafts) and that was never probed is probed at its first held step (when
     even that probe would not pay, asked again after :data:`UNKNOWN_RECHECK` decisions, or as soon
