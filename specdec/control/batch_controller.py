@@ -23,7 +23,8 @@ RECENT_BATCHES = 50
 #: asked again (:meth:`BatchKController.step_k`; each ask is a batch optimum)
 UNKNOWN_RECHECK = 8
 #: tenants whose probe's K (:meth:`BatchKController.probe_k`, a batch optimum each) one decision
-#: prices at most; another tenant's probe that comes due waits for a later decision. Held tenants
+#: prices at most; another tenant's probe that comes due waits its turn (first come first served,
+#: :meth:`BatchKController._may_ask`). Held tenants
 #: start their probe intervals together, so their probes came due on the same tick: 32 tenants'
 #: ticks took 21 ms where the others took 1.4 (docs/bench/batching/tenants-s27/)
 PROBE_ASKS_PER_DECISION = 4
@@ -73,7 +74,7 @@ class BatchKController:
     (4 / 132 ≈ 3 % with the defaults); the interval is back to ``probe_every`` once the
     tenant runs at K > 0 again. One decision prices at most :data:`PROBE_ASKS_PER_DECISION`
     tenants' probe what-ifs: the probes of tenants held from the same tick come due together, and
-    the others' wait a decision or two. A tenant held at K = 0 whose acceptance has less than
+    the others' wait their turn in a queue (first come first served). A tenant held at K = 0 whose acceptance has less than
     ``probe_memory`` trials of evidence (α̂ is mostly the prior: held from its first steps, it
     never measured its drafts) and that was never probed is probed at its first held step (when
     even that probe would not pay, asked again after :data:`UNKNOWN_RECHECK` decisions, or as soon
@@ -177,6 +178,11 @@ class BatchKController:
         self._loads: dict[str, TenantLoad] = {}  # the loads of the last decision
         self._load_key: tuple = ()  # their (name, sessions), sorted (the unknown-probe recheck's key)
         self._asked: set[str] = set()  # tenants whose probe's K the last decision priced (PROBE_ASKS_PER_DECISION)
+        # tenants turned away for want of a pricing slot, first come first served (_may_ask), and
+        # those that asked for a slot during the last decision (a waiting tenant that stops asking
+        # leaves the queue at the next decision)
+        self._waiting: dict[str, int] = {}
+        self._asking: set[str] = set()
         # (tenant, cap, cost version, probe_alpha, budget, catchup_horizon) -> (probe_k's answer,
         # from the optimistic prices alone) for the last decision's loads (emptied by :meth:`decide`)
         self._probe_memo: dict[tuple, tuple[int, bool]] = {}
@@ -267,6 +273,8 @@ class BatchKController:
         self._load_key = tuple(sorted((name, load.sessions) for name, load in loads.items()))
         self._probe_memo = {}
         self._asked = set()
+        self._waiting = {t: d for t, d in self._waiting.items() if t in self._asking and t in loads}
+        self._asking = set()
         self.decisions += 1
         self.last = choose_batch_ks(loads, self.cost, self.budget, self.catchup_horizon)
         self.k_by_tenant.update({t: k for t, k in self.last.ks.items() if "\x00" not in t})
@@ -341,6 +349,8 @@ class BatchKController:
         version = getattr(cost, "shapes_version", None)
         if ps.checked.get(sessions, -1) == version:
             return False
+        if not self._may_ask(tenant):  # no pricing slot in this decision: considered again at a later one
+            return False
         ps.checked[sessions] = version
         if not self._probe_unmeasured(tenant, cap):
             return False
@@ -384,9 +394,10 @@ class BatchKController:
         unknown = (not ps.probed and proposer is not None
                    and self.estimator.evidence((tenant, proposer)) < self.probe_memory and self._unknown_recheck_due(ps))
         due = bool(self.probe_every) and (ps.held >= ps.interval or unknown)
-        if not self._may_ask(tenant):  # this decision priced enough probes: the due ones wait for a later one
-            due = False
-        elif not due and self.probe_every and proposer is not None and self._shape_probe_due(tenant, cap, ps):
+        if due and not self._may_ask(tenant):  # no pricing slot in this decision: the probe waits its turn
+            ps.held += 1
+            return 0
+        if not due and self.probe_every and proposer is not None and self._shape_probe_due(tenant, cap, ps):
             # a probe of the prices, not of the acceptance (class docstring, "Probes of shapes never
             # measured in service"): no evidence cap, no backoff, the held count goes on
             ps.k, ps.left = self.probe_k(tenant, cap), self.probe_steps - 1
@@ -414,9 +425,27 @@ class BatchKController:
         return kp
 
     def _may_ask(self, tenant: str) -> bool:
-        """Whether :meth:`probe_k` may price ``tenant``'s probe in this decision: it did already
-        (remembered), or fewer than :data:`PROBE_ASKS_PER_DECISION` tenants' were priced."""
-        return tenant in self._asked or len(self._asked) < PROBE_ASKS_PER_DECISION
+        """Whether :meth:`probe_k` may price ``tenant``'s probe in this decision (a tenant whose probe
+        is due asks): it did already (remembered), or one of the :data:`PROBE_ASKS_PER_DECISION`
+        slots is free for it. Tenants turned away wait in a queue, first come first served: a
+        slot goes to a tenant only when fewer tenants wait ahead of it than slots are free, so a
+        tenant that asks on every decision (one of unknown acceptance re-asked as the load
+        changes) cannot keep the others from ever being priced; a waiting tenant that stops asking
+        leaves the queue at the next decision."""
+        if tenant in self._asked:
+            return True
+        self._asking.add(tenant)
+        free = PROBE_ASKS_PER_DECISION - len(self._asked)
+        ahead = 0
+        for t in self._waiting:
+            if t == tenant:
+                break
+            ahead += 1
+        if ahead < free:
+            self._waiting.pop(tenant, None)
+            return True
+        self._waiting.setdefault(tenant, self.decisions)
+        return False
 
     def probing(self, tenant: str) -> bool:
         """Whether a probe of ``tenant`` is in progress (steps of it are left)."""
