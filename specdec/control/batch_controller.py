@@ -178,11 +178,10 @@ class BatchKController:
         self._loads: dict[str, TenantLoad] = {}  # the loads of the last decision
         self._load_key: tuple = ()  # their (name, sessions), sorted (the unknown-probe recheck's key)
         self._asked: set[str] = set()  # tenants whose probe's K the last decision priced (PROBE_ASKS_PER_DECISION)
-        # tenants turned away for want of a pricing slot, first come first served (_may_ask), and
-        # those that asked for a slot during the last decision (a waiting tenant that stops asking
-        # leaves the queue at the next decision)
+        # tenants turned away for want of a pricing slot, first come first served (_may_ask) ->
+        # the decision at which each last asked (one that has not asked for UNKNOWN_RECHECK decisions,
+        # or has left the batch, leaves the queue)
         self._waiting: dict[str, int] = {}
-        self._asking: set[str] = set()
         # (tenant, cap, cost version, probe_alpha, budget, catchup_horizon) -> (probe_k's answer,
         # from the optimistic prices alone) for the last decision's loads (emptied by :meth:`decide`)
         self._probe_memo: dict[tuple, tuple[int, bool]] = {}
@@ -273,8 +272,8 @@ class BatchKController:
         self._load_key = tuple(sorted((name, load.sessions) for name, load in loads.items()))
         self._probe_memo = {}
         self._asked = set()
-        self._waiting = {t: d for t, d in self._waiting.items() if t in self._asking and t in loads}
-        self._asking = set()
+        self._waiting = {t: d for t, d in self._waiting.items()
+                         if t in loads and self.decisions - d < UNKNOWN_RECHECK}
         self.decisions += 1
         self.last = choose_batch_ks(loads, self.cost, self.budget, self.catchup_horizon)
         self.k_by_tenant.update({t: k for t, k in self.last.ks.items() if "\x00" not in t})
@@ -430,11 +429,11 @@ class BatchKController:
         slots is free for it. Tenants turned away wait in a queue, first come first served: a
         slot goes to a tenant only when fewer tenants wait ahead of it than slots are free, so a
         tenant that asks on every decision (one of unknown acceptance re-asked as the load
-        changes) cannot keep the others from ever being priced; a waiting tenant that stops asking
-        leaves the queue at the next decision."""
+        changes) cannot keep the others from ever being priced, even one that steps only every
+        few decisions (served, a tick can hold several decisions); a waiting tenant that has not
+        asked for :data:`UNKNOWN_RECHECK` decisions, or has left the batch, leaves the queue."""
         if tenant in self._asked:
             return True
-        self._asking.add(tenant)
         free = PROBE_ASKS_PER_DECISION - len(self._asked)
         ahead = 0
         for t in self._waiting:
@@ -444,7 +443,7 @@ class BatchKController:
         if ahead < free:
             self._waiting.pop(tenant, None)
             return True
-        self._waiting.setdefault(tenant, self.decisions)
+        self._waiting[tenant] = self.decisions  # its place in the queue kept, its last ask noted
         return False
 
     def probing(self, tenant: str) -> bool:
