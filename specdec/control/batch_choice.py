@@ -104,8 +104,9 @@ class _Pricer:
         draft_rows.reverse()
         return self.cost.shape_s(self.rows, positions, draft_rows, self.memo)
 
-    def evaluate(self, ks: dict[str, int]) -> tuple[float, float]:
-        """``(tokens/s, step seconds)`` of the candidate ``ks`` (every load's K)."""
+    def _totals(self, ks: dict[str, int]) -> tuple[float, float, int, list[int]]:
+        """(tokens, catch-up seconds, positions, drafted rows per K) of the candidate ``ks``, summed
+        over the loads in their order (the per-session pricing's order)."""
         tokens = catchup = 0.0
         positions = 0
         drafting = [0] * (self.top + 1)
@@ -116,24 +117,12 @@ class _Pricer:
             positions += load.sessions * (k + 1)
             if load.drafted and k > 0:
                 drafting[k] += load.sessions
-        step = self._step(positions, drafting)
-        return tokens / max(step + catchup, 1e-12), step  # a step priced at 0 s (all measured 0): no crash
+        return tokens, catchup, positions, drafting
 
-    def start(self, ks: dict[str, int]) -> None:
-        """Set the running totals of :meth:`trial` to the candidate ``ks`` (exact sums, no drift)."""
-        self.ks = dict(ks)
-        self.sum_tokens = sum(self.tokens[n][k] for n, k in ks.items())
-        self.sum_catchup = sum(self.catchup[n][k] for n, k in ks.items())
-        self.positions = sum(self.loads[n].sessions * (k + 1) for n, k in ks.items())
-        self.drafting = [0] * (self.top + 1)
-        for n, k in ks.items():
-            if self.loads[n].drafted and k > 0:
-                self.drafting[k] += self.loads[n].sessions
-
-    def trial(self, changes: dict[str, int]) -> float:
-        """Tokens/s of the current candidate with the tenants of ``changes`` at their K there (nothing kept)."""
-        tokens, catchup, positions = self.sum_tokens, self.sum_catchup, self.positions
-        drafting = self.drafting
+    def _shifted(self, changes: dict[str, int]) -> tuple[float, float, int, list[int]]:
+        """The running totals with the tenants of ``changes`` at their K there (the totals' own
+        ``drafting`` list is not changed)."""
+        tokens, catchup, positions, drafting = self.sum_tokens, self.sum_catchup, self.positions, self.drafting
         copied = False
         for name, k in changes.items():
             old, load = self.ks[name], self.loads[name]
@@ -147,30 +136,34 @@ class _Pricer:
                     drafting[old] -= load.sessions
                 if k > 0:
                     drafting[k] += load.sessions
+        return tokens, catchup, positions, drafting
+
+    def evaluate(self, ks: dict[str, int]) -> tuple[float, float]:
+        """``(tokens/s, step seconds)`` of the candidate ``ks`` (every load's K)."""
+        tokens, catchup, positions, drafting = self._totals(ks)
+        step = self._step(positions, drafting)
+        return tokens / max(step + catchup, 1e-12), step  # a step priced at 0 s (all measured 0): no crash
+
+    def start(self, ks: dict[str, int]) -> None:
+        """Set the running totals of :meth:`trial` to the candidate ``ks`` (exact sums, no drift)."""
+        self.ks = dict(ks)
+        self.sum_tokens, self.sum_catchup, self.positions, self.drafting = self._totals(ks)
+
+    def trial(self, changes: dict[str, int]) -> float:
+        """Tokens/s of the current candidate with the tenants of ``changes`` at their K there (nothing kept)."""
+        tokens, catchup, positions, drafting = self._shifted(changes)
         return tokens / max(self._step(positions, drafting) + catchup, 1e-12)
 
     def move(self, changes: dict[str, int]) -> None:
         """Make the K of the tenants of ``changes`` theirs there, in the running totals."""
-        for name, k in changes.items():
-            old, load = self.ks[name], self.loads[name]
-            self.sum_tokens += self.tokens[name][k] - self.tokens[name][old]
-            self.sum_catchup += self.catchup[name][k] - self.catchup[name][old]
-            self.positions += load.sessions * (k - old)
-            if load.drafted:
-                if old > 0:
-                    self.drafting[old] -= load.sessions
-                if k > 0:
-                    self.drafting[k] += load.sessions
-            self.ks[name] = k
+        self.sum_tokens, self.sum_catchup, self.positions, self.drafting = self._shifted(changes)
+        self.ks.update(changes)
 
 
 def _evaluate(loads: dict[str, TenantLoad], ks: dict[str, int], cost: BatchCostModel,
-              horizon: int, memo: dict | None = None) -> tuple[float, float]:
+              horizon: int) -> tuple[float, float]:
     """``(tokens/s, step seconds)`` of one candidate ``ks`` (K per load) of :func:`choose_batch_ks`."""
-    pricer = _Pricer(loads, {n: [k] for n, k in ks.items()}, cost, horizon)
-    if memo is not None:
-        pricer.memo = memo
-    return pricer.evaluate(ks)
+    return _Pricer(loads, {n: [k] for n, k in ks.items()}, cost, horizon).evaluate(ks)
 
 
 def _ascend(pricer: _Pricer, options: dict[str, list[int]], adjustable: list[str],

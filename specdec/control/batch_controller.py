@@ -24,9 +24,9 @@ RECENT_BATCHES = 50
 UNKNOWN_RECHECK = 8
 #: tenants whose probe's K (:meth:`BatchKController.probe_k`, a batch optimum each) one decision
 #: prices at most; another tenant's probe that comes due waits its turn (first come first served,
-#: :meth:`BatchKController._may_ask`). Held tenants
-#: start their probe intervals together, so their probes came due on the same tick: 32 tenants'
-#: ticks took 21 ms where the others took 1.4 (docs/bench/batching/tenants-s27/)
+#: :meth:`BatchKController._may_ask`). Held tenants start their probe intervals together, so their
+#: probes came due on the same tick: 32 tenants' ticks took 21 ms where the others took 1.4
+#: (docs/bench/batching/tenants-s27/)
 PROBE_ASKS_PER_DECISION = 4
 
 
@@ -74,13 +74,13 @@ class BatchKController:
     (4 / 132 ≈ 3 % with the defaults); the interval is back to ``probe_every`` once the
     tenant runs at K > 0 again. One decision prices at most :data:`PROBE_ASKS_PER_DECISION`
     tenants' probe what-ifs: the probes of tenants held from the same tick come due together, and
-    the others' wait their turn in a queue (first come first served). A tenant held at K = 0 whose acceptance has less than
-    ``probe_memory`` trials of evidence (α̂ is mostly the prior: held from its first steps, it
-    never measured its drafts) and that was never probed is probed at its first held step (when
-    even that probe would not pay, asked again after :data:`UNKNOWN_RECHECK` decisions, or as soon
-    as a positions count is first measured or the batch's sessions per tenant change, not on every step: each
-    ask is a whole batch optimum, and 32 such tenants asking on every tick cost 27 ms a tick,
-    docs/bench/batching/tenants-s27/):
+    the others' wait their turn in a queue (first come first served). A tenant held at K = 0
+    whose acceptance has less than ``probe_memory`` trials of evidence (α̂ is mostly the prior:
+    held from its first steps, it never measured its drafts) and that was never probed is probed
+    at its first held step (when even that probe would not pay, asked again after
+    :data:`UNKNOWN_RECHECK` decisions, or as soon as a positions count is first measured or the
+    batch's sessions per tenant change, not on every step: each ask is a whole batch optimum, and
+    32 such tenants asking on every tick cost 27 ms a tick, docs/bench/batching/tenants-s27/):
     one client on code prompts, whose speculation paid 1.8x, spent its first 32 steps of each
     48-token request at K = 0 with α̂ at the 0.52 prior (served, w8a8 pair). (The same idea as the per-request
     :class:`specdec.control.controller.KController`'s step-limited probes, counted in steps
@@ -435,11 +435,7 @@ class BatchKController:
         if tenant in self._asked:
             return True
         free = PROBE_ASKS_PER_DECISION - len(self._asked)
-        ahead = 0
-        for t in self._waiting:
-            if t == tenant:
-                break
-            ahead += 1
+        ahead = list(self._waiting).index(tenant) if tenant in self._waiting else len(self._waiting)
         if ahead < free:
             self._waiting.pop(tenant, None)
             return True
