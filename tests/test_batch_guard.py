@@ -95,3 +95,85 @@ def test_scheduler_with_guard_keeps_outputs_and_records_adaptive_rows(tiny_targe
     ticks = sum(1 for t in sched.trace if t.answered)
     recorded = {t: g.steps("spec") + g.steps("plain") for t, g in sched.guards.guards.items()}
     assert all(0 < n <= 3 * ticks for n in recorded.values())
+
+
+def _record_tick_per_row(guards: TenantGuards, controller, rows, seconds) -> None:
+    """TenantGuards.record_tick before quiet guards were recorded in one call (main a6e13f6): one
+    GoodputGuard.record per adaptive row and tenant, in tenant order: the reference."""
+    if not rows or not seconds > 0:
+        return
+    n = len(rows)
+    for _, tenant, _, _ in rows:
+        if tenant not in guards.guards:
+            guards.guards[tenant] = guards.template.fresh()
+    names = sorted(guards.guards)
+    exploring = sum(1 for g in guards.guards.values() if g.exploring)
+    for rid, tenant, k, accepted in rows:
+        first = rid not in guards._stepped
+        guards._stepped.add(rid)
+        if first or (k > 0 and (guards.forced(tenant) or controller.k_for(tenant) == 0)):
+            continue
+        for t in names:
+            g = guards.guards[t]
+            regime = "plain" if g.forced or not (controller.k_for(t) or 0) > 0 else "spec"
+            was = g.exploring
+            g.record(regime, (accepted + 1) * n, seconds, may_explore=exploring - was == 0)
+            exploring += g.exploring - was
+
+
+def test_quiet_guards_recorded_in_one_call_keep_every_guard_state_bit_for_bit():
+    """record_tick records the steps of guards that stay quiet through a tick (plain decoding, or a
+    forcing with more steps left than the tick's rows) in one GoodputGuard.record_quiet call: every
+    guard's whole state after every tick equals the per-row reference's, over 60 random runs of 150
+    ticks (tenants switching K, probes, explorations, vetoes, ragged rows, outlier seconds)."""
+    import random
+
+    for seed in range(60):
+        rng = random.Random(seed)
+        tenants = [f"t{i}" for i in range(rng.choice((2, 5, 12)))]
+        min_steps = rng.choice((2, 4, 12))
+        template = GoodputGuard(min_steps=min_steps, explore_every=min_steps * rng.choice((1, 3, 6)),
+                                hold=rng.choice((3, 9, 96)))
+        fast, ref = TenantGuards(template), TenantGuards(template)
+        ks = {t: rng.choice((0, 0, 2, 4)) for t in tenants}
+        ctl = _Controller(ks)
+        rid = 0
+        live: list[tuple[int, str]] = []
+        events = 0
+        for tick in range(150):
+            if rng.random() < 0.1:
+                t = rng.choice(tenants)
+                ks[t] = rng.choice((0, 1, 4))
+            while len(live) < rng.choice((1, 4, 16, 40)):
+                live.append((rid, rng.choice(tenants)))
+                rid += 1
+            if rng.random() < 0.2:
+                live = live[rng.randrange(1, 4):]
+            rows = []
+            for r, t in live:
+                k = ks[t] if rng.random() > 0.05 else rng.choice((1, 4))  # now and then a probe's K
+                rows.append((r, t, k, rng.randrange(0, k + 1)))
+            seconds = rng.choice((0.1, 0.1, 0.12, 0.5, 3.0))
+            fast.record_tick(ctl, rows, seconds)
+            _record_tick_per_row(ref, ctl, rows, seconds)
+            assert sorted(fast.guards) == sorted(ref.guards)
+            for t in fast.guards:
+                assert vars(fast.guards[t]) == vars(ref.guards[t]), (seed, tick, t)
+            events += sum(g.forced for g in fast.guards.values())
+        assert fast._stepped == ref._stepped
+    assert events > 0
+
+
+def test_record_quiet_refuses_steps_that_are_not_quiet():
+    g = GoodputGuard(min_steps=2, explore_every=2, first_explore=2, hold=3)
+    assert g.quiet_for("plain", 5) and not g.quiet_for("spec", 1)
+    with pytest.raises(ValueError, match="not quiet"):
+        g.record_quiet("spec", [2.0], 0.1)
+    with pytest.raises(ValueError, match="tokens >= 1"):
+        g.record_quiet("plain", [0.0], 0.1)
+    for _ in range(2):
+        g.record("spec", 4.0, 0.1)
+    assert g.exploring and g._forced_left == 2  # an exploration of 2 steps started
+    assert g.quiet_for("plain", 1) and not g.quiet_for("plain", 2)
+    g.record_quiet("plain", [3.0], 0.1)
+    assert g._forced_left == 1 and g.exploring

@@ -93,9 +93,19 @@ class _Pricer:
                 else:
                     self.catchup[name][k] = 0.0
         self.top = max((k for o in options.values() for k in o), default=0)
+        #: (positions, drafted rows per K) -> the step's seconds: the shapes the search's trials
+        #: share (32 tenants of one session at K = 0: every single-tenant trial of a K is one shape)
+        self.steps: dict[tuple[int, tuple[int, ...]], float] = {}
 
     def _step(self, positions: int, drafting: list[int]) -> float:
-        """The step's seconds; ``drafting[k]``: drafted rows at K = k."""
+        """The step's seconds; ``drafting[k]``: drafted rows at K = k (memoised per shape)."""
+        key = (positions, tuple(drafting))
+        got = self.steps.get(key)
+        if got is None:
+            got = self.steps[key] = self._price(positions, drafting)
+        return got
+
+    def _price(self, positions: int, drafting: list[int]) -> float:
         draft_rows, above = [], 0
         for k in range(len(drafting) - 1, 0, -1):  # rows drafting more than j tokens, from the top down
             above += drafting[k]

@@ -294,6 +294,45 @@ class GoodputGuard:
             self._explored = npl >= self.min_steps  # a spaced one (not the first measurement)
             self._forced_left, self._forced_why = self.min_steps, "explore"
 
+    def quiet_for(self, regime: str, steps: int) -> bool:
+        """Whether the next ``steps`` :meth:`record` calls of ``regime`` without ``sessions`` would
+        only add to the sums (and count a forcing down), leaving :attr:`forced`, :attr:`exploring`
+        and the policy as they are whatever ``may_explore`` and ``plain_bound`` say: plain decoding
+        while nothing is forced (a plain step never explores, vetoes or compares), or any regime
+        while a forcing has more than ``steps`` steps left. Such steps can be recorded in one
+        :meth:`record_quiet` call."""
+        if self._forced_left > 0:
+            return self._forced_left > steps
+        return regime == "plain"
+
+    def record_quiet(self, regime: str, tokens: "list[float]", seconds: float) -> None:
+        """``len(tokens)`` steps of ``regime``, each as :meth:`record` (``regime``, ``tokens[i]``,
+        ``seconds``) without ``sessions`` would record it, bit for bit, in one call: only where
+        :meth:`quiet_for` (``regime``, ``len(tokens)``) holds (the in-process scheduler records
+        every adaptive row of a tick in every tenant's guard: with many tenants mostly at K = 0,
+        :class:`specdec.engine.batch_adaptive.TenantGuards` spent O(rows x tenants) full calls a
+        tick).
+
+        Raises:
+            ValueError: an unknown regime, a token count < 1, seconds not finite and > 0, or the
+                steps not quiet (:meth:`quiet_for`).
+        """
+        if regime not in self._sums:
+            raise ValueError(f"regime must be 'spec' or 'plain', got {regime!r}")
+        if not 0 < seconds < float("inf") or any(not t >= 1 for t in tokens):
+            raise ValueError(f"need tokens >= 1 and 0 < seconds < inf, got {tokens}, {seconds}")
+        if not self.quiet_for(regime, len(tokens)):
+            raise ValueError(f"{len(tokens)} {regime} steps are not quiet for this guard (quiet_for)")
+        s = self._sums[regime]
+        s0, s1, s2, s3 = s
+        d, clip = self.decay, self.outlier_clip
+        for t in tokens:  # the arithmetic of record(), in its order
+            sec = min(seconds, clip * s1 / s3) if s2 >= 3 else seconds
+            s0, s1, s2, s3 = s0 * d + t, s1 * d + sec, s2 + 1, s3 * d + 1.0
+        s[0], s[1], s[2], s[3] = s0, s1, s2, s3
+        if self._forced_left > 0:
+            self._forced_left -= len(tokens)  # more than len(tokens) were left: still forced
+
     def _plain_far_below(self, spec: float) -> bool:
         """Whether the last exploration's fresh ``plain`` is below ``spec`` by more than
         ``skip_margin`` (never with ``skip_margin`` None or too few fresh plain steps)."""
