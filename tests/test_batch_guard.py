@@ -125,15 +125,18 @@ def test_quiet_guards_recorded_in_one_call_keep_every_guard_state_bit_for_bit():
     """record_tick records the steps of guards that stay quiet through a tick (plain decoding, or a
     forcing with more steps left than the tick's rows) in one GoodputGuard.record_quiet call: every
     guard's whole state after every tick equals the per-row reference's, over 60 random runs of 150
-    ticks (tenants switching K, probes, explorations, vetoes, ragged rows, outlier seconds)."""
+    ticks (tenants switching K or unknown to the decision, probes, explorations, vetoes, ragged rows,
+    ticks of as many rows as a forcing has left +-1, outlier seconds; random guard settings)."""
     import random
 
     for seed in range(60):
         rng = random.Random(seed)
         tenants = [f"t{i}" for i in range(rng.choice((2, 5, 12)))]
-        min_steps = rng.choice((2, 4, 12))
+        min_steps = rng.choice((1, 2, 4, 12))
         template = GoodputGuard(min_steps=min_steps, explore_every=min_steps * rng.choice((1, 3, 6)),
-                                hold=rng.choice((3, 9, 96)))
+                                hold=rng.choice((1, 3, 9, 96)), outlier_clip=rng.choice((1.3, 2.0, float("inf"))),
+                                decay=rng.choice((0.9, 0.97, 1.0)), compare_on_explore_end=rng.random() < 0.5,
+                                skip_margin=rng.choice((None, 0.25)), first_explore=min_steps * rng.choice((1, 2)))
         fast, ref = TenantGuards(template), TenantGuards(template)
         ks = {t: rng.choice((0, 0, 2, 4)) for t in tenants}
         ctl = _Controller(ks)
@@ -144,14 +147,19 @@ def test_quiet_guards_recorded_in_one_call_keep_every_guard_state_bit_for_bit():
             if rng.random() < 0.1:
                 t = rng.choice(tenants)
                 ks[t] = rng.choice((0, 1, 4))
-            while len(live) < rng.choice((1, 4, 16, 40)):
+            if rng.random() < 0.03:  # a tenant the last decision did not see (k_for None)
+                ks.pop(rng.choice(tenants), None)
+            left = [g._forced_left for g in fast.guards.values() if g._forced_left > 1]
+            want = rng.choice(left) + rng.choice((-1, 0, 1)) if left and rng.random() < 0.3 else rng.choice((1, 4, 16, 40))
+            while len(live) < want:  # now and then as many rows as a forcing has steps left, +-1
                 live.append((rid, rng.choice(tenants)))
                 rid += 1
             if rng.random() < 0.2:
                 live = live[rng.randrange(1, 4):]
+            live = live[:max(1, want)]
             rows = []
             for r, t in live:
-                k = ks[t] if rng.random() > 0.05 else rng.choice((1, 4))  # now and then a probe's K
+                k = ks.get(t, 0) if rng.random() > 0.05 else rng.choice((1, 4))  # now and then a probe's K
                 rows.append((r, t, k, rng.randrange(0, k + 1)))
             seconds = rng.choice((0.1, 0.1, 0.12, 0.5, 3.0))
             fast.record_tick(ctl, rows, seconds)

@@ -159,6 +159,7 @@ class CostModel:
         self._draft = Ewma(ewma_weight)
         self._rtt = Ewma(ewma_weight)
         self._verify: dict[int, Ewma] = {}
+        self._points: list[tuple[int, float]] | None = None  # :meth:`verify_points`, until they change
         self._draft_blocks: dict[int, Ewma] = {}  # drafted tokens d -> seconds of one block of d
         self._prefill = Ewma(ewma_weight)
 
@@ -178,6 +179,7 @@ class CostModel:
         if not 1 <= positions <= self.max_positions:
             raise ValueError(f"positions must be in 1..{self.max_positions}, got {positions}")
         self._verify.setdefault(positions, Ewma(self.ewma_weight)).update(seconds)
+        self._points = None
 
     def observe_draft_block(self, drafted: int, seconds: float) -> None:
         """One draft block of ``drafted`` tokens (``drafted`` forwards) took ``seconds``."""
@@ -236,6 +238,20 @@ class CostModel:
         d_hi, t_hi = pts[-1]
         return t_hi + later * (drafted - d_hi)
 
+    def verify_points(self) -> list[tuple[int, float]]:
+        """The measured verify points ``(positions, seconds)``, sorted by positions: one list kept
+        until an observation (or :meth:`points_changed`) changes them, so pricing many shapes does
+        not sort every point for each (a batched server's curve holds a point per positions count
+        it ran: hundreds with a positions budget of 512). Do not modify it."""
+        if self._points is None:
+            self._points = sorted((p, e.value) for p, e in self._verify.items() if e.value is not None)
+        return self._points
+
+    def points_changed(self) -> None:
+        """Forget :meth:`verify_points`: for an owner that edits a point's :class:`Ewma` in place
+        (:class:`specdec.control.batch_cost.BatchCostModel`)."""
+        self._points = None
+
     def _prior_verify(self, p: float) -> float:
         return self.prior_verify_s * (1.0 + self.prior_verify_slope * (p - 1))
 
@@ -243,12 +259,12 @@ class CostModel:
         """Estimated verify time for ``positions`` positions (measured, interpolated or prior)."""
         if positions < 1:
             raise ValueError(f"positions must be >= 1, got {positions}")
-        pts = sorted((p, e.value) for p, e in self._verify.items() if e.value is not None)
+        pts = self.verify_points()
         if not pts:
             return self._prior_verify(positions)
-        for p, t in pts:
-            if p == positions:
-                return t
+        e = self._verify.get(positions)
+        if e is not None and e.value is not None:
+            return e.value
         if self.extrapolation == "monotone" and positions < pts[0][0]:
             p_lo, t_lo = pts[0]
             return t_lo * positions / p_lo
@@ -339,6 +355,7 @@ class CostModel:
             blocks[d] = ewma(pair)
         prefill = ewma(data.get("draft_prefill") or [0, None])
         self._draft, self._rtt, self._verify = draft, rtt, verify
+        self._points = None
         self._draft_blocks, self._prefill = blocks, prefill
 
     def snapshot(self) -> dict:

@@ -92,6 +92,8 @@ class TenantGuards:
         """
         if not rows or not seconds > 0:
             return
+        if not seconds < float("inf"):  # as GoodputGuard.record would at the first row, before any is taken
+            raise ValueError(f"need 0 < seconds < inf, got {seconds}")
         n = len(rows)
         for _, tenant, _, _ in rows:
             if tenant not in self.guards:
@@ -101,7 +103,7 @@ class TenantGuards:
         # `exploring` through the tick and reads nothing of the others: its steps are recorded in one
         # record_quiet call after the loop, bit for bit what one record() per row gives. The others
         # ("loud": speculating, or a forcing that may end) record row by row, in tenant order, as
-        # before; a tenant with many K = 0 tenants beside it no longer costs O(rows x tenants) calls.
+        # before: many tenants held at K = 0 no longer cost O(rows x tenants) record() calls a tick.
         quiet: dict[str, str] = {}
         loud: list[str] = []
         for t in sorted(self.guards):

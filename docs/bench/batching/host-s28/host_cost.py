@@ -1,9 +1,10 @@
 """Session 28: the batch scheduler's host work per tick (outside the target and draft forwards) as
 sessions and tenants grow, on the tiny pair (its forwards take a few ms, as a GPU's do).
 
-    PYTHONPATH=$PWD python docs/bench/batching/host-s28/host_cost.py [ARMS]
+    PYTHONPATH=$PWD python docs/bench/batching/host-s28/host_cost.py [ARMS [LOADS]]
 
-ARMS: comma-separated of K=0, K=4, adaptive (default all). For each (sessions, tenants), the
+ARMS: comma-separated of K=0, K=4, adaptive (default all); LOADS: comma-separated SESSIONSxTENANTS
+(default 8x2,32x2,32x32,128x2,128x32). For each (sessions, tenants), the
 sessions (12-token prompts, 24 tokens each, EOS ignored, draft proposer) run in one group on a
 :class:`specdec.engine.batch.BatchScheduler` (positions budget 4096, one torch thread); adaptive:
 a :class:`specdec.control.batch_k.BatchKController` (K 0..4 per tenant) with per-tenant goodput
@@ -65,9 +66,10 @@ def group(engine, n: int, names: list[str], k: int, ctl) -> list[tuple[float, fl
 
 def main() -> None:
     arms = sys.argv[1].split(",") if len(sys.argv) > 1 else ["K=0", "K=4", "adaptive"]
+    loads = [tuple(int(x) for x in load.split("x")) for load in sys.argv[2].split(",")] if len(sys.argv) > 2 else LOADS
     engine = tiny_engine()
     print("sessions tenants arm        ticks  tick_ms  verify_ms  draft_ms  host_ms  host_us/row")
-    for n, tenants in LOADS:
+    for n, tenants in loads:
         for arm in arms:
             names = [f"t{i}" for i in range(tenants)]
             ctl = BatchKController(budget=4096, k_ranges={t: (0, 4) for t in names}) if arm == "adaptive" else None
