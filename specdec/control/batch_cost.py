@@ -249,9 +249,8 @@ class BatchCostModel:
     probes' what-ifs), so these are kept (:attr:`_derived`, :meth:`CostModel.verify_points`) until
     an observation, a new pricing context or a context refit changes what they are made of, and
     every price is bit for bit the one computed afresh (tests/test_batch_cost_memo.py). Served, a
-    tick's controller work with budget 512 (synthetic curve of ~500 points, 2-core Zen 4): 2
-    tenants x 16 sessions 2.85 -> 0.71 ms, 32 tenants 4.67 -> 1.65 ms
-    (docs/bench/batching/host-s28/).
+    tick's controller work with budget 512 (a curve of ~500 points, guards included, 2-core Zen 4): 2
+    tenants x 16 sessions 1.65 -> 0.57 ms, 32 tenants 5.4 -> 3.5 ms (docs/bench/batching/host-s28/).
 
     Args:
         max_positions: largest positions count recorded (the positions budget, or more).

@@ -46,7 +46,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 for key in keys:
                     k = live.k_for(key[0], 4)
-                    live.observe_step(key, k, min(k, 2), shape, draft_s=0.01 if k else None, verify_s=0.1)
+                    live.observe_step(key, k, min(k, 2), shape, draft_s=0.01 if k else 0.0005, verify_s=0.1)
                 times.append(time.perf_counter() - t0)
             print(f"{budget:6d}  {tenants:7d} x {per:<9d}  {statistics.median(times[50:]) * 1e3:14.2f}  "
                   f"{max(times[50:]) * 1e3:15.2f}", flush=True)
