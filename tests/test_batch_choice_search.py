@@ -422,3 +422,86 @@ def test_tenants_that_ask_on_every_decision_do_not_starve_the_others_probes():
                     probe_steps[t] += ctl.step_k(t, 4) > 0
         assert all(probe_steps[t] == 0 for t in askers)  # their probes never pay
         assert all(probe_steps[t] >= 4 for t in held), (every, probe_steps)  # each held tenant probed (4 steps)
+
+
+def test_a_probe_what_if_next_to_a_settled_decision_tries_only_its_tenants_moves_and_answers_the_same():
+    """probe_k's what-if (one tenant held at K = 0 priced at acceptance 0.9, or capped) next to a
+    settled decision of 4-12 tenants: with ``settled`` only that tenant's moves are tried first, and
+    the decision is the one the whole ascent from the decision gives (K, tokens/s, step), on 300
+    random loads; in most the probe does not pay and a handful of trials answer."""
+    from specdec.control.batch_choice import BatchKDecision
+
+    rng = random.Random(5)
+    shortcut = paid = 0
+    for _ in range(300):
+        cost = _random_cost(rng)
+        loads = _random_loads(rng, rng.randint(4, 12))
+        d = choose_batch_ks(loads, cost, 128)
+        held = [t for t, k in d.ks.items() if k == 0]
+        if not d.settled or not held:
+            continue
+        t = rng.choice(held)
+        what_if = dict(loads)
+        cap = rng.choice((1, 2, 4))
+        load = loads[t]
+        what_if[t] = TenantLoad(load.sessions, 0.9, load.weight, min(load.k_min, cap), min(load.k_max, cap),
+                                load.drafted, load.fixed_k, load.catchup_s, load.tokens_left)
+        trials = []
+        real = batch_choice._Pricer.trial
+
+        def counting(self, changes):
+            trials.append(changes)
+            return real(self, changes)
+
+        batch_choice._Pricer.trial = counting
+        try:
+            fast = choose_batch_ks(what_if, cost, 128, start=d.ks, settled=t)
+            n_fast = len(trials)
+            full = choose_batch_ks(what_if, cost, 128, start=d.ks)
+        finally:
+            batch_choice._Pricer.trial = real
+        assert (fast.ks, fast.tokens_per_s, fast.step_s) == (full.ks, full.tokens_per_s, full.step_s)
+        paid += fast.ks[t] > 0
+        shortcut += fast.ks == d.ks and n_fast <= 8
+    assert shortcut >= 100 and paid >= 10, (shortcut, paid)
+    assert isinstance(BatchKDecision({}, 0.0, 0.0, 0, 0).settled, bool)
+
+
+def test_probe_k_answers_the_same_with_the_settled_shortcut(monkeypatch):
+    """The controller's probes of 16 tenants held at K = 0 (one decision, then each tenant's
+    probe_k at caps 1, 2, 4) answer as with the whole ascent from the decision (the same decision
+    marked unsettled); the shortcut is taken only at the decision's own prices (after a cost
+    observation, the whole ascent)."""
+    import dataclasses
+
+    calls = []
+    real = batch_choice._moves_pay
+    monkeypatch.setattr(batch_choice, "_moves_pay", lambda *a: calls.append(a[4]) or real(*a))
+    rng = random.Random(11)
+    tenants = [f"t{i:02d}" for i in range(16)]
+    checked = 0
+    for _ in range(20):
+        ctl = BatchKController(budget=128, cost=_random_cost(rng), k_ranges={t: (0, 4) for t in tenants},
+                               optimism=0.0)
+        for t in tenants:
+            for _ in range(10):
+                ctl.estimator.record((t, "draft"), 4, rng.choice((0, 1, 2)))
+        ctl.decide({(t, "draft"): 1 for t in tenants})
+        held = [t for t in tenants if ctl.k_for(t) == 0]
+        if not ctl.last.settled or not held:
+            continue
+        asks = [(t, cap) for t in held for cap in (1, 2, 4)]
+        calls.clear()
+        fast = [ctl.probe_k(t, cap) for t, cap in asks]
+        assert len(calls) == len(asks)  # every what-if tried its tenant's moves first
+        ctl._probe_memo = {}
+        ctl.last = dataclasses.replace(ctl.last, settled=False)
+        calls.clear()
+        assert [ctl.probe_k(t, cap) for t, cap in asks] == fast and not calls
+        ctl.last = dataclasses.replace(ctl.last, settled=True)
+        ctl.cost.observe_draft(1, 0.01)  # a new cost version: the decision's prices are gone
+        ctl._probe_memo = {}
+        ctl.probe_k(held[0], 4)
+        assert not calls
+        checked += 1
+    assert checked >= 10

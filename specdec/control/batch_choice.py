@@ -52,6 +52,11 @@ class BatchKDecision:
     positions: int
     rows: int
     by_tenant_share: dict[str, int] = field(default_factory=dict)
+    #: ``ks`` is where coordinate ascent stopped because no move priced better: no tenant's K alone
+    #: and no group move (:func:`_ascend`); a what-if that changes one tenant's load next to it
+    #: need only try that tenant's moves (``settled`` of :func:`choose_batch_ks`). False after an
+    #: exhaustive search or an ascent stopped by :data:`ASCENT_ROUNDS`.
+    settled: bool = False
 
 
 #: Adjustable tenants (more than one K allowed) up to which :func:`choose_batch_ks` prices every
@@ -176,8 +181,28 @@ def _evaluate(loads: dict[str, TenantLoad], ks: dict[str, int], cost: BatchCostM
     return _Pricer(loads, {n: [k] for n, k in ks.items()}, cost, horizon).evaluate(ks)
 
 
+def _moves_pay(pricer: _Pricer, options: dict[str, list[int]], adjustable: list[str], top: int, tenant: str,
+               tps: float) -> bool:
+    """Whether a round of :func:`_ascend` from the pricer's current candidate (at ``tps``) would
+    move by a move of ``tenant``: one of its own K, or a group move that includes it, each priced
+    as the round prices it before anything moved."""
+    if tenant in adjustable:
+        cur = pricer.ks[tenant]
+        if any(pricer.trial({tenant: k}) > tps * (1 + 1e-12) for k in options[tenant] if k != cur):
+            return True
+    level = pricer.ks[tenant]
+    if tenant not in adjustable or level > top:
+        return False
+    for step in (1, -1):
+        group = {n: level + step for n in adjustable
+                 if pricer.ks[n] == level and options[n][0] <= level + step <= options[n][-1]}
+        if tenant in group and len(group) > 1 and pricer.trial(group) > tps * (1 + 1e-12):
+            return True
+    return False
+
+
 def _ascend(pricer: _Pricer, options: dict[str, list[int]], adjustable: list[str],
-            start: dict[str, int] | None = None) -> dict[str, int]:
+            start: dict[str, int] | None = None, settled: str | None = None) -> tuple[dict[str, int], bool]:
     """Coordinate ascent for many adjustable tenants. Two starts: every tenant at its k_min, and
     the best candidate that gives all tenants the same K (clipped to each one's range); with
     ``start`` (a what-if near a decision: :meth:`BatchKController.probe_k`) from that one alone,
@@ -187,20 +212,37 @@ def _ascend(pricer: _Pricer, options: dict[str, list[int]], adjustable: list[str
     raising one tenant alone can cost a whole draft position that several raised together pay
     for); rounds go on until one moves nothing (at most :data:`ASCENT_ROUNDS`). The best of the
     local optima: on 300 random loads of 4-6 tenants (tests/test_batch_choice_search.py) the
-    exhaustive optimum in all but a few, within 2 % of it in every one."""
+    exhaustive optimum in all but a few, within 2 % of it in every one.
+
+    ``settled`` (with ``start``): a tenant such that ``start`` is a settled decision
+    (:attr:`BatchKDecision.settled`) of a pricer that differs from this one in that tenant's load
+    alone, that tenant's tokens and catch-up at its K in ``start`` unchanged. Every move of another
+    tenant then prices as it did when that ascent stopped, none better; so when no move of
+    ``settled`` pays (:func:`_moves_pay`), the first round would move nothing and ``start`` is the
+    answer without it (a probe's what-if of 32 tenants: ~150 trials -> under 10); otherwise the
+    ascent runs as without ``settled``.
+
+    Returns:
+        (K per tenant, whether the ascent stopped because no move paid: the decision's ``settled``).
+    """
     top = max((options[n][-1] for n in adjustable), default=0)
     if start is not None:
         starts = [{n: min(max(start.get(n, o[0]), o[0]), o[-1]) for n, o in options.items()}]
+        if settled is not None and settled in options and starts[0] == start:
+            pricer.start(starts[0])
+            if not _moves_pay(pricer, options, adjustable, top, settled, pricer.evaluate(pricer.ks)[0]):
+                return dict(pricer.ks), True
     else:
         uniform = []
         for k in range(top + 1):
             ks = {n: (min(max(k, o[0]), o[-1])) for n, o in options.items()}
             uniform.append((pricer.evaluate(ks)[0], k, ks))
         starts = [uniform[0][2], max(uniform, key=lambda u: u[0])[2]]
-    best: tuple[float, dict[str, int]] | None = None
+    best: tuple[float, dict[str, int], bool] | None = None
     for ks in starts:
         pricer.start(ks)
         tps = pricer.evaluate(pricer.ks)[0]
+        converged = False
         for _ in range(ASCENT_ROUNDS):
             moved = False
             for n in adjustable:
@@ -224,16 +266,18 @@ def _ascend(pricer: _Pricer, options: dict[str, list[int]], adjustable: list[str
                             pricer.move(group)
                             moved = True
             if not moved:
+                converged = True
                 break
             pricer.start(pricer.ks)  # the running totals re-summed exactly each round
             tps = pricer.evaluate(pricer.ks)[0]
         if best is None or tps > best[0] + 1e-12:
-            best = (tps, dict(pricer.ks))
-    return best[1]
+            best = (tps, dict(pricer.ks), converged)
+    return best[1], best[2]
 
 
 def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: int,
-                    horizon: int = 32, start: dict[str, int] | None = None) -> BatchKDecision:
+                    horizon: int = 32, start: dict[str, int] | None = None,
+                    settled: str | None = None) -> BatchKDecision:
     """K per tenant maximising the batch's expected tokens/s under fair shares of ``budget``.
 
     A tenant given K > 0 whose draft is behind (``TenantLoad.catchup_s`` > 0) pays that catch-up
@@ -252,6 +296,9 @@ def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: 
 
     ``start``: K per tenant to start the coordinate ascent from, alone (a what-if of one tenant's
     acceptance next to a decision, whose optimum lies near it); no effect on an exhaustive search.
+    ``settled``: with ``start`` a settled decision (:attr:`BatchKDecision.settled`) of the same
+    loads, prices, budget and horizon but for this tenant's load (its tokens and catch-up at its K
+    in ``start`` unchanged): only its moves are tried first (:func:`_ascend`); the same answer.
 
     Raises:
         ValueError: ``budget < 1`` or ``horizon < 1``.
@@ -287,11 +334,12 @@ def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: 
             if best is None or tps > best[0] + 1e-12:
                 best = (tps, step, ks)
         tps, step, ks = best
+        converged = False
     else:
-        ks = _ascend(pricer, options, adjustable, start)
+        ks, converged = _ascend(pricer, options, adjustable, start, settled)
         tps, step = pricer.evaluate(ks)
     return BatchKDecision(
         ks=dict(ks), tokens_per_s=tps, step_s=step,
         positions=sum(active[t].sessions * (k + 1) for t, k in ks.items()),
-        rows=sum(l.sessions for l in active.values()), by_tenant_share=shares,
+        rows=sum(l.sessions for l in active.values()), by_tenant_share=shares, settled=converged,
     )
