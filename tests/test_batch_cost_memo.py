@@ -67,3 +67,20 @@ def test_prices_equal_prices_computed_afresh_after_every_observation():
         refits += kept.context_row_s > 0
     assert refits >= 10  # context refits re-expressed the points in most runs
     assert checked > 100_000
+
+
+def test_a_catch_up_priced_beside_a_verify_forward_of_zero_seconds_does_not_divide_by_zero():
+    """A forward measured at 0 s (or clamped there by a context refit): the catch-up of a tenant
+    behind by 9 tokens is priced with the priors' draft/verify ratio, not a ZeroDivisionError in
+    the decision (session 28's review)."""
+    from specdec.control.batch_k import BatchKController
+
+    ctl = BatchKController(64)
+    ctl.observe_tick(1, 1, 0.0)
+    d = ctl.decide({("a", "draft"): 1}, behind={"a": 9})
+    assert set(d.ks) == {"a"}  # decided (a 0-s verify makes speculation look free: any K)
+    cost = BatchCostModel()
+    cost.observe_verify(1, 1, 0.0)
+    cost.observe_verify(1, 2, 0.02)
+    # the curve's price of 5 positions (extrapolated from 0 and 0.02 s) times the priors' ratio
+    assert cost.catchup_s(5) == cost.verify.verify_s(5) * cost._prior_ratio > 0

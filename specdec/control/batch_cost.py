@@ -356,10 +356,14 @@ class BatchCostModel:
             self._served_curve.points_changed()
 
     def _memo(self, key, make):
-        """``make()``, kept in :attr:`_derived` under ``key`` until :meth:`_changed`."""
-        got = self._derived.get(key, _MISSING)
+        """``make()``, kept in :attr:`_derived` under ``key`` until :meth:`_changed` (kept in the
+        dict it was looked up in: a change while ``make`` runs leaves the new dict without it).
+        The curves (:attr:`verify`, :attr:`draft`) are fed only through this model's
+        ``observe_*`` methods, which call :meth:`_changed`."""
+        derived = self._derived
+        got = derived.get(key, _MISSING)
         if got is _MISSING:
-            got = self._derived[key] = make()
+            got = derived[key] = make()
         return got
 
     def _units(self, rows: int, positions: int, context: float | None) -> tuple[float, float]:
@@ -851,7 +855,8 @@ class BatchCostModel:
     def _catchup_model_s(self, tokens: int) -> float:
         measured = self._draft_points()
         rows = max((int(r) for r in measured), default=1)
-        ratio = self.draft_s(rows) / self.verify_s(rows, rows)
+        verify = self.verify_s(rows, rows)  # 0 s where a forward measured 0 s or a context refit clamped it
+        ratio = self.draft_s(rows) / verify if verify > 0 else self._prior_ratio
         if self._cheapest_per_position < float("inf"):
             return int(tokens) * self._cheapest_per_position * ratio
         return self.verify.verify_s(int(tokens)) * ratio
