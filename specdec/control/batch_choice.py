@@ -215,8 +215,9 @@ def _ascend(pricer: _Pricer, options: dict[str, list[int]], adjustable: list[str
     exhaustive optimum in all but a few, within 2 % of it in every one.
 
     ``settled`` (with ``start``): a tenant such that ``start`` is a settled decision
-    (:attr:`BatchKDecision.settled`) of a pricer that differs from this one in that tenant's load
-    alone, that tenant's tokens and catch-up at its K in ``start`` unchanged. Every move of another
+    (:attr:`BatchKDecision.settled`) of the same loads, prices, budget and horizon but for that
+    tenant's acceptance and K range (not its sessions or weight, which move the others' shares), its
+    tokens and catch-up at its K in ``start`` unchanged. Every move of another
     tenant then prices as it did when that ascent stopped, none better; so when no move of
     ``settled`` pays (:func:`_moves_pay`), the first round would move nothing and ``start`` is the
     answer without it (a probe's what-if of 32 tenants: ~150 trials -> under 10); otherwise the
@@ -297,8 +298,9 @@ def choose_batch_ks(loads: dict[str, TenantLoad], cost: BatchCostModel, budget: 
     ``start``: K per tenant to start the coordinate ascent from, alone (a what-if of one tenant's
     acceptance next to a decision, whose optimum lies near it); no effect on an exhaustive search.
     ``settled``: with ``start`` a settled decision (:attr:`BatchKDecision.settled`) of the same
-    loads, prices, budget and horizon but for this tenant's load (its tokens and catch-up at its K
-    in ``start`` unchanged): only its moves are tried first (:func:`_ascend`); the same answer.
+    loads, prices, budget and horizon but for this tenant's acceptance and K range (its tokens and
+    catch-up at its K in ``start`` unchanged): only its moves are tried first (:func:`_ascend`); the
+    same answer.
 
     Raises:
         ValueError: ``budget < 1`` or ``horizon < 1``.

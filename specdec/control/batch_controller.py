@@ -186,7 +186,8 @@ class BatchKController:
         # (tenant, cap, cost version, probe_alpha, budget, catchup_horizon) -> (probe_k's answer,
         # from the optimistic prices alone) for the last decision's loads (emptied by :meth:`decide`)
         self._probe_memo: dict[tuple, tuple[int, bool]] = {}
-        self._decided_version: int | None = None  # the cost version the last decision priced at
+        #: (the last decision made by :meth:`decide`, the cost version it priced at)
+        self._decided: tuple[BatchKDecision | None, int | None] = (None, None)
         self._proposer: dict[str, str] = {}  # tenant -> its adaptive proposer at the last decision
         #: (tenant, proposer, trials) of every evidence cap a probe applied (for a shared pool)
         self.caps: list[tuple[str, str, float]] = []
@@ -278,7 +279,7 @@ class BatchKController:
                          if t in loads and self.decisions - d < UNKNOWN_RECHECK}
         self.decisions += 1
         self.last = choose_batch_ks(loads, self.cost, self.budget, self.catchup_horizon)
-        self._decided_version = getattr(self.cost, "version", None)  # the prices it was made at
+        self._decided = (self.last, getattr(self.cost, "version", None))  # and the prices it was made at
         self.k_by_tenant.update({t: k for t, k in self.last.ks.items() if "\x00" not in t})
         now = self.clock()
         self.k_decided_at.update({t: now for t in self.last.ks if "\x00" not in t})
@@ -322,8 +323,10 @@ class BatchKController:
             near = self.last.ks if self.last is not None else None  # many tenants: ascend from the decision
             # held at K = 0 (its tokens and catch-up there the same at any acceptance) next to a settled
             # decision at today's prices: only its own moves can change the answer (choose_batch_ks)
+            # (its tokens at K = 0 are 1.0 per session at any acceptance today: checked, not assumed)
             settled = tenant if (near is not None and self.last.settled and near.get(tenant) == 0
-                                 and getattr(self.cost, "version", None) == self._decided_version
+                                 and self._decided[0] is self.last
+                                 and self._decided[1] == getattr(self.cost, "version", None)
                                  and expected_tokens_per_step(min(max(load.alpha, 0.0), 1.0), 0)
                                  == expected_tokens_per_step(self.probe_alpha, 0)) else None
             k = choose_batch_ks(what_if, self.cost, self.budget, self.catchup_horizon, near,
