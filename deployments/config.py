@@ -471,3 +471,20 @@ def ray_assigned_cpus() -> float | None:
         return ray.get_runtime_context().get_assigned_resources().get("CPU")
     except Exception:
         return None
+
+
+def freeze_startup_objects_in_actor() -> int | None:
+    """At the end of a replica's or TP rank's start-up: :func:`specdec.engine.gc_freeze.freeze_startup_objects`
+    when this process is a Ray actor (a long-lived serving process; not a test process that builds
+    replicas in process, which would pay a full collection each time and keep its dead objects).
+    Returns the objects frozen, or None outside an actor."""
+    try:
+        import ray
+
+        if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+            return None
+    except Exception:
+        return None
+    from specdec.engine.gc_freeze import freeze_startup_objects
+
+    return freeze_startup_objects()

@@ -180,6 +180,9 @@ class Draft:
         #: the start-up calibration of K under load (:meth:`calibrate`); served, it starts in
         #: the background once the target answers
         self.startup = StartupCalibration(self, start=target is not None)
+        from deployments.config import freeze_startup_objects_in_actor
+
+        freeze_startup_objects_in_actor()  # start-up done: its objects out of full collections (served)
 
     # --- building one generation -------------------------------------------------------------
 

@@ -28,6 +28,8 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
+from deployments.config import freeze_startup_objects_in_actor
+
 if TYPE_CHECKING:
     import torch
 
@@ -169,6 +171,8 @@ class TPWorker:
             # where the load-time probe on this device proved one call per sequence bitwise equal to one per
             # row), "transformers" (a float32 forward, not made shape-invariant)
             "attention": attention_mode(self.loaded.model) if self.loaded.invariant else "transformers",
+            # what start-up left alive, out of the cyclic collector's full collections from here on
+            "gc_frozen": freeze_startup_objects_in_actor(),
         }
 
     def forward(self, token_ids: Sequence[int], every_rank: bool = False) -> torch.Tensor | None:
