@@ -26,6 +26,7 @@ many-client arm gives the same tokens (greedy), and its first request the one cl
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -296,13 +297,16 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("SPECDEC_BATCH_K_TRACE"):
         trace_controller(controller, os.environ["SPECDEC_BATCH_K_TRACE"])
     warm_controller(engine, controller, a)
-    freeze_startup_objects()  # as a serving process does at the end of its start-up (specdec.engine.gc_freeze)
+    freeze_startup_objects()  # as a serving process does after its start-up (specdec.engine.gc_freeze)
     rows = []
-    for n in a.max_tokens:
-        rows.append(run_length(engine, controller, a, n))
-        if a.out:  # partial results survive a timeout
-            Path(a.out).mkdir(parents=True, exist_ok=True)
-            (Path(a.out) / "goal.partial.json").write_text(json.dumps(rows, indent=2))
+    try:
+        for n in a.max_tokens:
+            rows.append(run_length(engine, controller, a, n))
+            if a.out:  # partial results survive a timeout
+                Path(a.out).mkdir(parents=True, exist_ok=True)
+                (Path(a.out) / "goal.partial.json").write_text(json.dumps(rows, indent=2))
+    finally:
+        gc.unfreeze()  # main() also runs inside test processes (tests/test_batching_goal.py)
     text = "\n".join(table(rows, a, fmt))
     print(text)
     if a.out:

@@ -182,7 +182,7 @@ class Draft:
         self.startup = StartupCalibration(self, start=target is not None)
         from deployments.config import freeze_startup_objects_in_actor
 
-        freeze_startup_objects_in_actor()  # start-up done: its objects out of full collections (served)
+        freeze_startup_objects_in_actor()  # models loaded (calibration still to run): out of full collections
 
     # --- building one generation -------------------------------------------------------------
 

@@ -170,6 +170,9 @@ class StartupCalibration:
             log.warning("start-up calibration deferred: the target did not answer", exc_info=True)
             return
         await self.run()
+        from deployments.config import freeze_startup_objects_in_actor
+
+        freeze_startup_objects_in_actor()  # what the calibration left alive (the first forwards' imports, state)
 
     async def run(self) -> dict | None:
         """Run the calibration (once) and return its result (None: skipped or failed)."""

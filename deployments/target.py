@@ -176,7 +176,7 @@ class Target:
         self._trace = os.environ.get("SPECDEC_TARGET_BATCH_TRACE") or None
         from deployments.config import freeze_startup_objects_in_actor
 
-        freeze_startup_objects_in_actor()  # start-up done: its objects out of full collections (served)
+        freeze_startup_objects_in_actor()  # constructed: what it imported out of full collections (served)
 
     def _start_workers(self, cfg: AppConfig) -> list:
         """Start the TP ranks in this replica's placement group; sets :attr:`infos`."""

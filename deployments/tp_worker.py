@@ -28,7 +28,6 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
-from deployments.config import freeze_startup_objects_in_actor
 
 if TYPE_CHECKING:
     import torch
@@ -104,7 +103,9 @@ class TPWorker:
 
         Returns:
             facts for logs and tests: rank, backend, device, load seconds, local q_proj shape,
-            ``prefix_cache_entries`` (0: prefix caching off on this rank).
+            ``prefix_cache_entries`` (0: prefix caching off on this rank), ``gc_frozen`` (the
+            objects alive after the load moved out of the cyclic collector's full collections in a
+            Ray actor, :func:`deployments.config.freeze_startup_objects_in_actor`; None elsewhere).
         """
         import torch
         import torch.distributed as dist
@@ -172,7 +173,7 @@ class TPWorker:
             # row), "transformers" (a float32 forward, not made shape-invariant)
             "attention": attention_mode(self.loaded.model) if self.loaded.invariant else "transformers",
             # what start-up left alive, out of the cyclic collector's full collections from here on
-            "gc_frozen": freeze_startup_objects_in_actor(),
+            "gc_frozen": _freeze_in_actor(),
         }
 
     def forward(self, token_ids: Sequence[int], every_rank: bool = False) -> torch.Tensor | None:
@@ -339,3 +340,10 @@ def call_all(workers: list, method: str, *args) -> Any:
 
     refs = [getattr(w, method).remote(*args) for w in workers]
     return ray.get(refs)[0]
+
+
+def _freeze_in_actor() -> int | None:
+    """:func:`deployments.config.freeze_startup_objects_in_actor` (imported here, in the rank's process)."""
+    from deployments.config import freeze_startup_objects_in_actor
+
+    return freeze_startup_objects_in_actor()

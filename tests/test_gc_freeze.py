@@ -44,3 +44,23 @@ def test_a_replica_built_outside_a_ray_actor_does_not_freeze():
     before = gc.get_freeze_count()
     assert freeze_startup_objects_in_actor() is None
     assert gc.get_freeze_count() == before
+
+
+def test_a_ray_actor_freezes(monkeypatch):
+    """Inside a Ray actor (``ray.is_initialized()`` and an actor id) the helper freezes and returns
+    the count."""
+    import ray
+
+    from deployments.config import freeze_startup_objects_in_actor
+
+    class Context:
+        def get_actor_id(self):
+            return "ab"
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: Context())
+    try:
+        frozen = freeze_startup_objects_in_actor()
+        assert frozen == gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

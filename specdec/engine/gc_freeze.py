@@ -18,10 +18,12 @@ import gc
 
 
 def freeze_startup_objects() -> int:
-    """Collect once, then freeze every object alive (``gc.collect()``, ``gc.freeze()``): call at the
-    end of a serving process's start-up (models loaded, warmed), once. A frozen object that later
-    becomes part of unreachable reference cycles is not reclaimed (``gc.unfreeze`` undoes it), so
-    not after every model load (tests load hundreds of tiny models).
+    """Collect once, then freeze every object alive (``gc.collect()``, ``gc.freeze()``): call in a
+    serving process once its models are loaded (again after a warm-up or calibration: each call
+    collects only what came since the last). A frozen object that later becomes part of unreachable
+    reference cycles is not reclaimed, nor what only such cycles reach (``gc.unfreeze`` undoes it),
+    so not after every model load in a process that loads many (tests load hundreds of tiny
+    models).
 
     Returns:
         the number of objects frozen (``gc.get_freeze_count()``).
