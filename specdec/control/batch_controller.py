@@ -321,9 +321,8 @@ class BatchKController:
                                          min(load.k_max, cap), load.drafted, load.fixed_k, load.catchup_s,
                                          load.tokens_left)
             near = self.last.ks if self.last is not None else None  # many tenants: ascend from the decision
-            # held at K = 0 (its tokens and catch-up there the same at any acceptance) next to a settled
-            # decision at today's prices: only its own moves can change the answer (choose_batch_ks)
-            # (its tokens at K = 0 are 1.0 per session at any acceptance today: checked, not assumed)
+            # held at K = 0 (its tokens and catch-up there the same at any acceptance: checked, not assumed)
+            # next to a settled decision at today's prices: only its own moves can change the answer
             settled = tenant if (near is not None and self.last.settled and near.get(tenant) == 0
                                  and self._decided[0] is self.last
                                  and self._decided[1] == getattr(self.cost, "version", None)

@@ -703,11 +703,9 @@ class BatchCostModel:
 
     def _rows_behind(self, curve: str, positions: int) -> float:
         """:meth:`_curve_rows` of the verify curve (``"point"``) or the served curve (``"served"``)."""
-        if curve == "point":
-            return self._memo(("rows", curve, positions),
-                              lambda: self._curve_rows(self._point_rows, self.verify, positions))
-        return self._memo(("rows", curve, positions),
-                          lambda: self._curve_rows(self._served_rows, self._served_curve, positions))
+        rows_by_p, points = ((self._point_rows, self.verify) if curve == "point"
+                             else (self._served_rows, self._served_curve))
+        return self._memo(("rows", curve, positions), lambda: self._curve_rows(rows_by_p, points, positions))
 
     @staticmethod
     def _curve_rows(rows_by_p: dict[int, float], curve: CostModel, positions: int) -> float:
