@@ -306,6 +306,9 @@ class Draft:
                     fut.exception()  # retrieved: a step ended by the cancellation is no error
             await loop.run_in_executor(self.step_executor, gen.close)
         finally:
+            # drafting batches stop waiting for it (a cancelled or failed step never reached
+            # the combiner's own leave: its batches lingered for it until it was collected)
+            self.combiner.leave(gen.proposer)
             if self.batch_k is not None:
                 self.batch_k.leave(gen)
                 self._maybe_sync_batch_k(force=True)

@@ -209,15 +209,21 @@ def test_cancel_mid_stream_frees_both_caches(draft_replica):
     rep, wire = draft_replica
     job = _job(PROMPT, max_tokens=100, ignore_eos=True)
 
+    held = []
+
     async def run():
         agen = rep.Generate(job.SerializeToString())
         await agen.__anext__()
         assert rep.Sessions() == ["s1"] and len(wire.table) == 1
+        held.append(rep.sessions["s1"].proposer)  # alive, so only an explicit leave removes it
+        assert held[0] in rep.combiner._out  # drafted, its block at the target
         await agen.aclose()  # what Serve does when the caller cancels
 
     asyncio.run(run())
     assert rep.Sessions() == [] and len(wire.table) == 0
     assert wire.calls[-1] == "CloseSession"
+    # the other sessions' drafting batches no longer wait (linger) for the cancelled one
+    assert held[0] not in rep.combiner._out and len(rep.combiner._out) == 0
 
 
 def test_cancelled_twice_still_frees_both_caches(draft_replica):
