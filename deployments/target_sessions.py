@@ -83,13 +83,23 @@ class TargetSessionTable:
         self._dropped: list[tuple[int, str]] = []
         #: session id -> (tenant, weight) from its ``open`` (fair order of batched forwards)
         self.tenants: dict[str, tuple[str, float]] = {}
+        #: target forwards run, of :meth:`step` and :meth:`handle` alike (``BatchShape.forward``)
         self._steps = 0
 
     def __len__(self) -> int:
         return len(self.sessions)
 
     def handle(self, msg: xpb.CandidateBlock) -> xpb.VerificationResult:
-        """Verify one candidate block (see the module docstring for the statuses).
+        """Verify one candidate block alone (the unbatched path, batch size 1; see the module
+        docstring for the statuses).
+
+        The reply carries its forward's :class:`specdec.types.BatchShape` as a batched reply does
+        (:meth:`step`), so the draft replica's K-under-load cost model learns from unbatched
+        forwards too: ``forward`` counts the forwards of both paths (one counter), ``rows`` 1,
+        ``positions`` what it fed (the session's uncached committed tail, all of a new or
+        rebuilt session's prompt or history, plus the K drafts), ``seconds`` the wall seconds of
+        its :meth:`TargetSession.verify` (check, forward, decide; as :meth:`step` times its
+        ``verify_batch``), ``context`` the tokens cached for the session before it.
 
         Raises:
             InvalidRequestError: ``open`` whose history length differs from ``position``, or a
@@ -100,7 +110,9 @@ class TargetSessionTable:
         if isinstance(session, xpb.VerificationResult):
             return session
         try:
-            result = session.verify(convert.draft_block_from_proto(msg))
+            block = convert.draft_block_from_proto(msg)
+            t_fwd = self.clock()
+            result = session.verify(block)
         except BaseException as e:
             # A failed verify may leave the session half-advanced: drop it (a retry rebuilds
             # it from the token history) rather than keep caches nobody will close.
@@ -108,7 +120,14 @@ class TargetSessionTable:
             if isinstance(e, ValueError):
                 raise InvalidRequestError(str(e)) from None
             raise
-        return convert.verify_result_to_proto(result, target_time_s=self.clock() - t0)
+        now = self.clock()
+        from specdec.types import BatchShape
+
+        self._steps += 1
+        shape = BatchShape(self._steps, getattr(self.verifier, "last_rows", 1),
+                           getattr(self.verifier, "last_positions", block.k + 1), now - t_fwd,
+                           getattr(self.verifier, "last_context", None))
+        return convert.verify_result_to_proto(result, target_time_s=now - t0, batch=shape)
 
     # --- batched path (continuous batching) ---------------------------------------------------
 

@@ -79,13 +79,14 @@ class DraftBlock:
 
 @dataclass(frozen=True)
 class BatchShape:
-    """The batched target forward that verified a block (continuous batching).
+    """The target forward that verified a block: a batched one (continuous batching) or, on the
+    unbatched path, the block's own (one row).
 
     Attributes:
-        forward: the target replica's counter of batched forwards (identifies the forward).
-        rows: sessions the forward fed (prefill chunks included).
-        positions: positions it fed (Σ (K_i + 1) plus prefill chunks).
-        seconds: its duration (scoring and deciding every row).
+        forward: the target replica's counter of forwards (identifies the forward).
+        rows: sessions the forward fed (prefill chunks included; 1 unbatched).
+        positions: positions it fed (Σ (K_i + 1) plus prefill chunks, uncached prompts included).
+        seconds: its duration, wall seconds (scoring and deciding every row).
         context: mean tokens in the target's KV cache per row it fed, before it (None: unknown).
     """
 

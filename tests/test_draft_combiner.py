@@ -151,3 +151,38 @@ def test_the_window_is_skipped_when_no_other_generation_runs(proposer, monkeypat
     got = combiner.propose(session, 4)
     assert sleeps == slept and combiner.batch_sizes == [1]
     _same(got, ref.propose(4), exact=True)
+
+
+def test_unbatched_drafting_is_propose_alone_and_times_every_forward(proposer, monkeypatch):
+    """``batched=False``: each session drafts alone in its caller's thread, the very blocks of
+    ``session.propose`` (q to the bit) over several steps (prompt, then after a rejection), and
+    every draft forward is recorded once as ``(1, wall seconds)`` for the K-under-load cost model
+    (before: none was, so an unbatched replica priced draft forwards on the prior)."""
+    from specdec.engine.kv_cache import CachedSequence
+
+    combiner = DraftCombiner(batched=False, max_prefill=2)  # no chunking unbatched: a prompt is fed whole
+    mine, ref = _open(proposer), _open(proposer)
+    forwards = [0]
+    feed = CachedSequence.feed
+
+    def counted(seq, tokens, keep=None):
+        forwards[0] += 1
+        return feed(seq, tokens, keep)
+
+    for step in range(3):
+        ks = [k for _, k, _, _ in SPECS]
+        expected = [s.propose(k) for s, k in zip(ref, ks)]
+        monkeypatch.setattr(CachedSequence, "feed", counted)
+        forwards[0] = 0
+        got = _together(combiner, mine, ks)
+        monkeypatch.setattr(CachedSequence, "feed", feed)
+        for a, b in zip(got, expected):
+            _same(a, b, exact=True)
+        timings = combiner.take_timings()
+        assert len(timings) == forwards[0] == sum(b.k for b in got) and all(r == 1 and s > 0 for r, s in timings)
+        assert combiner.take_timings() == []  # each once
+        _commit_first_and(mine, got)
+        _commit_first_and(ref, expected)
+    assert combiner.batch_sizes == []  # no drafting batch ran
+    # prompt lookup and plain decoding: nothing to time
+    assert combiner.propose(None, 3).k == 0 and combiner.take_timings() == []

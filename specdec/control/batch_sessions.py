@@ -287,8 +287,10 @@ class BatchKSessions(AcceptanceExchange):
         Args:
             k: drafts in its block; accepted: drafts the target accepted.
             batch: the :class:`specdec.types.BatchShape` of the target forward that verified
-                it (each forward is measured once however many of its rows report it).
-            draft_forwards: ``(rows, seconds)`` of batched draft forwards run since the last call.
+                it, batched or (unbatched target) its own of one row (each forward is measured
+                once however many of its rows report it).
+            draft_forwards: ``(rows, wall seconds)`` of draft forwards run since the last call
+                (batched, or one row each with unbatched drafting).
                 Left out when this is the generation's first drafting step or its first after a
                 K = 0 step: the block's first draft forward then also fed the prompt or every
                 token decoded at K = 0 (the draft does not run at K = 0), a prefill that is no

@@ -37,15 +37,18 @@ class DraftCombiner:
     plain decoding need no forward and run in the caller's thread.
 
     Args:
-        batched: False drafts every session alone (the unbatched path).
+        batched: False drafts every session alone (the unbatched path), in its caller's thread;
+            its draft forwards are timed all the same (:meth:`take_timings`).
         window_s: seconds the first caller waits for others before drafting.
         clock: seconds clock.
         max_prefill: chunked draft prefill: uncached prompt positions fed per batch round (a
             session whose prompt is longer is prefilled in chunks over several rounds, waiting
             in the queue, while the others get their blocks every round); None: no bound.
+            Batched only: unbatched, a session feeds its whole prompt in its first forward.
         k_control: a :class:`specdec.control.batch_k.BatchKSessions`: after every step it
-            learns the step's K and acceptance, the batched target forward that verified it
-            (``VerifyResult.batch``) and the batched draft forwards run since.
+            learns the step's K and acceptance, the target forward that verified it, batched or
+            alone (``VerifyResult.batch``), and the draft forwards run since (batched, or one
+            row each unbatched).
         linger_s: the batch fill of drafting: after the window, the first caller also waits for
             the sessions that drafted before and are still out (verifying, or on their way
             back), as long as one of them comes back within ``linger_s`` of the last arrival
@@ -74,9 +77,10 @@ class DraftCombiner:
         self.lingered: collections.deque = collections.deque(maxlen=1000)
         self.max_prefill = max_prefill
         self._clock = clock
-        #: ``(rows, positions)`` of every batched draft forward (most recent 1000)
+        #: ``(rows, positions)`` of every draft forward (most recent 1000; rows 1 unbatched)
         self.trace: collections.deque = collections.deque(maxlen=1000)
-        #: ``(rows, seconds)`` of batched draft forwards not yet taken by :meth:`take_timings`
+        #: ``(rows, wall seconds)`` of draft forwards (batched, or one row each unbatched) not yet
+        #: taken by :meth:`take_timings`
         self._timings: collections.deque = collections.deque(maxlen=1000)
         self.k_control = k_control
         self._cv = threading.Condition()
@@ -89,8 +93,10 @@ class DraftCombiner:
         """Draft up to ``k`` tokens for ``session``, batched with concurrent callers (blocking)."""
         if session is None or k <= 0:
             return DraftBlock.empty()
-        if not self.batched or not isinstance(session, DraftModelSession):
-            return session.propose(k)
+        if not isinstance(session, DraftModelSession):
+            return session.propose(k)  # prompt lookup: no forward to time
+        if not self.batched:
+            return self._draft_unbatched(session, k)
         me = _Waiting(session, k)
         with self._cv:
             self._out.discard(session)
@@ -189,6 +195,28 @@ class DraftCombiner:
                 self.trace.extend(trace)
                 self._timings.extend(timings)
 
+    def _draft_unbatched(self, session: DraftModelSession, k: int) -> DraftBlock:
+        """The unbatched path: ``session`` drafts alone in the caller's thread, exactly as
+        ``session.propose(k)`` (:meth:`DraftModelProposer.propose_batch` of one row and no
+        ``max_prefill`` drives the same :meth:`DraftModelSession.drafting` through
+        :func:`specdec.kv_cache.feed_many` of one item, which is :meth:`CachedSequence.feed`:
+        the same tokens fed, the same logits), and its draft forwards are recorded as the batched
+        path's are: ``(1, wall seconds of the forward)`` each for :meth:`take_timings` (so the
+        K-under-load cost model prices a draft forward from measurements, not from its prior),
+        ``(1, positions fed)`` each in :attr:`trace`. Not in :attr:`batch_sizes` (no batch).
+
+        Raises:
+            whatever ``session.propose(k)`` raises.
+        """
+        timings: list[tuple[int, float]] = []
+        trace: list[tuple[int, int]] = []
+        try:
+            return session._proposer.propose_batch([session], [k], timings, trace=trace)[0]
+        finally:
+            with self._cv:
+                self.trace.extend(trace)
+                self._timings.extend(timings)
+
     def _draft_alone(self, rows: list[_Waiting]) -> list[DraftBlock | None]:
         """After a batched drafting of ``rows`` raised: each session drafts alone, so the one
         that fails (a closed session, a bad token, a failing logit processor) gets its own error
@@ -206,7 +234,8 @@ class DraftCombiner:
         return blocks
 
     def take_timings(self) -> list[tuple[int, float]]:
-        """``(rows, seconds)`` of the batched draft forwards run since the last call (thread-safe)."""
+        """``(rows, wall seconds)`` of the draft forwards run since the last call, by any session
+        (batched; or one row each on the unbatched path); each is returned once (thread-safe)."""
         with self._cv:
             out = list(self._timings)
             self._timings.clear()

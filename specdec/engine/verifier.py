@@ -288,6 +288,9 @@ class TargetSession:
 
         This is the unbatched path (batch size 1); :meth:`TargetVerifier.verify_batch` verifies
         the blocks of many sessions in one forward with the same :meth:`check` and :meth:`decide`.
+        Its forward's shape is left in the verifier's ``last_rows`` (1), ``last_positions`` (the
+        uncached committed tail, e.g. a prompt, plus the K drafts) and ``last_context`` (the
+        tokens cached before it), with :meth:`TargetVerifier.verify_batch`'s meanings.
 
         Args:
             block: K proposed tokens (K may be 0: plain decoding of one token).
@@ -300,7 +303,16 @@ class TargetSession:
             InvalidBlockError, ValueError: see :meth:`check`.
         """
         self.check(block)
-        logits = self.seq.forward_with(block.token_ids.tolist(), last=block.k + 1)  # [K+1, V] float32
+        # what CachedSequence.forward_with does (sync, then feed the uncached tail and the block),
+        # with the forward's shape kept for the verifier's last_* (as verify_batch keeps them)
+        tokens = self.pending(block)  # uncached committed tail + the K drafts
+        last = block.k + 1
+        if len(tokens) < last:
+            raise ValueError(f"asked for {last} logits but only {len(tokens)} positions are fed")
+        context = float(len(self.seq.cached))  # tokens in the cache before the forward
+        logits = self.seq.feed(tokens, keep=last)  # [K+1, V] float32
+        v = self._verifier
+        v.last_rows, v.last_positions, v.last_context = 1, len(tokens), context
         return self.decide(block, logits)
 
     def close(self) -> None:
@@ -333,12 +345,13 @@ class TargetVerifier:
             from specdec.models.lean_decode import install
 
             self.lean = install(target.model)
-        #: positions fed by the last :meth:`verify_batch` forward (for cost models and tests)
+        #: positions fed by the last forward, of :meth:`verify_batch` or of an unbatched
+        #: :meth:`TargetSession.verify` (for cost models and tests)
         self.last_positions = 0
-        #: sessions fed by the last :meth:`verify_batch` forward (prefill chunks included)
+        #: sessions fed by the last forward (prefill chunks included; 1 for an unbatched verify)
         self.last_rows = 0
-        #: mean tokens in the KV cache of the sessions fed by the last :meth:`verify_batch` forward,
-        #: before it (what its query positions attend to besides their own; None: nothing fed)
+        #: mean tokens in the KV cache of the sessions fed by the last forward, before it (what
+        #: its query positions attend to besides their own; None: nothing fed)
         self.last_context: float | None = None
 
     def open_session(

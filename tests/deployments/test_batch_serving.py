@@ -97,6 +97,48 @@ def test_table_step_equals_handle_alone(target, budget):
     assert batched.pending == {}
 
 
+def test_table_handle_reports_its_forward_as_step_does(target):
+    """Before: an unbatched reply (handle) carried no BatchShape, so a draft replica served with
+    target_batching off never measured a verify forward (K under load priced on priors). Now
+    handle's reply carries its own forward's shape: one counter with step's forwards, rows 1,
+    the positions it fed (a prompt's prefill with its block, then K + 1), the tokens cached
+    before it, its wall seconds; the same (rows, positions, context) as a batched step that
+    verifies the same block alone."""
+    sessions = _sessions(4)
+    alone = TargetSessionTable(TargetVerifier(target))
+    single = TargetSessionTable(TargetVerifier(target))  # batched path, one block per forward
+    rng = random.Random(3)
+    positions = {sid: len(p) for sid, p, _ in sessions}
+    forwards = 0
+    for rnd in range(3):
+        for i, (sid, prompt, sampling) in enumerate(sessions):
+            block = _block(rng, [0, 1, 4, 3][(i + rnd) % 4])
+            if not sampling.greedy and block.k:
+                q = torch.full((block.k, 1), 1.0)
+                block = DraftBlock(token_ids=block.token_ids, q_ids=block.token_ids[:, None], q_probs=q)
+            open_ = convert.session_open_to_proto(prompt, sampling, 7, False) if rnd == 0 else None
+            msg = convert.draft_block_to_proto(block, sid, positions[sid], open=open_)
+            got = alone.handle(msg)
+            forwards += 1
+            res = convert.verify_result_from_proto(got, False)
+            b = res.batch
+            assert b is not None and (b.forward, b.rows) == (forwards, 1) and b.seconds > 0
+            # open: the whole prompt (nothing cached) and the block; then the bonus token and the block
+            fed, cached = (len(prompt) + block.k, 0.0) if rnd == 0 else (1 + block.k, positions[sid] - 1.0)
+            assert (b.positions, b.context) == (fed, cached)
+            assert got.target_time_s >= b.seconds
+            (_, other), = _run_batched(single, [msg], None)[0].items()
+            ob = convert.verify_result_from_proto(other, False).batch
+            assert (ob.forward, ob.rows, ob.positions, ob.context) == (forwards, 1, b.positions, b.context)
+            assert (other.accepted, list(other.token_ids)) == (got.accepted, list(got.token_ids))
+            positions[sid] = got.committed_len
+    # one counter for both paths: a batched step after unbatched forwards numbers on
+    sid, prompt, sampling = sessions[0]
+    msg = convert.draft_block_to_proto(_block(rng, 2), sid, positions[sid])
+    (_, after), = _run_batched(alone, [msg], None)[0].items()
+    assert after.batch_forward == forwards + 1
+
+
 def test_table_statuses_close_and_superseded(target):
     table = TargetSessionTable(TargetVerifier(target))
     sp = SamplingParams()
@@ -167,6 +209,26 @@ def test_tp_worker_verify_batch_rank0_answers(folder, target):
     assert out == [(13, None, "InvalidBlockError",
                     f"block token_ids[0] = 5000 is outside the vocabulary 0..{target.emittable_vocab - 1}")]
     assert worker.pending_count() == 0 and worker.num_sessions() == 2
+
+
+def test_tp_worker_verify_passes_the_unbatched_forward_on(folder, target):
+    """``target_batching`` off: TPWorker.verify answers (rank 0) with the shape of its forward as
+    verify_batch's answers carry theirs (one forward counter for both)."""
+    worker = TPWorker(0, 1)
+    worker.setup(str(folder), "127.0.0.1", 0)
+    sid, prompt, sp = _sessions(3)[2]  # greedy, a 300-token prompt
+    first = convert.draft_block_to_proto(_block(random.Random(1), 3), sid, len(prompt),
+                                         open=convert.session_open_to_proto(prompt, sp, 3, False))
+    got = xpb.VerificationResult.FromString(worker.verify(first.SerializeToString()))
+    assert (got.batch_forward, got.batch_rows, got.batch_positions) == (1, 1, len(prompt) + 3)
+    assert got.HasField("batch_context") and got.batch_context == 0 and got.batch_forward_s > 0
+    nxt = convert.draft_block_to_proto(DraftBlock.empty(), sid, got.committed_len)
+    again = xpb.VerificationResult.FromString(worker.verify(nxt.SerializeToString()))
+    assert (again.batch_forward, again.batch_rows, again.batch_positions, again.batch_context) == \
+           (2, 1, 1, got.committed_len - 1)
+    nxt = convert.draft_block_to_proto(DraftBlock.empty(), sid, again.committed_len)
+    (_, raw, _, _), = worker.verify_batch([(0, nxt.SerializeToString())], None)["answers"]
+    assert xpb.VerificationResult.FromString(raw).batch_forward == 3
 
 
 def test_draft_combiner_batches_concurrent_steps(target, tmp_path):

@@ -132,6 +132,84 @@ def test_final_stats_carry_the_per_step_costs(draft_replica):
     assert {p: n for p, (_, n) in costs["verify_s_by_positions"].items()} == by_positions
 
 
+@pytest.mark.parametrize("sampling", [None, pb.SamplingParams(temperature=0.9, top_k=40, seed=77)],
+                         ids=["greedy", "sampled"])
+def test_unbatched_replica_teaches_k_under_load_every_forward(pair, sampling, monkeypatch):
+    """Before: served with target_batching and draft_batching off, the draft replica's K under
+    load never learned a cost (no BatchShape came back from the unbatched target, no draft
+    forward was timed): every K was chosen on the cost model's priors. Now every step reports
+    the target forward that verified it (rows 1, the positions and cached tokens of the forward
+    actually run, the prompt's prefill first) and every draft forward run, once each, and the
+    cost model observes them as in batched mode: one verify point per step, one draft point per
+    draft forward but those of the first drafting step (its first forward fed the prompt).
+    Output: the in-process engine's and the batched drafting's, token for token."""
+    from specdec.engine.kv_cache import CachedSequence
+
+    t, d, target, draft = pair
+    kw = dict(max_tokens=40, ignore_eos=True, speculation=pb.SpeculationHints(proposer=pb.PROPOSER_DRAFT, max_k=4))
+    if sampling is not None:
+        kw["sampling"] = sampling
+    job = _job(PROMPT, **kw)
+    expected = SpeculativeEngine(target, draft).generate(convert.request_from_proto(job.request))
+    batched_wire = Wire(target)
+    batched_rep = Draft(AppConfig(target_model=t, draft_model=d, cpu_threads=1), send_factory=lambda key: batched_wire.send)
+    batched = convert.join_chunks(asyncio.run(_collect(batched_rep.Generate(job.SerializeToString()))))
+
+    wire = Wire(target)
+    rep = Draft(AppConfig(target_model=t, draft_model=d, cpu_threads=1, target_batching=False, draft_batching=False),
+                send_factory=lambda key: wire.send)
+    assert rep.combiner.batched is False and rep.batch_k is not None
+    target_feeds: list[tuple[int, float]] = []  # (positions fed, tokens cached before)
+    draft_feeds = [0]
+    feed = CachedSequence.feed
+
+    def spy_feed(seq, tokens, keep=None):
+        if seq.model is target.model:
+            target_feeds.append((len(tokens), float(len(seq.cached))))
+        elif seq.model is rep.draft_proposer.draft.model:
+            draft_feeds[0] += 1
+        return feed(seq, tokens, keep)
+
+    monkeypatch.setattr(CachedSequence, "feed", spy_feed)
+    steps, ticks = [], []
+    observe_step, observe_tick = rep.batch_k.observe_step, rep.batch_k.controller.observe_tick
+
+    def spy_step(key, k, accepted, batch=None, draft_forwards=(), **kw):
+        steps.append((k, batch, list(draft_forwards)))
+        return observe_step(key, k, accepted, batch, draft_forwards, **kw)
+
+    def spy_tick(rows, positions, verify_s, draft_forwards=(), **kw):
+        ticks.append((rows, positions, verify_s, list(draft_forwards), kw.get("context")))
+        return observe_tick(rows, positions, verify_s, draft_forwards, **kw)
+
+    monkeypatch.setattr(rep.batch_k, "observe_step", spy_step)
+    monkeypatch.setattr(rep.batch_k.controller, "observe_tick", spy_tick)
+    got = convert.join_chunks(asyncio.run(_collect(rep.Generate(job.SerializeToString()))))
+    assert list(got.token_ids) == expected.token_ids == list(batched.token_ids) and got.text == expected.text
+    assert got.stats.steps == expected.stats.steps and got.stats.accepted == expected.stats.accepted
+    n = got.stats.steps
+    # the target: one forward per step, each reported once with the shape it ran
+    assert len(steps) == n == wire.calls.count("Verify") == len(target_feeds)
+    shapes = [b for _, b, _ in steps]
+    assert [(b.forward, b.rows, b.positions, b.context) for b in shapes] == \
+           [(i + 1, 1, p, c) for i, (p, c) in enumerate(target_feeds)]
+    assert target_feeds[0] == (len(PROMPT) + steps[0][0], 0.0)  # the prompt's prefill and the first block
+    assert all(b.seconds > 0 for b in shapes)
+    # the draft: every forward timed at one row, each handed to exactly one step
+    reported = [f for _, _, fs in steps for f in fs]
+    assert draft_feeds[0] > 0 and len(reported) == draft_feeds[0]
+    assert all(r == 1 and s > 0 for r, s in reported)
+    assert sum(k for k, _, _ in steps) == draft_feeds[0]  # K forwards per drafting step (no early stop here)
+    # the cost model: each verify forward once (new forward ids), the draft forwards but the first step's
+    assert [(r, p, s, c) for r, p, s, _, c in ticks] == [(1, b.positions, b.seconds, b.context) for b in shapes]
+    # (a drafting step after one at K = 0 leaves its draft forwards out too: they also fed the missed token)
+    kept = [f for i in range(1, n) if steps[i][0] > 0 and steps[i - 1][0] > 0 for f in steps[i][2]]
+    assert [f for *_, fs, _ in ticks for f in fs] == kept and kept
+    snap = rep.batch_k.controller.cost.snapshot()
+    assert snap["prefill_forwards"] == 1 and snap["verify_s_by_positions"] and list(snap["draft_s_by_rows"]) == [1]
+    assert len(wire.table) == 0 and rep.Sessions() == []
+
+
 def test_rebuild_on_missing_and_mismatched_session(pair):
     _, _, target, _ = pair
     wire = Wire(target)

@@ -15,7 +15,7 @@ from deployments.draft import Draft
 from deployments.draft_calibration import StartupCalibration, calibration_schedule
 from deployments.target_sessions import TargetSessionTable
 from protos.specdec.v1 import exchange_pb2 as xpb
-from specdec.engine.verifier import TargetVerifier
+from specdec.engine.verifier import TargetSession, TargetVerifier
 from specdec.testing.tiny import build_tiny_model
 from tests.conftest import load_tiny
 
@@ -76,10 +76,50 @@ class StepWire:
         return dict(self.table.step(None))[t].SerializeToString()
 
 
-def _replica(pair, **cfg):
+class _TimedSession(TargetSession):
+    """A target session whose unbatched verify advances the fake clock by 0.01 s per position fed."""
+
+    def verify(self, block):
+        out = super().verify(block)
+        self._verifier.fake_clock.t += SECONDS_PER_POSITION * self._verifier.last_positions
+        return out
+
+
+class _TimedAloneVerifier(TargetVerifier):
+    def __init__(self, model, clock: _FakeClock):
+        super().__init__(model)
+        self.fake_clock = clock
+
+    def open_session(self, *args, **kwargs):
+        session = super().open_session(*args, **kwargs)
+        session.__class__ = _TimedSession
+        return session
+
+
+class HandleWire(StepWire):
+    """The Target replica's unbatched verify (``target_batching`` off) in process: each block
+    alone (:meth:`TargetSessionTable.handle`), its forward's fake seconds in the reply."""
+
+    def __init__(self, target):
+        clock = _FakeClock()
+        self.table = TargetSessionTable(_TimedAloneVerifier(target, clock), clock=clock)
+        self.opened = []
+
+    def send(self, method: str, payload: bytes) -> bytes:
+        if method == "CloseSession":
+            return super().send(method, payload)
+        msg = xpb.CandidateBlock.FromString(payload)
+        if msg.HasField("open"):
+            self.opened.append(msg.session_id)
+        return self.table.handle(msg).SerializeToString()
+
+
+def _replica(pair, batching: bool = True, **cfg):
     cfg.setdefault("startup_calibration_repeats", 3)  # the presets' (AppConfig's default: off)
     t, d, target = pair
-    wire = StepWire(target)
+    wire = StepWire(target) if batching else HandleWire(target)
+    if not batching:
+        cfg.update(target_batching=False, draft_batching=False)
     return Draft(AppConfig(target_model=t, draft_model=d, cpu_threads=1, **cfg), send_factory=lambda key: wire.send), wire
 
 
@@ -95,16 +135,21 @@ def test_calibration_schedule_warms_up_every_k_then_measures_repeats_interleaved
         calibration_schedule(-1, 3)
 
 
-def test_a_fresh_replica_prices_its_first_request_from_calibrated_forwards(pair):
-    """Before: a fresh replica's cost model held only its priors (a verify forward 0.05 s at any
-    positions count, a draft forward a fifth of it), and its first request's first decisions
+@pytest.mark.parametrize("batching", [True, False], ids=["batched", "unbatched"])
+def test_a_fresh_replica_prices_its_first_request_from_calibrated_forwards(pair, batching):
+    """Served batched, or unbatched (``target_batching`` and ``draft_batching`` off; before,
+    such a replica's calibration measured nothing: no verify shape came back and no draft
+    forward was timed, so its K stayed on the priors). Before: a fresh replica's cost model held
+    only its priors (a verify forward 0.05 s at any positions count, a draft forward a fifth of
+    it), and its first request's first decisions
     were priced on them and one or two thin measurements (served w8a8 pair: K = 0 on the third
     step, 40 of 49 steps at K 0-3). After calibrate(): every positions count 1 .. default_max_k
     + 1 measured 3 times at its exact fake seconds, the warm-up pass and the prompt's prefill
     kept off the curve, the draft's forwards measured at one row; no acceptance evidence, no
     goodput guard, no tenant and no decode forward "under load" (measure_first) came of it,
     and its target session is closed."""
-    rep, wire = _replica(pair)
+    rep, wire = _replica(pair, batching)
+    assert rep.combiner.batched is batching
     cost = rep.batch_k.controller.cost
     assert cost.snapshot()["verify_s_by_positions"] == {} and cost.snapshot()["draft_s_by_rows"] == {}
     out = asyncio.run(rep.calibrate())

@@ -259,7 +259,7 @@ class DraftModelProposer:
         Args:
             sessions: sessions of this proposer, each at most once.
             ks: the largest K per session.
-            timings: when given, ``(rows, seconds)`` of every batched draft forward is appended.
+            timings: when given, ``(rows, wall seconds)`` of every batched draft forward is appended.
             max_prefill: chunked draft prefill: the uncached tails longer than
                 :data:`DECODE_TAIL` (a new prompt, a rebuilt history; a decoding session's tail
                 is at most the last draft and the bonus token) fed in this call's first forward
