@@ -96,10 +96,13 @@ class TargetSessionTable:
         The reply carries its forward's :class:`specdec.types.BatchShape` as a batched reply does
         (:meth:`step`), so the draft replica's K-under-load cost model learns from unbatched
         forwards too: ``forward`` counts the forwards of both paths (one counter), ``rows`` 1,
-        ``positions`` what it fed (the session's uncached committed tail, all of a new or
-        rebuilt session's prompt or history, plus the K drafts), ``seconds`` the wall seconds of
-        its :meth:`TargetSession.verify` (check, forward, decide; as :meth:`step` times its
-        ``verify_batch``), ``context`` the tokens cached for the session before it.
+        ``positions`` what it fed (the session's uncached committed tail: a new or rebuilt
+        session's prompt or history less what the target's prefix cache held; plus the K
+        drafts), ``seconds`` the wall seconds of its :meth:`TargetSession.verify` (check,
+        forward, decide; as :meth:`step` times its ``verify_batch``), ``context`` the tokens
+        cached for the session before it. The shape is read from the verifier's ``last_*``
+        attributes right after the forward: callers are serialized (the TP worker's actor runs
+        one call at a time), as for :meth:`step`.
 
         Raises:
             InvalidRequestError: ``open`` whose history length differs from ``position``, or a

@@ -282,6 +282,34 @@ def test_batch_k_sessions_served_controller():
         live.join("x", "t", "draft", weight=0)
 
 
+def test_one_row_forwards_are_each_measured_whatever_their_number():
+    """A forward of one row answers one step alone, so its every report is a forward of its own:
+    two target replicas (or a restarted one) number their forwards from 1 alike, and the
+    deduplication by (forward, rows, positions) that a batched forward's many reports need
+    dropped the second replica's forward 1 as a copy of the first's (served unbatched, every
+    forward is one row). Forwards of several rows are still measured once however many rows
+    report them."""
+    from specdec.control.batch_k import BatchKSessions
+    from specdec.types import BatchShape
+
+    live = BatchKSessions(BatchKController(budget=128, cost=_cost(0.05)))
+    ticks = []
+    observe_tick = live.controller.observe_tick
+    live.controller.observe_tick = lambda rows, positions, s, d=(), **kw: (ticks.append((rows, positions, s)),
+                                                                          observe_tick(rows, positions, s, d, **kw))
+    for i in range(3):
+        live.join(i, "code", "draft", k_range=(0, 4))
+    replica_a, replica_b = BatchShape(forward=1, rows=1, positions=5, seconds=0.10), \
+        BatchShape(forward=1, rows=1, positions=5, seconds=0.12)
+    live.observe_step(0, 4, 4, replica_a)
+    live.observe_step(1, 4, 4, replica_b)
+    live.observe_step(0, 4, 4, replica_a)  # that replica's next forward, restarted: number 1 again
+    both = BatchShape(forward=2, rows=2, positions=10, seconds=0.2)
+    live.observe_step(1, 4, 4, both)
+    live.observe_step(2, 4, 4, both)  # the same two-row forward's second row
+    assert ticks == [(1, 5, 0.10), (1, 5, 0.12), (1, 5, 0.10), (2, 10, 0.2)]
+
+
 def test_batch_k_sessions_leave_out_draft_catch_up_forwards():
     """The draft forwards reported with a generation's first drafting step, or its first after a
     K = 0 step, also fed the prompt / the tokens decoded at K = 0: they are not measured as

@@ -174,12 +174,22 @@ def test_unbatched_drafting_is_propose_alone_and_times_every_forward(proposer, m
         expected = [s.propose(k) for s, k in zip(ref, ks)]
         monkeypatch.setattr(CachedSequence, "feed", counted)
         forwards[0] = 0
+        traced = len(combiner.trace)
         got = _together(combiner, mine, ks)
         monkeypatch.setattr(CachedSequence, "feed", feed)
         for a, b in zip(got, expected):
             _same(a, b, exact=True)
         timings = combiner.take_timings()
-        assert len(timings) == forwards[0] == sum(b.k for b in got) and all(r == 1 and s > 0 for r, s in timings)
+        assert forwards[0] == sum(b.k for b in got) == len(combiner.trace) - traced
+        new = list(combiner.trace)[traced:]
+        assert all(rows == 1 for rows, _ in new)
+        # the decode forwards only: each session's first forward of step 0 fed its whole prompt
+        # (4-7 positions), a prefill, not a draft position's cost; later steps feed 2 then 1
+        prefills = len(SPECS) if step == 0 else 0
+        fed = sorted(p for _, p in new)
+        assert fed[len(new) - prefills:] == (sorted(len(sp[0]) for sp in SPECS) if step == 0 else [])
+        assert all(p <= 2 for p in fed[:len(new) - prefills])
+        assert len(timings) == sum(b.k for b in got) - prefills and all(r == 1 and s > 0 for r, s in timings)
         assert combiner.take_timings() == []  # each once
         _commit_first_and(mine, got)
         _commit_first_and(ref, expected)

@@ -331,7 +331,11 @@ class BatchKSessions(AcceptanceExchange):
                 if batch is not None:
                     self._shapes[j.tenant].append((int(batch.rows), int(batch.positions)))
             new_forward = False
-            if batch is not None and batch.rows >= 1:
+            if batch is not None and batch.rows == 1:
+                # a forward of one row answered this step alone: new, whatever its number (the
+                # forward counters of two target replicas, or of a restarted one, coincide)
+                new_forward = True
+            elif batch is not None and batch.rows > 1:
                 fkey = (batch.forward, batch.rows, batch.positions)
                 if fkey not in self._seen:
                     self._seen[fkey] = None

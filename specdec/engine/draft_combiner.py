@@ -14,7 +14,7 @@ import weakref
 from typing import Any, Callable
 
 from specdec.engine.decoder import Generation
-from specdec.engine.proposers.draft_model import DraftModelSession
+from specdec.engine.proposers.draft_model import DECODE_TAIL, DraftModelSession
 from specdec.types import DraftBlock, GenerationChunk
 
 class _Waiting:
@@ -79,8 +79,8 @@ class DraftCombiner:
         self._clock = clock
         #: ``(rows, positions)`` of every draft forward (most recent 1000; rows 1 unbatched)
         self.trace: collections.deque = collections.deque(maxlen=1000)
-        #: ``(rows, wall seconds)`` of draft forwards (batched, or one row each unbatched) not yet
-        #: taken by :meth:`take_timings`
+        #: ``(rows, wall seconds)`` of draft decode forwards (batched, or one row each unbatched)
+        #: not yet taken by :meth:`take_timings` (:meth:`_record`: no prefill or catch-up forwards)
         self._timings: collections.deque = collections.deque(maxlen=1000)
         self.k_control = k_control
         self._cv = threading.Condition()
@@ -191,9 +191,20 @@ class DraftCombiner:
                 [w.session for w in rows], [w.k for w in rows], timings,
                 **({} if self.max_prefill is None else {"max_prefill": self.max_prefill}), trace=trace)
         finally:
-            with self._cv:
-                self.trace.extend(trace)
-                self._timings.extend(timings)
+            self._record(timings, trace)
+
+    def _record(self, timings: list[tuple[int, float]], trace: list[tuple[int, int]]) -> None:
+        """Keep one drafting call's forwards: all in :attr:`trace`; in the timings the cost model
+        takes (:meth:`take_timings`) only the decode forwards, at most :data:`DECODE_TAIL`
+        positions a row (as the in-process scheduler's :func:`specdec.engine.batch_draft.draft_tick`):
+        a forward that also fed a prompt's prefill or a catch-up after K = 0 steps costs far more
+        than a draft position, and the timings are pooled, so whichever session's step takes them
+        next would record it as its own draft forward (a 900-token prompt's 8.6 ms prefill
+        forward among 1-ms decode forwards)."""
+        with self._cv:
+            self.trace.extend(trace)
+            self._timings.extend(t for t, (rows, positions) in zip(timings, trace)
+                                 if positions <= DECODE_TAIL * rows)
 
     def _draft_unbatched(self, session: DraftModelSession, k: int) -> DraftBlock:
         """The unbatched path: ``session`` drafts alone in the caller's thread, exactly as
@@ -213,9 +224,7 @@ class DraftCombiner:
         try:
             return session._proposer.propose_batch([session], [k], timings, trace=trace)[0]
         finally:
-            with self._cv:
-                self.trace.extend(trace)
-                self._timings.extend(timings)
+            self._record(timings, trace)
 
     def _draft_alone(self, rows: list[_Waiting]) -> list[DraftBlock | None]:
         """After a batched drafting of ``rows`` raised: each session drafts alone, so the one
@@ -234,8 +243,9 @@ class DraftCombiner:
         return blocks
 
     def take_timings(self) -> list[tuple[int, float]]:
-        """``(rows, wall seconds)`` of the draft forwards run since the last call, by any session
-        (batched; or one row each on the unbatched path); each is returned once (thread-safe)."""
+        """``(rows, wall seconds)`` of the draft decode forwards (no prefill or catch-up:
+        :meth:`_record`) run since the last call, by any session (batched; or one row each on the
+        unbatched path); each is returned once (thread-safe)."""
         with self._cv:
             out = list(self._timings)
             self._timings.clear()
