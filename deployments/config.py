@@ -299,6 +299,31 @@ class AppConfig(BaseModel):
 
         return self.draft_dtype or default_draft_format(device)
 
+    def model_pair(self) -> dict[str, Any]:
+        """What identifies the draft/target pair, from this config alone (no model loaded, no
+        torch: a router replica calls it): the model specs, weight formats and the draft's
+        vocabulary subset. The shared controller's snapshot records it and is restored only into
+        an application of the same pair (:mod:`deployments.controller_actor`): acceptance is the
+        pair's.
+
+        A format not named (``target_dtype`` / ``draft_dtype`` None) is ``$SPECDEC_WEIGHT_FORMAT``
+        when set (read here as text, unchecked), else ``"default:<device>"``: the device's default
+        is chosen by the replica's CPU, which this process may not share.
+        """
+        import os
+
+        env = os.environ.get("SPECDEC_WEIGHT_FORMAT", "").strip().lower() or None  # formats.FORMAT_ENV
+        target_device = "cuda" if self.target_gpus_per_worker > 0 else "cpu"
+        draft_device = "cuda" if self.draft_num_gpus > 0 else "cpu"
+        return {
+            "target_model": self.target_model,
+            "target_format": self.target_dtype or env or f"default:{target_device}",
+            "draft_model": self.draft_model,
+            "draft_format": (self.draft_dtype or env or f"default:{draft_device}") if self.draft_model else None,
+            "draft_vocab_subset": self.draft_vocab_subset,
+            "draft_vocab_table": self.draft_vocab_table,
+        }
+
     def router_admission_slots(self) -> int:
         """Fair-admission slots of one router replica (``admission_slots``; default the draft
         replica's ``max_ongoing_requests``, at most the router's): requests beyond it wait in

@@ -1,4 +1,5 @@
-"""Per-tenant state shared by every router replica: one K controller, rate limits, usage.
+"""Per-tenant state shared by every router and draft replica of one Serve application: one K
+controller, rate limits, usage, the draft replicas' acceptance pool.
 
 With autoscaled router replicas, each replica must use the same per-tenant acceptance estimate
 and cost model (else each replica learns alone, from 1/N of the traffic), and a tenant's
@@ -8,7 +9,8 @@ allow N times the limit). So that state lives in one place:
 - :class:`SharedTenantState`: plain Python: a :class:`specdec.control.controller.KController`, a
   :class:`specdec.control.limits.RateLimiter` with leases by id, and cumulative usage per tenant.
   Methods take and return plain data (str, int, float, dict), so they cross a Ray actor call.
-- :data:`KControllerActor`: that class as a Ray actor: named (:data:`ACTOR_NAME` in namespace
+- the Ray actor of that class (:func:`deployments.controller_client.get_or_create_actor`): named
+  per application (:func:`actor_name` of ``AppConfig.app_name``, in namespace
   :data:`ACTOR_NAMESPACE`), ``lifetime="detached"`` (no router replica owns it: replicas come
   and go with autoscaling, the estimates stay), ``num_cpus=0``, ``get_if_exists=True`` (the first
   replica creates it, the others attach), ``max_concurrency=1`` (calls are serialized: the
@@ -20,6 +22,16 @@ allow N times the limit). So that state lives in one place:
 - :class:`deployments.controller_client.ControllerClient`: what a router or draft replica holds
   (the actor's handle, or a local ``SharedTenantState`` without Ray, with the fallback when the
   actor does not answer), in its own module.
+
+One actor per application, not per cluster: what it holds is the traffic of one application's
+tenants against its draft/target pair, its limits and its settings. Two applications in one Ray
+cluster (two model pairs, or the batched and unbatched applications that
+``benchmarks/served_clients.py`` deploys side by side) once shared a single actor: each pooled
+the other's acceptance counts (a batched application at K = 0 saw its tenant's alpha fall from
+0.79 to 0.57 with the other application's K = 4 steps of other prompts), its per-request K
+controller, cost models, limits, leases and usage, and the first application's
+``controller_kwargs`` held for both. Its snapshot key (:func:`snapshot_key`) is per application
+too.
 
 Per request a router makes two calls: :meth:`SharedTenantState.admit` (rate limits + K decision,
 one round trip) and :meth:`SharedTenantState.complete` (release + feedback + usage). A request
@@ -50,9 +62,15 @@ usage counters are saved at most every ``snapshot_every_s`` (default 30 s) to a 
 loaded when the state is created. A snapshot is versioned plain data (JSON, no pickled objects),
 so it survives an upgrade that adds a field (missing fields take their defaults); one that
 cannot be read is ignored with a log line and the state starts fresh. The actor uses :class:`RayKVStore` (Ray's GCS key-value
-store: it outlives the actor, so a restarted controller actor resumes where it was; on KubeRay
-with GCS fault tolerance it also outlives the head pod). Rate-limit buckets and leases are not
-saved: they belong to requests in flight.
+store, under its application's :func:`snapshot_key`: it outlives the actor, so a restarted
+controller actor resumes where it was; on KubeRay with GCS fault tolerance it also outlives the
+head pod). Rate-limit buckets and leases are not saved: they belong to requests in flight.
+A snapshot records the draft/target pair it was learned on (``pair``:
+:meth:`deployments.config.AppConfig.model_pair`, the model specs and weight formats); a state
+given a pair restores only a snapshot of that same pair: one of another pair (an application
+redeployed with other models under the same name), or one written before snapshots recorded
+their pair, is ignored with a log line (its acceptance and costs belong to models this
+application may no longer run).
 
 Leases: a lease id is a random 128-bit hex string (``uuid4``), so ids of a restarted actor,
 of another incarnation and of a router's local fallback never collide; :meth:`complete` releases
@@ -81,14 +99,36 @@ from deployments.batch_k_stats import checked_replica_views
 
 log = logging.getLogger(__name__)
 
-#: Name and namespace of the shared actor (one per Ray cluster and application).
-ACTOR_NAME = "specdec-k-controller"
+#: Start of the shared actor's name; the application's name follows (:func:`actor_name`).
+ACTOR_NAME_PREFIX = "specdec-k-controller"
+#: Ray namespace of every application's shared actor and of their snapshots.
 ACTOR_NAMESPACE = "specdec"
 #: ``format`` of a snapshot saved by :meth:`SharedTenantState.snapshot` (its version is the controller's).
 SNAPSHOT_FORMAT = "specdec-controller-snapshot"
 _USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens")
 #: Seconds a lease outlives its request's timeout (the router's cleanup after the deadline).
 LEASE_GRACE_S = 30.0
+
+
+def actor_name(app_name: str) -> str:
+    """The name of the shared actor of the Serve application ``app_name``
+    (``AppConfig.app_name``): one actor per application (module docstring).
+
+    ``"specdec-k-controller:<app_name>"``: Ray takes any non-empty string as an actor's name,
+    Serve's own actors have names such as ``SERVE_REPLICA::<app>#<deployment>#<id>``.
+
+    Raises:
+        ValueError: ``app_name`` is not a non-empty string.
+    """
+    if not isinstance(app_name, str) or not app_name:
+        raise ValueError(f"the shared actor needs the application's name, got {app_name!r}")
+    return f"{ACTOR_NAME_PREFIX}:{app_name}"
+
+
+def snapshot_key(app_name: str) -> str:
+    """The GCS key-value key (in :data:`ACTOR_NAMESPACE`) of the snapshot of ``app_name``'s
+    shared actor: ``"<actor_name(app_name)>/snapshot"``."""
+    return f"{actor_name(app_name)}/snapshot"
 
 
 def _limits_ns(tenant_id: str, limits: Mapping) -> SimpleNamespace:
@@ -105,10 +145,11 @@ class RayKVStore:
     """Snapshot storage in Ray's GCS key-value store (``ray.experimental.internal_kv``).
 
     Args:
-        key: the key (bytes of a snapshot are stored under it in :data:`ACTOR_NAMESPACE`).
+        key: the key (bytes of a snapshot are stored under it in :data:`ACTOR_NAMESPACE`): the
+            application's :func:`snapshot_key`.
     """
 
-    def __init__(self, key: str = f"{ACTOR_NAME}/snapshot"):
+    def __init__(self, key: str):
         self.key = key
 
     def load(self) -> bytes | None:
@@ -134,6 +175,10 @@ class SharedTenantState:
         snapshot_every_s: least time between two snapshots (saved after a request completes).
         batch_view_ttl_s: a draft replica's K-under-load view is dropped this many seconds
             after its last report (a replica gone, or idle: its K is no longer current).
+        pair: what identifies the draft/target pair (plain data,
+            :meth:`deployments.config.AppConfig.model_pair`): saved in every snapshot, and only
+            a snapshot of the same pair is restored (module docstring). None: not checked, and
+            not recorded (tests, a state without an application).
     """
 
     def __init__(
@@ -144,6 +189,7 @@ class SharedTenantState:
         store: Any = None,
         snapshot_every_s: float = 30.0,
         batch_view_ttl_s: float = 300.0,
+        pair: Mapping | None = None,
     ):
         kw = dict(controller_kwargs or {})
         self.clock = clock or time.monotonic
@@ -165,6 +211,8 @@ class SharedTenantState:
         self.usage: dict[str, dict[str, int]] = {}
         self.store = store
         self.snapshot_every_s = snapshot_every_s
+        #: the draft/target pair (None: unchecked); JSON-normalised to compare with a snapshot's
+        self.pair = None if pair is None else json.loads(json.dumps(dict(pair), sort_keys=True))
         self._saved_at: float | None = None
         self.restored = self._restore()
 
@@ -174,7 +222,9 @@ class SharedTenantState:
         """Load the last snapshot from the store, if any; True when one was applied.
 
         A snapshot that cannot be read (not JSON, another version, another shape) is ignored
-        with one log line: the state starts fresh rather than failing every request."""
+        with one log line: the state starts fresh rather than failing every request. So is, when
+        this state has a ``pair``, a snapshot of another pair or of none (written before
+        snapshots recorded it): what it learned belongs to other models."""
         if self.store is None:
             return False
         try:
@@ -188,6 +238,11 @@ class SharedTenantState:
             data = json.loads(blob)
             if not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT:
                 raise ValueError("not a specdec controller snapshot")
+            if self.pair is not None and data.get("pair") != self.pair:
+                log.warning("controller snapshot ignored: %s; starting fresh",
+                            "it records no model pair (written before snapshots did)" if "pair" not in data
+                            else f"learned on the pair {data['pair']}, this application serves {self.pair}")
+                return False
             usage = {
                 str(t): {f: int(u.get(f, 0)) for f in _USAGE_FIELDS} for t, u in dict(data["usage"]).items()
             }
@@ -208,16 +263,20 @@ class SharedTenantState:
         since the last save; True when saved. Storage errors are logged, never raised.
 
         The snapshot is JSON: ``{"format": SNAPSHOT_FORMAT, "controller":
-        KController.export_learned() (versioned), "usage": {tenant: counters}}``."""
+        KController.export_learned() (versioned), "usage": {tenant: counters},
+        "batch_acceptance": the pool's counts, "pair": the model pair}`` (``pair`` only when
+        this state has one)."""
         if self.store is None:
             return False
         now = self.clock()
         if not force and self._saved_at is not None and now - self._saved_at < self.snapshot_every_s:
             return False
         try:
-            blob = json.dumps({"format": SNAPSHOT_FORMAT, "controller": self.controller.export_learned(),
-                               "usage": self.usage, "batch_acceptance": self.batch_acceptance.export_counts()},
-                              separators=(",", ":")).encode()
+            data = {"format": SNAPSHOT_FORMAT, "controller": self.controller.export_learned(),
+                    "usage": self.usage, "batch_acceptance": self.batch_acceptance.export_counts()}
+            if self.pair is not None:
+                data["pair"] = self.pair
+            blob = json.dumps(data, separators=(",", ":")).encode()
             self.store.save(blob)
         except Exception:
             log.warning("could not save the controller snapshot", exc_info=True)

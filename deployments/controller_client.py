@@ -1,5 +1,6 @@
-"""What a router or draft replica holds to reach the per-tenant state shared by all replicas
-(:class:`deployments.controller_actor.SharedTenantState`, as a named Ray actor).
+"""What a router or draft replica holds to reach the per-tenant state shared by all replicas of
+its Serve application (:class:`deployments.controller_actor.SharedTenantState`, as a Ray actor
+named after the application: :func:`deployments.controller_actor.actor_name`).
 
 A :class:`ControllerClient` (``await client.decide(...)`` etc.) is backed by the actor (:meth:`ControllerClient.shared`) or by a local ``SharedTenantState``
 (:meth:`ControllerClient.local`: tests and single-process use, no Ray). If an actor call
@@ -18,7 +19,7 @@ import contextvars
 import logging
 from typing import Any, Mapping
 
-from deployments.controller_actor import ACTOR_NAME, ACTOR_NAMESPACE, RayKVStore, SharedTenantState
+from deployments.controller_actor import ACTOR_NAMESPACE, RayKVStore, SharedTenantState, actor_name, snapshot_key
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +43,22 @@ def _actor_class():
 def get_or_create_actor(
     controller_kwargs: Mapping | None = None,
     *,
-    name: str = ACTOR_NAME,
+    app_name: str,
+    pair: Mapping | None = None,
     namespace: str = ACTOR_NAMESPACE,
     lease_ttl_s: float = 300.0,
 ):
-    """The shared actor's handle, creating it on first use (Ray must be initialized).
+    """The shared actor of the Serve application ``app_name``, creating it on first use (Ray must
+    be initialized): named :func:`actor_name` ``(app_name)``, its snapshot under
+    :func:`snapshot_key` ``(app_name)``, so two applications in one cluster share nothing.
 
-    The first caller's ``controller_kwargs`` win; later callers attach to the existing actor.
+    The first caller's ``controller_kwargs`` and ``pair`` (the model pair its snapshots record
+    and restore only: :meth:`deployments.config.AppConfig.model_pair`) win; later callers of the
+    same application attach to the existing actor.
     """
     cls = _actor_class()
     return cls.options(
-        name=name,
+        name=actor_name(app_name),
         namespace=namespace,
         get_if_exists=True,
         lifetime="detached",
@@ -60,14 +66,15 @@ def get_or_create_actor(
         max_concurrency=1,
         allow_out_of_order_execution=True,
         max_restarts=-1,
-    ).remote(controller_kwargs, lease_ttl_s, None, RayKVStore())
+    ).remote(controller_kwargs, lease_ttl_s, None, RayKVStore(snapshot_key(app_name)), pair=pair)
 
 
 class ControllerClient:
     """Async access to the shared state, from an actor handle or a local object.
 
-    Use :meth:`shared` in a router replica, :meth:`local` without Ray, or :meth:`auto` (the
-    actor when Ray is initialized, else local).
+    Use :meth:`for_app` in a router or draft replica (its application's actor when Ray is
+    initialized, else local), :meth:`shared` for an application's actor, :meth:`local` without
+    Ray, or :meth:`auto` (the actor of ``app_name`` when Ray is initialized, else local).
     """
 
     def __init__(self, actor: Any = None, local: SharedTenantState | None = None,
@@ -87,19 +94,35 @@ class ControllerClient:
         return cls(local=SharedTenantState(controller_kwargs, **kw))
 
     @classmethod
-    def shared(cls, controller_kwargs: Mapping | None = None, **kw) -> "ControllerClient":
-        return cls(actor=get_or_create_actor(controller_kwargs, **kw))
+    def shared(cls, controller_kwargs: Mapping | None = None, *, app_name: str, **kw) -> "ControllerClient":
+        """The shared actor of the application ``app_name`` (:func:`get_or_create_actor`)."""
+        return cls(actor=get_or_create_actor(controller_kwargs, app_name=app_name, **kw))
 
     @classmethod
-    def auto(cls, controller_kwargs: Mapping | None = None, **kw) -> "ControllerClient":
+    def auto(cls, controller_kwargs: Mapping | None = None, *, app_name: str | None = None,
+             **kw) -> "ControllerClient":
+        """:meth:`shared` of ``app_name`` when Ray is initialized, else :meth:`local`.
+
+        Raises:
+            ValueError: Ray is initialized and no ``app_name`` was given (an actor without an
+                application would be shared by every application of the cluster).
+        """
         try:
             import ray
 
             if ray.is_initialized():
-                return cls.shared(controller_kwargs, **kw)
+                if app_name is None:
+                    raise ValueError("the shared controller actor is per application: give app_name")
+                return cls.shared(controller_kwargs, app_name=app_name, **kw)
         except ImportError:
             pass
         return cls.local(controller_kwargs)
+
+    @classmethod
+    def for_app(cls, cfg: Any, controller_kwargs: Mapping | None = None, **kw) -> "ControllerClient":
+        """:meth:`auto` for the application of ``cfg`` (a :class:`deployments.config.AppConfig`):
+        the actor of ``cfg.app_name``, whose snapshots record ``cfg.model_pair()``."""
+        return cls.auto(controller_kwargs, app_name=cfg.app_name, pair=cfg.model_pair(), **kw)
 
     @property
     def is_shared(self) -> bool:

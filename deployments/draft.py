@@ -76,8 +76,9 @@ class Draft:
         send_factory: ``(routing_key) -> Send``; tests inject one, default :func:`handle_send`.
         metrics: :class:`deployments.metrics.SpecDecMetrics` (default: Ray's metrics API).
         controller: the shared-state client the acceptance counts of K under load are pooled in
-            (:meth:`deployments.controller_client.ControllerClient.auto` by default; pooled only
-            when that is the shared actor, or when one is given).
+            (:meth:`deployments.controller_client.ControllerClient.for_app` by default: the shared
+            actor of ``cfg.app_name``; pooled only when that is the shared actor, or when one is
+            given).
 
     K under load (``cfg.served_batch_k``): :attr:`batch_k` (a
     :class:`specdec.control.batch_k.BatchKSessions`, next to the draft combiner) chooses the K of
@@ -89,8 +90,9 @@ class Draft:
 
     With several draft replicas each decides K for its own batch from its own measured costs,
     but acceptance is the tenant's: every ``cfg.batch_k_sync_s`` seconds (checked after a step)
-    and when a generation ends the replica sends the steps it recorded to the shared controller actor and takes back the
-    counts pooled over all replicas (:meth:`SyncBatchK`; the pooling is described in
+    and when a generation ends the replica sends the steps it recorded to its application's
+    shared controller actor and takes back the counts pooled over all draft replicas of the
+    application, no other's (:meth:`SyncBatchK`; the pooling is described in
     :mod:`deployments.controller_actor`).
     """
 
@@ -164,7 +166,7 @@ class Draft:
             if controller is None:
                 from deployments.controller_client import ControllerClient
 
-                controller = ControllerClient.auto()
+                controller = ControllerClient.for_app(cfg)  # this application's actor, no other's
                 controller = controller if controller.is_shared else None  # alone: nothing to pool
             self.shared = controller
         self.replica_id = uuid.uuid4().hex
@@ -380,7 +382,7 @@ class Draft:
 
     async def SyncBatchK(self) -> dict:
         """Pool this replica's acceptance counts with the other draft replicas' now: send the
-        steps recorded since the last exchange to the shared controller actor, take back the
+        steps recorded since the last exchange to the application's shared controller actor, take back the
         pooled counts and replay onto them the steps recorded meanwhile
         (:meth:`specdec.control.batch_k.BatchKSessions.merge_pooled`).
 

@@ -27,7 +27,7 @@ What :meth:`TenancyGate.admit` does, in order, and the error of each step (gRPC 
    a request that named no proposer gets the first server proposer the tenant allows;
    K above the tenant's ``k_max`` is clipped (K never changes a greedy output);
 3. the shared rate limits (tokens per minute, concurrent requests; one state for all router
-   replicas, :mod:`deployments.controller_actor`) -> :class:`ResourceExhaustedError`
+   replicas of the application, :mod:`deployments.controller_actor`) -> :class:`ResourceExhaustedError`
    (RESOURCE_EXHAUSTED) naming the limit, with ``retry_after_s``;
 4. a slot of this replica's :class:`specdec.control.limits.FairAdmission` (``capacity`` requests run at
    once; when full, waiting tenants are served by fewest running slots, round robin, not first
@@ -98,8 +98,10 @@ class TenancyGate:
 
     Args:
         tenants: a :class:`TenantRegistry`, a path to the tenants YAML, or None (open mode).
-        controller: the shared-state client (:meth:`ControllerClient.shared` in a replica,
-            :meth:`ControllerClient.local` in tests); default: :meth:`ControllerClient.auto`.
+        controller: the shared-state client (:meth:`ControllerClient.for_app` in a replica:
+            the shared actor of its application; :meth:`ControllerClient.local` in tests);
+            default: :meth:`ControllerClient.auto` (local without Ray; under Ray give one, or
+            use :meth:`from_config`).
         metrics: :class:`SpecDecMetrics` (default: a new one on Ray's metrics API).
         capacity: requests this replica runs at once (fair-admission slots); e.g. the Router
             deployment's ``max_ongoing_requests``.
@@ -139,7 +141,10 @@ class TenancyGate:
         """A gate for an :class:`deployments.config.AppConfig`: its ``tenants_file`` (None: open
         mode) and :meth:`deployments.config.AppConfig.router_admission_slots` as capacity (what the
         draft replica steps at once, so requests beyond it wait here, fairly by tenant, rather
-        than in Serve's first-come queue)."""
+        than in Serve's first-come queue). Default ``controller``:
+        :meth:`ControllerClient.for_app` (the shared actor of ``cfg.app_name`` under Ray)."""
+        if controller is None:
+            controller = ControllerClient.for_app(cfg)
         kw.setdefault("capacity", cfg.router_admission_slots())
         kw.setdefault("batch_k", cfg.served_batch_k)
         return cls(cfg.tenants_file, controller, **kw)

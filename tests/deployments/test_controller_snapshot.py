@@ -195,7 +195,8 @@ def test_restarted_controller_actor_resumes_from_its_snapshot():
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
-        actor = get_or_create_actor({"probe_every_requests": 1000})
+        actor = get_or_create_actor({"probe_every_requests": 1000}, app_name="test-restart",
+                                    pair={"target_model": "t", "draft_model": "d"})
         rng = random.Random(5)
 
         def call(method, *args):
@@ -296,3 +297,66 @@ def test_tenant_stats_of_a_tenant_only_at_k0_leave_acceptance_unset():
     state.sync_batch_acceptance("r1", {"segments": [{"steps": [["c", "draft", 2, 2, 1]], "cap": None}]})
     msg = tenant_stats_to_proto(state.tenant_stats("c"))
     assert msg.HasField("acceptance_rate") and msg.stats.accepted == 2
+
+
+def test_one_actor_name_and_snapshot_key_per_application():
+    from deployments.controller_actor import actor_name, snapshot_key
+
+    assert actor_name("specdec") == "specdec-k-controller:specdec"
+    assert actor_name("specdec-batched") != actor_name("specdec-unbatched")
+    assert snapshot_key("specdec") == "specdec-k-controller:specdec/snapshot"
+    assert snapshot_key("a") != snapshot_key("b")
+    for bad in ("", None):
+        with pytest.raises(ValueError, match="application's name"):
+            actor_name(bad)
+
+
+def test_model_pair_names_models_and_formats_without_loading_them(monkeypatch):
+    import json
+
+    from deployments.config import AppConfig
+
+    monkeypatch.delenv("SPECDEC_WEIGHT_FORMAT", raising=False)
+    base = AppConfig().model_pair()
+    assert base == {"target_model": "demo:target", "target_format": "default:cpu", "draft_model": "demo:draft",
+                    "draft_format": "default:cpu", "draft_vocab_subset": None, "draft_vocab_table": None}
+    assert json.loads(json.dumps(base)) == base
+    assert AppConfig(app_name="other", grpc_port=9100).model_pair() == base  # the pair, not the application
+    for other in (AppConfig(draft_dtype="int4"), AppConfig(draft_model="demo:target"), AppConfig(draft_num_gpus=0.5),
+                  AppConfig(target_dtype="w8a8"), AppConfig(draft_vocab_subset=1000), AppConfig(draft_model=None)):
+        assert other.model_pair() != base
+    monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", " W8A8 ")
+    assert AppConfig().model_pair()["target_format"] == AppConfig().model_pair()["draft_format"] == "w8a8"
+
+
+def test_snapshot_of_another_model_pair_or_of_none_is_ignored(caplog):
+    """A snapshot records its pair; a state of another pair starts fresh (log line), and so does
+    one given a snapshot written before snapshots recorded their pair. Without a pair of its
+    own a state restores any (unchecked)."""
+    pair = {"target_model": "t", "target_format": "w8a8", "draft_model": "d", "draft_format": "int4"}
+    other = dict(pair, draft_format="w8a8")
+    store = DictStore()
+    first = SharedTenantState(store=store, clock=Clock(), pair=pair)
+    first.sync_batch_acceptance("r", {"segments": [{"steps": [["code", "draft", 4, 4, 30]], "cap": None}]})
+    assert first.snapshot(force=True)
+    import json
+
+    assert json.loads(store.blob)["pair"] == pair
+    with caplog.at_level("WARNING", logger="deployments.controller_actor"):
+        fresh = SharedTenantState(store=store, clock=Clock(), pair=other)
+    assert not fresh.was_restored() and fresh.batch_acceptance.export_counts()["keys"] == []
+    (msg,) = [r.getMessage() for r in caplog.records if r.name == "deployments.controller_actor"]
+    assert "snapshot ignored" in msg and "'draft_format': 'int4'" in msg and "'draft_format': 'w8a8'" in msg
+    same = SharedTenantState(store=store, clock=Clock(), pair=dict(reversed(list(pair.items()))))  # order: no matter
+    assert same.was_restored()
+    assert same.batch_acceptance.export_counts() == first.batch_acceptance.export_counts()
+    assert SharedTenantState(store=store, clock=Clock()).was_restored()
+    # written before snapshots recorded their pair: ignored by a state that has one
+    old = DictStore()
+    SharedTenantState(store=old, clock=Clock()).snapshot(force=True)
+    assert "pair" not in json.loads(old.blob)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="deployments.controller_actor"):
+        assert not SharedTenantState(store=old, clock=Clock(), pair=pair).was_restored()
+    assert any("records no model pair" in r.getMessage() for r in caplog.records)
+    assert SharedTenantState(store=old, clock=Clock()).was_restored()

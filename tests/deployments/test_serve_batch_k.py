@@ -29,7 +29,7 @@ def test_two_draft_replicas_pool_acceptance_in_the_controller_actor(models):
     ended, and the actor's pool holds exactly the tenant's speculation steps of all requests."""
     from ray import serve
 
-    from deployments.controller_actor import ACTOR_NAME, ACTOR_NAMESPACE
+    from deployments.controller_actor import ACTOR_NAMESPACE, actor_name
 
     with serve_tiny_app(models, target_tp=1, draft=Scaling(min_replicas=2, max_replicas=2, max_ongoing_requests=4),
                         draft_num_cpus=0.1, batch_k_sync_s=0.5) as cfg:
@@ -51,7 +51,7 @@ def test_two_draft_replicas_pool_acceptance_in_the_controller_actor(models):
             assert list(g.token_ids) == target_greedy(target, ids, 12)
         spec_steps = sum(sum(n for k, n in g.stats.k_counts.items() if k > 0) for g in got)
         assert spec_steps > 0
-        actor = ray.get_actor(ACTOR_NAME, namespace=ACTOR_NAMESPACE)
+        actor = ray.get_actor(actor_name(cfg.app_name), namespace=ACTOR_NAMESPACE)  # the application's
         end = time.time() + 60  # the last exchanges run in the background after the responses
         while True:
             pooled = ray.get(actor.sync_batch_acceptance.remote("test-reader", {"segments": []}))

@@ -108,7 +108,7 @@ def wait_until_entered(router, calls: int = 1) -> None:
 
 
 def test_a_call_cancelled_before_reaching_the_shared_actor_does_not_hold_up_the_next(remote):
-    actor = get_or_create_actor(name="test-shared-actor-gap")
+    actor = get_or_create_actor(app_name="test-shared-actor-gap")
     expected = SharedTenantState().tenant_stats("alpha")
     assert ray.get(actor.tenant_stats.remote("alpha"), timeout=60) == expected
     dep = remote.ready_after.remote(60)
@@ -224,3 +224,51 @@ def test_a_draft_replicas_report_outlives_the_cancellation_of_the_request_that_s
     assert list(ray.get(shared.batch_k_replicas.remote())) == ["draft-replica-1"]
     for actor in (router, signal, shared):
         ray.kill(actor)
+
+
+def test_two_applications_get_two_actors_and_share_no_acceptance_or_usage(remote):
+    """One shared actor per Serve application: the router gate and the draft replica's client of
+    application A reach A's actor (and its snapshot key), B's reach B's; A's pooled acceptance
+    and usage are not B's (they once shared one actor for the whole cluster)."""
+    import json
+
+    from ray.experimental import internal_kv
+
+    from deployments.config import AppConfig
+    from deployments.controller_actor import ACTOR_NAMESPACE, actor_name, snapshot_key
+    from deployments.metrics import SpecDecMetrics
+    from deployments.tenancy import TenancyGate
+
+    cfg_a = AppConfig(app_name="test-app-a")
+    cfg_b = AppConfig(app_name="test-app-b", draft_dtype="int4")  # another pair too
+    gate_a = TenancyGate.from_config(cfg_a, metrics=SpecDecMetrics(backend=None))
+    gate_b = TenancyGate.from_config(cfg_b, metrics=SpecDecMetrics(backend=None))
+    draft_a, draft_b = ControllerClient.for_app(cfg_a), ControllerClient.for_app(cfg_b)  # as Draft builds them
+    assert all(c.is_shared for c in (gate_a.controller, gate_b.controller, draft_a, draft_b))
+    report = {"segments": [{"steps": [["default", "draft", 4, 4, 30]], "cap": None}]}
+
+    async def main():
+        pooled_a = await draft_a.sync_batch_acceptance("replica-a", report)
+        from_gate_a = await gate_a.controller.sync_batch_acceptance("reader-a", {"segments": []})
+        pooled_b = await draft_b.sync_batch_acceptance("replica-b", {"segments": []})
+        adm = await gate_a.controller.admit("default", {}, 10, "none", POLICY, 0)
+        await gate_a.controller.complete(adm["lease"], "default", "none", None, None, 10, 0, 10)
+        usage = [(await g.controller.tenant_stats("default"))["usage"]["requests"] for g in (gate_a, gate_b)]
+        return pooled_a, from_gate_a, pooled_b, usage
+
+    pooled_a, from_gate_a, pooled_b, usage = asyncio.run(main())
+    assert [k[:2] for k in pooled_a["keys"]] == [["default", "draft"]] and from_gate_a == pooled_a
+    assert pooled_b["keys"] == []  # B's draft replicas see none of A's steps
+    assert usage == [1, 0]
+    actors = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == ACTOR_NAMESPACE}
+    assert {actor_name("test-app-a"), actor_name("test-app-b")} <= actors
+    handles = [ray.get_actor(actor_name(c.app_name), namespace=ACTOR_NAMESPACE) for c in (cfg_a, cfg_b)]
+    assert ray.get(handles[0].batch_k_replicas.remote()).keys() == {"replica-a", "reader-a"}
+    assert ray.get(handles[1].batch_k_replicas.remote()).keys() == {"replica-b"}
+    # each saves to its own key, recording its own model pair
+    for cfg, h in zip((cfg_a, cfg_b), handles):
+        assert ray.get(h.snapshot.remote(True))
+        saved = json.loads(internal_kv._internal_kv_get(snapshot_key(cfg.app_name), namespace=ACTOR_NAMESPACE))
+        assert saved["pair"] == cfg.model_pair()
+        assert ("batch_acceptance" in saved) and bool(saved["batch_acceptance"]["keys"]) == (cfg is cfg_a)
+        ray.kill(h)

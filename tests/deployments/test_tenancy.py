@@ -437,6 +437,10 @@ def test_metrics_on_ray_api_without_a_cluster():
 # ---------------------------------------------------------------- two router replicas (Ray)
 
 
+#: the application name of the Ray tests' shared actor
+RAY_APP = "test-tenancy"
+
+
 @pytest.fixture
 def ray_local():
     ray = pytest.importorskip("ray")
@@ -444,10 +448,10 @@ def ray_local():
     try:
         yield ray
     finally:
-        from deployments.controller_actor import ACTOR_NAME, ACTOR_NAMESPACE
+        from deployments.controller_actor import ACTOR_NAMESPACE, actor_name
 
         try:
-            ray.kill(ray.get_actor(ACTOR_NAME, namespace=ACTOR_NAMESPACE))
+            ray.kill(ray.get_actor(actor_name(RAY_APP), namespace=ACTOR_NAMESPACE))
         except ValueError:
             pass
         ray.shutdown()
@@ -455,12 +459,13 @@ def ray_local():
 
 @pytest.mark.serve
 def test_two_router_replicas_share_k_and_limits(ray_local, tenants_file, engines):
-    """Two gates (two router replicas) on one named controller actor: the same K per tenant, and
-    a tenant's concurrency limit holds across them."""
-    from deployments.controller_actor import ACTOR_NAME, ACTOR_NAMESPACE
+    """Two gates (two router replicas of one application) on its named controller actor: the
+    same K per tenant, and a tenant's concurrency limit holds across them."""
+    from deployments.controller_actor import ACTOR_NAMESPACE, actor_name
 
-    g1 = TenancyGate(tenants_file, ControllerClient.shared(CONTROLLER), SpecDecMetrics(backend=None))
-    g2 = TenancyGate(tenants_file, ControllerClient.shared({"probe_every_requests": 99}), SpecDecMetrics(backend=None))
+    g1 = TenancyGate(tenants_file, ControllerClient.shared(CONTROLLER, app_name=RAY_APP), SpecDecMetrics(backend=None))
+    g2 = TenancyGate(tenants_file, ControllerClient.shared({"probe_every_requests": 99}, app_name=RAY_APP),
+                     SpecDecMetrics(backend=None))
     assert g1.controller.is_shared and g2.controller.is_shared
 
     async def main():
@@ -489,7 +494,7 @@ def test_two_router_replicas_share_k_and_limits(ray_local, tenants_file, engines
         await g2.complete(again, None)
 
     asyncio.run(main())
-    actor = ray_local.get_actor(ACTOR_NAME, namespace=ACTOR_NAMESPACE)
+    actor = ray_local.get_actor(actor_name(RAY_APP), namespace=ACTOR_NAMESPACE)
     assert ray_local.get(actor.active_leases.remote()) == 0
 
 
