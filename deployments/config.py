@@ -300,26 +300,28 @@ class AppConfig(BaseModel):
         return self.draft_dtype or default_draft_format(device)
 
     def model_pair(self) -> dict[str, Any]:
-        """What identifies the draft/target pair, from this config alone (no model loaded, no
-        torch: a router replica calls it): the model specs, weight formats and the draft's
-        vocabulary subset. The shared controller's snapshot records it and is restored only into
-        an application of the same pair (:mod:`deployments.controller_actor`): acceptance is the
-        pair's.
+        """What identifies the draft/target pair, from this config's fields alone (no model
+        loaded, no torch, no environment: a router replica calls it): the model specs, the weight
+        formats as configured, the devices the config gives the models and the draft's vocabulary
+        subset. The application's shared controller actor and its snapshot are named after it
+        (:func:`deployments.controller_actor.actor_name`: another pair under the same application
+        name gets its own), and its snapshot records it (:mod:`deployments.controller_actor`):
+        acceptance and costs are the pair's.
 
-        A format not named (``target_dtype`` / ``draft_dtype`` None) is ``$SPECDEC_WEIGHT_FORMAT``
-        when set (read here as text, unchecked), else ``"default:<device>"``: the device's default
-        is chosen by the replica's CPU, which this process may not share.
+        Router and draft replicas of one config compute the same value, whatever their processes'
+        environment: a format not named (``target_dtype`` / ``draft_dtype`` None) is recorded as
+        ``"default"``, not resolved: the default resolves per host when a replica loads its model
+        (``$SPECDEC_WEIGHT_FORMAT``, else the device's default, which for a CPU draft depends on
+        the CPU), and those can differ between the router's and a draft replica's processes or
+        pods. So two deployments of one config whose defaults resolve differently share a pair.
         """
-        import os
-
-        env = os.environ.get("SPECDEC_WEIGHT_FORMAT", "").strip().lower() or None  # formats.FORMAT_ENV
-        target_device = "cuda" if self.target_gpus_per_worker > 0 else "cpu"
-        draft_device = "cuda" if self.draft_num_gpus > 0 else "cpu"
         return {
             "target_model": self.target_model,
-            "target_format": self.target_dtype or env or f"default:{target_device}",
+            "target_format": self.target_dtype or "default",
+            "target_device": "cuda" if self.target_gpus_per_worker > 0 else "cpu",
             "draft_model": self.draft_model,
-            "draft_format": (self.draft_dtype or env or f"default:{draft_device}") if self.draft_model else None,
+            "draft_format": (self.draft_dtype or "default") if self.draft_model else None,
+            "draft_device": ("cuda" if self.draft_num_gpus > 0 else "cpu") if self.draft_model else None,
             "draft_vocab_subset": self.draft_vocab_subset,
             "draft_vocab_table": self.draft_vocab_table,
         }

@@ -1,5 +1,5 @@
-"""Per-tenant state shared by every router and draft replica of one Serve application: one K
-controller, rate limits, usage, the draft replicas' acceptance pool.
+"""Per-tenant state shared by every router and draft replica of one Serve application and model
+pair: one K controller, rate limits, usage, the draft replicas' acceptance pool.
 
 With autoscaled router replicas, each replica must use the same per-tenant acceptance estimate
 and cost model (else each replica learns alone, from 1/N of the traffic), and a tenant's
@@ -10,8 +10,8 @@ allow N times the limit). So that state lives in one place:
   :class:`specdec.control.limits.RateLimiter` with leases by id, and cumulative usage per tenant.
   Methods take and return plain data (str, int, float, dict), so they cross a Ray actor call.
 - the Ray actor of that class (:func:`deployments.controller_client.get_or_create_actor`): named
-  per application (:func:`actor_name` of ``AppConfig.app_name``, in namespace
-  :data:`ACTOR_NAMESPACE`), ``lifetime="detached"`` (no router replica owns it: replicas come
+  per application and model pair (:func:`actor_name` of ``AppConfig.app_name`` and
+  ``AppConfig.model_pair()``, in namespace :data:`ACTOR_NAMESPACE`), ``lifetime="detached"`` (no router replica owns it: replicas come
   and go with autoscaling, the estimates stay), ``num_cpus=0``, ``get_if_exists=True`` (the first
   replica creates it, the others attach), ``max_concurrency=1`` (calls are serialized: the
   controller is not thread-safe), ``allow_out_of_order_execution=True`` (a call runs when it
@@ -23,15 +23,26 @@ allow N times the limit). So that state lives in one place:
   (the actor's handle, or a local ``SharedTenantState`` without Ray, with the fallback when the
   actor does not answer), in its own module.
 
-One actor per application, not per cluster: what it holds is the traffic of one application's
-tenants against its draft/target pair, its limits and its settings. Two applications in one Ray
-cluster (two model pairs, or the batched and unbatched applications that
+One actor per application and model pair, not per cluster: what it holds is the traffic of one
+application's tenants against its draft/target pair, its limits and its settings. Two
+applications in one Ray cluster (two model pairs, or the batched and unbatched applications that
 ``benchmarks/served_clients.py`` deploys side by side) once shared a single actor: each pooled
 the other's acceptance counts (a batched application at K = 0 saw its tenant's alpha fall from
 0.79 to 0.57 with the other application's K = 4 steps of other prompts), its per-request K
 controller, cost models, limits, leases and usage, and the first application's
-``controller_kwargs`` held for both. Its snapshot key (:func:`snapshot_key`) is per application
-too.
+``controller_kwargs`` held for both. The pair is in the name (a short hash of it,
+:func:`pair_hash`) because the actor is detached and its replicas attach to it
+(``get_if_exists``): an application redeployed under the same name with another pair would
+otherwise attach to the live actor of the old pair and inherit its acceptance, cost models and K
+(its ``pair`` argument ignored). With the pair in the name the new pair's replicas create their
+own actor, and during a rolling update the old replicas keep theirs: nothing flips between the
+two. Its snapshot key (:func:`snapshot_key`) is per application and pair too. Consequences: the
+usage counters that ``GetTenantStats`` reports are the actor's, so they restart at zero with a
+new pair (the Prometheus counters are the durable ones); an actor of a pair no longer deployed
+stays (0 CPUs, idle) with its snapshot key until it is killed
+(``ray.kill(ray.get_actor(name, namespace="specdec"))``) or the cluster restarts; state saved
+before the pair was in the name (keys ``specdec-k-controller/snapshot``,
+``specdec-k-controller:<app_name>/snapshot``) is not read: an upgrade starts learning afresh.
 
 Per request a router makes two calls: :meth:`SharedTenantState.admit` (rate limits + K decision,
 one round trip) and :meth:`SharedTenantState.complete` (release + feedback + usage). A request
@@ -62,15 +73,15 @@ usage counters are saved at most every ``snapshot_every_s`` (default 30 s) to a 
 loaded when the state is created. A snapshot is versioned plain data (JSON, no pickled objects),
 so it survives an upgrade that adds a field (missing fields take their defaults); one that
 cannot be read is ignored with a log line and the state starts fresh. The actor uses :class:`RayKVStore` (Ray's GCS key-value
-store, under its application's :func:`snapshot_key`: it outlives the actor, so a restarted
+store, under its application and pair's :func:`snapshot_key`: it outlives the actor, so a restarted
 controller actor resumes where it was; on KubeRay with GCS fault tolerance it also outlives the
 head pod). Rate-limit buckets and leases are not saved: they belong to requests in flight.
 A snapshot records the draft/target pair it was learned on (``pair``:
-:meth:`deployments.config.AppConfig.model_pair`, the model specs and weight formats); a state
-given a pair restores only a snapshot of that same pair: one of another pair (an application
-redeployed with other models under the same name), or one written before snapshots recorded
-their pair, is ignored with a log line (its acceptance and costs belong to models this
-application may no longer run).
+:meth:`deployments.config.AppConfig.model_pair`, the model specs and weight formats as
+configured); a state given a pair restores only a snapshot of that same pair. The key already
+names the pair, so this is a guard (a key written by hand, a hash collision): a snapshot of
+another pair, or one that records none, is ignored with a log line (its acceptance and costs
+belong to other models).
 
 Leases: a lease id is a random 128-bit hex string (``uuid4``), so ids of a restarted actor,
 of another incarnation and of a router's local fallback never collide; :meth:`complete` releases
@@ -82,6 +93,7 @@ tenant's concurrency forever and a long request keeps its slot.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -99,10 +111,13 @@ from deployments.batch_k_stats import checked_replica_views
 
 log = logging.getLogger(__name__)
 
-#: Start of the shared actor's name; the application's name follows (:func:`actor_name`).
+#: Start of the shared actor's name; the application's name and its pair's hash follow (:func:`actor_name`).
 ACTOR_NAME_PREFIX = "specdec-k-controller"
 #: Ray namespace of every application's shared actor and of their snapshots.
 ACTOR_NAMESPACE = "specdec"
+#: hex digits of :func:`pair_hash` (48 bits: a collision among one application's pairs is negligible,
+#: and the snapshot's own pair check guards it anyway)
+PAIR_HASH_CHARS = 12
 #: ``format`` of a snapshot saved by :meth:`SharedTenantState.snapshot` (its version is the controller's).
 SNAPSHOT_FORMAT = "specdec-controller-snapshot"
 _USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens")
@@ -110,25 +125,41 @@ _USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens")
 LEASE_GRACE_S = 30.0
 
 
-def actor_name(app_name: str) -> str:
-    """The name of the shared actor of the Serve application ``app_name``
-    (``AppConfig.app_name``): one actor per application (module docstring).
-
-    ``"specdec-k-controller:<app_name>"``: Ray takes any non-empty string as an actor's name,
-    Serve's own actors have names such as ``SERVE_REPLICA::<app>#<deployment>#<id>``.
+def pair_hash(pair: Mapping) -> str:
+    """A short stable hash of a model pair (:meth:`deployments.config.AppConfig.model_pair`):
+    the first :data:`PAIR_HASH_CHARS` hex digits of the SHA-256 of its canonical JSON (keys
+    sorted, no spaces), the same in every process and Python version.
 
     Raises:
-        ValueError: ``app_name`` is not a non-empty string.
+        ValueError: ``pair`` is not a mapping (a pair is needed: the actor is per pair).
+        TypeError: ``pair`` is not plain JSON data.
+    """
+    if not isinstance(pair, Mapping):
+        raise ValueError(f"the shared actor needs the application's model pair (a mapping), got {pair!r}")
+    canonical = json.dumps(dict(pair), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:PAIR_HASH_CHARS]
+
+
+def actor_name(app_name: str, pair: Mapping) -> str:
+    """The name of the shared actor of the Serve application ``app_name``
+    (``AppConfig.app_name``) serving the model pair ``pair`` (``AppConfig.model_pair()``): one
+    actor per application and pair (module docstring).
+
+    ``"specdec-k-controller:<app_name>:<pair_hash(pair)>"``: Ray takes any non-empty string as
+    an actor's name, Serve's own actors have names such as ``SERVE_REPLICA::<app>#<deployment>#<id>``.
+
+    Raises:
+        ValueError: ``app_name`` is not a non-empty string, or ``pair`` not a mapping.
     """
     if not isinstance(app_name, str) or not app_name:
         raise ValueError(f"the shared actor needs the application's name, got {app_name!r}")
-    return f"{ACTOR_NAME_PREFIX}:{app_name}"
+    return f"{ACTOR_NAME_PREFIX}:{app_name}:{pair_hash(pair)}"
 
 
-def snapshot_key(app_name: str) -> str:
-    """The GCS key-value key (in :data:`ACTOR_NAMESPACE`) of the snapshot of ``app_name``'s
-    shared actor: ``"<actor_name(app_name)>/snapshot"``."""
-    return f"{actor_name(app_name)}/snapshot"
+def snapshot_key(app_name: str, pair: Mapping) -> str:
+    """The GCS key-value key (in :data:`ACTOR_NAMESPACE`) of the snapshot of the shared actor of
+    ``app_name`` and ``pair``: ``"<actor_name(app_name, pair)>/snapshot"``."""
+    return f"{actor_name(app_name, pair)}/snapshot"
 
 
 def _limits_ns(tenant_id: str, limits: Mapping) -> SimpleNamespace:
@@ -146,7 +177,7 @@ class RayKVStore:
 
     Args:
         key: the key (bytes of a snapshot are stored under it in :data:`ACTOR_NAMESPACE`): the
-            application's :func:`snapshot_key`.
+            application and pair's :func:`snapshot_key`.
     """
 
     def __init__(self, key: str):

@@ -1,6 +1,6 @@
 """What a router or draft replica holds to reach the per-tenant state shared by all replicas of
-its Serve application (:class:`deployments.controller_actor.SharedTenantState`, as a Ray actor
-named after the application: :func:`deployments.controller_actor.actor_name`).
+its Serve application and model pair (:class:`deployments.controller_actor.SharedTenantState`, as
+a Ray actor named after both: :func:`deployments.controller_actor.actor_name`).
 
 A :class:`ControllerClient` (``await client.decide(...)`` etc.) is backed by the actor (:meth:`ControllerClient.shared`) or by a local ``SharedTenantState``
 (:meth:`ControllerClient.local`: tests and single-process use, no Ray). If an actor call
@@ -44,21 +44,24 @@ def get_or_create_actor(
     controller_kwargs: Mapping | None = None,
     *,
     app_name: str,
-    pair: Mapping | None = None,
+    pair: Mapping,
     namespace: str = ACTOR_NAMESPACE,
     lease_ttl_s: float = 300.0,
 ):
-    """The shared actor of the Serve application ``app_name``, creating it on first use (Ray must
-    be initialized): named :func:`actor_name` ``(app_name)``, its snapshot under
-    :func:`snapshot_key` ``(app_name)``, so two applications in one cluster share nothing.
+    """The shared actor of the Serve application ``app_name`` serving the model pair ``pair``
+    (:meth:`deployments.config.AppConfig.model_pair`), creating it on first use (Ray must be
+    initialized): named :func:`actor_name` ``(app_name, pair)``, its snapshot under
+    :func:`snapshot_key` ``(app_name, pair)`` (recording ``pair``, restored only into the same
+    pair), so two applications in one cluster share nothing, nor two pairs under one
+    application name (a redeploy with other models; during a rolling update old and new replicas
+    each keep their own pair's actor).
 
-    The first caller's ``controller_kwargs`` and ``pair`` (the model pair its snapshots record
-    and restore only: :meth:`deployments.config.AppConfig.model_pair`) win; later callers of the
-    same application attach to the existing actor.
+    The first caller's ``controller_kwargs`` win; later callers of the same application and pair
+    attach to the existing actor.
     """
     cls = _actor_class()
     return cls.options(
-        name=actor_name(app_name),
+        name=actor_name(app_name, pair),
         namespace=namespace,
         get_if_exists=True,
         lifetime="detached",
@@ -66,15 +69,16 @@ def get_or_create_actor(
         max_concurrency=1,
         allow_out_of_order_execution=True,
         max_restarts=-1,
-    ).remote(controller_kwargs, lease_ttl_s, None, RayKVStore(snapshot_key(app_name)), pair=pair)
+    ).remote(controller_kwargs, lease_ttl_s, None, RayKVStore(snapshot_key(app_name, pair)), pair=pair)
 
 
 class ControllerClient:
     """Async access to the shared state, from an actor handle or a local object.
 
     Use :meth:`for_app` in a router or draft replica (its application's actor when Ray is
-    initialized, else local), :meth:`shared` for an application's actor, :meth:`local` without
-    Ray, or :meth:`auto` (the actor of ``app_name`` when Ray is initialized, else local).
+    initialized, else local), :meth:`shared` for an application and pair's actor, :meth:`local`
+    without Ray, or :meth:`auto` (the actor of ``app_name`` and ``pair`` when Ray is initialized,
+    else local).
     """
 
     def __init__(self, actor: Any = None, local: SharedTenantState | None = None,
@@ -94,26 +98,29 @@ class ControllerClient:
         return cls(local=SharedTenantState(controller_kwargs, **kw))
 
     @classmethod
-    def shared(cls, controller_kwargs: Mapping | None = None, *, app_name: str, **kw) -> "ControllerClient":
-        """The shared actor of the application ``app_name`` (:func:`get_or_create_actor`)."""
-        return cls(actor=get_or_create_actor(controller_kwargs, app_name=app_name, **kw))
+    def shared(cls, controller_kwargs: Mapping | None = None, *, app_name: str, pair: Mapping,
+               **kw) -> "ControllerClient":
+        """The shared actor of the application ``app_name`` and model pair ``pair``
+        (:func:`get_or_create_actor`)."""
+        return cls(actor=get_or_create_actor(controller_kwargs, app_name=app_name, pair=pair, **kw))
 
     @classmethod
     def auto(cls, controller_kwargs: Mapping | None = None, *, app_name: str | None = None,
-             **kw) -> "ControllerClient":
-        """:meth:`shared` of ``app_name`` when Ray is initialized, else :meth:`local`.
+             pair: Mapping | None = None, **kw) -> "ControllerClient":
+        """:meth:`shared` of ``app_name`` and ``pair`` when Ray is initialized, else :meth:`local`.
 
         Raises:
-            ValueError: Ray is initialized and no ``app_name`` was given (an actor without an
-                application would be shared by every application of the cluster).
+            ValueError: Ray is initialized and no ``app_name`` or no ``pair`` was given (an actor
+                without them would be shared by every application, or every pair, of the cluster).
         """
         try:
             import ray
 
             if ray.is_initialized():
-                if app_name is None:
-                    raise ValueError("the shared controller actor is per application: give app_name")
-                return cls.shared(controller_kwargs, app_name=app_name, **kw)
+                if app_name is None or pair is None:
+                    raise ValueError("the shared controller actor is per application and model pair: "
+                                     "give app_name and pair")
+                return cls.shared(controller_kwargs, app_name=app_name, pair=pair, **kw)
         except ImportError:
             pass
         return cls.local(controller_kwargs)
@@ -121,7 +128,8 @@ class ControllerClient:
     @classmethod
     def for_app(cls, cfg: Any, controller_kwargs: Mapping | None = None, **kw) -> "ControllerClient":
         """:meth:`auto` for the application of ``cfg`` (a :class:`deployments.config.AppConfig`):
-        the actor of ``cfg.app_name``, whose snapshots record ``cfg.model_pair()``."""
+        the actor of ``cfg.app_name`` and ``cfg.model_pair()`` (config fields only: the router's
+        and the draft replicas' processes reach the same actor whatever their environment)."""
         return cls.auto(controller_kwargs, app_name=cfg.app_name, pair=cfg.model_pair(), **kw)
 
     @property

@@ -77,7 +77,7 @@ class Draft:
         metrics: :class:`deployments.metrics.SpecDecMetrics` (default: Ray's metrics API).
         controller: the shared-state client the acceptance counts of K under load are pooled in
             (:meth:`deployments.controller_client.ControllerClient.for_app` by default: the shared
-            actor of ``cfg.app_name``; pooled only when that is the shared actor, or when one is
+            actor of ``cfg.app_name`` and ``cfg.model_pair()``; pooled only when that is the shared actor, or when one is
             given).
 
     K under load (``cfg.served_batch_k``): :attr:`batch_k` (a
@@ -166,7 +166,7 @@ class Draft:
             if controller is None:
                 from deployments.controller_client import ControllerClient
 
-                controller = ControllerClient.for_app(cfg)  # this application's actor, no other's
+                controller = ControllerClient.for_app(cfg)  # this application and pair's actor, no other's
                 controller = controller if controller.is_shared else None  # alone: nothing to pool
             self.shared = controller
         self.replica_id = uuid.uuid4().hex

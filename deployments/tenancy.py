@@ -99,7 +99,7 @@ class TenancyGate:
     Args:
         tenants: a :class:`TenantRegistry`, a path to the tenants YAML, or None (open mode).
         controller: the shared-state client (:meth:`ControllerClient.for_app` in a replica:
-            the shared actor of its application; :meth:`ControllerClient.local` in tests);
+            the shared actor of its application and model pair; :meth:`ControllerClient.local` in tests);
             default: :meth:`ControllerClient.auto` (local without Ray; under Ray give one, or
             use :meth:`from_config`).
         metrics: :class:`SpecDecMetrics` (default: a new one on Ray's metrics API).
@@ -142,7 +142,8 @@ class TenancyGate:
         mode) and :meth:`deployments.config.AppConfig.router_admission_slots` as capacity (what the
         draft replica steps at once, so requests beyond it wait here, fairly by tenant, rather
         than in Serve's first-come queue). Default ``controller``:
-        :meth:`ControllerClient.for_app` (the shared actor of ``cfg.app_name`` under Ray)."""
+        :meth:`ControllerClient.for_app` (the shared actor of ``cfg.app_name`` and
+        ``cfg.model_pair()`` under Ray)."""
         if controller is None:
             controller = ControllerClient.for_app(cfg)
         kw.setdefault("capacity", cfg.router_admission_slots())

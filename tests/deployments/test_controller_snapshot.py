@@ -299,16 +299,26 @@ def test_tenant_stats_of_a_tenant_only_at_k0_leave_acceptance_unset():
     assert msg.HasField("acceptance_rate") and msg.stats.accepted == 2
 
 
-def test_one_actor_name_and_snapshot_key_per_application():
-    from deployments.controller_actor import actor_name, snapshot_key
+def test_one_actor_name_and_snapshot_key_per_application_and_pair():
+    from deployments.controller_actor import actor_name, pair_hash, snapshot_key
 
-    assert actor_name("specdec") == "specdec-k-controller:specdec"
-    assert actor_name("specdec-batched") != actor_name("specdec-unbatched")
-    assert snapshot_key("specdec") == "specdec-k-controller:specdec/snapshot"
-    assert snapshot_key("a") != snapshot_key("b")
+    pair = {"target_model": "t", "draft_model": "d"}
+    h = pair_hash(pair)
+    assert len(h) == 12 and int(h, 16) >= 0
+    assert h == pair_hash(dict(reversed(list(pair.items()))))  # canonical: key order no matter
+    assert actor_name("specdec", pair) == f"specdec-k-controller:specdec:{h}"
+    assert actor_name("specdec-batched", pair) != actor_name("specdec-unbatched", pair)
+    assert actor_name("specdec", pair) != actor_name("specdec", dict(pair, draft_model="d2"))
+    assert snapshot_key("specdec", pair) == f"specdec-k-controller:specdec:{h}/snapshot"
+    assert snapshot_key("a", pair) != snapshot_key("b", pair)
+    assert snapshot_key("a", pair) != snapshot_key("a", dict(pair, target_format="w8a8"))
+    # the keys of earlier versions are not this version's (an upgrade starts afresh)
+    assert "specdec-k-controller/snapshot" != snapshot_key("specdec", pair) != "specdec-k-controller:specdec/snapshot"
     for bad in ("", None):
         with pytest.raises(ValueError, match="application's name"):
-            actor_name(bad)
+            actor_name(bad, pair)
+    with pytest.raises(ValueError, match="model pair"):
+        actor_name("specdec", None)
 
 
 def test_model_pair_names_models_and_formats_without_loading_them(monkeypatch):
@@ -318,15 +328,41 @@ def test_model_pair_names_models_and_formats_without_loading_them(monkeypatch):
 
     monkeypatch.delenv("SPECDEC_WEIGHT_FORMAT", raising=False)
     base = AppConfig().model_pair()
-    assert base == {"target_model": "demo:target", "target_format": "default:cpu", "draft_model": "demo:draft",
-                    "draft_format": "default:cpu", "draft_vocab_subset": None, "draft_vocab_table": None}
+    assert base == {"target_model": "demo:target", "target_format": "default", "target_device": "cpu",
+                    "draft_model": "demo:draft", "draft_format": "default", "draft_device": "cpu",
+                    "draft_vocab_subset": None, "draft_vocab_table": None}
     assert json.loads(json.dumps(base)) == base
     assert AppConfig(app_name="other", grpc_port=9100).model_pair() == base  # the pair, not the application
     for other in (AppConfig(draft_dtype="int4"), AppConfig(draft_model="demo:target"), AppConfig(draft_num_gpus=0.5),
                   AppConfig(target_dtype="w8a8"), AppConfig(draft_vocab_subset=1000), AppConfig(draft_model=None)):
         assert other.model_pair() != base
-    monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", " W8A8 ")
-    assert AppConfig().model_pair()["target_format"] == AppConfig().model_pair()["draft_format"] == "w8a8"
+    assert AppConfig(draft_model=None).model_pair()["draft_format"] is None
+
+
+def test_router_and_draft_processes_of_one_config_reach_one_actor_whatever_their_environment(monkeypatch):
+    """The pair, hence the actor's name, comes from the config alone: a router and a draft
+    replica in processes (or pods) whose $SPECDEC_WEIGHT_FORMAT differs compute the same name (a
+    default format is recorded as "default", not resolved); another target, draft or configured
+    format is another actor. Ray-free: the names ControllerClient.for_app gives the actor."""
+    from deployments.config import AppConfig
+    from deployments.controller_actor import actor_name
+
+    def name_in_a_process(env_format, **cfg):
+        if env_format is None:
+            monkeypatch.delenv("SPECDEC_WEIGHT_FORMAT", raising=False)
+        else:
+            monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", env_format)
+        c = AppConfig(**cfg)  # each process builds its config from the same serialized fields
+        return actor_name(c.app_name, c.model_pair())
+
+    for cfg in ({}, {"draft_dtype": "int4"}, {"target_dtype": "w8a8", "draft_model": None}):
+        router = name_in_a_process(None, **cfg)
+        assert name_in_a_process("w8a8", **cfg) == name_in_a_process(" INT4 ", **cfg) == router
+    names = {name_in_a_process(None, **cfg) for cfg in (
+        {}, {"target_model": "demo:draft"}, {"draft_model": "demo:target"}, {"draft_dtype": "int4"},
+        {"draft_dtype": "w8a8"}, {"target_dtype": "w8a8"}, {"draft_vocab_subset": 1000})}
+    assert len(names) == 7
+    assert name_in_a_process(None, app_name="other") != name_in_a_process(None)
 
 
 def test_snapshot_of_another_model_pair_or_of_none_is_ignored(caplog):

@@ -51,7 +51,7 @@ def test_two_draft_replicas_pool_acceptance_in_the_controller_actor(models):
             assert list(g.token_ids) == target_greedy(target, ids, 12)
         spec_steps = sum(sum(n for k, n in g.stats.k_counts.items() if k > 0) for g in got)
         assert spec_steps > 0
-        actor = ray.get_actor(actor_name(cfg.app_name), namespace=ACTOR_NAMESPACE)  # the application's
+        actor = ray.get_actor(actor_name(cfg.app_name, cfg.model_pair()), namespace=ACTOR_NAMESPACE)  # the application's
         end = time.time() + 60  # the last exchanges run in the background after the responses
         while True:
             pooled = ray.get(actor.sync_batch_acceptance.remote("test-reader", {"segments": []}))

@@ -108,7 +108,7 @@ def wait_until_entered(router, calls: int = 1) -> None:
 
 
 def test_a_call_cancelled_before_reaching_the_shared_actor_does_not_hold_up_the_next(remote):
-    actor = get_or_create_actor(app_name="test-shared-actor-gap")
+    actor = get_or_create_actor(app_name="test-shared-actor-gap", pair={"target_model": "t", "draft_model": "d"})
     expected = SharedTenantState().tenant_stats("alpha")
     assert ray.get(actor.tenant_stats.remote("alpha"), timeout=60) == expected
     dep = remote.ready_after.remote(60)
@@ -261,14 +261,66 @@ def test_two_applications_get_two_actors_and_share_no_acceptance_or_usage(remote
     assert pooled_b["keys"] == []  # B's draft replicas see none of A's steps
     assert usage == [1, 0]
     actors = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == ACTOR_NAMESPACE}
-    assert {actor_name("test-app-a"), actor_name("test-app-b")} <= actors
-    handles = [ray.get_actor(actor_name(c.app_name), namespace=ACTOR_NAMESPACE) for c in (cfg_a, cfg_b)]
+    assert {actor_name(c.app_name, c.model_pair()) for c in (cfg_a, cfg_b)} <= actors
+    handles = [ray.get_actor(actor_name(c.app_name, c.model_pair()), namespace=ACTOR_NAMESPACE) for c in (cfg_a, cfg_b)]
     assert ray.get(handles[0].batch_k_replicas.remote()).keys() == {"replica-a", "reader-a"}
     assert ray.get(handles[1].batch_k_replicas.remote()).keys() == {"replica-b"}
     # each saves to its own key, recording its own model pair
     for cfg, h in zip((cfg_a, cfg_b), handles):
         assert ray.get(h.snapshot.remote(True))
-        saved = json.loads(internal_kv._internal_kv_get(snapshot_key(cfg.app_name), namespace=ACTOR_NAMESPACE))
+        saved = json.loads(internal_kv._internal_kv_get(snapshot_key(cfg.app_name, cfg.model_pair()),
+                                                        namespace=ACTOR_NAMESPACE))
         assert saved["pair"] == cfg.model_pair()
         assert ("batch_acceptance" in saved) and bool(saved["batch_acceptance"]["keys"]) == (cfg is cfg_a)
         ray.kill(h)
+
+
+def test_one_application_redeployed_with_another_pair_gets_another_actor(remote):
+    """The same application name with another model pair (a redeploy with other models, old and
+    new replicas side by side during a rolling update): the new pair's router and draft replicas
+    reach another actor, which pools none of the old pair's acceptance and keeps its own
+    snapshot key; the old pair's clients keep reaching the old actor. Before, the new pair
+    attached to the live actor of the old one (its pair argument ignored) and inherited its
+    acceptance, cost models and K."""
+    import json
+
+    from ray.experimental import internal_kv
+
+    from deployments.config import AppConfig
+    from deployments.controller_actor import ACTOR_NAMESPACE, actor_name, snapshot_key
+
+    old_cfg = AppConfig(app_name="test-app-redeploy")
+    new_cfg = AppConfig(app_name="test-app-redeploy", draft_model="demo:target", draft_dtype="int4")
+    assert old_cfg.model_pair() != new_cfg.model_pair()
+    names = [actor_name(c.app_name, c.model_pair()) for c in (old_cfg, new_cfg)]
+    assert names[0] != names[1]
+    report = {"segments": [{"steps": [["default", "draft", 4, 4, 30]], "cap": None}]}
+    try:
+        old_draft, new_draft = ControllerClient.for_app(old_cfg), ControllerClient.for_app(new_cfg)
+        old_router = ControllerClient.for_app(old_cfg)  # another replica of the old pair
+        assert old_draft.is_shared and new_draft.is_shared
+
+        async def main():
+            pooled_old = await old_draft.sync_batch_acceptance("old-replica", report)
+            pooled_new = await new_draft.sync_batch_acceptance("new-replica", {"segments": []})
+            seen_by_old = await old_router.sync_batch_acceptance("old-reader", {"segments": []})
+            return pooled_old, pooled_new, seen_by_old
+
+        pooled_old, pooled_new, seen_by_old = asyncio.run(main())
+        assert [k[:2] for k in pooled_old["keys"]] == [["default", "draft"]] and seen_by_old == pooled_old
+        assert pooled_new["keys"] == []  # the new pair learns afresh
+        handles = [ray.get_actor(n, namespace=ACTOR_NAMESPACE) for n in names]
+        assert ray.get(handles[0].batch_k_replicas.remote()).keys() == {"old-replica", "old-reader"}
+        assert ray.get(handles[1].batch_k_replicas.remote()).keys() == {"new-replica"}
+        for cfg, h in zip((old_cfg, new_cfg), handles):
+            assert ray.get(h.snapshot.remote(True))
+            saved = json.loads(internal_kv._internal_kv_get(snapshot_key(cfg.app_name, cfg.model_pair()),
+                                                            namespace=ACTOR_NAMESPACE))
+            assert saved["pair"] == cfg.model_pair()  # each labelled with its own pair
+            assert bool(saved["batch_acceptance"]["keys"]) == (cfg is old_cfg)
+    finally:
+        for n in names:
+            try:
+                ray.kill(ray.get_actor(n, namespace=ACTOR_NAMESPACE))
+            except ValueError:
+                pass

@@ -437,8 +437,9 @@ def test_metrics_on_ray_api_without_a_cluster():
 # ---------------------------------------------------------------- two router replicas (Ray)
 
 
-#: the application name of the Ray tests' shared actor
+#: the application name and model pair of the Ray tests' shared actor
 RAY_APP = "test-tenancy"
+RAY_PAIR = {"target_model": "t", "draft_model": "d"}
 
 
 @pytest.fixture
@@ -451,7 +452,7 @@ def ray_local():
         from deployments.controller_actor import ACTOR_NAMESPACE, actor_name
 
         try:
-            ray.kill(ray.get_actor(actor_name(RAY_APP), namespace=ACTOR_NAMESPACE))
+            ray.kill(ray.get_actor(actor_name(RAY_APP, RAY_PAIR), namespace=ACTOR_NAMESPACE))
         except ValueError:
             pass
         ray.shutdown()
@@ -463,8 +464,10 @@ def test_two_router_replicas_share_k_and_limits(ray_local, tenants_file, engines
     same K per tenant, and a tenant's concurrency limit holds across them."""
     from deployments.controller_actor import ACTOR_NAMESPACE, actor_name
 
-    g1 = TenancyGate(tenants_file, ControllerClient.shared(CONTROLLER, app_name=RAY_APP), SpecDecMetrics(backend=None))
-    g2 = TenancyGate(tenants_file, ControllerClient.shared({"probe_every_requests": 99}, app_name=RAY_APP),
+    g1 = TenancyGate(tenants_file, ControllerClient.shared(CONTROLLER, app_name=RAY_APP, pair=RAY_PAIR),
+                     SpecDecMetrics(backend=None))
+    g2 = TenancyGate(tenants_file,
+                     ControllerClient.shared({"probe_every_requests": 99}, app_name=RAY_APP, pair=RAY_PAIR),
                      SpecDecMetrics(backend=None))
     assert g1.controller.is_shared and g2.controller.is_shared
 
@@ -494,7 +497,7 @@ def test_two_router_replicas_share_k_and_limits(ray_local, tenants_file, engines
         await g2.complete(again, None)
 
     asyncio.run(main())
-    actor = ray_local.get_actor(actor_name(RAY_APP), namespace=ACTOR_NAMESPACE)
+    actor = ray_local.get_actor(actor_name(RAY_APP, RAY_PAIR), namespace=ACTOR_NAMESPACE)
     assert ray_local.get(actor.active_leases.remote()) == 0
 
 
