@@ -17,6 +17,11 @@ from specdec.control.batch_controller import BatchKController
 from specdec.control.batch_exchange import AcceptanceExchange
 from specdec.control.goodput_guard import GoodputGuard
 
+#: quiet steps held back at most (then every quiet guard records them: _settle_all_locked)
+_LOG_MAX = 512
+#: the longest quiet run asked of a guard (plain decoding while nothing is forced: any)
+_QUIET_MAX = 1 << 40
+
 
 @dataclass
 class _Joined:
@@ -77,8 +82,22 @@ class BatchKSessions(AcceptanceExchange):
         #: the settings of the per-tenant guards (None: no guard)
         self.guard = guard
         #: tenant -> its guard: overrules the model with K = 0 for that tenant when the adaptive
-        #: steps' measured goodput says its speculation does not pay
-        self.guards: dict[str, GoodputGuard] = {}
+        #: steps' measured goodput says its speculation does not pay (read it through :attr:`guards`)
+        self._guards: dict[str, GoodputGuard] = {}
+        # Steps held back from quiet guards (GoodputGuard.quiet_run; _guard_step_locked): each step's
+        # (tokens, seconds, sessions) since the absolute index _log_base, recorded into a quiet guard
+        # (GoodputGuard.record_quiet_steps, bit for bit its record() calls) before anything reads it
+        self._log: list[tuple[float, float, int]] = []
+        self._log_base = 0
+        #: tenant -> [absolute index of its first step not recorded, of its first step that is not
+        #: quiet, whether it was unforced (quiet because the decision has it at K = 0)]
+        self._quiet: dict[str, list] = {}
+        self._loud: list[str] = []  # tenants with a guard among the active, not quiet, sorted
+        self._active_sorted: list[str] = []
+        self._exploring_static = 0  # exploring guards that are not loud (they stay so while not loud)
+        self._min_expiry: float = float("inf")
+        self._epoch = 0  # bumped by join, leave and reads of `guards`: classify the guards afresh
+        self._cls: tuple | None = None  # (epoch, controller.last, sessions serving) of the classification
         self._trace = open(trace, "a", buffering=1) if trace else None
         self._lock = threading.Lock()
         self._joined: dict[Any, _Joined] = {}
@@ -99,6 +118,19 @@ class BatchKSessions(AcceptanceExchange):
         self._unsynced: collections.Counter = collections.Counter()
         #: (steps, the cap that followed them) since the last sync report, oldest first
         self._segments: list[tuple[collections.Counter, tuple[str, str, float]]] = []
+
+    @property
+    def guards(self) -> dict[str, GoodputGuard]:
+        """tenant -> its :class:`GoodputGuard` (the tenants that joined adaptive generations).
+        The steps held back from quiet guards (:meth:`_guard_step_locked`) are recorded into them
+        first (bit for bit what recording each step at once gives), and the next step classifies
+        the guards afresh, so a caller may read a guard, or change one, right after. Reading the
+        dict later, after more steps, may see a quiet guard without its latest steps: read it
+        through this property again."""
+        with self._lock:
+            self._settle_all_locked()
+            self._epoch += 1
+        return self._guards
 
     @property
     def probes(self) -> int:
@@ -149,6 +181,7 @@ class BatchKSessions(AcceptanceExchange):
             raise ValueError(f"calibration must be None, 'warmup' or 'measure', got {calibration!r}")
         with self._lock:
             self._counts = None
+            self._epoch += 1
             self._joined[key] = _Joined(tenant, proposer, adaptive, int(k_range[1]), k_min=int(k_range[0]),
                                         behind=int(prompt_tokens), left=None if max_tokens is None else int(max_tokens),
                                         context=int(prompt_tokens if context_tokens is None else context_tokens),
@@ -158,8 +191,8 @@ class BatchKSessions(AcceptanceExchange):
             self.controller.weights[tenant] = float(weight)
             if adaptive:
                 self.controller.k_ranges[tenant] = (int(k_range[0]), int(k_range[1]))
-                if self.guard is not None and tenant not in self.guards:
-                    self.guards[tenant] = self.guard.fresh()
+                if self.guard is not None and tenant not in self._guards:
+                    self._guards[tenant] = self.guard.fresh()
             self._dirty = True
 
     def set_calibration(self, key: Any, mode: str) -> None:
@@ -194,6 +227,7 @@ class BatchKSessions(AcceptanceExchange):
             if self._joined.pop(key, None) is not None:
                 self._dirty = True
                 self._counts = None
+                self._epoch += 1
 
     def _decide_locked(self) -> None:
         counts: dict[tuple[str, str], int] = {}
@@ -221,15 +255,16 @@ class BatchKSessions(AcceptanceExchange):
                                        context=sum(contexts) / len(contexts) if contexts else None)
             self.decisions += 1
             if self._trace is not None:
+                self._settle_all_locked()  # the guards' snapshots below
                 self._write_trace({"decision": d.ks, "step_s": d.step_s, "tokens_per_s": d.tokens_per_s,
                                    "rows": d.rows, "positions": d.positions,
                                    "loads": {t: [l.sessions, l.alpha, l.fixed_k, l.catchup_s] for t, l in self.controller._loads.items()},
                                    "cost": self.controller.cost.snapshot(),
-                                   "guard": {t: g.snapshot() for t, g in self.guards.items()}})
+                                   "guard": {t: g.snapshot() for t, g in self._guards.items()}})
         self._dirty = False
 
     def _forced_locked(self, tenant: str) -> bool:
-        g = self.guards.get(tenant)
+        g = self._guards.get(tenant)
         return g is not None and g.forced
 
     def _write_trace(self, rec: dict) -> None:
@@ -307,7 +342,7 @@ class BatchKSessions(AcceptanceExchange):
                                    "batch": None if batch is None else [batch.forward, batch.rows, batch.positions,
                                                                         batch.seconds],
                                    "draft_forwards": list(draft_forwards)})
-            if j is not None and j.adaptive and self.guards and j.last_k is not None \
+            if j is not None and j.adaptive and self._guards and j.last_k is not None \
                     and draft_s is not None and verify_s is not None and draft_s + verify_s > 0:
                 self._guard_step_locked(j.tenant, int(k), (int(accepted) + 1) * self._serving(),
                                         draft_s + verify_s)
@@ -383,19 +418,38 @@ class BatchKSessions(AcceptanceExchange):
         sessions here, each in its own regime (:class:`GoodputGuard`, "One guard per tenant").
         A probe's step (K > 0 while the model holds ``tenant`` at K = 0) and a K > 0 step of a
         tenant whose guard forces K = 0 (it straddled the start of the forcing) count in none.
-        A guard whose forcing starts or ends marks the decision stale."""
+        A guard whose forcing starts or ends marks the decision stale.
+
+        Quiet guards (:meth:`GoodputGuard.quiet_run`: plain decoding while nothing is forced, or
+        a forcing with steps left that no step here can end) do not record each step: the step
+        goes to ``_log`` once, and a quiet guard records its held-back steps in one
+        :meth:`GoodputGuard.record_quiet_steps` call (bit for bit its record() calls) before
+        anything reads it (:attr:`guards`, :meth:`tenant_stats`, :meth:`stats`, the decision's
+        trace), when its quiet run ends, or when the log grows long. Its ``forced`` and
+        ``exploring``, the only state the others' steps and the decision read, stay as they are
+        through the run. So a step costs O(guards recording it one by one), not O(tenants), plus
+        the held-back arithmetic (one inlined loop per guard). The guards are classified again
+        after a join or leave (the sessions serving, the tenants) and after a decision (a
+        tenant's regime)."""
         if k > 0 and (self._forced_locked(tenant) or self.controller.k_for(tenant) == 0):
             return
         active = self._recount()[1]
         bound = self._plain_bound_locked()
         serving = self._serving()
-        # guards exploring now, kept as each records (only a guard's own record changes it): "another
-        # tenant's guard is exploring" in O(1), not O(tenants) per guard
-        exploring = sum(1 for o in self.guards.values() if o.exploring)
-        for t in sorted(active):
-            g = self.guards.get(t)
-            if g is None:
-                continue
+        cls = self._cls
+        if cls is None or cls[0] != self._epoch or cls[2] != serving:
+            self._classify_locked(active, serving)
+        elif cls[1] is not self.controller.last:
+            self._reclassify_regimes_locked(serving)
+        if self._min_expiry <= self._log_base + len(self._log):
+            self._expire_locked(serving)
+        guards = self._guards
+        # guards exploring now, kept as each records (only a guard's own record changes it, and a
+        # quiet or inactive guard's stays as it is): "another tenant's guard is exploring" in O(1)
+        exploring = self._exploring_static + sum(1 for t in self._loud if guards[t].exploring)
+        turned: list[str] = []
+        for t in self._loud:  # in tenant order, as all of them were
+            g = guards[t]
             was, was_exploring = g.forced, g.exploring
             regime = "plain" if was or not (self.controller.k_for(t) or 0) > 0 else "spec"
             g.record(regime, tokens, seconds, may_explore=exploring - was_exploring == 0, plain_bound=bound,
@@ -403,6 +457,91 @@ class BatchKSessions(AcceptanceExchange):
             exploring += g.exploring - was_exploring
             if g.forced != was:
                 self._dirty = True
+            if was or g.forced:  # a forcing runs or ended: the guard may be quiet from the next step on
+                turned.append(t)
+        if self._quiet:
+            self._log.append((tokens, seconds, serving))
+            if len(self._log) >= _LOG_MAX:
+                self._settle_all_locked()
+        if turned:
+            cursor = self._log_base + len(self._log)
+            if sum(self._try_quiet_locked(t, cursor, serving) for t in turned):
+                self._loud = [t for t in self._loud if t not in self._quiet]
+
+    def _try_quiet_locked(self, t: str, cursor: int, serving: int) -> bool:
+        """Make ``t``'s guard (settled, not quiet) quiet from the step of absolute index ``cursor``
+        on, for as many steps as :meth:`GoodputGuard.quiet_run` allows in its regime now (False: none)."""
+        g = self._guards[t]
+        unforced = not g.forced
+        regime = "plain" if not unforced or not (self.controller.k_for(t) or 0) > 0 else "spec"
+        run = g.quiet_run(regime, _QUIET_MAX, serving)
+        if run <= 0:
+            return False
+        self._quiet[t] = [cursor, cursor + run, unforced]
+        self._min_expiry = min(self._min_expiry, cursor + run)
+        self._exploring_static += g.exploring
+        return True
+
+    def _settle_locked(self, t: str) -> None:
+        """Record the steps held back from ``t``'s guard into it (nothing when it is not quiet)."""
+        q = self._quiet.get(t)
+        if q is None:
+            return
+        start = q[0] - self._log_base
+        if start < len(self._log):
+            self._guards[t].record_quiet_steps("plain", self._log[start:])
+            q[0] = self._log_base + len(self._log)
+
+    def _settle_all_locked(self) -> None:
+        """Record every quiet guard's held-back steps, then empty the log (the guards stay quiet)."""
+        for t in self._quiet:
+            self._settle_locked(t)
+        self._log_base += len(self._log)
+        self._log.clear()
+
+    def _unquiet_locked(self, t: str) -> None:
+        """Settle ``t``'s guard and make it loud (the caller rebuilds ``_loud``)."""
+        self._settle_locked(t)
+        del self._quiet[t]
+        self._exploring_static -= self._guards[t].exploring
+
+    def _rebuild_loud_locked(self) -> None:
+        self._loud = [t for t in self._active_sorted if t in self._guards and t not in self._quiet]
+        self._min_expiry = min((q[1] for q in self._quiet.values()), default=float("inf"))
+
+    def _classify_locked(self, active: frozenset, serving: int) -> None:
+        """Settle every guard and classify the active tenants' guards quiet or loud afresh."""
+        self._settle_all_locked()
+        self._quiet.clear()
+        self._active_sorted = sorted(active)
+        self._exploring_static = sum(1 for t, g in self._guards.items() if g.exploring and t not in active)
+        self._min_expiry = float("inf")
+        cursor = self._log_base
+        for t in self._active_sorted:
+            if t in self._guards:
+                self._try_quiet_locked(t, cursor, serving)
+        self._rebuild_loud_locked()
+        self._cls = (self._epoch, self.controller.last, serving)
+
+    def _reclassify_regimes_locked(self, serving: int) -> None:
+        """A new decision: a quiet guard held by nothing but the decision's K = 0 whose tenant now
+        speculates turns loud; a loud guard that is quiet now (plain decoding) turns quiet."""
+        for t in [t for t, q in self._quiet.items() if q[2] and (self.controller.k_for(t) or 0) > 0]:
+            self._unquiet_locked(t)
+        cursor = self._log_base + len(self._log)
+        for t in self._active_sorted:
+            if t in self._guards and t not in self._quiet:
+                self._try_quiet_locked(t, cursor, serving)
+        self._rebuild_loud_locked()
+        self._cls = (self._epoch, self.controller.last, serving)
+
+    def _expire_locked(self, serving: int) -> None:
+        """Quiet runs that end at this step: settle those guards, then quiet again or loud."""
+        cursor = self._log_base + len(self._log)
+        for t in [t for t, q in self._quiet.items() if q[1] <= cursor]:
+            self._unquiet_locked(t)
+            self._try_quiet_locked(t, cursor, serving)
+        self._rebuild_loud_locked()
 
     def _plain_bound_locked(self) -> float | None:
         """The most tokens/s plain decoding could reach here by the measured forwards (the goodput
@@ -452,7 +591,8 @@ class BatchKSessions(AcceptanceExchange):
             shapes = list(self._shapes.get(tenant, ()))
             n = len(shapes)
             model_k = self.controller.k_by_tenant.get(tenant)
-            g = self.guards.get(tenant)
+            self._settle_locked(tenant)
+            g = self._guards.get(tenant)
             k = model_k
             if g is not None and g.forced:
                 k = self.controller.k_ranges.get(tenant, (0, 0))[0]
@@ -474,5 +614,6 @@ class BatchKSessions(AcceptanceExchange):
                 self.controller.k_by_tenant)
         out = {t: self.tenant_stats(t) for t in sorted(tenants)}
         with self._lock:
+            self._settle_all_locked()
             return {"tenants": out, "controller": self.controller.stats(), "decisions": self.decisions,
-                    "guards": {t: g.snapshot() for t, g in sorted(self.guards.items())}}
+                    "guards": {t: g.snapshot() for t, g in sorted(self._guards.items())}}

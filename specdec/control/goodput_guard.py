@@ -6,6 +6,8 @@ Part of :mod:`specdec.control.batch_k`; one :class:`GoodputGuard` per tenant liv
 
 from __future__ import annotations
 
+from typing import Sequence
+
 
 class GoodputGuard:
     """Measured goodput of speculating against plain decoding: overrules the cost model when
@@ -332,6 +334,99 @@ class GoodputGuard:
         s[0], s[1], s[2], s[3] = s0, s1, s2, s3
         if self._forced_left > 0:
             self._forced_left -= len(tokens)  # more than len(tokens) were left: still forced
+
+    def quiet_run(self, regime: str, limit: int, sessions: float | None = None) -> int:
+        """How many of the next :meth:`record` calls of ``regime``, each with these ``sessions``
+        (None: without), are quiet, at most ``limit`` (>= 0): they leave :attr:`forced`,
+        :attr:`exploring` and every policy decision as they are whatever their tokens, seconds,
+        ``may_explore`` and ``plain_bound`` (so :meth:`record_quiet_steps` may record them
+        later, bit for bit). ``limit`` for plain decoding while nothing is forced (a batch-size
+        drop, :meth:`_resize`, forces nothing then); while a forcing runs, its steps but the
+        last (``forced_left - 1``), and during a veto only up to the first step whose
+        ``sessions`` would drop a regime (that ends the veto), found by running the decayed
+        sessions sums exactly as :meth:`record` would (O(steps) float operations).
+
+        Raises:
+            ValueError: an unknown regime.
+        """
+        if regime not in self._sums:
+            raise ValueError(f"regime must be 'spec' or 'plain', got {regime!r}")
+        if self._forced_left <= 0:
+            return max(0, limit) if regime == "plain" else 0
+        n = max(0, min(limit, self._forced_left - 1))
+        if n == 0 or self._forced_why != "veto" or sessions is None:
+            return n
+        sf, r = float(sessions), self.resize_ratio
+        if not sf >= 1:
+            return 0  # record() raises on it
+        other = "plain" if regime == "spec" else "spec"
+        mean = self.mean_sessions(other)  # the other regime's: unchanged by these steps
+        if mean is not None and self.steps(other) != 0 and max(mean, sf) > r * min(mean, sf):
+            return 0
+        a, w = self._sessions[regime]
+        c, d = self._sums[regime][2], self.decay
+        for j in range(n):
+            if w > 0 and c != 0:
+                mean = a / w
+                if max(mean, sf) > r * min(mean, sf):
+                    return j
+            a, w, c = a * d + sf, w * d + 1.0, c + 1
+        return n
+
+    def record_quiet_steps(self, regime: str, steps: "Sequence[tuple[float, float, float | None]]") -> None:
+        """``(tokens, seconds, sessions)`` steps of ``regime``, each as :meth:`record` (``regime``,
+        tokens, seconds, sessions=sessions) would record it, bit for bit (the same float
+        operations in the same order, a batch-size drop included), in one call: only for steps
+        that are quiet (:meth:`quiet_run`: no forcing starts or ends, nothing explores, vetoes
+        or compares, so ``may_explore`` and ``plain_bound`` do not matter). The served
+        :class:`specdec.control.batch_sessions.BatchKSessions` holds back the steps of quiet
+        guards and records them here before anything reads the guard. Nothing is recorded when
+        it raises.
+
+        Raises:
+            ValueError: an unknown regime, a token count < 1, seconds not finite and > 0,
+                sessions < 1, or the steps not quiet (a forcing with ``len(steps)`` or fewer steps
+                left, speculation while nothing is forced, or a veto that a step's ``sessions``
+                would end).
+        """
+        if regime not in self._sums:
+            raise ValueError(f"regime must be 'spec' or 'plain', got {regime!r}")
+        for tokens, seconds, sessions in steps:
+            if tokens < 1 or not 0 < seconds < float("inf"):
+                raise ValueError(f"need tokens >= 1 and 0 < seconds < inf, got {tokens}, {seconds}")
+            if sessions is not None and not sessions >= 1:
+                raise ValueError(f"sessions must be >= 1, got {sessions}")
+        if not steps:
+            return
+        if not self.quiet_for(regime, len(steps)):
+            raise ValueError(f"{len(steps)} {regime} steps are not quiet for this guard (quiet_run)")
+        veto = self._forced_left > 0 and self._forced_why == "veto"
+        other = "plain" if regime == "spec" else "spec"
+        d, clip, r = self.decay, self.outlier_clip, self.resize_ratio
+        om = self.mean_sessions(other) if self.steps(other) != 0 else None
+        s0, s1, s2, s3 = self._sums[regime]
+        a, w = self._sessions[regime]
+        for tokens, seconds, sessions in steps:  # the arithmetic of record(), in its order
+            if sessions is not None:
+                sf = float(sessions)
+                m = a / w if w > 0 and s2 != 0 else None
+                if (m is not None and max(m, sf) > r * min(m, sf)) or (om is not None and max(om, sf) > r * min(om, sf)):
+                    if veto:  # nothing written yet: the veto would end (no drop happened before, it would have raised)
+                        raise ValueError("these steps are not quiet: a batch-size drop would end the veto (quiet_run)")
+                    self._sums[regime] = [s0, s1, s2, s3]
+                    self._sessions[regime] = [a, w]
+                    self._resize(sf)  # rare: the whole of record()'s drop, then go on from its state
+                    s0, s1, s2, s3 = self._sums[regime]
+                    a, w = self._sessions[regime]
+                    om = self.mean_sessions(other) if self.steps(other) != 0 else None
+                a, w = a * d + sf, w * d + 1.0
+            sec = min(seconds, clip * s1 / s3) if s2 >= 3 else seconds
+            s0, s1, s2, s3 = s0 * d + tokens, s1 * d + sec, s2 + 1, s3 * d + 1.0
+        s, n = self._sums[regime], self._sessions[regime]
+        s[0], s[1], s[2], s[3] = s0, s1, s2, s3
+        n[0], n[1] = a, w
+        if self._forced_left > 0:
+            self._forced_left -= len(steps)  # more than len(steps) were left: still forced
 
     def _plain_far_below(self, spec: float) -> bool:
         """Whether the last exploration's fresh ``plain`` is below ``spec`` by more than
