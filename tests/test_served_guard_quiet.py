@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from specdec.control import batch_sessions
 from specdec.control.batch_k import BatchKController, BatchKSessions, GoodputGuard
 from specdec.types import BatchShape
 
@@ -76,7 +77,7 @@ def _guards_state(live: BatchKSessions) -> dict:
     return {t: vars(g) for t, g in live.guards.items()}
 
 
-def test_held_back_steps_keep_every_observable_value_bit_for_bit():
+def test_held_back_steps_keep_every_observable_value_bit_for_bit(monkeypatch):
     """Random runs (guard settings; 1 to 7 tenants; generations joining and leaving, so the sessions
     serving change and drop regimes; decisions moving every tenant's K; probes; outlier seconds;
     steps interleaved with every kind of read: the guards, tenant_stats, tenant_view(s), stats, K):
@@ -84,6 +85,7 @@ def test_held_back_steps_keep_every_observable_value_bit_for_bit():
     held = events = resized = 0
     for seed in range(50):
         rng = random.Random(seed)
+        monkeypatch.setattr(batch_sessions, "_LOG_MAX", rng.choice((3, 7, 512)))  # the log emptied often or not
         template = _template(rng)
         fast, ref = _live(BatchKSessions, seed, template), _live(_PerStep, seed, template)
         tenants = [f"t{i}" for i in range(rng.choice((1, 2, 4, 7)))]
@@ -193,3 +195,16 @@ def test_quiet_run_stops_before_a_resize_that_ends_a_veto():
     assert g.forced and g._forced_left == 50
     with pytest.raises(ValueError, match="sessions must be >= 1"):
         g.record_quiet_steps("plain", [(1.0, 1.0, 0)])
+
+
+def test_a_step_of_infinite_seconds_raises_as_the_per_step_recording_did():
+    for cls in (BatchKSessions, _PerStep):
+        live = _live(cls, 0, GoodputGuard(min_steps=2))
+        live.join("a", "t0", "draft", k_range=(0, 4))
+        live.join("b", "t1", "draft", k_range=(0, 4))
+        shape = BatchShape(forward=0, rows=2, positions=2, seconds=0.05)
+        for key in ("a", "b", "a", "b"):
+            live.observe_step(key, 0, 0, shape, draft_s=0.0005, verify_s=0.1)
+        with pytest.raises(ValueError, match="seconds < inf"):
+            live.observe_step("a", 0, 0, shape, draft_s=0.0005, verify_s=float("inf"))
+        assert {t: g.steps("plain") for t, g in live.guards.items()} == {"t0": 2, "t1": 2}  # each first step prefilled

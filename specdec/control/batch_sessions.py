@@ -443,6 +443,8 @@ class BatchKSessions(AcceptanceExchange):
             self._reclassify_regimes_locked(serving)
         if self._min_expiry <= self._log_base + len(self._log):
             self._expire_locked(serving)
+        if (self._loud or self._quiet) and not seconds < float("inf"):  # as the first guard's record() would
+            raise ValueError(f"need tokens >= 1 and 0 < seconds < inf, got {tokens}, {seconds}")
         guards = self._guards
         # guards exploring now, kept as each records (only a guard's own record changes it, and a
         # quiet or inactive guard's stays as it is): "another tenant's guard is exploring" in O(1)

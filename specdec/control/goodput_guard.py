@@ -406,11 +406,21 @@ class GoodputGuard:
         om = self.mean_sessions(other) if self.steps(other) != 0 else None
         s0, s1, s2, s3 = self._sums[regime]
         a, w = self._sessions[regime]
-        for tokens, seconds, sessions in steps:  # the arithmetic of record(), in its order
+        last, sf, hi, other_drops = None, 0.0, 0.0, False
+        # the arithmetic of record(), in its order; max(m, x) > r * min(m, x) is written out as
+        # (m > r * x if m >= x else x > r * m), and min(x, c) as (c if c < x else x): the same floats
+        for tokens, seconds, sessions in steps:
             if sessions is not None:
-                sf = float(sessions)
-                m = a / w if w > 0 and s2 != 0 else None
-                if (m is not None and max(m, sf) > r * min(m, sf)) or (om is not None and max(om, sf) > r * min(om, sf)):
+                if sessions is not last:  # the other regime's check depends on the sessions alone
+                    last, sf = sessions, float(sessions)
+                    hi = r * sf
+                    other_drops = om is not None and (om > hi if om >= sf else sf > r * om)
+                if w > 0 and s2 != 0:
+                    m = a / w
+                    drops = other_drops or (m > hi if m >= sf else sf > r * m)
+                else:
+                    drops = other_drops
+                if drops:
                     if veto:  # nothing written yet: the veto would end (no drop happened before, it would have raised)
                         raise ValueError("these steps are not quiet: a batch-size drop would end the veto (quiet_run)")
                     self._sums[regime] = [s0, s1, s2, s3]
@@ -419,9 +429,13 @@ class GoodputGuard:
                     s0, s1, s2, s3 = self._sums[regime]
                     a, w = self._sessions[regime]
                     om = self.mean_sessions(other) if self.steps(other) != 0 else None
+                    last = None
                 a, w = a * d + sf, w * d + 1.0
-            sec = min(seconds, clip * s1 / s3) if s2 >= 3 else seconds
-            s0, s1, s2, s3 = s0 * d + tokens, s1 * d + sec, s2 + 1, s3 * d + 1.0
+            if s2 >= 3:
+                c = clip * s1 / s3
+                if c < seconds:
+                    seconds = c
+            s0, s1, s2, s3 = s0 * d + tokens, s1 * d + seconds, s2 + 1, s3 * d + 1.0
         s, n = self._sums[regime], self._sessions[regime]
         s[0], s[1], s[2], s[3] = s0, s1, s2, s3
         n[0], n[1] = a, w
