@@ -85,7 +85,7 @@ def test_held_back_steps_keep_every_observable_value_bit_for_bit(monkeypatch):
     held = events = resized = 0
     for seed in range(50):
         rng = random.Random(seed)
-        monkeypatch.setattr(batch_sessions, "_LOG_MAX", rng.choice((3, 7, 512)))  # the log emptied often or not
+        monkeypatch.setattr(batch_sessions, "_LOG_MAX", rng.choice((3, 7, 4096)))  # the log emptied often or not
         template = _template(rng)
         fast, ref = _live(BatchKSessions, seed, template), _live(_PerStep, seed, template)
         tenants = [f"t{i}" for i in range(rng.choice((1, 2, 4, 7)))]

@@ -17,8 +17,9 @@ from specdec.control.batch_controller import BatchKController
 from specdec.control.batch_exchange import AcceptanceExchange
 from specdec.control.goodput_guard import GoodputGuard
 
-#: quiet steps held back at most (then every quiet guard records them: _settle_all_locked)
-_LOG_MAX = 512
+#: steps held back at most (then every quiet guard records them: _settle_all_locked); one quiet
+#: guard records its steps per step (round robin), so the log holds about as many as there are guards
+_LOG_MAX = 4096
 #: the longest quiet run asked of a guard (plain decoding while nothing is forced: any)
 _QUIET_MAX = 1 << 40
 
@@ -96,6 +97,8 @@ class BatchKSessions(AcceptanceExchange):
         self._active_sorted: list[str] = []
         self._exploring_static = 0  # exploring guards that are not loud (they stay so while not loud)
         self._min_expiry: float = float("inf")
+        self._rr: list[str] = []  # this round's quiet guards (_settle_next_locked), from _rr_at on
+        self._rr_at = 0
         self._epoch = 0  # bumped by join, leave and reads of `guards`: classify the guards afresh
         self._cls: tuple | None = None  # (epoch, controller.last, sessions serving) of the classification
         self._trace = open(trace, "a", buffering=1) if trace else None
@@ -425,12 +428,13 @@ class BatchKSessions(AcceptanceExchange):
         goes to ``_log`` once, and a quiet guard records its held-back steps in one
         :meth:`GoodputGuard.record_quiet_steps` call (bit for bit its record() calls) before
         anything reads it (:attr:`guards`, :meth:`tenant_stats`, :meth:`stats`, the decision's
-        trace), when its quiet run ends, or when the log grows long. Its ``forced`` and
-        ``exploring``, the only state the others' steps and the decision read, stay as they are
-        through the run. So a step costs O(guards recording it one by one), not O(tenants), plus
-        the held-back arithmetic (one inlined loop per guard). The guards are classified again
-        after a join or leave (the sessions serving, the tenants) and after a decision (a
-        tenant's regime)."""
+        trace), when its quiet run ends, and in turn, one quiet guard per step (round robin: the
+        log holds about as many steps as there are quiet guards, and no step records them all).
+        Its ``forced`` and ``exploring``, the only state the others' steps and the decision read,
+        stay as they are through the run. So a step costs O(guards recording it one by one), not
+        O(tenants) record() calls, plus the held-back arithmetic (one inlined loop per guard and
+        step). The guards are classified again after a join or leave (the sessions serving, the
+        tenants) and after a decision (a tenant's regime)."""
         if k > 0 and (self._forced_locked(tenant) or self.controller.k_for(tenant) == 0):
             return
         active = self._recount()[1]
@@ -465,6 +469,8 @@ class BatchKSessions(AcceptanceExchange):
             self._log.append((tokens, seconds, serving))
             if len(self._log) >= _LOG_MAX:
                 self._settle_all_locked()
+            else:
+                self._settle_next_locked()
         if turned:
             cursor = self._log_base + len(self._log)
             if sum(self._try_quiet_locked(t, cursor, serving) for t in turned):
@@ -493,6 +499,22 @@ class BatchKSessions(AcceptanceExchange):
         if start < len(self._log):
             self._guards[t].record_quiet_steps("plain", self._log[start:])
             q[0] = self._log_base + len(self._log)
+
+    def _settle_next_locked(self) -> None:
+        """One quiet guard records its held-back steps, round robin over the quiet guards: each holds
+        back about as many steps as there are quiet guards, and no step pays for all of them at
+        once. When a round ends, the log entries that every quiet guard has recorded are dropped."""
+        rr = self._rr
+        while self._rr_at < len(rr):
+            t = rr[self._rr_at]
+            self._rr_at += 1
+            if t in self._quiet:
+                self._settle_locked(t)
+                return
+        low = min((q[0] for q in self._quiet.values()), default=self._log_base + len(self._log))
+        del self._log[:low - self._log_base]
+        self._log_base = low
+        self._rr, self._rr_at = list(self._quiet), 0
 
     def _settle_all_locked(self) -> None:
         """Record every quiet guard's held-back steps, then empty the log (the guards stay quiet)."""
