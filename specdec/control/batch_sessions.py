@@ -18,7 +18,8 @@ from specdec.control.batch_exchange import AcceptanceExchange
 from specdec.control.goodput_guard import GoodputGuard
 
 #: steps held back at most (then every quiet guard records them: _settle_all_locked); one quiet
-#: guard records its steps per step (round robin), so the log holds about as many as there are guards
+#: guard records its steps per step (round robin) and entries are dropped at the end of a round,
+#: so the log holds up to about twice as many steps as there are quiet guards
 _LOG_MAX = 4096
 #: the longest quiet run asked of a guard (plain decoding while nothing is forced: any)
 _QUIET_MAX = 1 << 40

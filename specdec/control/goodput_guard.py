@@ -302,7 +302,8 @@ class GoodputGuard:
         and the policy as they are whatever ``may_explore`` and ``plain_bound`` say: plain decoding
         while nothing is forced (a plain step never explores, vetoes or compares), or any regime
         while a forcing has more than ``steps`` steps left. Such steps can be recorded in one
-        :meth:`record_quiet` call."""
+        :meth:`record_quiet` call (in process) or held back and recorded later by
+        :meth:`record_quiet_steps` (served: :class:`specdec.control.batch_sessions.BatchKSessions`)."""
         if self._forced_left > 0:
             return self._forced_left > steps
         return regime == "plain"
