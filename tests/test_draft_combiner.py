@@ -175,7 +175,7 @@ def test_unbatched_drafting_is_propose_alone_and_times_every_forward(proposer, m
         monkeypatch.setattr(CachedSequence, "feed", counted)
         forwards[0] = 0
         traced = len(combiner.trace)
-        got = _together(combiner, mine, ks)
+        got = [combiner.propose(session, k) for session, k in zip(mine, ks)]  # one after another
         monkeypatch.setattr(CachedSequence, "feed", feed)
         for a, b in zip(got, expected):
             _same(a, b, exact=True)
@@ -196,3 +196,33 @@ def test_unbatched_drafting_is_propose_alone_and_times_every_forward(proposer, m
     assert combiner.batch_sizes == []  # no drafting batch ran
     # prompt lookup and plain decoding: nothing to time
     assert combiner.propose(None, 3).k == 0 and combiner.take_timings() == []
+
+
+def test_unbatched_draftings_that_overlap_are_not_timed(proposer, monkeypatch):
+    """Unbatched sessions draft in their own threads at once, sharing the device: a forward's
+    wall seconds then hold the others' work too (8 sessions on 2 CPU cores: 0.20 s for a 0.036-s
+    forward), which priced every tenant at K = 0 and kept a lone client there after the load had
+    gone. Draftings that overlapped are left out of the timings (not of the trace); one alone is
+    timed, every decode forward of it."""
+    combiner = DraftCombiner(batched=False)
+    mine = _open(proposer, SPECS[:2])
+    both = threading.Barrier(2)
+    inner = type(proposer).propose_batch
+
+    def meeting(self, sessions, ks, timings=None, **kw):
+        both.wait(10)  # both draftings are running
+        out = inner(self, sessions, ks, timings, **kw)
+        both.wait(10)  # neither has ended before the other's forwards
+        return out
+
+    monkeypatch.setattr(type(proposer), "propose_batch", meeting)
+    ks = [k for _, k, _, _ in SPECS[:2]]
+    got = _together(combiner, mine, ks)
+    assert all(not isinstance(b, Exception) for b in got)
+    assert combiner.take_timings() == [] and len(combiner.trace) == sum(b.k for b in got)
+    monkeypatch.setattr(type(proposer), "propose_batch", inner)
+    _commit_first_and(mine, got)
+    alone = combiner.propose(mine[0], 3)  # alone now: its decode forwards timed
+    timings = combiner.take_timings()
+    assert len(timings) == alone.k == 3 and all(r == 1 and t > 0 for r, t in timings)
+    assert combiner._unbatched_running == []
