@@ -109,14 +109,15 @@ class DrainedChoice:
 
 def _refuse_n_over_the_tenants_concurrency(router: Any, n: int, metadata: Mapping[str, str]) -> None:
     """Each choice is admitted as one request: ``n`` above the caller's tenant limit
-    ``max_concurrent_requests`` can never run, so it is refused as such (no ``Retry-After``;
-    the message says to lower n), not with the retryable "already has k requests in flight".
+    ``max_concurrent_requests`` can never run, so the request is invalid (HTTP 400
+    ``invalid_request_error``, ``param`` ``n``; counted as INVALID_ARGUMENT), not a rate limit
+    (429, which OpenAI's clients retry although no retry can succeed). gRPC has no ``n``.
 
     Raises:
         AuthenticationError: no, malformed or unknown key.
-        ResourceExhaustedError: ``limit="max_concurrent_requests"``.
+        InvalidRequestError: ``n`` above the tenant's ``max_concurrent_requests``.
     """
-    from specdec.errors import ResourceExhaustedError
+    from specdec.errors import InvalidRequestError
 
     gate = getattr(router, "gate", None)
     if gate is None:
@@ -124,9 +125,12 @@ def _refuse_n_over_the_tenants_concurrency(router: Any, n: int, metadata: Mappin
     tenant = gate.authenticate_caller(metadata)
     most = tenant.limits.max_concurrent_requests
     if n > most:
-        raise ResourceExhaustedError(
+        e = InvalidRequestError(
             f"n={n} choices run as {n} concurrent requests but tenant {tenant.id!r} may run at most {most} at once "
-            "(limit max_concurrent_requests); lower n", limit="max_concurrent_requests")
+            f"(limits.max_concurrent_requests); lower n to at most {most}")
+        e.param = "n"
+        gate._refused(tenant.id, "unknown", e)
+        raise e
 
 
 async def start_choices(router: Any, req: OpenAIRequest, metadata: Mapping[str, str]) -> list[tuple[Any, Any]]:

@@ -55,7 +55,10 @@ stream that already sent tokens), cancelling their draft streams (both caches fr
 
 Every admitted request ends with ``TenancyGate.complete`` (success, error or cancellation): the
 fair slot and rate lease are released, the controller learns from the request's speculation
-counters, and the metrics are recorded.
+counters, and the metrics are recorded. A generation whose final chunk (finish reason, usage)
+was relayed is complete (OK, its tokens counted and charged) whatever its consumer does next:
+an HTTP response whose whole output came in one chunk stops iterating at once, a gRPC client
+may go away after the last chunk; only one that ends before it is an error or CANCELLED.
 """
 
 from __future__ import annotations
@@ -314,9 +317,11 @@ class Router:
 
         Raises:
             the specdec errors of :meth:`_prepare`, and DeadlineExceededError /
-            ModelNotReadyError while relaying. The admission is completed however it ends
-            (also when the caller stops iterating: the draft's stream is cancelled and both
-            caches are freed).
+            ModelNotReadyError while relaying. The admission is completed however it ends:
+            with the generation's result once its final chunk was yielded (also when the
+            caller then stops iterating or is cancelled), else with the error or cancellation
+            that ended it (when the caller stops iterating before the final chunk, the draft's
+            stream is cancelled and both caches are freed).
         """
         self.in_flight += 1  # counted from validation on, so Drain waits for admissions too
         try:
@@ -334,22 +339,33 @@ class Router:
         if self.cut:
             stop.set()
         self._stops.add(stop)
+        stream = self._relay(job, key, stop)
         try:
-            async for chunk in self._relay(job, key, stop):
+            async for chunk in stream:
                 if chunk.token_ids:
                     last_at = time.perf_counter()
                     if ttft is None:
                         ttft = last_at - t0
                     n_tokens += len(chunk.token_ids)
                 chunks.append(chunk)
+                if chunk.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
+                    # the final chunk (finish reason, usage): the generation is complete before
+                    # it is handed on, whatever the consumer does next (an HTTP response whose
+                    # last chunk came stops iterating: GeneratorExit or a cancellation here)
+                    joined = convert.join_chunks(chunks)
+                    outcome = convert.result_from_proto(joined)
+                    costs = convert.step_costs_from_proto(joined.stats)  # per-step costs from the draft replica
                 yield chunk
-            joined = convert.join_chunks(chunks)
-            outcome = convert.result_from_proto(joined)
-            costs = convert.step_costs_from_proto(joined.stats)  # per-step costs from the draft replica
+            if outcome is None:  # the relay ends only after a final chunk; never without one
+                raise ModelNotReadyError("the draft replica ended the stream without a final chunk")
         except BaseException as e:
-            outcome = unwrap(e) if isinstance(e, Exception) else e
+            if outcome is None:  # ended before its final chunk: an error or a cancellation
+                outcome = unwrap(e) if isinstance(e, Exception) else e
             raise
         finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:  # closed now, not by the garbage collector: the draft's stream is cancelled
+                await finish_despite_cancellation(aclose())
             self.in_flight -= 1
             self._stops.discard(stop)
             itl = (last_at - t0 - ttft) / (n_tokens - 1) if ttft is not None and n_tokens > 1 else None
@@ -436,19 +452,24 @@ class Router:
     async def GetTenantStats(self, request: pb.GetTenantStatsRequest, grpc_context=None) -> pb.GetTenantStatsResponse:
         """The calling tenant's own statistics: acceptance rate, current K, cost terms, usage.
 
-        The tenant comes from the API key, so a tenant can never read another's.
+        The tenant comes from the API key, so a tenant can never read another's. A proposer
+        this server does not run, or the tenant may not use, is INVALID_ARGUMENT with the
+        message ``Generate`` gives a request naming it.
         """
         from deployments.ingress.tenant_stats import add_batch_load, proposer_name, tenant_stats_to_proto
 
         try:
             check_application(metadata_dict(grpc_context), self.cfg.app_name)
             refuse_undecodable(request)
-            stats = await self.gate.tenant_stats(metadata_dict(grpc_context))
+            self.gate.authenticate(metadata_dict(grpc_context))  # UNAUTHENTICATED before any other answer
             proposer = proposer_name(request.proposer)
             if proposer is None and request.proposer != pb.PROPOSER_UNSPECIFIED:
                 raise InvalidRequestError(
                     "invalid request: proposer: Input should be PROPOSER_DRAFT, PROPOSER_NGRAM, PROPOSER_NONE or "
                     f"unset, got {request.proposer}")
+            if proposer is not None:
+                self._hints({"speculation": {"proposer": proposer}})  # 'draft' without a draft model, as Generate
+            stats = await self.gate.tenant_stats(metadata_dict(grpc_context), proposer)
             msg = tenant_stats_to_proto(stats, proposer)
         except Exception as e:
             return abort_with(grpc_context, unwrap(e), pb.GetTenantStatsResponse)

@@ -13,7 +13,8 @@ A router replica holds one :class:`TenancyGate` and calls, per request
         raise
     await gate.complete(adm, result, ttft_s=ttft, inter_token_s=itl, costs=step_costs)
 
-and ``await gate.tenant_stats(metadata, proposer)`` for ``GetTenantStats``.
+and ``await gate.tenant_stats(metadata, proposer)`` for ``GetTenantStats`` (a proposer the tenant may
+not use is INVALID_ARGUMENT there too).
 
 What :meth:`TenancyGate.admit` does, in order, and the error of each step (gRPC code via
 :mod:`deployments.grpc_status`):
@@ -282,7 +283,9 @@ class TenancyGate:
         costs: Mapping | None = None,
     ) -> None:
         """End ``admission``: ``outcome`` is a :class:`specdec.control.adaptive.TimedRun`, a
-        :class:`specdec.types.GenerationResult`, or the exception that ended the request.
+        :class:`specdec.types.GenerationResult`, or the exception that ended the request (a
+        cancellation, or ``GeneratorExit``: its consumer stopped before the final chunk, counts
+        as ``CANCELLED``; a generation whose final chunk was handed on is a result, not this).
 
         Releases the fair slot and the rate lease (charging prompt + generated tokens), feeds
         the controller (counters, and step costs when known), adds usage, records metrics.
@@ -318,7 +321,7 @@ class TenancyGate:
             self.metrics.record_request(
                 admission.tenant_id,
                 admission.proposer,
-                status_name(exc) if not isinstance(exc, asyncio.CancelledError) else "CANCELLED",
+                "CANCELLED" if isinstance(exc, (asyncio.CancelledError, GeneratorExit)) else status_name(exc),
                 result,
                 ttft_s,
                 None if admission.batch_adaptive else admission.decision,  # no per-request K to gauge
@@ -331,13 +334,21 @@ class TenancyGate:
 
     # ------------------------------------------------------------------ stats
 
-    async def tenant_stats(self, metadata: Any) -> dict:
+    async def tenant_stats(self, metadata: Any, proposer: str | None = None) -> dict:
         """The caller's own tenant's stats (never another's: the tenant comes from the key).
+
+        Args:
+            proposer: the proposer the caller asks about (None: the tenant's default); one the
+                tenant may not use is refused as a request naming it is.
 
         Raises:
             AuthenticationError: no or unknown key.
+            InvalidRequestError: ``proposer`` is not allowed for the tenant
+                (:meth:`specdec.control.tenants.TenantRegistry.check_proposer`).
         """
         tenant = self.authenticate(metadata)
+        if proposer is not None:
+            self.registry.check_proposer(tenant, proposer)
         stats = await self.controller.tenant_stats(tenant.id)
         stats["default_proposer"] = next((p for p in tenant.speculation.allowed_proposers if p != "none"), "none")
         return stats

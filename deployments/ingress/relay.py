@@ -119,7 +119,9 @@ async def relay(draft: Any, job: xpb.DraftJob, routing_key: str,
         ModelNotReadyError: the draft replica ended the stream without a final chunk, or
             ``stop`` was set (:data:`SHUTTING_DOWN`).
         the draft replica's error, or its death after :data:`MAX_RESUMES` resumes. Closing
-        the generator cancels the draft's stream (both caches freed).
+        the generator cancels the draft's stream (both caches freed). Once the final chunk
+        was yielded nothing is raised: an error while the draft's stream ends (the deadline,
+        ``stop``, the replica's death) ends the relay as the stream's end would.
     """
     progress = RelayProgress()
     resumes = 0
@@ -144,6 +146,9 @@ async def relay(draft: Any, job: xpb.DraftJob, routing_key: str,
                 raise ModelNotReadyError("the draft replica ended the stream without a final chunk")
             return
         except Exception as e:
+            if finished:  # the final chunk was relayed: the generation is complete, whatever ends its stream
+                log.debug("%s: the draft's stream ended with %s after its final chunk", job.session_id, type(e).__name__)
+                return
             if not is_replica_death(e) or resumes >= MAX_RESUMES or (stop is not None and stop.is_set()):
                 raise
             if job.deadline_unix_s and time.time() > job.deadline_unix_s:

@@ -287,6 +287,21 @@ class TenantRegistry:
             raise AuthenticationError("unknown API key")
         return found
 
+    @staticmethod
+    def check_proposer(tenant: Tenant, proposer: str) -> None:
+        """Refuse a proposer ``tenant`` may not use (``"none"``, plain decoding, is always allowed):
+        what :meth:`check_request` says of a request naming it, and ``GetTenantStats`` of a query.
+
+        Raises:
+            InvalidRequestError: ``speculation.proposer: 'draft' is not allowed for tenant ...``.
+        """
+        pol = tenant.speculation
+        if proposer != "none" and proposer not in pol.allowed_proposers:
+            allowed = sorted(set(pol.allowed_proposers) | {"none"})
+            raise InvalidRequestError(
+                f"speculation.proposer: {proposer!r} is not allowed for tenant {tenant.id!r}; allowed: {allowed}"
+            )
+
     def check_request(
         self, tenant: Tenant, prompt_tokens: int, max_tokens: int, k: int, proposer: str,
         default_proposers: Sequence[str] | None = None,
@@ -319,11 +334,7 @@ class TenantRegistry:
             raise InvalidRequestError(f"unknown proposer {proposer!r}; known: {list(get_args(Proposer))}")
         if default_proposers is not None and proposer != "none" and proposer not in pol.allowed_proposers:
             proposer = next((p for p in default_proposers if p in pol.allowed_proposers), "none")
-        if proposer != "none" and proposer not in pol.allowed_proposers:
-            allowed = sorted(set(pol.allowed_proposers) | {"none"})
-            raise InvalidRequestError(
-                f"speculation.proposer: {proposer!r} is not allowed for tenant {tenant.id!r}; allowed: {allowed}"
-            )
+        self.check_proposer(tenant, proposer)
         if k < 0:
             raise InvalidRequestError(f"k must be >= 0, got {k}")
         clipped: list[str] = []

@@ -632,22 +632,53 @@ def test_rate_limit_is_429_with_retry_after(stack):
     assert 1 <= int(e.response.headers["retry-after"]) <= 27
 
 
-def test_n_over_the_tenants_concurrency_says_lower_n_without_retry_after(stack):
+def test_n_over_the_tenants_concurrency_is_a_bad_request_naming_n(stack):
     """Tenant small runs at most 4 requests at once; n = 5 was refused as "already has 4
     requests in flight ... retry when one finishes" (Retry-After), though nothing ran and no
-    retry could succeed."""
-    app = openai_api.build_app(stack["make_router"]())
+    retry could succeed; then as 429 without Retry-After, which OpenAI's client still retried
+    (429 is retryable): it is an invalid request, 400 with param n, never retried."""
+    router = stack["make_router"]()
+    app = openai_api.build_app(router)
 
-    async def go(n):
+    async def go(n, stream=False):
         return await _client(app, key=SMALL_KEY).completions.create(
-            model=MODEL, prompt="x", max_tokens=1, temperature=0, n=n, extra_body={"speculation": {"proposer": "ngram"}})
+            model=MODEL, prompt="x", max_tokens=1, temperature=0, n=n, stream=stream,
+            extra_body={"speculation": {"proposer": "ngram"}})
 
-    e = _status_of(go(5))
-    assert isinstance(e, openai.RateLimitError) and e.body["code"] == "max_concurrent_requests"
-    assert e.body["message"] == ("n=5 choices run as 5 concurrent requests but tenant 'small' may run at most 4 at "
-                                 "once (limit max_concurrent_requests); lower n")
-    assert "retry-after" not in e.response.headers
+    for stream in (False, True):
+        e = _status_of(go(5, stream))
+        assert isinstance(e, openai.BadRequestError) and e.status_code == 400
+        assert e.body == {"message": "n=5 choices run as 5 concurrent requests but tenant 'small' may run at most 4 at "
+                                     "once (limits.max_concurrent_requests); lower n to at most 4",
+                          "type": "invalid_request_error", "param": "n", "code": None}
+        assert "retry-after" not in e.response.headers
+    assert router.gate.metrics.value("specdec_requests", tenant="small", status="INVALID_ARGUMENT") == 2
+    assert router.gate.metrics.value("specdec_requests", tenant="small", status="RESOURCE_EXHAUSTED") == 0
     assert len(_run(go(4)).choices) == 4
+
+
+def test_the_openai_client_does_not_retry_n_over_the_tenants_concurrency(stack, tmp_path):
+    """n = 3 for a tenant of 2 requests at once, through a client with its default retries: one
+    HTTP request, answered 400 (429 was retried twice, each time refused again)."""
+    router = _billed_router(stack, tmp_path)
+    app = openai_api.build_app(router)
+    seen = []
+
+    async def go():
+        async def count(request):
+            seen.append(request.url.path)
+
+        http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test",
+                                  event_hooks={"request": [count]})
+        client = openai.AsyncOpenAI(api_key=BILL_KEY, base_url="http://test/v1", http_client=http)
+        return await client.completions.create(model=MODEL, prompt="x", max_tokens=1, n=3)
+
+    e = _status_of(go())
+    assert isinstance(e, openai.BadRequestError) and e.body["param"] == "n"
+    assert e.body["message"] == ("n=3 choices run as 3 concurrent requests but tenant 'bill' may run at most 2 at "
+                                 "once (limits.max_concurrent_requests); lower n to at most 2")
+    assert seen == ["/v1/completions"]
+    assert _books(router)["statuses"] == {"INVALID_ARGUMENT": 1}
 
 
 def test_loading_is_503(stack):
@@ -1195,3 +1226,198 @@ def test_drain_lets_a_generation_finish_within_the_grace(stack):
     drained, resp = _run(go())
     assert drained == {"replica": "local", "in_flight": 1, "cut": 0, "left": 0}
     assert resp.status_code == 200 and resp.json()["choices"][0]["token_ids"] == ref
+
+
+# --- every finished generation is billed as it ended ---------------------------------------------
+
+BILL_KEY = "sk-http-bill-0003"
+BILL_TPM = 1000
+
+
+def _billed_router(stack, tmp_path) -> Router:
+    """A router of its own (fresh books) for tenant 'bill': ngram only, 2 requests at once,
+    1000 tokens per minute on a clock that stands still (the bucket never refills)."""
+    import yaml
+
+    from specdec.control.tenants import hash_api_key
+
+    path = tmp_path / "bill.yaml"
+    path.write_text(yaml.safe_dump({"tenants": [{
+        "id": "bill", "api_key_hashes": [hash_api_key(BILL_KEY)],
+        "limits": {"max_concurrent_requests": 2, "tokens_per_minute": BILL_TPM, "max_tokens": 64,
+                   "max_prompt_tokens": 4096},
+        "speculation": {"allowed_proposers": ["ngram"], "k_min": 0, "k_max": 4, "adaptive": False, "fixed_k": 2}}]}))
+    gate = TenancyGate(str(path), ControllerClient.local({}, clock=lambda: 0.0), SpecDecMetrics(backend=None))
+    return Router(stack["cfg"], draft=LocalDraftHandle(stack["draft"]), gate=gate)
+
+
+def _books(router: Router) -> dict:
+    """What the server recorded of tenant 'bill': request statuses (Prometheus), tokens
+    generated (Prometheus), usage (GetTenantStats) and tokens charged to its bucket."""
+    from types import SimpleNamespace
+
+    gate = router.gate
+    statuses = {dict(k[1:])["status"]: int(v) for k, v in gate.metrics.values.items()
+                if k[0] == "specdec_requests" and dict(k[1:]).get("tenant") == "bill"}
+    usage = _run(gate.tenant_stats({"authorization": f"Bearer {BILL_KEY}"}))["usage"]
+    bucket = gate.controller.state.limiter.available_tokens(
+        SimpleNamespace(id="bill", limits=SimpleNamespace(tokens_per_minute=BILL_TPM)))
+    return {"statuses": statuses, "generated": int(gate.metrics.value("specdec_generated_tokens", tenant="bill")),
+            "usage": usage, "charged": BILL_TPM - round(bucket), "leases": gate.controller.state.active_leases(),
+            "running": gate.admission.running}
+
+
+@pytest.mark.parametrize("kind, max_tokens", [("chat", 1), ("chat-stream", 1), ("completion", 1), ("completion", 2),
+                                               ("completion-stream", 2), ("completion-n2", 2), ("completion-n2-stream", 2)])
+def test_an_output_of_one_chunk_is_ok_and_billed_in_full(stack, tmp_path, kind, max_tokens):
+    """An HTTP request whose whole output came in one chunk (max_tokens 1 or 2: the final chunk
+    is the first) got 200 with the right usage, but the server recorded it as INTERNAL (n = 2:
+    OK and CANCELLED) with no completion tokens in GetTenantStats or Prometheus, and charged
+    the tenant's tokens per minute for the prompt only: the HTTP layer stops iterating after the
+    chunk with the finish reason, and the router took the GeneratorExit (the cancellation of a
+    drained choice) for the generation's end."""
+    router = _billed_router(stack, tmp_path)
+    app = openai_api.build_app(router)
+    n = 2 if "n2" in kind else 1
+    extra = {"ignore_eos": True}
+
+    async def go():
+        client = _client(app, key=BILL_KEY)
+        if kind.startswith("chat"):
+            args = dict(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=max_tokens,
+                        temperature=0, extra_body=extra)
+            create = client.chat.completions.create
+        else:
+            args = dict(model=MODEL, prompt="x", max_tokens=max_tokens, temperature=0, n=n, extra_body=extra)
+            create = client.completions.create
+        if not kind.endswith("stream"):
+            return (await create(**args)).usage
+        chunks = [c async for c in await create(stream=True, stream_options={"include_usage": True}, **args)]
+        with_text = [c for c in chunks if c.choices and c.choices[0].model_extra["token_ids"]]
+        assert len(with_text) == n and all(c.choices[0].finish_reason == "length" for c in with_text)  # one chunk each
+        return chunks[-1].usage
+
+    usage = _run(go())
+    assert usage.completion_tokens == n * max_tokens
+    prompt = usage.prompt_tokens  # once for all choices, as OpenAI's; each choice is admitted with it
+    if kind.startswith("completion"):
+        assert prompt == 1  # "x"
+    assert _books(router) == {
+        "statuses": {"OK": n}, "generated": n * max_tokens,
+        "usage": {"requests": n, "prompt_tokens": n * prompt, "completion_tokens": n * max_tokens},
+        "charged": n * (prompt + max_tokens), "leases": 0, "running": 0}
+
+
+def test_a_consumer_that_stops_before_the_final_chunk_cancels_the_generation(stack, tmp_path):
+    """Closing the stream mid-generation (a client gone) is CANCELLED, not INTERNAL: only the
+    prompt is charged, nothing counted as generated, the draft's session freed."""
+    router = _billed_router(stack, tmp_path)
+    data = {"prompt": "x", "max_tokens": 40, "ignore_eos": True}
+    md = {"authorization": f"Bearer {BILL_KEY}"}
+
+    async def closed():
+        gen = router.generate_stream(data, md)
+        first = await gen.__anext__()
+        await gen.aclose()
+        return first
+
+    async def cancelled():
+        got = asyncio.Queue()
+
+        async def consume():
+            async for c in router.generate_stream(data, md):
+                await got.put(c)
+
+        task = asyncio.ensure_future(consume())
+        first = await got.get()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return first
+
+    first = _run(closed())
+    assert first.finish_reason == pb.FINISH_REASON_UNSPECIFIED and len(first.token_ids) < 40
+    assert _books(router) == {"statuses": {"CANCELLED": 1}, "generated": 0,
+                              "usage": {"requests": 1, "prompt_tokens": 1, "completion_tokens": 0},
+                              "charged": 1, "leases": 0, "running": 0}
+    first = _run(cancelled())
+    assert first.finish_reason == pb.FINISH_REASON_UNSPECIFIED
+    assert _books(router) == {"statuses": {"CANCELLED": 2}, "generated": 0,
+                              "usage": {"requests": 2, "prompt_tokens": 2, "completion_tokens": 0},
+                              "charged": 2, "leases": 0, "running": 0}
+    assert stack["draft"].Sessions() == []
+
+
+def test_grpc_generations_are_billed_in_full(stack, tmp_path):
+    """The gRPC path (unary and streamed, max_tokens 2: one chunk) counts OK and every token."""
+    router = _billed_router(stack, tmp_path)
+    req = pb.GenerateRequest(prompt="x", max_tokens=2, ignore_eos=True)
+    ctx = RecordingContext((("authorization", f"Bearer {BILL_KEY}"),))
+    resp = _run(router.Generate(req, ctx))
+    assert ctx.code is None and resp.usage.completion_tokens == 2
+
+    async def streamed():
+        ctx = RecordingContext((("authorization", f"Bearer {BILL_KEY}"),))
+        return [c async for c in router.GenerateStream(req, ctx)], ctx
+
+    chunks, ctx = _run(streamed())
+    assert ctx.code is None and chunks[-1].usage.completion_tokens == 2
+    assert _books(router) == {"statuses": {"OK": 2}, "generated": 4,
+                              "usage": {"requests": 2, "prompt_tokens": 2, "completion_tokens": 4},
+                              "charged": 6, "leases": 0, "running": 0}
+
+
+def test_an_error_ending_the_drafts_stream_after_its_final_chunk_changes_nothing(stack, tmp_path):
+    """The draft replica's stream failing after its final chunk (max_tokens 1: the first) made
+    the router answer gRPC UNAVAILABLE and count the request so, with every token delivered:
+    once the final chunk is relayed the generation is complete."""
+    router = _billed_router(stack, tmp_path)
+    router.draft = FailingDraftHandle(stack["draft"])
+    ctx = RecordingContext((("authorization", f"Bearer {BILL_KEY}"),))
+    resp = _run(router.Generate(pb.GenerateRequest(prompt="x", max_tokens=1, ignore_eos=True), ctx))
+    assert ctx.code is None and len(resp.token_ids) == 1 and resp.finish_reason == pb.FINISH_REASON_MAX_TOKENS
+    assert _books(router) == {"statuses": {"OK": 1}, "generated": 1,
+                              "usage": {"requests": 1, "prompt_tokens": 1, "completion_tokens": 1},
+                              "charged": 2, "leases": 0, "running": 0}
+    assert _run(router.Debug())["resumes"] == 0 and stack["draft"].Sessions() == []
+
+
+def test_tenant_stats_of_a_proposer_the_tenant_may_not_use_is_refused_as_generate(stack, tmp_path):
+    """GetTenantStats for PROPOSER_DRAFT of a tenant allowing only ngram answered statistics
+    labelled PROPOSER_DRAFT, where Generate naming it is INVALID_ARGUMENT; so is a proposer the
+    server does not run. Allowed ones (and plain decoding, always allowed) still answer."""
+    router = _billed_router(stack, tmp_path)
+    md = (("authorization", f"Bearer {BILL_KEY}"),)
+
+    def stats(proposer, r=router):
+        ctx = RecordingContext(md)
+        return _run(r.GetTenantStats(pb.GetTenantStatsRequest(proposer=proposer), ctx)), ctx
+
+    def generate(proposer, r=router):
+        ctx = RecordingContext(md)
+        _run(r.Generate(pb.GenerateRequest(prompt="x", max_tokens=1, speculation=pb.SpeculationHints(proposer=proposer)),
+                        ctx))
+        return ctx
+
+    got, ctx = stats(pb.PROPOSER_DRAFT)
+    assert (ctx.code, ctx.details) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                       "speculation.proposer: 'draft' is not allowed for tenant 'bill'; allowed: "
+                                       "['ngram', 'none']")
+    assert got == pb.GetTenantStatsResponse()
+    g = generate(pb.PROPOSER_DRAFT)
+    assert (g.code, g.details) == (ctx.code, ctx.details)
+    for proposer in (pb.PROPOSER_NGRAM, pb.PROPOSER_NONE, pb.PROPOSER_UNSPECIFIED):
+        got, ctx = stats(proposer)
+        assert ctx.code is None and got.tenant_id == "bill"
+        assert got.proposer == (pb.PROPOSER_NGRAM if proposer == pb.PROPOSER_UNSPECIFIED else proposer)
+    bad = RecordingContext((("authorization", "Bearer sk-nobody"),))
+    _run(router.GetTenantStats(pb.GetTenantStatsRequest(proposer=pb.PROPOSER_DRAFT), bad))
+    assert bad.code == grpc.StatusCode.UNAUTHENTICATED  # the key before anything else
+    # a server without a draft model: open mode allows every proposer, the server runs no draft
+    plain = Router(stack["cfg"].model_copy(update={"draft_model": None, "tenants_file": None}),
+                   draft=LocalDraftHandle(stack["draft"]), info=router.info,
+                   gate=TenancyGate(None, ControllerClient.local({}), SpecDecMetrics(backend=None)))
+    got, ctx = stats(pb.PROPOSER_DRAFT, plain)
+    assert (ctx.code, ctx.details) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                       "proposer 'draft' needs a draft model; this server has none")
+    g = generate(pb.PROPOSER_DRAFT, plain)
+    assert (g.code, g.details) == (ctx.code, ctx.details)
