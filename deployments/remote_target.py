@@ -127,7 +127,8 @@ class RemoteTargetSession:
         """Send one block, get its verification (rebuilding the remote session when asked).
 
         Raises:
-            GenerationCancelledError: the session was closed (the generation was cancelled).
+            GenerationCancelledError: the session was closed (the generation was cancelled;
+                the target answers a block it dropped so, ``VERIFY_STATUS_CANCELLED``).
             ModelNotReadyError: the target kept refusing the block after rebuilding it.
         """
         if self.closed or self.cancelled:
@@ -150,6 +151,8 @@ class RemoteTargetSession:
             self.wire.target_time_s += reply.target_time_s
             if reply.status == xpb.VERIFY_STATUS_OK:
                 break
+            if reply.status == xpb.VERIFY_STATUS_CANCELLED:  # dropped unverified: the session was closed
+                raise GenerationCancelledError("the target dropped the block unverified: its session was closed")
             if reply.status in (xpb.VERIFY_STATUS_SESSION_MISSING, xpb.VERIFY_STATUS_POSITION_MISMATCH):
                 if self.cancelled:  # closed by cancel(): never rebuild (it would prefill again for nobody)
                     raise GenerationCancelledError("the generation was cancelled")

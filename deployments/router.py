@@ -363,15 +363,25 @@ class Router:
                 outcome = unwrap(e) if isinstance(e, Exception) else e
             raise
         finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:  # closed now, not by the garbage collector: the draft's stream is cancelled
-                await finish_despite_cancellation(aclose())
             self.in_flight -= 1
             self._stops.discard(stop)
             itl = (last_at - t0 - ttft) / (n_tokens - 1) if ttft is not None and n_tokens > 1 else None
+            # one cleanup, its only await: a second cancellation (Serve may send two) ends the
+            # wait on it, so nothing after a first await of this block would run
             await finish_despite_cancellation(
-                self.gate.complete(adm, outcome, ttft_s=ttft, inter_token_s=itl, costs=costs)
-            )
+                self._end(stream, adm, outcome, ttft_s=ttft, inter_token_s=itl, costs=costs))
+
+    async def _end(self, stream: Any, adm: Any, outcome: Any, **measured: Any) -> None:
+        """Close the relay (now, not by the garbage collector: a draft stream left mid-generation
+        is cancelled, both caches freed), then complete the admission with ``outcome``."""
+        try:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        except Exception:  # noqa: BLE001 - closing never decides the outcome
+            log.warning("closing the relay of a generation failed", exc_info=True)
+        finally:
+            await self.gate.complete(adm, outcome, **measured)
 
     # --- relaying the draft's stream ---------------------------------------------------------
 

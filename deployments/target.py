@@ -209,9 +209,13 @@ class Target:
         With ``target_batching`` (default) the block joins the next batched forward of this
         replica (:meth:`_batch_loop`); otherwise it is verified alone (batch size 1).
 
+        A block dropped unverified while it waited for a batched forward (its session was
+        closed: the generation was cancelled; or a newer block of the session replaced it) is
+        answered ``VERIFY_STATUS_CANCELLED``, not raised: a cancellation is no failed call
+        (Serve logs every exception a replica method raises as ``Request failed`` at ERROR).
+
         Raises:
             InvalidRequestError: a malformed block or ``open``.
-            GenerationCancelledError: its session was closed while the block waited.
         """
         sid = xpb.CandidateBlock.FromString(candidate_block).session_id
         self.activity.touch(sid)
@@ -242,6 +246,7 @@ class Target:
 
         errors = {"InvalidRequestError": InvalidRequestError, "InvalidBlockError": InvalidBlockError,
                   "PromptTooLongError": InvalidRequestError, "GenerationCancelledError": GenerationCancelledError}
+        cancelled = xpb.VerificationResult(status=xpb.VERIFY_STATUS_CANCELLED).SerializeToString()
         while True:
             await self._kick.wait()
             if self.cfg.batch_window_s > 0 and not self._all_known_queued():
@@ -280,6 +285,8 @@ class Target:
                     fut.set_result(raw)
                     if sid is not None:
                         self._fill.answered(sid)  # its next block is expected after its drafting
+                elif kind == "GenerationCancelledError":  # dropped unverified: a status, not an error
+                    fut.set_result(cancelled)
                 else:
                     fut.set_exception(errors.get(kind, RuntimeError)(message))
             if self._in_flight or self._queue:

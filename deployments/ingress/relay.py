@@ -69,6 +69,13 @@ class RelayProgress:
         job.resume_steps = self.trailer.steps
 
 
+def _retrieve(task: asyncio.Future) -> None:
+    """Mark ``task``'s exception retrieved (a done-callback: no error of a task nobody awaits any
+    more is logged as never retrieved)."""
+    if not task.cancelled():
+        task.exception()
+
+
 async def _next_chunk(chunks: Any, timeout_s: float | None, stop: asyncio.Event | None) -> Any:
     """The next item of ``chunks`` (an async iterator), waiting at most ``timeout_s`` seconds
     (None: no limit) and not past ``stop`` being set (the router's shutdown cut).
@@ -83,6 +90,10 @@ async def _next_chunk(chunks: Any, timeout_s: float | None, stop: asyncio.Event 
     if stop.is_set():
         raise ModelNotReadyError(SHUTTING_DOWN)
     nxt = asyncio.ensure_future(chunks.__anext__())
+    # retrieved whatever happens here: cancelled twice (Serve may), this frame is left before
+    # nxt ends, and nxt then ends with Serve's RequestCancelledError (the relay cancels the
+    # stream): "Task exception was never retrieved" in the replica's log for a normal cancellation
+    nxt.add_done_callback(_retrieve)
     stopped = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({nxt, stopped}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)

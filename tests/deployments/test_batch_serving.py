@@ -907,3 +907,39 @@ def test_batched_target_applies_each_sessions_processors_and_top_logprobs(folder
         assert [[t for t, _ in row] for row in got_top] == [[t for t, _ in row] for row in expected.top_logprobs]
         assert all(len(row) == extra["top_logprobs"] for row in got_top)
     assert wire.forwards >= 1 and len(wire.table) == 0
+
+
+def test_a_block_dropped_by_closing_its_session_is_answered_cancelled_not_raised(target):
+    """A draft replica cancelled mid-step (its client went away) closes the session while its
+    block waits (here: a prompt prefilled in chunks over several forwards). The Target replica
+    raised GenerationCancelledError from Verify, which Serve logs as ``Request failed`` at
+    ERROR (``CALL Verify ERROR``) for a normal cancellation; it answers VERIFY_STATUS_CANCELLED,
+    and the draft side's session raises GenerationCancelledError itself."""
+    import asyncio
+
+    from deployments.config import AppConfig
+    from deployments.remote_target import RemoteTargetSession
+    from deployments.target import Target
+    from tests.deployments.test_target_sweep import Rank
+
+    ranks = [Rank(target)]
+    replica = Target(AppConfig(target_model="unused", max_batch_positions=8), workers=ranks)
+    prompt = list(range(5, 45))  # 40 positions: 5 forwards of 8
+    block = convert.draft_block_to_proto(DraftBlock.empty(), "a", len(prompt),
+                                         open=convert.session_open_to_proto(prompt, SamplingParams(), 3, False))
+
+    async def main():
+        verify = asyncio.ensure_future(replica.Verify(block.SerializeToString()))
+        while not ranks[0].table.pending:  # the prefill's first chunk ran
+            await asyncio.sleep(0)
+        await replica.CloseSession(xpb.CloseSessionRequest(session_id="a").SerializeToString())
+        return xpb.VerificationResult.FromString(await verify), await replica.BatchStats()
+
+    reply, stats = asyncio.run(main())
+    assert stats["forwards"] == 1  # dropped after the prefill's first chunk of 8 positions, none computed after
+    assert reply == xpb.VerificationResult(status=xpb.VERIFY_STATUS_CANCELLED)
+    assert ranks[0].table.sessions == {} and ranks[0].table.pending == {}
+
+    session = RemoteTargetSession("b", prompt, SamplingParams(), 3, False, lambda method, payload: reply.SerializeToString())
+    with pytest.raises(GenerationCancelledError, match="^the target dropped the block unverified: its session was closed$"):
+        session.verify(DraftBlock.empty())

@@ -1421,3 +1421,45 @@ def test_tenant_stats_of_a_proposer_the_tenant_may_not_use_is_refused_as_generat
                                        "proposer 'draft' needs a draft model; this server has none")
     g = generate(pb.PROPOSER_DRAFT, plain)
     assert (g.code, g.details) == (ctx.code, ctx.details)
+
+
+def test_a_generation_cancelled_twice_is_still_completed(stack, tmp_path):
+    """Serve may cancel a request's task twice (a client gone): a second cancellation arriving
+    while the router cleans up must not cut the cleanup short (an admission left open holds the
+    tenant's concurrency and tokens until its lease expires, and in_flight stays counted)."""
+    router = _billed_router(stack, tmp_path)
+    router.draft = StallingDraftHandle(stack["draft"])  # the first chunk, then nothing until cancelled
+    data = {"prompt": "x", "max_tokens": 40, "ignore_eos": True}
+    md = {"authorization": f"Bearer {BILL_KEY}"}
+    relay, tasks = router._relay, []
+
+    def relay_cancelled_again(*args, **kw):
+        async def chunks():
+            try:
+                async for c in relay(*args, **kw):
+                    yield c
+            finally:
+                tasks[0].cancel()  # the second cancellation: delivered at the cleanup's first await
+
+        return chunks()
+
+    router._relay = relay_cancelled_again
+
+    async def main():
+        got = asyncio.Queue()
+
+        async def consume():
+            async for c in router.generate_stream(data, md):
+                await got.put(c)
+
+        tasks.append(asyncio.ensure_future(consume()))
+        await got.get()
+        tasks[0].cancel()
+        await asyncio.gather(tasks[0], return_exceptions=True)
+        await asyncio.sleep(0.2)  # a cleanup left running in its own task ends meanwhile
+
+    _run(main())
+    assert _books(router) == {"statuses": {"CANCELLED": 1}, "generated": 0,
+                              "usage": {"requests": 1, "prompt_tokens": 1, "completion_tokens": 0},
+                              "charged": 1, "leases": 0, "running": 0}
+    assert router.in_flight == 0 and stack["draft"].Sessions() == []

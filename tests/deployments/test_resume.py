@@ -246,3 +246,46 @@ def test_seeded_sampled_outputs_do_not_depend_on_target_batching(stack):
     alone = [engine.generate(convert.request_from_proto(j.request)).token_ids for j in jobs]
     assert [list(r.token_ids) for r in batched] == alone
     assert [list(r.token_ids) for r in unbatched] == alone
+
+
+def test_a_relay_cancelled_twice_leaves_no_task_exception_unretrieved():
+    """Serve may cancel the router's task twice: the second cancellation left the relay's wait
+    for the next chunk before that wait's task ended; the stream, cancelled by the relay, then
+    ended the task with Serve's RequestCancelledError, logged as "Task exception was never
+    retrieved" for a normal disconnect. The exception is retrieved now."""
+    import gc
+
+    from deployments.ingress.relay import _next_chunk
+
+    class RequestCancelledError(Exception):  # as Serve's stream raises once cancelled
+        pass
+
+    class Stream:
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                await asyncio.sleep(0.05)  # Serve's stream ends a moment later
+                raise RequestCancelledError("request cancelled") from None
+
+    unretrieved = []
+
+    async def main():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: unretrieved.append(ctx["message"]))
+        task = asyncio.ensure_future(_next_chunk(Stream(), None, asyncio.Event()))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.sleep(0)
+        task.cancel()  # the second cancellation, while the relay waits for the stream's task
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.2)  # the stream's task ends with its error
+        gc.collect()
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    gc.collect()
+    assert unretrieved == []

@@ -187,6 +187,47 @@ def test_disconnect_cancels_the_generation_and_frees_both_caches(served):
     assert wait_no_sessions() == ([], [])
 
 
+def test_outputs_of_one_chunk_are_ok_and_counted_in_full_through_serve(served):
+    """Through Serve's HTTP port and the openai client: requests whose whole output came in one
+    chunk (max_tokens 1 or 2) were answered 200 with the right usage but recorded as failed,
+    their completion tokens never reaching GetTenantStats (n = 2: one choice CANCELLED). Also:
+    n above the tenant's concurrency is 400 naming n (was a 429 the client retries), and
+    GetTenantStats for a proposer the tenant may not use is INVALID_ARGUMENT as Generate."""
+    cfg, channel, _ = served
+    stub = pb_grpc.SpecDecStub(channel)
+    md = (("application", APP), ("authorization", f"Bearer {KEYS['lookup']}"))
+
+    def usage():
+        u = stub.GetTenantStats(pb.GetTenantStatsRequest(), metadata=md, timeout=30).usage
+        return u.requests, u.prompt_tokens, u.completion_tokens
+
+    client = _client(served, KEYS["lookup"])
+    greedy = dict(model=APP, temperature=0, extra_body={"ignore_eos": True})
+    before = usage()
+    chat = client.chat.completions.create(messages=[{"role": "user", "content": "hi"}], max_tokens=1, **greedy)
+    two = client.completions.create(prompt="x", max_tokens=2, n=2, **greedy)
+    chunks = list(client.completions.create(prompt="x", max_tokens=2, stream=True,
+                                            stream_options={"include_usage": True}, **greedy))
+    assert (chat.usage.completion_tokens, two.usage.completion_tokens, chunks[-1].usage.completion_tokens) == (1, 4, 2)
+    assert len([c for c in chunks if c.choices and c.choices[0].model_extra["token_ids"]]) == 1  # one chunk
+    after = usage()
+    assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (
+        4, chat.usage.prompt_tokens + 2 * two.usage.prompt_tokens + chunks[-1].usage.prompt_tokens, 7)
+
+    small = openai.OpenAI(api_key=KEYS["small"], base_url=_base(cfg) + "/v1", timeout=60)  # default retries
+    with pytest.raises(openai.BadRequestError) as ei:
+        small.completions.create(model=APP, prompt="x", max_tokens=1, n=2)
+    assert ei.value.body == {"message": "n=2 choices run as 2 concurrent requests but tenant 'small' may run at most 1 "
+                                        "at once (limits.max_concurrent_requests); lower n to at most 1",
+                             "type": "invalid_request_error", "param": "n", "code": None}
+
+    with pytest.raises(grpc.RpcError) as ei:
+        stub.GetTenantStats(pb.GetTenantStatsRequest(proposer=pb.PROPOSER_DRAFT), metadata=md, timeout=30)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ei.value.details() == ("speculation.proposer: 'draft' is not allowed for tenant 'lookup'; allowed: "
+                                  "['ngram', 'none']")
+
+
 def test_n_choices_all_reach_the_draft_replica_through_serve(served, models):
     """n = 3..16 choices of one HTTP request through Serve: the choices' draft calls shared the
     request's Serve internal id, and Serve's request router left one of them waiting for a

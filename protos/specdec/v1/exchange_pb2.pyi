@@ -14,10 +14,12 @@ class VerifyStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VERIFY_STATUS_OK: _ClassVar[VerifyStatus]
     VERIFY_STATUS_SESSION_MISSING: _ClassVar[VerifyStatus]
     VERIFY_STATUS_POSITION_MISMATCH: _ClassVar[VerifyStatus]
+    VERIFY_STATUS_CANCELLED: _ClassVar[VerifyStatus]
 VERIFY_STATUS_UNSPECIFIED: VerifyStatus
 VERIFY_STATUS_OK: VerifyStatus
 VERIFY_STATUS_SESSION_MISSING: VerifyStatus
 VERIFY_STATUS_POSITION_MISMATCH: VerifyStatus
+VERIFY_STATUS_CANCELLED: VerifyStatus
 
 class SessionOpen(_message.Message):
     __slots__ = ("token_ids", "sampling", "seed", "logprobs", "prompt_len", "min_tokens", "suppress_token_ids", "top_logprobs", "tenant", "tenant_weight", "prefix_scope")
