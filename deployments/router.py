@@ -58,7 +58,10 @@ fair slot and rate lease are released, the controller learns from the request's 
 counters, and the metrics are recorded. A generation whose final chunk (finish reason, usage)
 was relayed is complete (OK, its tokens counted and charged) whatever its consumer does next:
 an HTTP response whose whole output came in one chunk stops iterating at once, a gRPC client
-may go away after the last chunk; only one that ends before it is an error or CANCELLED.
+may go away after the last chunk; only one that ends before it is an error or CANCELLED. The
+relay ends at the final chunk (a unary response is answered then), not when the draft replica's
+stream ends after its cleanup: the rest of that stream is read apart
+(:func:`deployments.ingress.relay.relay`).
 """
 
 from __future__ import annotations

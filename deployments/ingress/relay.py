@@ -19,6 +19,9 @@ log = logging.getLogger(__name__)
 
 #: How many times one generation is resumed after its draft replica died.
 MAX_RESUMES = 3
+#: Seconds a draft stream is read after its final chunk (:func:`_drain`) before it is cancelled:
+#: the replica's cleanup then waits for at most one CloseSession (VERIFY_TIMEOUT_S, 300 s).
+DRAIN_TIMEOUT_S = 600.0
 #: The message of a generation cut because its server shuts down (UNAVAILABLE, HTTP 503).
 SHUTTING_DOWN = "the server is shutting down; retry once it is back (or on another replica)"
 
@@ -130,9 +133,15 @@ async def relay(draft: Any, job: xpb.DraftJob, routing_key: str,
         ModelNotReadyError: the draft replica ended the stream without a final chunk, or
             ``stop`` was set (:data:`SHUTTING_DOWN`).
         the draft replica's error, or its death after :data:`MAX_RESUMES` resumes. Closing
-        the generator cancels the draft's stream (both caches freed). Once the final chunk
-        was yielded nothing is raised: an error while the draft's stream ends (the deadline,
-        ``stop``, the replica's death) ends the relay as the stream's end would.
+        the generator before the final chunk cancels the draft's stream (both caches freed).
+
+    The relay ends right after the final chunk (the one with the finish reason): nothing waits
+    for the draft replica's stream to end, which comes only after the replica's cleanup (the
+    step thread, ``CloseSession`` to the target). That rest of the stream is read to its end
+    by a task of its own (:func:`_drain`), not cancelled: the draft's request ends as it
+    would have (OK in Serve's logs and metrics, not CANCELLED), its cleanup untouched. So a
+    unary consumer has its result at the final chunk, and a client cancelling after it is
+    answered; an error of the draft's stream after it (its death included) changes nothing.
     """
     progress = RelayProgress()
     resumes = 0
@@ -153,13 +162,10 @@ async def relay(draft: Any, job: xpb.DraftJob, routing_key: str,
                 chunk = progress.see(raw)
                 finished = chunk.finish_reason != pb.FINISH_REASON_UNSPECIFIED
                 yield chunk
-            if not finished:
-                raise ModelNotReadyError("the draft replica ended the stream without a final chunk")
-            return
+                if finished:  # the generation is complete: the rest of the stream is drained apart
+                    return
+            raise ModelNotReadyError("the draft replica ended the stream without a final chunk")
         except Exception as e:
-            if finished:  # the final chunk was relayed: the generation is complete, whatever ends its stream
-                log.debug("%s: the draft's stream ended with %s after its final chunk", job.session_id, type(e).__name__)
-                return
             if not is_replica_death(e) or resumes >= MAX_RESUMES or (stop is not None and stop.is_set()):
                 raise
             if job.deadline_unix_s and time.time() > job.deadline_unix_s:
@@ -171,8 +177,76 @@ async def relay(draft: Any, job: xpb.DraftJob, routing_key: str,
                         job.session_id, len(progress.sent_ids), type(e).__name__, resumes)
             await asyncio.sleep(0.2 * resumes)
         finally:
-            if not finished:
-                try:
-                    stream.cancel()
-                except Exception:
-                    pass
+            if finished:  # also when the consumer closed the relay at the final chunk
+                _drain_later(stream, chunks, job)
+            else:
+                _cancel(stream)
+
+
+#: The draft streams being read to their end after their final chunk (:func:`_drain`); held
+#: here so that the garbage collector does not take a task nobody awaits.
+_draining: set[asyncio.Task] = set()
+
+
+def _drain_later(stream: Any, chunks: Any, job: xpb.DraftJob) -> None:
+    """Read the rest of ``stream`` (a draft stream whose final chunk was relayed; ``chunks`` its
+    iterator) in a task of its own (:func:`_drain`)."""
+    try:
+        task = asyncio.get_running_loop().create_task(_drain(stream, chunks, job))
+    except RuntimeError:  # no event loop any more (the relay collected after it closed)
+        _cancel(stream)
+        return
+    _draining.add(task)
+    task.add_done_callback(_draining.discard)
+
+
+async def _drain(stream: Any, chunks: Any, job: xpb.DraftJob) -> None:
+    """Read the draft stream ``chunks`` to its end after its final chunk was relayed: the draft
+    replica's request then ends normally, after its cleanup (step thread, ``CloseSession``).
+
+    Nothing more is expected: a chunk is dropped, an error (not a replica death: that one is
+    the replica's, nothing of the generation is lost) logged at INFO; the generation's outcome
+    was decided at the final chunk. The stream is cancelled only when it outlasts
+    :data:`DRAIN_TIMEOUT_S`, or when this task is cancelled (the event loop ends): the draft
+    replica's cleanup runs to its end then too (:func:`deployments.aio.finish_despite_cancellation`).
+    """
+    extra = 0
+    end = time.monotonic() + DRAIN_TIMEOUT_S
+    try:
+        while True:
+            try:
+                await _next_chunk(chunks, max(0.0, end - time.monotonic()), None)
+            except StopAsyncIteration:
+                break
+            extra += 1
+    except (asyncio.TimeoutError, TimeoutError):
+        log.info("%s: the draft's stream did not end within %.0f s after its final chunk; cancelled",
+                 job.session_id, DRAIN_TIMEOUT_S)
+        _cancel(stream)
+    except asyncio.CancelledError:
+        _cancel(stream)
+        raise
+    except Exception as e:  # noqa: BLE001 - the generation was complete
+        if is_replica_death(e):
+            log.debug("%s: the draft replica died after the final chunk (%s)", job.session_id, type(e).__name__)
+        else:
+            log.info("%s: the draft's stream ended with %s after its final chunk: %s", job.session_id,
+                     type(e).__name__, e)
+    if extra:
+        log.info("%s: the draft's stream sent %d chunk(s) after its final chunk; dropped", job.session_id, extra)
+
+
+async def drained() -> None:
+    """Wait until the draft streams being drained after their final chunk (:func:`_drain`) in
+    this event loop have ended (tests: the draft replica's cleanup is then done)."""
+    loop = asyncio.get_running_loop()
+    while mine := [t for t in _draining if t.get_loop() is loop]:
+        await asyncio.wait(mine)
+
+
+def _cancel(stream: Any) -> None:
+    """Cancel a draft stream (the replica frees both caches); a handle's error is ignored."""
+    try:
+        stream.cancel()
+    except Exception:  # noqa: BLE001 - nothing to cancel any more
+        pass

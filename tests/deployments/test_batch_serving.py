@@ -712,6 +712,7 @@ def test_router_sends_adaptive_jobs_and_reports_k_under_load(target, tmp_path):
 
     from deployments.config import AppConfig
     from deployments.controller_client import ControllerClient
+    from deployments.ingress.relay import drained
     from protos.specdec.v1 import specdec_pb2 as pb
     from tests.deployments.grpc_context import RecordingContext
 
@@ -727,6 +728,7 @@ def test_router_sends_adaptive_jobs_and_reports_k_under_load(target, tmp_path):
 
     async def main():
         out = await asyncio.gather(router.Generate(greedy, RecordingContext()), router.Generate(seeded, RecordingContext()))
+        await drained()  # the draft replica's cleanup of each (the relay ends at the final chunk)
         return out, await router.GetTenantStats(pb.GetTenantStatsRequest(), RecordingContext())
 
     (g, s), stats = asyncio.run(main())
@@ -755,6 +757,7 @@ def test_router_leaves_batch_adaptive_jobs_to_the_draft_replica_controller(targe
 
     from deployments.config import AppConfig
     from deployments.controller_client import ControllerClient
+    from deployments.ingress.relay import drained
     from protos.specdec.v1 import specdec_pb2 as pb
     from tests.deployments.grpc_context import RecordingContext
 
@@ -773,6 +776,7 @@ def test_router_leaves_batch_adaptive_jobs_to_the_draft_replica_controller(targe
 
     async def main():
         out = await asyncio.gather(*[router.Generate(r, RecordingContext()) for r in greedy + [seeded]])
+        await drained()  # the draft replica's cleanup of each (the relay ends at the final chunk)
         if draft._sync_task is not None:
             await draft._sync_task
         await draft.SyncBatchK()

@@ -121,7 +121,17 @@ def stack(tmp_path_factory):
 
 
 def _run(coro):
-    return asyncio.run(coro)
+    """``coro`` in an event loop of its own, the draft streams drained after their final chunk
+    included (:func:`deployments.ingress.relay.drained`: the draft replica's cleanup is done)."""
+    from deployments.ingress.relay import drained
+
+    async def main():
+        try:
+            return await coro
+        finally:
+            await drained()
+
+    return asyncio.run(main())
 
 
 def _client(app, key: str | None = KEY) -> openai.AsyncOpenAI:
@@ -1366,14 +1376,22 @@ def test_grpc_generations_are_billed_in_full(stack, tmp_path):
                               "charged": 6, "leases": 0, "running": 0}
 
 
-def test_an_error_ending_the_drafts_stream_after_its_final_chunk_changes_nothing(stack, tmp_path):
+def test_an_error_ending_the_drafts_stream_after_its_final_chunk_changes_nothing(stack, tmp_path, caplog):
     """The draft replica's stream failing after its final chunk (max_tokens 1: the first) made
     the router answer gRPC UNAVAILABLE and count the request so, with every token delivered:
-    once the final chunk is relayed the generation is complete."""
+    once the final chunk is relayed the generation is complete. The error is logged at INFO
+    (an error of the draft replica, not a death: worth seeing, not a failed request)."""
+    import logging
+
     router = _billed_router(stack, tmp_path)
     router.draft = FailingDraftHandle(stack["draft"])
     ctx = RecordingContext((("authorization", f"Bearer {BILL_KEY}"),))
-    resp = _run(router.Generate(pb.GenerateRequest(prompt="x", max_tokens=1, ignore_eos=True), ctx))
+    with caplog.at_level(logging.DEBUG, logger="deployments.ingress.relay"):
+        resp = _run(router.Generate(pb.GenerateRequest(prompt="x", max_tokens=1, ignore_eos=True), ctx))
+    logged = [(r.levelno, r.getMessage().split(": ", 1)[1]) for r in caplog.records
+              if r.name == "deployments.ingress.relay"]
+    assert logged == [(logging.INFO, "the draft's stream ended with ModelNotReadyError after its final chunk: "
+                                     "the target replica is gone")]
     assert ctx.code is None and len(resp.token_ids) == 1 and resp.finish_reason == pb.FINISH_REASON_MAX_TOKENS
     assert _books(router) == {"statuses": {"OK": 1}, "generated": 1,
                               "usage": {"requests": 1, "prompt_tokens": 1, "completion_tokens": 1},
@@ -1463,3 +1481,146 @@ def test_a_generation_cancelled_twice_is_still_completed(stack, tmp_path):
                               "usage": {"requests": 1, "prompt_tokens": 1, "completion_tokens": 0},
                               "charged": 1, "leases": 0, "running": 0}
     assert router.in_flight == 0 and stack["draft"].Sessions() == []
+
+
+# --- the final chunk ends the request; the draft's stream ends apart ---------------------------
+
+
+class HeldEndDraftHandle(LocalDraftHandle):
+    """The real draft replica's chunks; its stream then ends only once ``release`` is set (the
+    draft's cleanup: the step thread, a CloseSession to a busy target). ``holding`` is set when
+    the stream's end is held; ``ends`` records how each stream ended ("end" or "cancelled")."""
+
+    def __init__(self, draft: Draft):
+        super().__init__(draft)
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+        self.ends: list[str] = []
+
+    @property
+    def Generate(self):
+        async def gen(payload):
+            try:
+                async for raw in self.draft.Generate(payload):
+                    yield raw
+                self.holding.set()
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.ends.append("cancelled")
+                raise
+            self.ends.append("end")
+
+        return self._Method(lambda payload: LocalStream(gen(payload)))
+
+
+@pytest.mark.parametrize("api", ["grpc", "http"])
+def test_a_unary_client_gone_after_the_final_chunk_gets_its_result_billed_in_full(stack, tmp_path, api):
+    """A unary request (gRPC Generate, HTTP without stream) waited after the final chunk until
+    the draft replica's stream ended, which comes after the replica's cleanup: a client that
+    cancelled (or disconnected, or timed out) then got nothing, though the generation was booked
+    OK and billed in full (its outcome is fixed at the final chunk). The relay now ends at the
+    final chunk: the response is complete before the draft's stream ends, and the rest of that
+    stream is read apart, not cancelled (the draft's request ends normally)."""
+    from deployments.ingress.relay import drained
+
+    router = _billed_router(stack, tmp_path)
+    handle = router.draft = HeldEndDraftHandle(stack["draft"])
+    target_sessions = set(stack["wire"].table.sessions)  # left by earlier tests, if any
+    app = openai_api.build_app(router)
+
+    async def request():
+        if api == "grpc":
+            ctx = RecordingContext((("authorization", f"Bearer {BILL_KEY}"),))
+            resp = await router.Generate(pb.GenerateRequest(prompt="x", max_tokens=3, ignore_eos=True), ctx)
+            assert ctx.code is None
+            return list(resp.token_ids), resp.usage.completion_tokens
+        resp = await _client(app, key=BILL_KEY).completions.create(model=MODEL, prompt="x", max_tokens=3,
+                                                                   temperature=0, extra_body={"ignore_eos": True})
+        return resp.choices[0].model_extra["token_ids"], resp.usage.completion_tokens
+
+    async def main():
+        task = asyncio.ensure_future(request())
+        await handle.holding.wait()  # the final chunk was sent; the draft's stream has not ended
+        await asyncio.sleep(0.2)
+        task.cancel()  # the client gives up while the draft's stream is still open
+        got = await asyncio.gather(task, return_exceptions=True)
+        ends_then = list(handle.ends)
+        handle.release.set()
+        await drained()
+        return got[0], ends_then
+
+    got, ends_then = _run(main())
+    # without the fix: CancelledError, booked {"CANCELLED": 1} and charged the prompt only (1)
+    assert not isinstance(got, BaseException), got
+    ids, completion = got
+    assert len(ids) == 3 and completion == 3
+    assert _books(router) == {
+        "statuses": {"OK": 1}, "generated": 3, "usage": {"requests": 1, "prompt_tokens": 1, "completion_tokens": 3},
+        "charged": 4, "leases": 0, "running": 0}
+    assert ends_then == [] and handle.ends == ["end"]  # answered while it was open; then read to its end
+    assert stack["draft"].Sessions() == [] and set(stack["wire"].table.sessions) <= target_sessions
+    assert router.in_flight == 0
+
+
+class DyingAfterFinalDraftHandle(LocalDraftHandle):
+    """The real draft replica's chunks; the replica then dies (Ray's ActorDiedError) instead of
+    ending its stream. ``calls``: the streams asked for (a resume asks for another)."""
+
+    def __init__(self, draft: Draft):
+        super().__init__(draft)
+        self.calls = 0
+        self.deaths = 0
+
+    @property
+    def Generate(self):
+        from ray.exceptions import ActorDiedError
+
+        async def gen(payload):
+            self.calls += 1
+            inner = self.draft.Generate(payload)
+            try:
+                async for raw in inner:
+                    yield raw
+                    if pb.GenerateStreamChunk.FromString(raw).finish_reason != pb.FINISH_REASON_UNSPECIFIED:
+                        self.deaths += 1
+                        raise ActorDiedError()
+            finally:
+                await inner.aclose()
+
+        return self._Method(lambda payload: LocalStream(gen(payload)))
+
+
+def test_a_draft_replica_dying_after_the_final_chunk_changes_nothing(stack, tmp_path, caplog):
+    """The draft replica dies (ActorDiedError) after its final chunk: the generation ends OK,
+    billed once, never resumed (a resume would send a second final chunk and bill again)."""
+    import logging
+
+    router = _billed_router(stack, tmp_path)
+    handle = router.draft = DyingAfterFinalDraftHandle(stack["draft"])
+    target_sessions = set(stack["wire"].table.sessions)  # left by earlier tests, if any
+    req = pb.GenerateRequest(prompt="x", max_tokens=5, ignore_eos=True)
+
+    async def main():
+        ctx = RecordingContext((("authorization", f"Bearer {BILL_KEY}"),))
+        unary = await router.Generate(req, ctx)
+        assert ctx.code is None
+        ctx = RecordingContext((("authorization", f"Bearer {BILL_KEY}"),))
+        chunks = [c async for c in router.GenerateStream(req, ctx)]
+        assert ctx.code is None
+        return unary, chunks
+
+    with caplog.at_level(logging.DEBUG, logger="deployments.ingress.relay"):
+        unary, chunks = _run(main())
+    assert len(unary.token_ids) == 5 and unary.finish_reason == pb.FINISH_REASON_MAX_TOKENS
+    finals = [c for c in chunks if c.finish_reason != pb.FINISH_REASON_UNSPECIFIED]
+    assert len(finals) == 1 and chunks[-1] is finals[0]  # one final chunk, no resumed one after it
+    streamed = [t for c in chunks for t in c.token_ids]
+    assert len(streamed) == 5 and list(unary.token_ids) == streamed
+    assert (handle.calls, handle.deaths, router.resumes) == (2, 2, 0)  # each died once, none resumed
+    assert _books(router) == {"statuses": {"OK": 2}, "generated": 10,
+                              "usage": {"requests": 2, "prompt_tokens": 2, "completion_tokens": 10},
+                              "charged": 12, "leases": 0, "running": 0}
+    died = [r for r in caplog.records
+            if r.name == "deployments.ingress.relay" and "died after the final chunk" in r.getMessage()]
+    assert len(died) == 2 and all(r.levelno == logging.DEBUG for r in died)
+    assert stack["draft"].Sessions() == [] and set(stack["wire"].table.sessions) <= target_sessions

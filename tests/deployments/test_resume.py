@@ -20,6 +20,7 @@ from ray.exceptions import ActorDiedError
 from deployments import convert
 from deployments.config import AppConfig
 from deployments.draft import Draft
+from deployments.ingress.relay import drained
 from deployments.router import Router
 from deployments.target_sessions import TargetSessionTable
 from protos.specdec.v1 import exchange_pb2 as xpb
@@ -135,7 +136,9 @@ def _relay(cfg: AppConfig, deployment: DraftDeployment, job: xpb.DraftJob) -> pb
     router = Router(cfg, draft=deployment, gate=object())
 
     async def run():
-        return [c async for c in router._relay(job, "s1")]
+        chunks = [c async for c in router._relay(job, "s1")]
+        await drained()  # the rest of the draft's stream, read after the final chunk
+        return chunks
 
     chunks = asyncio.run(run())
     assert router.resumes == (0 if deployment.die_after is None else 1)
@@ -196,6 +199,33 @@ def test_resume_after_a_replica_death_gives_the_uninterrupted_output(stack, prop
         if sampling is not None:
             assert list(got.logprobs) == pytest.approx(list(full.logprobs), abs=1e-4)
             assert [list(row.ids) for row in got.top_logprobs] == [list(row.ids) for row in full.top_logprobs]
+
+
+def test_a_replica_death_after_the_final_chunk_is_not_resumed(stack, caplog):
+    """The first draft replica dies right after streaming its final chunk: the generation was
+    complete; it is not resumed (a resume from the whole output would stream a second final
+    chunk), the death only logged at DEBUG."""
+    import logging
+
+    cfg, target = stack
+    wire = RecordingWire(target)
+    whole = DraftDeployment(cfg, wire)
+    full = _relay(cfg, whole, _job(pb.PROPOSER_DRAFT, None))
+    dying = DraftDeployment(cfg, wire, die_after=whole.chunk_steps[-1][0])
+    router = Router(cfg, draft=dying, gate=object())
+
+    async def run():
+        chunks = [c async for c in router._relay(_job(pb.PROPOSER_DRAFT, None), "s1")]
+        await drained()
+        return chunks
+
+    with caplog.at_level(logging.DEBUG, logger="deployments.ingress.relay"):
+        chunks = asyncio.run(run())
+    assert (router.resumes, dying.replicas) == (0, 1)
+    assert [c.finish_reason != pb.FINISH_REASON_UNSPECIFIED for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert list(convert.join_chunks(chunks).token_ids) == list(full.token_ids)
+    logged = [r.getMessage() for r in caplog.records if r.name == "deployments.ingress.relay"]
+    assert logged == ["s1: the draft replica died after the final chunk (ActorDiedError)"]
 
 
 def _served_concurrently(cfg: AppConfig, target, jobs: list[xpb.DraftJob], batching: bool):
