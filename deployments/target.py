@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import itertools
 import logging
 import os
@@ -165,6 +166,7 @@ class Target:
         self._in_flight: set[int] = set()
         self._kick = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
+        self._sweep_task: asyncio.Task | None = None  # a sweep started by a health check while busy
         #: (rows verified, positions fed) per batched forward (most recent 1000), for BatchStats
         self._rows: collections.deque = collections.deque(maxlen=1000)
         # filling the batch (batch_fill_wait_s): the sessions answered and expected back
@@ -229,7 +231,10 @@ class Target:
         self._fill.arrived(sid)
         self._kick.set()
         if self._loop_task is None or self._loop_task.done():
-            self._loop_task = asyncio.create_task(self._batch_loop())
+            # outside this request's context: Serve cancels a request's Ray calls recursively
+            # (deployments.aio.outside_request), and the loop's calls to the TP ranks verify every
+            # session's blocks, not only this request's (its cancellation must not reach them)
+            self._loop_task = asyncio.get_running_loop().create_task(self._batch_loop(), context=contextvars.Context())
         return await fut
 
     async def _batch_loop(self) -> None:
@@ -405,8 +410,9 @@ class Target:
         except Exception:  # statistics never fail a health check
             log.exception("prefix cache statistics")
         if self._in_flight or self._queue:
-            if not self._sweeping:
-                asyncio.create_task(self._sweep_logged())
+            if not self._sweeping:  # held (a task nobody references may be collected), outside the call's context
+                self._sweep_task = asyncio.get_running_loop().create_task(self._sweep_logged(),
+                                                                          context=contextvars.Context())
             return
         await self._sweep_logged()
 

@@ -947,3 +947,38 @@ def test_a_block_dropped_by_closing_its_session_is_answered_cancelled_not_raised
     session = RemoteTargetSession("b", prompt, SamplingParams(), 3, False, lambda method, payload: reply.SerializeToString())
     with pytest.raises(GenerationCancelledError, match="^the target dropped the block unverified: its session was closed$"):
         session.verify(DraftBlock.empty())
+
+
+def test_the_batch_loop_runs_outside_the_request_that_started_it(target):
+    """The target replica's batched-forward loop verifies every session's blocks, so it must not
+    belong to the request whose Verify happened to start it: Serve cancels a request's Ray calls
+    recursively (Ray keeps the current task in a context variable), so the loop's calls to the
+    TP ranks, started in that request's context, could be cancelled with it, failing the other
+    sessions' steps (a new user saw TaskCancelledError in the worker logs; that source is not
+    confirmed). The loop now starts in an empty context, as deployments.aio.outside_request
+    says a replica-wide job must: the ranks' calls see none of the starting request's context
+    variables."""
+    import asyncio
+    import contextvars
+
+    from deployments.config import AppConfig
+    from deployments.target import Target
+    from tests.deployments.test_target_sweep import Rank, _Method
+
+    request = contextvars.ContextVar("request", default=None)
+    seen = []
+    rank = Rank(target)
+    verify_batch = rank.verify_batch.fn
+    rank.verify_batch = _Method(lambda *a: (seen.append(request.get()), verify_batch(*a))[1])
+    replica = Target(AppConfig(target_model="unused"), workers=[rank])
+    prompt = list(range(5, 12))
+    block = convert.draft_block_to_proto(DraftBlock.empty(), "a", len(prompt),
+                                         open=convert.session_open_to_proto(prompt, SamplingParams(), 3, False))
+
+    async def verify_as(name):
+        request.set(name)  # what Ray's context holds for the Serve request being handled
+        return xpb.VerificationResult.FromString(await replica.Verify(block.SerializeToString()))
+
+    reply = asyncio.run(verify_as("request-1"))
+    assert reply.status == xpb.VERIFY_STATUS_OK and len(reply.token_ids) == 1
+    assert seen and seen == [None] * len(seen)
