@@ -96,7 +96,10 @@ class AppConfig(BaseModel):
     """Everything that shapes the specdec Serve application."""
 
     model_config = ConfigDict(extra="forbid")
-    app_name: str = Field("specdec", description="Serve application name = gRPC `application` metadata")
+    app_name: str = Field("specdec", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                          description="Serve application name = gRPC `application` metadata, the HTTP route "
+                                      "prefix and part of the shared controller actor's name: letters, digits, "
+                                      "'.', '_', '-' (at most 64, a letter or digit first)")
     target_model: str = Field("demo:target", description="model spec (specdec.models.spec.parse_model_spec)")
     draft_model: str | None = Field("demo:draft", description="model spec, or None for no draft model")
     # draft replica: fits on a small GPU (fractional) or runs on CPU

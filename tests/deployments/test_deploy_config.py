@@ -103,3 +103,15 @@ def test_a_format_name_is_lower_case_and_refused_with_the_choices(monkeypatch):
     monkeypatch.setenv("SPECDEC_WEIGHT_FORMAT", " W7A8 ")
     cfg = AppConfig()
     assert (cfg.target_format(), cfg.draft_format()) == ("w7a8", "w7a8")
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "-x", "has space", "x" * 65, "ünï"])
+def test_an_app_name_that_cannot_name_a_route_and_an_actor_is_refused(name):
+    """app_name is the gRPC `application`, the HTTP route prefix and part of the shared
+    controller actor's name: refused when loading the config, naming the field, rather than
+    failing the replicas at start-up (an empty name made the actor's name raise there)."""
+    with pytest.raises(ValidationError) as info:
+        AppConfig(app_name=name)
+    assert info.value.errors()[0]["loc"] == ("app_name",)
+    for good in ("specdec", "test-app-a", "batched-v", "a.b_c"):
+        assert AppConfig(app_name=good).app_name == good
