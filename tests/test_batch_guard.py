@@ -179,6 +179,8 @@ def test_record_quiet_refuses_steps_that_are_not_quiet():
         g.record_quiet("spec", [2.0], 0.1)
     with pytest.raises(ValueError, match="tokens >= 1"):
         g.record_quiet("plain", [0.0], 0.1)
+    with pytest.raises(ValueError, match="tokens >= 1"):
+        g.record_quiet("plain", [float("nan")], 0.1)
     for _ in range(2):
         g.record("spec", 4.0, 0.1)
     assert g.exploring and g._forced_left == 2  # an exploration of 2 steps started

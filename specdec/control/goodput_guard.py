@@ -320,21 +320,7 @@ class GoodputGuard:
             ValueError: an unknown regime, a token count < 1, seconds not finite and > 0, or the
                 steps not quiet (:meth:`quiet_for`).
         """
-        if regime not in self._sums:
-            raise ValueError(f"regime must be 'spec' or 'plain', got {regime!r}")
-        if not 0 < seconds < float("inf") or any(not t >= 1 for t in tokens):
-            raise ValueError(f"need tokens >= 1 and 0 < seconds < inf, got {tokens}, {seconds}")
-        if not self.quiet_for(regime, len(tokens)):
-            raise ValueError(f"{len(tokens)} {regime} steps are not quiet for this guard (quiet_for)")
-        s = self._sums[regime]
-        s0, s1, s2, s3 = s
-        d, clip = self.decay, self.outlier_clip
-        for t in tokens:  # the arithmetic of record(), in its order
-            sec = min(seconds, clip * s1 / s3) if s2 >= 3 else seconds
-            s0, s1, s2, s3 = s0 * d + t, s1 * d + sec, s2 + 1, s3 * d + 1.0
-        s[0], s[1], s[2], s[3] = s0, s1, s2, s3
-        if self._forced_left > 0:
-            self._forced_left -= len(tokens)  # more than len(tokens) were left: still forced
+        self.record_quiet_steps(regime, [(t, seconds, None) for t in tokens])
 
     def quiet_run(self, regime: str, limit: int, sessions: float | None = None) -> int:
         """How many of the next :meth:`record` calls of ``regime``, each with these ``sessions``
@@ -393,7 +379,7 @@ class GoodputGuard:
         if regime not in self._sums:
             raise ValueError(f"regime must be 'spec' or 'plain', got {regime!r}")
         for tokens, seconds, sessions in steps:
-            if tokens < 1 or not 0 < seconds < float("inf"):
+            if not tokens >= 1 or not 0 < seconds < float("inf"):  # NaN fails both
                 raise ValueError(f"need tokens >= 1 and 0 < seconds < inf, got {tokens}, {seconds}")
             if sessions is not None and not sessions >= 1:
                 raise ValueError(f"sessions must be >= 1, got {sessions}")
